@@ -1,0 +1,40 @@
+"""Gluon backend: a (hybridized) HybridBlock trained by gluon.Trainer over a kvstore."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xp.mx.base import MXNetBackend
+
+
+class GluonBackend(MXNetBackend):
+    name = "gluon"
+
+    def prepare(self) -> None:
+        from mxnet import gluon
+
+        opts = self.plan.backend_options
+        if opts.get("hybridize", True):
+            # static_alloc/static_shape: one memory plan reused by every step
+            self.net.hybridize(static_alloc=bool(opts.get("static_alloc", True)),
+                               static_shape=bool(opts.get("static_shape", True)))
+        self.trainer = gluon.Trainer(self.net.collect_params(), self.plan.optimizer, self.optimizer_params(),
+                                     kvstore=self.plan.kvstore)
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def step(self, batch: Any, lr: float) -> list[Any]:
+        from mxnet import autograd
+
+        datas, labels = self.split(batch)
+        with autograd.record():
+            logits = [self.net(x) for x in datas]
+            losses = [self.loss(z, y) for z, y in zip(logits, labels)]
+        autograd.backward(losses)
+        self.trainer.set_learning_rate(lr)
+        # Gradients are summed over devices by the kvstore, then scaled by 1/worker batch: a mean.
+        self.trainer.step(self.plan.worker_batch)
+        return logits
+
+    def predict(self, batch: Any) -> list[Any]:
+        datas, _ = self.split(batch)
+        return [self.net(x) for x in datas]

@@ -1,0 +1,5 @@
+import sys
+
+from xp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,53 @@
+"""The interface every training backend implements.
+
+The core owns the epoch loop, the schedule of events, tracking and telemetry;
+a backend only does what differs between engines: how one epoch of steps runs
+(gradient aggregation, parameter update) and how the model is evaluated.
+
+Plugins register a subclass under the entry-point group `xp.backends`:
+
+    [project.entry-points."xp.backends"]
+    mybackend = "my_package.module:MyBackend"
+
+Keep the plugin module's top level free of heavy imports (the framework,
+mlflow): import them inside the methods, so a broken or absent framework only
+fails when this backend is selected.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Callable, ClassVar
+
+if TYPE_CHECKING:
+    from xp.plan import Plan
+
+# on_batch(step_in_epoch, samples): call once per step, after the step's outputs
+# have been computed (synchronised), so the core can time batches honestly.
+BatchHook = Callable[[int, int], None]
+
+
+class Backend(ABC):
+    name: ClassVar[str] = ""
+    # Distributions whose versions are logged with every run (importlib.metadata names).
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def check(cls, plan: Plan) -> None:
+        """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
+
+    @abstractmethod
+    def setup(self, plan: Plan) -> None:
+        """Build the model, data iterators and optimizer state for `plan`."""
+
+    @abstractmethod
+    def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
+        """Run one training epoch (1-based) and return train_loss and train_accuracy.
+
+        Return only once all work of the epoch has finished (for asynchronous
+        engines: after synchronising), so the epoch can be timed.
+        """
+
+    @abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """Metrics on the validation set: val_loss, val_accuracy, val_top5_accuracy (classes > 5)."""

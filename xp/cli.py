@@ -1,0 +1,207 @@
+"""`python -m xp`: the entry point. Thin: check the command, hand it to Hydra, report.
+
+1. Every job the command line describes (each combination of a -m sweep) is
+   composed and validated before the first one starts: a bad value fails in
+   a second with one line, not after an hour of the sweep.
+2. With -m, one MLflow parent run groups the sweep's runs.
+3. Exit codes: 0 done, 1 training failed, 2 usage or config error,
+   130 Ctrl-C, 143 SIGTERM. Errors are one line on stderr; tracebacks go to
+   the run's log file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from xp.errors import ConfigError, Terminated, XPError, one_line
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
+# Flags Hydra answers without running a job.
+PASSTHROUGH = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
+               "--shell-completion", "-sc"}
+
+log = logging.getLogger("xp")
+
+
+def _err(msg: object, code: int) -> int:
+    print(f"xp: error: {one_line(msg)}", file=sys.stderr)
+    return code
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
+        return _hydra(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        configs = preflight(argv)
+        if "-m" in argv or "--multirun" in argv:
+            return _sweep(argv, configs[0] if configs else {})
+        return _hydra(argv)
+    except XPError as e:
+        return _err(e, e.exit_code)
+    except KeyboardInterrupt:
+        return _err("interrupted (Ctrl-C)", 130)
+    except Terminated:
+        return _err("terminated (SIGTERM)", 143)
+
+
+# --- validation before anything runs -------------------------------------------
+
+def _groups() -> dict[str, list[str]]:
+    return {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in CONF_DIR.iterdir() if p.is_dir()}
+
+
+def _composition_error(e: Exception, override: list[str], known_keys: list[str]) -> ConfigError:
+    text = str(e)
+    for o in override:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if f"Key '{key.split('.')[-1]}' is not in struct" in text or f"Could not override '{key}'" in text:
+            close = difflib.get_close_matches(key, known_keys, n=1)
+            hint = f"did you mean {close[0]}?" if close else "see python -m xp --help"
+            return ConfigError(f"{o}: unknown key {key!r}; {hint} (to add a new key: +{o})")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return ConfigError(" ".join(lines[:2]) or type(e).__name__)
+
+
+def preflight(argv: list[str]) -> list[dict[str, Any]]:
+    """Compose and validate every job of the command line; return their resolved configs."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from xp.experiment import plan_and_backend
+    from xp.tracking import flatten
+
+    args = get_args_parser().parse_args(argv)
+    if args.config_dir or args.config_path or args.config_name:
+        return []  # another config tree: Hydra composes it; each job still validates as it starts
+    try:
+        parsed = OverridesParser.create().parse_overrides(args.overrides)
+    except Exception as e:
+        raise ConfigError(f"cannot parse the command line: {one_line(e)}") from e
+
+    groups = _groups()
+    for o in parsed:
+        key = o.key_or_group
+        if key in groups and not o.is_delete():
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            for v in values:
+                if v not in groups[key]:
+                    raise ConfigError(f"{key}={v}: no such {key}; valid: {', '.join(groups[key])}")
+
+    user = [o for o in parsed if not o.key_or_group.startswith("hydra")]
+    if args.multirun:
+        try:
+            jobs = [job for batch in BasicSweeper.split_arguments(user, None) for job in batch]
+        except Exception as e:
+            raise ConfigError(one_line(e)) from e
+    else:
+        sweeps = [o.input_line for o in user if o.is_sweep_override()]
+        if sweeps:
+            raise ConfigError(f"{sweeps[0]}: several values need a sweep; add -m to run one experiment per value")
+        jobs = [[o.input_line for o in user]]
+
+    configs = []
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
+        known = list(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
+        for job in jobs:
+            try:
+                config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
+            except Exception as e:
+                raise _composition_error(e, job, known) from e
+            plan_and_backend(config)
+            configs.append(config)
+    return configs
+
+
+# --- running -------------------------------------------------------------------
+
+def _hydra(argv: list[str]) -> int:
+    import hydra
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+    def task(cfg: Any) -> float:
+        return _task(cfg)
+
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "xp", *argv]
+    try:
+        task()
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+
+
+def _task(cfg: Any) -> float:
+    """One Hydra job: the raw DictConfig stops here; run() gets a plain dict."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from xp.experiment import JobInfo, run
+
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    job = JobInfo(
+        overrides=[o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")],
+        output_dir=out,
+        log_file=out / f"{hc.job.name}.log",
+        parent_run_id=os.environ.get(PARENT_ENV),
+        cwd=Path(hc.runtime.cwd),
+    )
+    try:
+        return run(OmegaConf.to_container(cfg, resolve=True), job)
+    except XPError as e:
+        log.debug("error", exc_info=True)
+        raise SystemExit(_err(e, e.exit_code)) from None
+    except Exception as e:
+        log.debug("training failed", exc_info=True)
+        raise SystemExit(_err(f"training failed: {type(e).__name__}: {one_line(e)[:500]} "
+                              f"(traceback in {job.log_file})", 1)) from None
+
+
+def _sweep(argv: list[str], config: dict[str, Any]) -> int:
+    """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
+    from xp import report
+    from xp.tracking import Tracker, resolve_uri
+
+    uri = resolve_uri(config.get("tracking_uri"))
+    overrides = [a for a in argv if a not in ("-m", "--multirun")]
+    parent = Tracker(uri, config.get("experiment") or "xp", "sweep: " + " ".join(overrides),
+                     tags={"xp.sweep": "true"})
+    parent.start()
+    parent.log_params({"sweep.overrides": " ".join(overrides)})
+    os.environ[PARENT_ENV] = parent.run_id
+    status = "FAILED"
+    try:
+        rc = _hydra(argv)
+        status = "FINISHED" if rc == 0 else "FAILED"
+        return rc
+    except (KeyboardInterrupt, Terminated):
+        status = "KILLED"
+        raise
+    finally:
+        os.environ.pop(PARENT_ENV, None)
+        try:
+            rows = [report.row_from_mlflow(r) for r in parent.child_runs()]
+            accs = [r["val_accuracy"] for r in rows if r.get("val_accuracy") is not None]
+            parent.log_metrics({"runs": len(rows), **({"best_val_accuracy": max(accs)} if accs else {})})
+        finally:
+            parent.end(status)
+        print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
+        print(report.table(rows))

@@ -1,0 +1,105 @@
+"""One experiment: plan it, train it through its backend, track it.
+
+`run(cfg)` is what `python -m xp` calls for every job; tests and sweepers call
+it too. It returns the objective (final validation accuracy).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xp import report
+from xp.callbacks import ProgressPrinter, ThroughputMeter
+from xp.gpu import visible_gpus
+from xp.plan import Plan, build_plan
+from xp.registry import Registry
+from xp.tracking import Tracker, TrackingCallback, flatten, resolve_uri, run_url_hint, versions
+from xp.train import fit
+
+log = logging.getLogger("xp")
+
+
+@dataclass
+class JobInfo:
+    """Where this job sits: set by the entry point from Hydra's runtime, empty in tests."""
+
+    overrides: list[str] = field(default_factory=list)
+    output_dir: Path | None = None
+    log_file: Path | None = None
+    parent_run_id: str | None = None
+    cwd: Path | None = None
+
+
+def plan_and_backend(config: dict[str, Any]):
+    """Validate the resolved config into a plan and load its backend; raises ConfigError/PluginError."""
+    plan = build_plan(config, visible_gpus=visible_gpus())
+    backend_cls = Registry().load(plan.backend)
+    backend_cls.check(plan)
+    return plan, backend_cls
+
+
+def describe(plan: Plan, uri: str) -> str:
+    d = plan.dataset
+    lines = [
+        f"xp: backend={plan.backend} model={plan.model.name} dataset={d.name} dtype={plan.dtype} "
+        f"kvstore={plan.kvstore} hardware={plan.hardware.name}",
+        f"  devices          {', '.join(plan.devices)}  ({plan.workers} worker{'s' if plan.workers > 1 else ''})",
+        f"  batch            {plan.batch} per device, {plan.worker_batch} per worker, {plan.global_batch} global",
+        f"  learning rate    {plan.lr:g} given at batch {plan.lr_ref_batch}, {plan.effective_lr:g} effective "
+        f"(x {plan.global_batch}/{plan.lr_ref_batch}); schedule {plan.lr_schedule}"
+        + (f" at epochs {list(plan.lr_steps)} x{plan.lr_decay:g}" if plan.lr_schedule == "step" else "")
+        + f"; warm-up {plan.warmup_epochs:g} epochs",
+        f"  samples/epoch    {plan.samples_per_epoch} ({plan.steps_per_epoch} steps of {plan.global_batch}; "
+        f"{d.train_size} training, {d.val_size} validation, {d.num_classes} classes, "
+        f"{'x'.join(map(str, d.image_shape))} images)",
+        f"  epochs           {plan.epochs}, seed {plan.seed}",
+        f"  tracking         {uri}  experiment={plan.experiment}",
+    ]
+    return "\n".join(lines)
+
+
+def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
+    """Run one experiment from a resolved config (a plain dict); return the final val_accuracy."""
+    job = job or JobInfo()
+    plan, backend_cls = plan_and_backend(config)
+    uri = resolve_uri(plan.tracking_uri, job.cwd)
+    log.info(describe(plan, uri))
+
+    name = plan.run_name or (" ".join(job.overrides) if job.overrides else
+                             f"{plan.model.name}-{plan.dataset.name}-{plan.backend}")
+    with Tracker(uri, plan.experiment, name, parent_run_id=job.parent_run_id,
+                 tags={"xp.backend": plan.backend, "xp.model": plan.model.name,
+                       "xp.dataset": plan.dataset.name}) as tracker:
+        if job.output_dir is not None:
+            hydra_dir = job.output_dir / ".hydra"
+            for f in ("config.yaml", "overrides.yaml"):
+                tracker.add_artifact_on_exit(hydra_dir / f, "hydra")
+        if job.log_file is not None:
+            tracker.add_artifact_on_exit(job.log_file)
+        params = flatten(config)
+        params.update({f"derived.{k}": v for k, v in plan.derived().items()})
+        params.update({f"version.{k}": v for k, v in versions(backend_cls.requires).items()})
+        tracker.log_params(params)
+        log.info(f"  MLflow run       {tracker.run_id} ({name})")
+
+        callbacks = [ThroughputMeter(plan.timing_warmup_batches), TrackingCallback(tracker),
+                     ProgressPrinter(plan.epochs)]
+        history = fit(plan, backend_cls(), callbacks)
+
+        summary = report.summarize(history, plan.cost_per_hour)
+        tracker.log_metrics({
+            "epochs": summary["epochs"],
+            "summary.epoch_time_s": summary.get("epoch_time_s"),
+            "summary.throughput": summary.get("throughput"),
+            "train_time_s": summary["train_time_s"],
+            "cost_usd": summary["cost_usd"],
+            "best_val_accuracy": summary.get("best_val_accuracy"),
+        }, step=plan.epochs)
+        row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices), **summary}
+        log.info("\n" + report.table([row]))
+        log.info(f"logged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); "
+                 f"view with: {run_url_hint(uri)}")
+    return float(summary.get("val_accuracy", 0.0))

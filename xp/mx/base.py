@@ -1,0 +1,101 @@
+"""The part of every MXNet backend that is not about gradient aggregation.
+
+A plugin subclasses MXNetBackend and implements three methods: prepare
+(optimizer and kvstore state for the initialised network), step (one training
+step on a batch, returning the logits) and predict (logits for evaluation).
+Setup, the batch loops, synchronisation and metrics live here.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import abstractmethod
+from typing import Any
+
+import numpy as np
+
+from xp.backend import Backend, BatchHook
+from xp.errors import ConfigError
+from xp.plan import Plan, learning_rate
+
+
+class MXNetBackend(Backend):
+    requires = ("mxnet", "gluoncv", "numpy")
+
+    @classmethod
+    def check(cls, plan: Plan) -> None:
+        if plan.device_type == "gpu":
+            import mxnet as mx
+
+            seen = mx.context.num_gpus()
+            if seen < len(plan.devices):
+                raise ConfigError(f"gpus={len(plan.devices)}: the installed mxnet {mx.__version__} can use {seen} "
+                                  "GPUs (a CPU build?); install the GPU build: pip install -e '.[gpu]'")
+
+    # --- plugin hooks --------------------------------------------------------
+    @abstractmethod
+    def prepare(self) -> None:
+        """Create the optimizer/kvstore state for self.net (already initialised on self.contexts)."""
+
+    @abstractmethod
+    def step(self, batch: Any, lr: float) -> list[Any]:
+        """Forward, backward and update on one batch at learning rate `lr`; return the logits (NDArrays)."""
+
+    @abstractmethod
+    def predict(self, batch: Any) -> list[Any]:
+        """Logits for one batch, without training."""
+
+    # --- shared ----------------------------------------------------------------
+    def setup(self, plan: Plan) -> None:
+        import mxnet as mx
+
+        from xp.mx.data import make_iters
+        from xp.mx.models import build_net, initialize
+
+        self.plan = plan
+        random.seed(plan.seed)
+        np.random.seed(plan.seed)
+        mx.random.seed(plan.seed)
+        make_ctx = mx.gpu if plan.device_type == "gpu" else mx.cpu
+        self.contexts = [make_ctx(i) for i in range(len(plan.devices))]
+        self.net = build_net(plan.model, plan.dataset.num_classes)
+        initialize(self.net, self.contexts, plan.seed)
+        self.train_iter, self.val_iter = make_iters(plan)
+        self.prepare()
+
+    def split(self, batch: Any) -> tuple[list[Any], list[Any]]:
+        """The batch's data and labels, one even slice per device, in device order."""
+        from mxnet import gluon
+
+        load = gluon.utils.split_and_load
+        return (load(batch.data[0], self.contexts, even_split=True),
+                load(batch.label[0], self.contexts, even_split=True))
+
+    def optimizer_params(self) -> dict[str, float]:
+        return {"learning_rate": self.plan.effective_lr, "momentum": self.plan.momentum, "wd": self.plan.wd}
+
+    def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
+        import mxnet as mx
+
+        from xp.mx.metrics import Scores
+
+        scores = Scores(self.plan.dataset.num_classes)
+        self.train_iter.set_epoch(epoch)
+        first_step = (epoch - 1) * self.plan.steps_per_epoch
+        for i, batch in enumerate(self.train_iter):
+            logits = self.step(batch, learning_rate(self.plan, first_step + i))
+            # asnumpy() waits for the step's forward/backward: batch times are real
+            scores.update(np.concatenate([o.asnumpy() for o in logits]), batch.label[0].asnumpy())
+            on_batch(i, batch.data[0].shape[0])
+        mx.nd.waitall()  # the last parameter update, too
+        return scores.result("train")
+
+    def evaluate(self) -> dict[str, float]:
+        from xp.mx.metrics import Scores
+
+        scores = Scores(self.plan.dataset.num_classes)
+        self.val_iter.reset()
+        for batch in self.val_iter:
+            logits = self.predict(batch)
+            scores.update(np.concatenate([o.asnumpy() for o in logits]), batch.label[0].asnumpy(), batch.pad)
+        return scores.result("val")

@@ -1,0 +1,261 @@
+"""The plan: the validated, typed form of one experiment, derived values included.
+
+Hydra composes a config; `build_plan` checks every value and writes out what
+follows from it (devices, per-device / per-worker / global batch, effective
+learning rate, steps and samples per epoch, cost rate) exactly once. Nothing
+below the entry point sees the raw config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from xp import datasets
+from xp.datasets import DatasetSpec
+from xp.errors import ConfigError
+
+KVSTORES = ("local", "device")
+DTYPES = ("float32",)
+OPTIMIZERS = ("sgd", "nag")
+LR_SCHEDULES = ("constant", "step", "cosine")
+MODEL_ZOOS = ("xp", "gluoncv")
+MAX_DEVICES = 64
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    zoo: str  # xp | gluoncv
+    arch: str  # network name inside that zoo
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    gpus: int | None  # GPUs the instance has; None = whatever is visible
+    gpu_model: str | None
+    vcpus: int | None
+    price_per_hour: float  # USD per instance-hour
+
+
+@dataclass(frozen=True)
+class Plan:
+    backend: str
+    backend_options: dict[str, Any]
+    model: ModelSpec
+    dataset: DatasetSpec
+    kvstore: str
+    dtype: str
+    hardware: HardwareSpec
+    # devices and batch
+    device_type: str  # cpu | gpu
+    devices: tuple[str, ...]  # e.g. ("cpu(0)", "cpu(1)")
+    workers: int
+    rank: int
+    batch: int  # per device
+    worker_batch: int  # batch x devices
+    global_batch: int  # worker_batch x workers
+    # optimisation
+    optimizer: str
+    lr: float  # as given, at lr_ref_batch
+    lr_ref_batch: int
+    effective_lr: float  # after the linear scaling rule
+    lr_schedule: str
+    lr_steps: tuple[int, ...]
+    lr_decay: float
+    warmup_epochs: float
+    momentum: float
+    wd: float
+    epochs: int
+    steps_per_epoch: int
+    samples_per_epoch: int
+    seed: int
+    # input pipeline, measurement
+    data_nthreads: int
+    timing_warmup_batches: int
+    # tracking
+    experiment: str
+    tracking_uri: str | None
+    run_name: str | None
+
+    @property
+    def cost_per_hour(self) -> float:
+        return self.hardware.price_per_hour
+
+    def derived(self) -> dict[str, Any]:
+        """The values the plan computed (as opposed to those the user typed)."""
+        return {
+            "devices": ",".join(self.devices),
+            "num_devices": len(self.devices),
+            "workers": self.workers,
+            "worker_batch": self.worker_batch,
+            "global_batch": self.global_batch,
+            "effective_lr": self.effective_lr,
+            "steps_per_epoch": self.steps_per_epoch,
+            "samples_per_epoch": self.samples_per_epoch,
+            "train_size": self.dataset.train_size,
+            "val_size": self.dataset.val_size,
+            "num_classes": self.dataset.num_classes,
+            "image_shape": "x".join(map(str, self.dataset.image_shape)),
+            "cost_per_hour": self.cost_per_hour,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- small validators: each names the key, the value given and what is valid ---
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(cfg: dict, key: str, lo: int, hi: int | None = None) -> int:
+    v = cfg.get(key)
+    if not _is_int(v) or v < lo or (hi is not None and v > hi):
+        valid = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+        raise ConfigError(f"{key}={v!r}: must be {valid}")
+    return v
+
+
+def _float(cfg: dict, key: str, lo: float, hi: float | None = None, *, lo_open: bool = False,
+           hi_open: bool = False) -> float:
+    v = cfg.get(key)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if ok:
+        ok = (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))
+    if not ok:
+        left = f"> {lo}" if lo_open else f">= {lo}"
+        right = "" if hi is None else (f" and < {hi}" if hi_open else f" and <= {hi}")
+        raise ConfigError(f"{key}={v!r}: must be a number {left}{right}")
+    return float(v)
+
+
+def _choice(value: Any, key: str, valid: tuple[str, ...] | list[str]) -> str:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r}: not supported; valid: {', '.join(valid)}")
+    return value
+
+
+def _group(cfg: dict, key: str) -> dict:
+    v = cfg.get(key)
+    if not isinstance(v, dict) or not isinstance(v.get("name"), str):
+        raise ConfigError(f"{key}: missing config group; choose one with {key}=NAME")
+    return v
+
+
+def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank: int = 0) -> Plan:
+    """Validate a resolved config (plain dict) and derive the plan.
+
+    visible_gpus: GPUs this process can see (NVML); injected so it can be tested.
+    """
+    backend = _group(cfg, "backend")
+    model_cfg = _group(cfg, "model")
+    dataset_cfg = _group(cfg, "dataset")
+    hw_cfg = _group(cfg, "hardware")
+    kvstore = _choice(_group(cfg, "kvstore")["name"], "kvstore", KVSTORES)
+    dtype = _choice(_group(cfg, "dtype")["name"], "dtype", DTYPES)
+
+    model = ModelSpec(model_cfg["name"], _choice(model_cfg.get("zoo"), "model.zoo", MODEL_ZOOS),
+                      str(model_cfg.get("arch") or model_cfg["name"]))
+    dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"})
+
+    hw_gpus = hw_cfg.get("gpus")
+    if hw_gpus is not None and (not _is_int(hw_gpus) or hw_gpus < 0):
+        raise ConfigError(f"hardware.gpus={hw_gpus!r}: must be an integer >= 0, or null to count visible GPUs")
+    price = hw_cfg.get("price_per_hour", 0.0)
+    if not isinstance(price, (int, float)) or isinstance(price, bool) or not math.isfinite(price) or price < 0:
+        raise ConfigError(f"hardware.price_per_hour={price!r}: must be a number >= 0 (USD per hour)")
+    hardware = HardwareSpec(hw_cfg["name"], hw_gpus, hw_cfg.get("gpu_model"), hw_cfg.get("vcpus"), float(price))
+
+    # --- devices -----------------------------------------------------------
+    gpus = _int(cfg, "gpus", 0, MAX_DEVICES)
+    if hardware.gpus is not None and gpus > hardware.gpus:
+        raise ConfigError(f"gpus={gpus}: hardware={hardware.name} has {hardware.gpus} GPUs; "
+                          f"valid: 0 to {hardware.gpus}")
+    if gpus > visible_gpus:
+        raise ConfigError(f"gpus={gpus}: {gpus} GPUs asked for, {visible_gpus} visible on this machine; "
+                          f"valid: 0 to {visible_gpus} (gpus=0 trains on the CPU)")
+    if gpus:
+        device_type, devices = "gpu", tuple(f"gpu({i})" for i in range(gpus))
+    else:
+        n = _int(cfg, "cpu_devices", 1, MAX_DEVICES)
+        device_type, devices = "cpu", tuple(f"cpu({i})" for i in range(n))
+
+    # --- batch ---------------------------------------------------------------
+    batch = _int(cfg, "batch", 1, 65536)
+    worker_batch = batch * len(devices)
+    global_batch = worker_batch * workers
+    steps_per_epoch = dataset.train_size // global_batch
+    if steps_per_epoch < 1:
+        raise ConfigError(f"batch={batch}: the global batch ({global_batch} = {batch} x {len(devices)} devices"
+                          f" x {workers} workers) exceeds the {dataset.train_size} training samples of "
+                          f"dataset={dataset.name}; valid: batch <= {dataset.train_size // (len(devices) * workers)}")
+
+    # --- optimisation -------------------------------------------------------
+    lr = _float(cfg, "lr", 0.0, 100.0, lo_open=True)
+    lr_ref_batch = _int(cfg, "lr_ref_batch", 1)
+    epochs = _int(cfg, "epochs", 1, 100_000)
+    schedule = _choice(cfg.get("lr_schedule"), "lr_schedule", LR_SCHEDULES)
+    steps = cfg.get("lr_steps") or []
+    if not isinstance(steps, (list, tuple)) or not all(_is_int(s) and s >= 1 for s in steps):
+        raise ConfigError(f"lr_steps={steps!r}: must be a list of epochs (integers >= 1)")
+    warmup = _float(cfg, "warmup_epochs", 0.0, float(epochs))
+
+    return Plan(
+        backend=backend["name"],
+        backend_options={k: v for k, v in backend.items() if k != "name"},
+        model=model,
+        dataset=dataset,
+        kvstore=kvstore,
+        dtype=dtype,
+        hardware=hardware,
+        device_type=device_type,
+        devices=devices,
+        workers=workers,
+        rank=rank,
+        batch=batch,
+        worker_batch=worker_batch,
+        global_batch=global_batch,
+        optimizer=_choice(cfg.get("optimizer"), "optimizer", OPTIMIZERS),
+        lr=lr,
+        lr_ref_batch=lr_ref_batch,
+        effective_lr=lr * global_batch / lr_ref_batch,
+        lr_schedule=schedule,
+        lr_steps=tuple(sorted(steps)),
+        lr_decay=_float(cfg, "lr_decay", 0.0, 1.0, lo_open=True),
+        warmup_epochs=warmup,
+        momentum=_float(cfg, "momentum", 0.0, 1.0, hi_open=True),
+        wd=_float(cfg, "wd", 0.0, 1.0),
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        samples_per_epoch=steps_per_epoch * global_batch,
+        seed=_int(cfg, "seed", 0, 2**31 - 1),
+        data_nthreads=_int(cfg, "data_nthreads", 1, 256),
+        timing_warmup_batches=_int(cfg, "timing_warmup_batches", 0, 10_000),
+        experiment=str(cfg.get("experiment") or "xp"),
+        tracking_uri=cfg.get("tracking_uri"),
+        run_name=cfg.get("run_name"),
+    )
+
+
+def learning_rate(plan: Plan, step: int) -> float:
+    """Learning rate at global step `step` (0-based): warm-up, then the schedule.
+
+    Warm-up follows Goyal et al.: a linear ramp to the effective (scaled) lr,
+    so large global batches do not diverge in the first epochs.
+    """
+    spe = plan.steps_per_epoch
+    warm_steps = int(round(plan.warmup_epochs * spe))
+    if step < warm_steps:
+        return plan.effective_lr * (step + 1) / warm_steps
+    if plan.lr_schedule == "constant":
+        return plan.effective_lr
+    if plan.lr_schedule == "step":
+        done_epochs = step // spe
+        return plan.effective_lr * plan.lr_decay ** sum(1 for e in plan.lr_steps if done_epochs >= e)
+    total = plan.epochs * spe
+    progress = (step - warm_steps) / max(1, total - warm_steps)
+    return plan.effective_lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))

@@ -1,0 +1,190 @@
+"""MLflow tracking: one run per experiment, grouped under a parent run for sweeps.
+
+The embedded default is a SQLite database inside mlruns/ with artifacts beside
+it (MLflow 3 refuses the plain ./mlruns file store). MLFLOW_TRACKING_URI or
+tracking_uri=... point elsewhere (another SQLite file, PostgreSQL, a server).
+mlflow is imported inside the methods: importing xp must stay cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterable
+
+from xp.callbacks import Callback
+from xp.errors import Terminated, XPError, one_line
+
+log = logging.getLogger("xp")
+
+DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
+MAX_PARAM_LEN = 6000  # MLflow 3's limit on a param value
+
+
+def resolve_uri(configured: str | None = None, cwd: str | Path | None = None) -> str:
+    """The tracking URI to use, with a relative SQLite path made absolute against `cwd`.
+
+    Absolute, so that sweep workers, resumed runs and `mlflow ui` all see the same file.
+    """
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        path = (Path(cwd or os.getcwd()) / uri[len(prefix):]).resolve()
+        uri = prefix + str(path)
+    if uri.startswith(prefix):
+        Path(uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def _artifact_root(uri: str) -> str | None:
+    """Artifacts of a SQLite store live beside the database; other stores decide for themselves."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+    return None
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class Tracker:
+    """One MLflow run. As a context manager it ends the run FINISHED, FAILED or KILLED.
+
+    KILLED for Ctrl-C and SIGTERM, FAILED for any other exception: a run is
+    never left RUNNING by a process that gets to run its finally-blocks.
+    """
+
+    def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
+                 tags: dict[str, str] | None = None):
+        self.uri, self.experiment, self.run_name = uri, experiment, run_name
+        self.parent_run_id = parent_run_id
+        self.tags = dict(tags or {})
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self._artifacts: list[tuple[Path, str | None]] = []
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def _experiment_id(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(self.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(self.experiment, artifact_location=_artifact_root(self.uri))
+        except MlflowException:  # another process created it first
+            exp = self.client.get_experiment_by_name(self.experiment)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def start(self) -> str:
+        try:
+            self.experiment_id = self._experiment_id()
+            tags = {"xp.host": socket.gethostname(), "xp.pid": str(os.getpid()), **self.tags}
+            if self.parent_run_id:
+                tags["mlflow.parentRunId"] = self.parent_run_id
+            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
+        except Exception as e:
+            raise XPError(f"MLflow store {self.uri} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
+        self.run_id = run.info.run_id
+        return self.run_id
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(str(k)[:250], str(v)[:MAX_PARAM_LEN]) for k, v in sorted(params.items())]
+        for i in range(0, len(items), 100):  # MLflow's batch limit for params
+            self.client.log_batch(self.run_id, params=items[i:i + 100], synchronous=True)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
+        self.client.log_batch(self.run_id, metrics=items, synchronous=True)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
+
+    def add_artifact_on_exit(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload `path` when the run ends, whatever the outcome (logs matter most for failed runs)."""
+        self._artifacts.append((Path(path), artifact_path))
+
+    def end(self, status: str) -> None:
+        if self.run_id is None:
+            return
+        for path, dest in self._artifacts:
+            if path.exists():
+                try:
+                    self.client.log_artifact(self.run_id, str(path), dest)
+                except Exception as e:  # an artifact problem must not hide the run's outcome
+                    log.warning("could not upload %s to MLflow: %s", path, one_line(e))
+        self.client.set_terminated(self.run_id, status)
+
+    def __enter__(self) -> Tracker:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            status = "FINISHED"
+        elif issubclass(exc_type, (KeyboardInterrupt, Terminated)):
+            status = "KILLED"
+        else:
+            status = "FAILED"
+        self.end(status)
+
+    def child_runs(self) -> list[Any]:
+        return self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
+                                       order_by=["attributes.start_time ASC"])
+
+
+class TrackingCallback(Callback):
+    """Logs every epoch's metrics; step = epochs completed."""
+
+    def __init__(self, tracker: Tracker):
+        self.tracker = tracker
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.tracker.log_metrics(metrics, step=epoch)
+
+
+def run_url_hint(uri: str) -> str:
+    if uri.startswith("sqlite:///"):
+        return f".venv/bin/mlflow ui --backend-store-uri {uri}"
+    return f"MLFLOW_TRACKING_URI={uri}"
+
+
+def versions(distributions: Iterable[str]) -> dict[str, str]:
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("xp", *distributions):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out

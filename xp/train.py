@@ -1,0 +1,24 @@
+"""The epoch loop: framework-agnostic, drives a backend and fires events."""
+
+from __future__ import annotations
+
+from xp.backend import Backend
+from xp.callbacks import Callback, fire
+from xp.plan import Plan, learning_rate
+
+
+def fit(plan: Plan, backend: Backend, callbacks: list[Callback]) -> list[dict[str, float]]:
+    """Train for plan.epochs epochs; return the metrics of every epoch."""
+    backend.setup(plan)
+    fire(callbacks, "on_train_begin")
+    history: list[dict[str, float]] = []
+    for epoch in range(1, plan.epochs + 1):
+        fire(callbacks, "on_epoch_begin", epoch)
+        metrics = dict(backend.train_epoch(epoch, lambda step, n, e=epoch: fire(callbacks, "on_batch_end", e, step, n)))
+        fire(callbacks, "on_train_epoch_end", epoch)
+        metrics.update(backend.evaluate())
+        metrics["lr"] = learning_rate(plan, epoch * plan.steps_per_epoch - 1)
+        fire(callbacks, "on_epoch_end", epoch, metrics)
+        history.append(metrics)
+    fire(callbacks, "on_train_end", history)
+    return history
