@@ -26,6 +26,9 @@ PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow par
 # Flags Hydra answers without running a job.
 PASSTHROUGH = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
                "--shell-completion", "-sc"}
+# Hydra flags followed by a value (in the next token unless written flag=value).
+FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--package", "-p",
+                    "--cfg", "-c", "--experimental-rerun"}
 
 log = logging.getLogger("xp")
 
@@ -39,8 +42,25 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Flags first, overrides after: `model=x -m batch=16,32` is how people type a sweep,
+    but Hydra's argparse parser rejects overrides on both sides of a flag."""
+    flags, overrides = [], []
+    tokens = iter(argv)
+    for tok in tokens:
+        if tok.startswith("-"):  # override keys never start with "-"
+            flags.append(tok)
+            if tok in FLAGS_WITH_VALUE:
+                nxt = next(tokens, None)
+                if nxt is not None:
+                    flags.append(nxt)
+        else:
+            overrides.append(tok)
+    return flags + overrides
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         return _hydra(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)

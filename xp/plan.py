@@ -176,7 +176,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
         raise ConfigError(f"gpus={gpus}: hardware={hardware.name} has {hardware.gpus} GPUs; "
                           f"valid: 0 to {hardware.gpus}")
     if gpus > visible_gpus:
-        raise ConfigError(f"gpus={gpus}: {gpus} GPUs asked for, {visible_gpus} visible on this machine; "
+        raise ConfigError(f"gpus={gpus}: {gpus} GPU{'s' if gpus > 1 else ''} asked for, {visible_gpus} visible on this machine; "
                           f"valid: 0 to {visible_gpus} (gpus=0 trains on the CPU)")
     if gpus:
         device_type, devices = "gpu", tuple(f"gpu({i})" for i in range(gpus))

@@ -59,7 +59,7 @@ class MXNetBackend(Backend):
         make_ctx = mx.gpu if plan.device_type == "gpu" else mx.cpu
         self.contexts = [make_ctx(i) for i in range(len(plan.devices))]
         self.net = build_net(plan.model, plan.dataset.num_classes)
-        initialize(self.net, self.contexts, plan.seed)
+        initialize(self.net, self.contexts, plan.seed, plan.dataset.image_shape)
         self.train_iter, self.val_iter = make_iters(plan)
         self.prepare()
 

@@ -44,13 +44,16 @@ def build_net(model: ModelSpec, classes: int):
         raise ConfigError(f"model.arch={model.arch!r}: not in the GluonCV model zoo ({e})") from e
 
 
-def initialize(net, contexts, seed: int) -> None:
+def initialize(net, contexts, seed: int, image_shape: tuple[int, ...]) -> None:
     """Initialise parameters deterministically (MSRA/He init) on every context.
 
     Parameters are drawn once on the CPU and copied to each context, so N
-    devices start from exactly the weights one device would.
+    devices start from exactly the weights one device would. One forward pass
+    of a dummy sample resolves Gluon's deferred shapes now, so backends can
+    read, export or broadcast real parameters before training.
     """
     import mxnet as mx
 
     mx.random.seed(seed)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=contexts)
+    net(mx.nd.zeros((1, *image_shape), ctx=contexts[0]))

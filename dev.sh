@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# xp's developer entry point. Creates and reuses the virtual environment in .venv.
+#   ./dev.sh run [OVERRIDES...]   run an experiment (default: LeNet on digits, CPU)
+#   ./dev.sh test [PYTEST ARGS]   run the test suite
+#   ./dev.sh setup                only create/update .venv
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=.venv
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3 || true)}
+
+ensure_venv() {
+    local stamp=$VENV/.xp-installed want
+    want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+    if [[ -f $stamp && "$(cat "$stamp")" == "$want" && -x $VENV/bin/python ]]; then
+        return
+    fi
+    if [[ ! -x $VENV/bin/python ]]; then
+        if [[ -z "$PYTHON" ]]; then
+            echo "dev.sh: no python3.11 found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
+            exit 2
+        fi
+        local ver
+        ver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        if [[ "$ver" != "3.11" ]]; then
+            # mxnet 1.9.1 needs numpy<1.24, whose wheels stop at Python 3.11
+            echo "dev.sh: Python 3.11 is required, $PYTHON is $ver; set PYTHON=/path/to/python3.11" >&2
+            exit 2
+        fi
+        "$PYTHON" -m venv "$VENV" || {
+            echo "dev.sh: could not create $VENV (on Debian: apt-get install python3.11-venv)" >&2
+            exit 2
+        }
+    fi
+    echo "dev.sh: installing xp and its pinned dependencies into $VENV (first time: a few minutes)" >&2
+    "$VENV/bin/python" -m pip install -q --upgrade pip wheel setuptools
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[test]'
+    echo "$want" > "$stamp"
+}
+
+cmd=${1:-}
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+    run)   ensure_venv; exec "$VENV/bin/python" -m xp "$@" ;;
+    test)  ensure_venv; exec "$VENV/bin/python" -m pytest "$@" ;;
+    setup) ensure_venv ;;
+    *)     sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac

@@ -1,0 +1,76 @@
+"""Shared helpers: a temporary MLflow store, running `python -m xp` as a user would, composing configs."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A fresh SQLite MLflow store; returns its URI."""
+    return f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+
+
+def xp_env(store_uri: str, extra: dict | None = None) -> dict:
+    env = dict(os.environ, MLFLOW_TRACKING_URI=store_uri, PYTHONUNBUFFERED="1")
+    env.pop("XP_PARENT_RUN_ID", None)
+    env.update(extra or {})
+    return env
+
+
+def xp_args(tmp_path: Path, *args: str) -> list[str]:
+    """Command line for `python -m xp ARGS` with Hydra's output folders under tmp_path."""
+    return [sys.executable, "-m", "xp", *args, f"hydra.run.dir={tmp_path}/run",
+            f"hydra.sweep.dir={tmp_path}/sweep"]
+
+
+def run_xp(tmp_path: Path, store_uri: str, *args: str, timeout: float = 300, env: dict | None = None):
+    return subprocess.run(xp_args(tmp_path, *args), cwd=ROOT, env=xp_env(store_uri, env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> str:
+    """Read proc's stdout until a line contains `needle`; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, min(1.0, deadline - time.monotonic())))
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if needle in line:
+                return line
+    proc.kill()
+    proc.wait(timeout=30)
+    raise AssertionError(f"{needle!r} not seen within {timeout}s; output:\n{''.join(seen)[-3000:]}")
+
+
+def mlflow_runs(store_uri: str, experiment: str = "xp"):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return client, []
+    return client, client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def compose_config(*overrides: str) -> dict:
+    """The resolved config for these overrides, through Hydra's compose API (as the CLI does)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(CONF), version_base="1.3", job_name="test"):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
