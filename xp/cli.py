@@ -190,7 +190,8 @@ def _task(cfg: Any) -> float:
         log.debug("error", exc_info=True)
         raise SystemExit(_err(e, e.exit_code)) from None
     except Exception as e:
-        log.debug("training failed", exc_info=True)
+        if not getattr(e, "xp_logged", False):
+            log.debug("failed", exc_info=True)
         raise SystemExit(_err(f"training failed: {type(e).__name__}: {one_line(e)[:500]} "
                               f"(traceback in {job.log_file})", 1)) from None
 

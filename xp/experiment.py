@@ -87,7 +87,13 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
 
         callbacks = [ThroughputMeter(plan.timing_warmup_batches), TrackingCallback(tracker),
                      ProgressPrinter(plan.epochs)]
-        history = fit(plan, backend_cls(), callbacks)
+        try:
+            history = fit(plan, backend_cls(), callbacks)
+        except Exception as e:
+            # into the log file now, while the run is open: the log is uploaded when it ends
+            log.debug("training failed", exc_info=True)
+            e.xp_logged = True
+            raise
 
         summary = report.summarize(history, plan.cost_per_hour)
         tracker.log_metrics({

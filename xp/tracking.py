@@ -78,6 +78,10 @@ class Tracker:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
+            # Creating or migrating the schema of a new store is routine, not news.
+            for name in ("mlflow.store.db.utils", "alembic"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+
             self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 

@@ -1,0 +1,146 @@
+"""End to end: `python -m xp` in a subprocess, asserting on what MLflow recorded."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, mlflow_runs, run_xp, wait_for_line, xp_args, xp_env
+from plugin_fixtures import install_test_plugins
+
+pytestmark = pytest.mark.slow
+
+EPOCH_METRICS = ["train_loss", "train_accuracy", "val_accuracy", "val_top5_accuracy", "throughput", "epoch_time_s"]
+
+
+def assert_one_line_error(proc, *fragments):
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0 and err.startswith("xp: error: "), err
+    assert "Traceback" not in proc.stdout + proc.stderr
+    for f in fragments:
+        assert f in err, err
+
+
+def test_default_run_reaches_095_and_logs_everything(tmp_path, store):
+    proc = run_xp(tmp_path, store)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for shown in ("devices          cpu(0)", "32 global", "0.02 effective", "samples/epoch    1408",
+                  "| accuracy |", "logged to " + store):
+        assert shown in out, out
+
+    client, runs = mlflow_runs(store)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["val_accuracy"] >= 0.95
+    p = run.data.params
+    assert (p["backend.name"], p["model.name"], p["dataset.name"], p["batch"], p["lr"]) == \
+        ("gluon", "lenet", "digits", "32", "0.02")
+    assert (p["derived.global_batch"], p["derived.effective_lr"], p["derived.devices"]) == ("32", "0.02", "cpu(0)")
+    assert p["version.mxnet"] == "1.9.1" and p["version.python"].startswith("3.11")
+    for name in EPOCH_METRICS:
+        history = client.get_metric_history(run.info.run_id, name)
+        assert [m.step for m in history] == list(range(1, 11)), name
+    assert all(m.value > 0 for m in client.get_metric_history(run.info.run_id, "throughput"))
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    hydra = {a.path for a in client.list_artifacts(run.info.run_id, "hydra")}
+    assert "xp.log" in artifacts and hydra == {"hydra/config.yaml", "hydra/overrides.yaml"}
+    log_text = open(client.download_artifacts(run.info.run_id, "xp.log", str(tmp_path))).read()
+    assert "epoch 10/10" in log_text
+
+
+def test_multirun_groups_children_under_one_parent(tmp_path, store):
+    proc = run_xp(tmp_path, store, "epochs=2", "-m", "batch=16,32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, runs = mlflow_runs(store)
+    parents = [r for r in runs if r.data.tags.get("xp.sweep") == "true"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2 and len(runs) == 3
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    assert sorted(c.info.run_name for c in children) == ["epochs=2 batch=16", "epochs=2 batch=32"]
+    assert sorted(c.data.params["batch"] for c in children) == ["16", "32"]
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert "sweep: 2 runs under MLflow parent run " + parent.info.run_id in proc.stdout
+
+
+def test_more_gpus_than_visible_is_one_line_and_exit_2(tmp_path, store):
+    proc = run_xp(tmp_path, store, "model=resnet152", "gpus=4", "-m", "batch=16,32")
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "gpus=4", "4 GPUs asked for, 0 visible")
+    _, runs = mlflow_runs(store)
+    assert runs == []  # nothing started, so nothing left RUNNING
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["model=alexnet"], ["model=alexnet: no such model; valid: lenet, resnet152, resnet18, resnet50"]),
+    (["dataset=imagenet"], ["dataset=imagenet: no such dataset; valid: digits, synthetic"]),
+    (["backend=nope"], ["backend=nope: no such backend"]),
+    (["bach=3"], ["unknown key 'bach'; did you mean batch?"]),
+    (["batch=0"], ["batch=0: must be an integer from 1"]),
+    (["-m", "batch=16,-1"], ["batch=-1: must be an integer from 1"]),
+    (["epochs=ten"], ["epochs='ten': must be an integer"]),
+    (["batch=16,32"], ["add -m to run one experiment per value"]),
+    (["lr=[1"], ["cannot parse the command line"]),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, store, args, fragments):
+    proc = run_xp(tmp_path, store, *args, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert_one_line_error(proc, *fragments)
+    assert mlflow_runs(store)[1] == []
+
+
+def test_help_is_fast_and_imports_no_framework(tmp_path):
+    code = ("import sys, xp.cli; rc = xp.cli.main(['--help']); "
+            "heavy = [m for m in ('mxnet', 'gluoncv', 'mlflow') if m in sys.modules]; "
+            "print('HEAVY', heavy); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+    assert "model: lenet, resnet152, resnet18, resnet50" in proc.stdout
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_run_ends_killed(tmp_path, store, sig, code):
+    proc = subprocess.Popen(xp_args(tmp_path, "epochs=2000"), cwd=ROOT, env=xp_env(store),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "epoch    2/2000", timeout=120)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and err.strip().startswith("xp: error: ")
+    client, runs = mlflow_runs(store)
+    assert [r.info.status for r in runs] == ["KILLED"]
+    assert "xp.log" in {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+
+
+def test_failing_backend_ends_run_failed_with_one_line(tmp_path, store):
+    plugins = install_test_plugins(tmp_path / "site")
+    env = {"PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
+    proc = run_xp(tmp_path, store, "backend.name=failing", "epochs=1", env=env)
+    assert proc.returncode == 1
+    assert_one_line_error(proc, "training failed: RuntimeError: injected failure in step 2", "traceback in")
+    client, runs = mlflow_runs(store)
+    assert [r.info.status for r in runs] == ["FAILED"]
+    log_text = open(client.download_artifacts(runs[0].info.run_id, "xp.log", str(tmp_path))).read()
+    assert "Traceback" in log_text and "injected failure" in log_text
+
+
+def test_broken_plugin_only_fails_when_selected(tmp_path, store):
+    plugins = install_test_plugins(tmp_path / "site")
+    env = {"PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
+    ok = run_xp(tmp_path, store, "epochs=1", env=env)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    bad = run_xp(tmp_path, store, "backend.name=broken", env=env)
+    assert bad.returncode == 2
+    assert_one_line_error(bad, "backend='broken': plugin xp_testplugins.broken:BrokenBackend failed to import")
+    assert [r.info.status for r in mlflow_runs(store)[1]] == ["FINISHED"]
