@@ -144,3 +144,16 @@ def test_broken_plugin_only_fails_when_selected(tmp_path, store):
     assert bad.returncode == 2
     assert_one_line_error(bad, "backend='broken': plugin xp_testplugins.broken:BrokenBackend failed to import")
     assert [r.info.status for r in mlflow_runs(store)[1]] == ["FINISHED"]
+
+
+def test_failed_job_in_a_sweep_fails_the_parent(tmp_path, store):
+    plugins = install_test_plugins(tmp_path / "site")
+    env = {"PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
+    proc = run_xp(tmp_path, store, "epochs=1", "-m", "backend.name=gluon,failing", env=env)
+    assert proc.returncode == 1
+    assert "injected failure" in proc.stderr and "Traceback" not in proc.stderr
+    _, runs = mlflow_runs(store)
+    parent = [r for r in runs if r.data.tags.get("xp.sweep") == "true"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert [r.info.status for r in parent] == ["FAILED"]
+    assert [r.info.status for r in children] == ["FINISHED", "FAILED"]
