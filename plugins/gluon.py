@@ -18,8 +18,7 @@ class GluonBackend(MXNetBackend):
             # static_alloc/static_shape: one memory plan reused by every step
             self.net.hybridize(static_alloc=bool(opts.get("static_alloc", True)),
                                static_shape=bool(opts.get("static_shape", True)))
-        self.trainer = gluon.Trainer(self.net.collect_params(), self.plan.optimizer, self.optimizer_params(),
-                                     kvstore=self.plan.kvstore)
+        self.trainer = gluon.Trainer(self.net.collect_params(), self.make_optimizer(), kvstore=self.plan.kvstore)
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
     def step(self, batch: Any, lr: float) -> list[Any]:

@@ -52,6 +52,19 @@ def test_default_run_reaches_095_and_logs_everything(tmp_path, store):
     assert "epoch 10/10" in log_text
 
 
+def test_module_and_gluon_backends_agree_within_one_point(tmp_path, store):
+    """The same experiment on both backends: accuracy within 1 point, the same metric names."""
+    for backend in ("gluon", "module"):
+        proc = run_xp(tmp_path, store, f"backend={backend}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    _, runs = mlflow_runs(store)
+    gluon, module = runs
+    assert (gluon.data.params["backend.name"], module.data.params["backend.name"]) == ("gluon", "module")
+    assert module.data.metrics["val_accuracy"] >= 0.95
+    assert abs(gluon.data.metrics["val_accuracy"] - module.data.metrics["val_accuracy"]) <= 0.01
+    assert set(gluon.data.metrics) == set(module.data.metrics)
+
+
 def test_multirun_groups_children_under_one_parent(tmp_path, store):
     proc = run_xp(tmp_path, store, "epochs=2", "-m", "batch=16,32")
     assert proc.returncode == 0, proc.stderr[-3000:]

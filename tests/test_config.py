@@ -15,6 +15,7 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml")
 # A new plugin without an entry fails test_every_backend_has_a_test_entry.
 BACKEND_TESTS = {
     "gluon": "tests/test_cli.py::test_default_run_reaches_095_and_logs_everything",
+    "module": "tests/test_backends.py::test_backend_computes_the_same_parameters_as_gluon",
 }
 
 

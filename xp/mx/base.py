@@ -60,6 +60,11 @@ class MXNetBackend(Backend):
         self.contexts = [make_ctx(i) for i in range(len(plan.devices))]
         self.net = build_net(plan.model, plan.dataset.num_classes)
         initialize(self.net, self.contexts, plan.seed, plan.dataset.image_shape)
+        # MXNet's convention (the Module API applies it by name): no weight decay on biases and
+        # BatchNorm betas. Set on the block too, so every backend decays the same parameters.
+        for name, p in self.net.collect_params().items():
+            if not name.endswith(("_weight", "_gamma")):
+                p.wd_mult = 0.0
         self.train_iter, self.val_iter = make_iters(plan)
         self.prepare()
 
@@ -71,8 +76,23 @@ class MXNetBackend(Backend):
         return (load(batch.data[0], self.contexts, even_split=True),
                 load(batch.label[0], self.contexts, even_split=True))
 
-    def optimizer_params(self) -> dict[str, float]:
-        return {"learning_rate": self.plan.effective_lr, "momentum": self.plan.momentum, "wd": self.plan.wd}
+    def make_optimizer(self, rescale_grad: float = 1.0) -> Any:
+        """The optimizer every MXNet backend uses, so their updates are the same arithmetic."""
+        import mxnet as mx
+
+        return mx.optimizer.create(self.plan.optimizer, learning_rate=self.plan.effective_lr,
+                                   momentum=self.plan.momentum, wd=self.plan.wd, rescale_grad=rescale_grad)
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        """Current parameters by name (device 0's copy), as numpy arrays."""
+        return {name: p.data(self.contexts[0]).asnumpy() for name, p in self.net.collect_params().items()}
+
+    def block_params(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(arg_params, aux_params) of the initialised block, as the Module API wants them."""
+        arg, aux = {}, {}
+        for name, p in self.net.collect_params().items():
+            (aux if p.grad_req == "null" else arg)[name] = p.data(self.contexts[0])
+        return arg, aux
 
     def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
         import mxnet as mx

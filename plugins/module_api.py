@@ -1,0 +1,39 @@
+"""Module API backend: mx.mod.Module on the symbol of the same Gluon block, updated through a kvstore."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xp.mx.base import MXNetBackend
+
+
+class ModuleBackend(MXNetBackend):
+    name = "module"
+
+    def prepare(self) -> None:
+        import mxnet as mx
+
+        logits = self.net(mx.sym.var("data"))  # the Gluon block traced into a symbol: one model definition
+        # Two heads: SoftmaxOutput supplies the gradient; the blocked logits feed the shared metrics.
+        symbol = mx.sym.Group([mx.sym.SoftmaxOutput(logits, name="softmax"), mx.sym.BlockGrad(logits)])
+        self.mod = mx.mod.Module(symbol, data_names=["data"], label_names=["softmax_label"], context=self.contexts)
+        self.mod.bind(data_shapes=self.train_iter.provide_data, label_shapes=self.train_iter.provide_label)
+        arg_params, aux_params = self.block_params()
+        self.mod.set_params(arg_params, aux_params)
+        # SoftmaxOutput's gradient is per sample; 1/worker batch makes it the batch mean, as in Gluon.
+        self.optimizer = self.make_optimizer(rescale_grad=1.0 / self.plan.worker_batch)
+        self.mod.init_optimizer(kvstore=self.plan.kvstore, optimizer=self.optimizer)
+
+    def step(self, batch: Any, lr: float) -> list[Any]:
+        self.optimizer.set_learning_rate(lr)
+        self.mod.forward_backward(batch)
+        self.mod.update()
+        return [self.mod.get_outputs()[1]]
+
+    def get_params(self) -> dict[str, Any]:
+        arg_params, aux_params = self.mod.get_params()
+        return {name: v.asnumpy() for name, v in {**arg_params, **aux_params}.items()}
+
+    def predict(self, batch: Any) -> list[Any]:
+        self.mod.forward(batch, is_train=False)
+        return [self.mod.get_outputs()[1]]
