@@ -20,14 +20,24 @@ class GluonBackend(MXNetBackend):
                                static_shape=bool(opts.get("static_shape", True)))
         self.trainer = gluon.Trainer(self.net.collect_params(), self.make_optimizer(), kvstore=self.plan.kvstore)
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
+        self.loss_scaling = self.amp == "float16"  # bfloat16 keeps float32's range: no scaling needed
+        if self.loss_scaling:
+            from mxnet.contrib import amp
+
+            amp.init_trainer(self.trainer)
 
     def step(self, batch: Any, lr: float) -> list[Any]:
         from mxnet import autograd
 
         datas, labels = self.split(batch)
         with autograd.record():
-            logits = [self.net(x) for x in datas]
+            logits = [self.net(self.cast(x)) for x in datas]
             losses = [self.loss(z, y) for z, y in zip(logits, labels)]
+            if self.loss_scaling:
+                from mxnet.contrib import amp
+
+                with amp.scale_loss(losses, self.trainer) as scaled:
+                    losses = scaled
         autograd.backward(losses)
         self.trainer.set_learning_rate(lr)
         # Gradients are summed over devices by the kvstore, then scaled by 1/worker batch: a mean.
@@ -36,4 +46,7 @@ class GluonBackend(MXNetBackend):
 
     def predict(self, batch: Any) -> list[Any]:
         datas, _ = self.split(batch)
-        return [self.net(x) for x in datas]
+        return [self.net(self.cast(x)) for x in datas]
+
+    def cast(self, x: Any) -> Any:
+        return x.astype("float16") if self.plan.dtype == "float16" else x

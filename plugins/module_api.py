@@ -4,16 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from xp.mx.base import MXNetBackend
+from xp.errors import ConfigError
+from xp.mx.base import MXNetBackend, to_numpy
 
 
 class ModuleBackend(MXNetBackend):
     name = "module"
 
+    @classmethod
+    def check(cls, plan: Any) -> None:
+        super().check(plan)
+        if plan.dtype == "amp" and plan.device_type == "gpu":
+            raise ConfigError("dtype=amp: float16 AMP needs dynamic loss scaling, which MXNet's SoftmaxOutput "
+                              "(backend=module) does not support; use backend=gluon or dtype=float16")
+
     def prepare(self) -> None:
         import mxnet as mx
 
-        logits = self.net(mx.sym.var("data"))  # the Gluon block traced into a symbol: one model definition
+        data = mx.sym.var("data")
+        if self.plan.dtype == "float16":
+            data = mx.sym.Cast(data, dtype="float16")
+        logits = self.net(data)  # the Gluon block traced into a symbol: one model definition
+        if self.plan.dtype == "float16":
+            logits = mx.sym.Cast(logits, dtype="float32")  # softmax and loss in float32
         # Two heads: SoftmaxOutput supplies the gradient; the blocked logits feed the shared metrics.
         symbol = mx.sym.Group([mx.sym.SoftmaxOutput(logits, name="softmax"), mx.sym.BlockGrad(logits)])
         self.mod = mx.mod.Module(symbol, data_names=["data"], label_names=["softmax_label"], context=self.contexts)
@@ -32,7 +45,7 @@ class ModuleBackend(MXNetBackend):
 
     def get_params(self) -> dict[str, Any]:
         arg_params, aux_params = self.mod.get_params()
-        return {name: v.asnumpy() for name, v in {**arg_params, **aux_params}.items()}
+        return {name: to_numpy(v) for name, v in {**arg_params, **aux_params}.items()}
 
     def predict(self, batch: Any) -> list[Any]:
         self.mod.forward(batch, is_train=False)

@@ -65,6 +65,15 @@ def test_module_and_gluon_backends_agree_within_one_point(tmp_path, store):
     assert set(gluon.data.metrics) == set(module.data.metrics)
 
 
+@pytest.mark.parametrize("backend", ["gluon", "module"])
+def test_amp_trains_in_bfloat16_on_cpu(tmp_path, store, backend):
+    """MXNet's AMP patches operators process-wide: tested in its own process."""
+    proc = run_xp(tmp_path, store, "dtype=amp", f"backend={backend}", "epochs=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = mlflow_runs(store)[1][0]
+    assert run.data.params["dtype.name"] == "amp" and run.data.metrics["val_accuracy"] > 0.93
+
+
 def test_multirun_groups_children_under_one_parent(tmp_path, store):
     proc = run_xp(tmp_path, store, "epochs=2", "-m", "batch=16,32")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -99,6 +108,9 @@ def test_more_gpus_than_visible_is_one_line_and_exit_2(tmp_path, store):
     (["epochs=ten"], ["epochs='ten': must be an integer"]),
     (["batch=16,32"], ["add -m to run one experiment per value"]),
     (["lr=[1"], ["cannot parse the command line"]),
+    (["dtype=float16"], ["dtype=float16: MXNet 1.9.1 has no float16 CPU kernels", "dtype=amp"]),
+    (["kvstore=nccl"], ["kvstore=nccl: NCCL aggregates gradients between GPUs"]),
+    (["kvstore=dist_sync"], ["kvstore=dist_sync: needs a distributed launch"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, store, args, fragments):
     proc = run_xp(tmp_path, store, *args, timeout=120)

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CONF, compose_config
+from xp.errors import ConfigError
 from xp.plan import build_plan
 from xp.registry import Registry
 
@@ -23,11 +24,28 @@ def test_the_groups_the_product_promises_exist():
     assert {"backend", "model", "dataset", "kvstore", "dtype", "hardware"} <= set(GROUPS)
 
 
+# Options a CPU-only, single-process run must refuse, with what the message must say;
+# each of them builds a plan on a machine with GPUs (or, for dist_*, later in a distributed launch).
+REFUSED_ON_ONE_CPU = {
+    ("kvstore", "nccl"): "kvstore=nccl: NCCL aggregates gradients between GPUs",
+    ("kvstore", "dist_sync"): "kvstore=dist_sync: needs a distributed launch",
+    ("kvstore", "dist_device_sync"): "kvstore=dist_device_sync: needs a distributed launch",
+    ("kvstore", "dist_async"): "kvstore=dist_async: needs a distributed launch",
+    ("dtype", "float16"): "dtype=float16: MXNet 1.9.1 has no float16 CPU kernels",
+}
+
+
 @pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_into_a_plan(group, option):
     cfg = compose_config(f"{group}={option}")
-    plan = build_plan(cfg, visible_gpus=0)
     assert cfg[group]["name"] == option  # file name and declared name agree
+    if (group, option) in REFUSED_ON_ONE_CPU:
+        with pytest.raises(ConfigError, match=REFUSED_ON_ONE_CPU[group, option]):
+            build_plan(cfg, visible_gpus=0)
+        if not option.startswith("dist_"):
+            assert build_plan(compose_config(f"{group}={option}", "gpus=1"), visible_gpus=1).devices == ("gpu(0)",)
+    else:
+        build_plan(cfg, visible_gpus=0)
     if group == "backend":
         assert option in Registry().names()
 

@@ -16,8 +16,8 @@ from xp import datasets
 from xp.datasets import DatasetSpec
 from xp.errors import ConfigError
 
-KVSTORES = ("local", "device")
-DTYPES = ("float32",)
+KVSTORES = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_async")
+DTYPES = ("float32", "float16", "amp")
 OPTIMIZERS = ("sgd", "nag")
 LR_SCHEDULES = ("constant", "step", "cosine")
 MODEL_ZOOS = ("xp", "gluoncv")
@@ -183,6 +183,17 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
     else:
         n = _int(cfg, "cpu_devices", 1, MAX_DEVICES)
         device_type, devices = "cpu", tuple(f"cpu({i})" for i in range(n))
+
+    if kvstore == "nccl" and device_type != "gpu":
+        raise ConfigError("kvstore=nccl: NCCL aggregates gradients between GPUs and gpus=0; "
+                          "on the CPU use kvstore=local or kvstore=device")
+    if kvstore.startswith("dist_") and workers == 1:
+        raise ConfigError(f"kvstore={kvstore}: needs a distributed launch (a scheduler, servers and workers), "
+                          "which this version of xp does not provide yet; on one machine use local or device")
+    if dtype == "float16" and device_type != "gpu":
+        raise ConfigError("dtype=float16: MXNet 1.9.1 has no float16 CPU kernels for dense layers "
+                          "(\"FP16 gemm on cpu not implemented\"); on the CPU use dtype=float32 or dtype=amp "
+                          "(bfloat16), or train on GPUs (gpus>=1)")
 
     # --- batch ---------------------------------------------------------------
     batch = _int(cfg, "batch", 1, 65536)

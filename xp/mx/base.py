@@ -19,6 +19,28 @@ from xp.errors import ConfigError
 from xp.plan import Plan, learning_rate
 
 
+_amp_target: str | None = None  # MXNet's AMP, once initialised, stays on for the whole process
+
+
+def enable_amp(device_type: str) -> str:
+    """Switch on MXNet's AMP: float16 on GPUs, bfloat16 on CPUs (MKL-DNN kernels)."""
+    global _amp_target
+    target = "float16" if device_type == "gpu" else "bfloat16"
+    if _amp_target is None:
+        from mxnet.contrib import amp
+
+        amp.init(target_dtype=target)
+        _amp_target = target
+    elif _amp_target != target:
+        raise ConfigError(f"dtype=amp: AMP already runs with {_amp_target} in this process, cannot switch to {target}")
+    return target
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """float32 numpy copy of an NDArray of any precision (bfloat16 has no numpy dtype)."""
+    return (x if x.dtype == np.float32 else x.astype("float32")).asnumpy()
+
+
 class MXNetBackend(Backend):
     requires = ("mxnet", "gluoncv", "numpy")
 
@@ -31,6 +53,15 @@ class MXNetBackend(Backend):
             if seen < len(plan.devices):
                 raise ConfigError(f"gpus={len(plan.devices)}: the installed mxnet {mx.__version__} can use {seen} "
                                   "GPUs (a CPU build?); install the GPU build: pip install -e '.[gpu]'")
+        if plan.kvstore == "nccl":
+            import mxnet as mx
+
+            if not mx.runtime.Features().is_enabled("NCCL"):
+                raise ConfigError(f"kvstore=nccl: the installed mxnet {mx.__version__} was built without NCCL; "
+                                  "use kvstore=device")
+        if _amp_target is not None and plan.dtype != "amp":
+            raise ConfigError(f"dtype={plan.dtype}: MXNet's AMP was switched on earlier in this process and "
+                              "patches operators process-wide; run dtype=amp and other dtypes as separate commands")
 
     # --- plugin hooks --------------------------------------------------------
     @abstractmethod
@@ -58,8 +89,11 @@ class MXNetBackend(Backend):
         mx.random.seed(plan.seed)
         make_ctx = mx.gpu if plan.device_type == "gpu" else mx.cpu
         self.contexts = [make_ctx(i) for i in range(len(plan.devices))]
+        self.amp = enable_amp(plan.device_type) if plan.dtype == "amp" else None  # before the net is built
         self.net = build_net(plan.model, plan.dataset.num_classes)
         initialize(self.net, self.contexts, plan.seed, plan.dataset.image_shape)
+        if plan.dtype == "float16":
+            self.net.cast("float16")  # the optimizer keeps float32 master copies (multi_precision)
         # MXNet's convention (the Module API applies it by name): no weight decay on biases and
         # BatchNorm betas. Set on the block too, so every backend decays the same parameters.
         for name, p in self.net.collect_params().items():
@@ -81,11 +115,12 @@ class MXNetBackend(Backend):
         import mxnet as mx
 
         return mx.optimizer.create(self.plan.optimizer, learning_rate=self.plan.effective_lr,
-                                   momentum=self.plan.momentum, wd=self.plan.wd, rescale_grad=rescale_grad)
+                                   momentum=self.plan.momentum, wd=self.plan.wd, rescale_grad=rescale_grad,
+                                   multi_precision=self.plan.dtype == "float16")
 
     def get_params(self) -> dict[str, np.ndarray]:
         """Current parameters by name (device 0's copy), as numpy arrays."""
-        return {name: p.data(self.contexts[0]).asnumpy() for name, p in self.net.collect_params().items()}
+        return {name: to_numpy(p.data(self.contexts[0])) for name, p in self.net.collect_params().items()}
 
     def block_params(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(arg_params, aux_params) of the initialised block, as the Module API wants them."""
@@ -105,7 +140,7 @@ class MXNetBackend(Backend):
         for i, batch in enumerate(self.train_iter):
             logits = self.step(batch, learning_rate(self.plan, first_step + i))
             # asnumpy() waits for the step's forward/backward: batch times are real
-            scores.update(np.concatenate([o.asnumpy() for o in logits]), batch.label[0].asnumpy())
+            scores.update(np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy())
             on_batch(i, batch.data[0].shape[0])
         mx.nd.waitall()  # the last parameter update, too
         return scores.result("train")
@@ -117,5 +152,5 @@ class MXNetBackend(Backend):
         self.val_iter.reset()
         for batch in self.val_iter:
             logits = self.predict(batch)
-            scores.update(np.concatenate([o.asnumpy() for o in logits]), batch.label[0].asnumpy(), batch.pad)
+            scores.update(np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy(), batch.pad)
         return scores.result("val")
