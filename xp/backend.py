@@ -45,7 +45,9 @@ class Backend(ABC):
         """Run one training epoch (1-based) and return train_loss and train_accuracy.
 
         Return only once all work of the epoch has finished (for asynchronous
-        engines: after synchronising), so the epoch can be timed.
+        engines: after synchronising), so the epoch can be timed. With
+        plan.test_io, only read the epoch's batches (into memory, decoded) and
+        return no metrics: that measures the input pipeline.
         """
 
     @abstractmethod

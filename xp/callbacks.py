@@ -33,8 +33,9 @@ class ThroughputMeter(Callback):
     calls would measure the launch queue of an asynchronous engine.
     """
 
-    def __init__(self, warmup_batches: int):
+    def __init__(self, warmup_batches: int, name: str = "throughput"):
         self.warmup = warmup_batches
+        self.name = name  # "io_throughput" when only the input pipeline runs
         self._t0 = 0.0
         self._marks: list[float] = []
         self._samples: list[int] = []
@@ -60,7 +61,7 @@ class ThroughputMeter(Callback):
         samples = sum(self._samples[w:])
         elapsed = self._end - start
         if n and elapsed > 0:
-            metrics["throughput"] = samples / elapsed
+            metrics[self.name] = samples / elapsed
         times = np.diff([self._t0, *self._marks])[w:] * 1000.0
         if len(times):
             metrics["batch_time_ms_p50"] = float(np.percentile(times, 50))
@@ -74,7 +75,7 @@ class ProgressPrinter(Callback):
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         parts = [f"epoch {epoch:>{len(str(self.epochs))}}/{self.epochs}"]
         for key, fmt in (("train_loss", "{:.4f}"), ("train_accuracy", "{:.4f}"), ("val_accuracy", "{:.4f}"),
-                         ("throughput", "{:.1f}"), ("epoch_time_s", "{:.2f}"), ("lr", "{:.4g}")):
+                         ("throughput", "{:.1f}"), ("io_throughput", "{:.1f}"), ("epoch_time_s", "{:.2f}"), ("lr", "{:.4g}")):
             if key in metrics:
                 parts.append(f"{key}={fmt.format(metrics[key])}")
         log.info("  ".join(parts))

@@ -88,7 +88,8 @@ def _composition_error(e: Exception, override: list[str], known_keys: list[str])
     for o in override:
         key = o.split("=", 1)[0].lstrip("+~")
         if f"Key '{key.split('.')[-1]}' is not in struct" in text or f"Could not override '{key}'" in text:
-            close = difflib.get_close_matches(key, known_keys, n=1)
+            close = ([k for k in known_keys if k.endswith("." + key)]
+                     or difflib.get_close_matches(key, known_keys, n=1))
             hint = f"did you mean {close[0]}?" if close else "see python -m xp --help"
             return ConfigError(f"{o}: unknown key {key!r}; {hint} (to add a new key: +{o})")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -137,7 +138,11 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
 
     configs = []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
-        known = list(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
+        known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
+        for group in groups:  # keys of every option, not only the defaults: dataset.root lives in folder.yaml
+            for f in (CONF_DIR / group).glob("*.yaml"):
+                known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)))
+        known = sorted(known)
         for job in jobs:
             try:
                 config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)

@@ -53,7 +53,128 @@ def _synthetic(options: dict[str, Any]) -> DatasetSpec:
     return DatasetSpec("synthetic", sizes["num_classes"], tuple(shape), sizes["train_size"], sizes["val_size"], {})
 
 
-_CATALOGUE = {"digits": _digits, "synthetic": _synthetic}
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+
+
+@dataclass(frozen=True)
+class FolderListing:
+    """An image folder with one sub-folder per class, split into train and val deterministically."""
+
+    root: str
+    classes: tuple[str, ...]
+    train: tuple[tuple[str, int], ...]  # (path relative to root, label)
+    val: tuple[tuple[str, int], ...]
+
+
+def list_folder(root: str, *, val_fraction: float = 0.2, train_per_class: int | None = None,
+                exclude: tuple[str, ...] = (), seed: int = 0, key: str = "dataset.root") -> FolderListing:
+    """Classes are the sub-folders (sorted), labels their index. The split is per class
+    (stratified) and a function of `seed` only: train_per_class images of each class for
+    training and the rest for validation, or else a val_fraction share of each class."""
+    import os
+
+    if not root or not os.path.isdir(root):
+        raise ConfigError(f"{key}={root!r}: no such directory; give a folder with one sub-folder per class")
+    classes, per_class = [], []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if not entry.is_dir() or entry.name in exclude or entry.name.startswith("."):
+            continue
+        files = sorted(os.path.join(dp, f)[len(root.rstrip(os.sep)) + 1:]
+                       for dp, _, fs in os.walk(entry.path) for f in fs if f.lower().endswith(IMAGE_EXTENSIONS))
+        if files:
+            classes.append(entry.name)
+            per_class.append(files)
+    if not classes:
+        raise ConfigError(f"{key}={root!r}: no images ({', '.join(IMAGE_EXTENSIONS)}) in any class sub-folder")
+    if len(classes) < 2:
+        raise ConfigError(f"{key}={root!r}: only one class ({classes[0]}); a classifier needs at least 2 "
+                          "sub-folders with images")
+    rng = np.random.RandomState(seed)
+    train, val = [], []
+    for label, files in enumerate(per_class):
+        order = [files[i] for i in rng.permutation(len(files))]
+        n_train = (min(train_per_class, len(files)) if train_per_class
+                   else len(files) - int(round(len(files) * val_fraction)))
+        train += [(f, label) for f in order[:n_train]]
+        val += [(f, label) for f in order[n_train:]]
+    # Training records are stored shuffled (as im2rec does): RecordIO readers shuffle only
+    # within a worker's part, and a class-sorted file would give each part a few classes.
+    train = [train[i] for i in rng.permutation(len(train))]
+    return FolderListing(root, tuple(classes), tuple(train), tuple(sorted(val)))
+
+
+def _folder(options: dict[str, Any]) -> DatasetSpec:
+    frac = options.get("val_fraction", 0.2)
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac < 1:
+        raise ConfigError(f"dataset.val_fraction={frac!r}: must be a number between 0 and 1 (exclusive)")
+    tpc = options.get("train_per_class")
+    if tpc is not None and (not isinstance(tpc, int) or isinstance(tpc, bool) or tpc < 1):
+        raise ConfigError(f"dataset.train_per_class={tpc!r}: must be an integer >= 1, or null")
+    listing = list_folder(str(options.get("root") or ""), val_fraction=frac, train_per_class=tpc,
+                          exclude=tuple(options.get("exclude") or ()), seed=int(options.get("split_seed", 0)))
+    if not listing.val:
+        raise ConfigError(f"dataset.root={listing.root!r}: the split leaves no validation images; "
+                          "lower dataset.train_per_class or raise dataset.val_fraction")
+    opts = _image_options(options)
+    return DatasetSpec(str(options.get("name", "folder")), len(listing.classes), opts["image_shape"],
+                       len(listing.train), len(listing.val), {**options, **opts})
+
+
+def _count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _rec(options: dict[str, Any]) -> DatasetSpec:
+    """Prepared RecordIO files: sizes from the .idx files, class count from the config,
+    checked against the labels of the .lst files where they lie beside the .rec."""
+    import os
+
+    sizes = {}
+    for part in ("train", "val"):
+        rec = options.get(f"{part}_rec")
+        if not isinstance(rec, str) or not rec.endswith(".rec"):
+            raise ConfigError(f"dataset.{part}_rec={rec!r}: must be the path of a .rec file")
+        for path in (rec, rec[:-4] + ".idx"):
+            if not os.path.isfile(path):
+                raise ConfigError(f"dataset.{part}_rec: {path}: no such file (make .rec/.idx files with "
+                                  "python -m xp.prepare IMAGE_FOLDER OUT_PREFIX)")
+            if not os.access(path, os.R_OK):
+                raise ConfigError(f"dataset.{part}_rec: {path}: not readable")
+        sizes[part] = _count_lines(rec[:-4] + ".idx")
+        if sizes[part] == 0:
+            raise ConfigError(f"dataset.{part}_rec: {rec[:-4]}.idx lists no records")
+    classes = options.get("num_classes")
+    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 2:
+        raise ConfigError(f"dataset.num_classes={classes!r}: must be an integer >= 2")
+    for part in ("train", "val"):
+        lst = options[f"{part}_rec"][:-4] + ".lst"
+        if os.path.isfile(lst):
+            with open(lst) as f:
+                top = max(int(float(line.split("\t")[1])) for line in f if line.strip())
+            if top >= classes:
+                raise ConfigError(f"dataset.num_classes={classes}: {lst} has label {top}; "
+                                  f"the data has at least {top + 1} classes")
+    opts = _image_options(options)
+    return DatasetSpec(str(options.get("name", "rec")), classes, opts["image_shape"], sizes["train"], sizes["val"],
+                       {**options, **opts})
+
+
+def _image_options(options: dict[str, Any]) -> dict[str, Any]:
+    shape = options.get("image_shape")
+    if (not isinstance(shape, (list, tuple)) or len(shape) != 3 or shape[0] not in (1, 3)
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)):
+        raise ConfigError(f"dataset.image_shape={shape!r}: must be [channels (1 or 3), height, width]")
+    for key in ("mean", "std"):
+        v = options.get(key)
+        if not isinstance(v, (list, tuple)) or len(v) != 3 or not all(isinstance(x, (int, float)) for x in v):
+            raise ConfigError(f"dataset.{key}={v!r}: must be three numbers (R, G, B) on the 0-255 scale")
+        if key == "std" and min(v) <= 0:
+            raise ConfigError(f"dataset.std={v!r}: must be positive")
+    return {"image_shape": tuple(shape)}
+
+
+_CATALOGUE = {"digits": _digits, "synthetic": _synthetic, "folder": _folder, "rec": _rec}
 
 
 def names() -> list[str]:
@@ -61,9 +182,11 @@ def names() -> list[str]:
 
 
 def describe(name: str, options: dict[str, Any]) -> DatasetSpec:
-    if name not in _CATALOGUE:
+    """The spec of a data set; `options.kind` picks the reader (defaults to the name)."""
+    kind = options.get("kind", name)
+    if kind not in _CATALOGUE:
         raise ConfigError(f"dataset={name!r}: unknown data set; valid: {', '.join(names())}")
-    return _CATALOGUE[name](options)
+    return _CATALOGUE[kind]({"name": name, **options})
 
 
 def load_arrays(spec: DatasetSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -62,7 +62,10 @@ def describe(plan: Plan, uri: str) -> str:
 
 
 def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
-    """Run one experiment from a resolved config (a plain dict); return the final val_accuracy."""
+    """Run one experiment from a resolved config (a plain dict).
+
+    Returns the objective: the final val_accuracy, or io_throughput with test_io.
+    """
     job = job or JobInfo()
     plan, backend_cls = plan_and_backend(config)
     uri = resolve_uri(plan.tracking_uri, job.cwd)
@@ -85,7 +88,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
         tracker.log_params(params)
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
 
-        callbacks = [ThroughputMeter(plan.timing_warmup_batches), TrackingCallback(tracker),
+        meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
+        callbacks = [meter, TrackingCallback(tracker),
                      ProgressPrinter(plan.epochs)]
         try:
             history = fit(plan, backend_cls(), callbacks)
@@ -95,11 +99,11 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
             e.xp_logged = True
             raise
 
-        summary = report.summarize(history, plan.cost_per_hour)
+        summary = report.summarize(history, plan.cost_per_hour, meter.name)
         tracker.log_metrics({
             "epochs": summary["epochs"],
             "summary.epoch_time_s": summary.get("epoch_time_s"),
-            "summary.throughput": summary.get("throughput"),
+            f"summary.{meter.name}": summary.get("throughput"),
             "train_time_s": summary["train_time_s"],
             "cost_usd": summary["cost_usd"],
             "best_val_accuracy": summary.get("best_val_accuracy"),
@@ -108,4 +112,5 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
         log.info("\n" + report.table([row]))
         log.info(f"logged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); "
                  f"view with: {run_url_hint(uri)}")
-    return float(summary.get("val_accuracy", 0.0))
+    # the objective: what a sweep compares
+    return float(summary.get("throughput", 0.0) if plan.test_io else summary.get("val_accuracy", 0.0))

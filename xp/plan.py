@@ -75,6 +75,7 @@ class Plan:
     # input pipeline, measurement
     data_nthreads: int
     timing_warmup_batches: int
+    test_io: bool  # read the data only: measures the input pipeline
     # tracking
     experiment: str
     tracking_uri: str | None
@@ -131,6 +132,13 @@ def _float(cfg: dict, key: str, lo: float, hi: float | None = None, *, lo_open: 
         right = "" if hi is None else (f" and < {hi}" if hi_open else f" and <= {hi}")
         raise ConfigError(f"{key}={v!r}: must be a number {left}{right}")
     return float(v)
+
+
+def _bool(cfg: dict, key: str) -> bool:
+    v = cfg.get(key, False)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}={v!r}: must be true or false")
+    return v
 
 
 def _choice(value: Any, key: str, valid: tuple[str, ...] | list[str]) -> str:
@@ -246,6 +254,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
         seed=_int(cfg, "seed", 0, 2**31 - 1),
         data_nthreads=_int(cfg, "data_nthreads", 1, 256),
         timing_warmup_batches=_int(cfg, "timing_warmup_batches", 0, 10_000),
+        test_io=_bool(cfg, "test_io"),
         experiment=str(cfg.get("experiment") or "xp"),
         tracking_uri=cfg.get("tracking_uri"),
         run_name=cfg.get("run_name"),

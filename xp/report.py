@@ -19,7 +19,8 @@ COLUMNS = [
 ]
 
 
-def summarize(history: list[dict[str, float]], price_per_hour: float) -> dict[str, float]:
+def summarize(history: list[dict[str, float]], price_per_hour: float,
+              throughput_key: str = "throughput") -> dict[str, float]:
     """Run-level figures from per-epoch metrics.
 
     s/epoch: mean over epochs. samples/s: median over epochs (the first epoch
@@ -27,7 +28,7 @@ def summarize(history: list[dict[str, float]], price_per_hour: float) -> dict[st
     partly absorb). cost: training hours x price per hour.
     """
     times = [m["epoch_time_s"] for m in history if "epoch_time_s" in m]
-    tputs = [m["throughput"] for m in history if "throughput" in m]
+    tputs = [m[throughput_key] for m in history if throughput_key in m]
     train_time = sum(times)
     out = {
         "val_accuracy": history[-1].get("val_accuracy") if history else None,
@@ -48,7 +49,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         line = []
         for key, _, fmt in COLUMNS:
             v = row.get(key)
-            line.append("-" if v is None else fmt.format(v))
+            text = "-" if v is None else fmt.format(v)
+            # keep the end of long run names: a sweep's varying overrides come last
+            line.append(text if len(text) <= 40 else "…" + text[-39:])
         cells.append(line)
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     fmt_row = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
@@ -67,7 +70,7 @@ def row_from_mlflow(run: Any) -> dict[str, Any]:
         "val_accuracy": m.get("val_accuracy"),
         "epochs": int(m["epochs"]) if "epochs" in m else None,
         "epoch_time_s": m.get("summary.epoch_time_s"),
-        "throughput": m.get("summary.throughput"),
+        "throughput": m.get("summary.throughput", m.get("summary.io_throughput")),
         "gpu_utilization": m.get("gpu_utilization"),
         "cost_usd": m.get("cost_usd"),
         "status": run.info.status,

@@ -16,8 +16,9 @@ def fit(plan: Plan, backend: Backend, callbacks: list[Callback]) -> list[dict[st
         fire(callbacks, "on_epoch_begin", epoch)
         metrics = dict(backend.train_epoch(epoch, lambda step, n, e=epoch: fire(callbacks, "on_batch_end", e, step, n)))
         fire(callbacks, "on_train_epoch_end", epoch)
-        metrics.update(backend.evaluate())
-        metrics["lr"] = learning_rate(plan, epoch * plan.steps_per_epoch - 1)
+        if not plan.test_io:
+            metrics.update(backend.evaluate())
+            metrics["lr"] = learning_rate(plan, epoch * plan.steps_per_epoch - 1)
         fire(callbacks, "on_epoch_end", epoch, metrics)
         history.append(metrics)
     fire(callbacks, "on_train_end", history)

@@ -59,6 +59,12 @@ class MXNetBackend(Backend):
             if not mx.runtime.Features().is_enabled("NCCL"):
                 raise ConfigError(f"kvstore=nccl: the installed mxnet {mx.__version__} was built without NCCL; "
                                   "use kvstore=device")
+        if plan.dataset.options.get("kind") == "rec":
+            from xp.mx.recordio import check_records
+
+            for part in ("train", "val"):  # a bad file fails before any run starts, naming the file
+                rec = plan.dataset.options[f"{part}_rec"]
+                check_records(rec, rec[:-4] + ".idx", plan.dataset.num_classes, limit=8)
         if _amp_target is not None and plan.dtype != "amp":
             raise ConfigError(f"dtype={plan.dtype}: MXNet's AMP was switched on earlier in this process and "
                               "patches operators process-wide; run dtype=amp and other dtypes as separate commands")
@@ -134,8 +140,13 @@ class MXNetBackend(Backend):
 
         from xp.mx.metrics import Scores
 
-        scores = Scores(self.plan.dataset.num_classes)
         self.train_iter.set_epoch(epoch)
+        if self.plan.test_io:
+            for i, batch in enumerate(self.train_iter):
+                batch.data[0].wait_to_read()  # decoded and in memory: the work the pipeline must do
+                on_batch(i, batch.data[0].shape[0])
+            return {}
+        scores = Scores(self.plan.dataset.num_classes)
         first_step = (epoch - 1) * self.plan.steps_per_epoch
         for i, batch in enumerate(self.train_iter):
             logits = self.step(batch, learning_rate(self.plan, first_step + i))

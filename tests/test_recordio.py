@@ -1,0 +1,148 @@
+"""The RecordIO pipeline: folder -> .lst/.rec/.idx -> ImageRecordIter, and what goes wrong with bad files."""
+
+import os
+import subprocess
+import sys
+
+import cv2
+import mxnet as mx
+import numpy as np
+import pytest
+
+from conftest import ROOT, compose_config
+from images import make_folder, sample_photos
+from xp.datasets import list_folder
+from xp.errors import ConfigError
+from xp.mx.recordio import DataError, check_records, prepare
+from xp.plan import build_plan
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("images"))
+
+
+def read_all(rec):
+    r = mx.recordio.MXIndexedRecordIO(str(rec)[:-4] + ".idx", str(rec), "r")
+    try:
+        return [mx.recordio.unpack_img(r.read_idx(k)) for k in r.keys]
+    finally:
+        r.close()
+
+
+def test_listing_is_stratified_and_fixed(folder):
+    a = list_folder(str(folder), val_fraction=0.25)
+    assert a.classes == ("bars", "columns", "disc", "photos")
+    assert len(a.train) + len(a.val) == 3 * 12 + 2
+    for label in range(3):  # 3 of 12 per class held out
+        assert sum(1 for _, y in a.val if y == label) == 3
+    assert a == list_folder(str(folder), val_fraction=0.25)
+    assert a.train != list_folder(str(folder), val_fraction=0.25, seed=1).train
+    fixed = list_folder(str(folder), train_per_class=5, exclude=("photos",))
+    assert fixed.classes == ("bars", "columns", "disc") and len(fixed.train) == 15 and len(fixed.val) == 21
+
+
+def test_prepare_writes_what_it_read(folder, tmp_path):
+    listing = list_folder(str(folder), val_fraction=0.25)
+    done = prepare(listing, tmp_path, "set", resize=32, threads=2)
+    assert not done.reused and done.counts == {"train": len(listing.train), "val": len(listing.val)}
+    for part, items in (("train", listing.train), ("val", listing.val)):
+        lst = [line.split("\t") for line in done.lst(part).read_text().splitlines()]
+        assert [(p.strip(), int(y)) for _, y, p in lst] == list(items)
+        assert len(done.idx(part).read_text().splitlines()) == len(items)
+        records = read_all(done.rec(part))
+        assert len(records) == len(items)
+        for (header, img), (rel, label) in zip(records, items):
+            assert int(header.label) == label
+            assert min(img.shape[:2]) == 32 and img.shape[2] == 3
+            src = cv2.imread(str(folder / rel), cv2.IMREAD_COLOR)
+            h, w = src.shape[:2]
+            s = 32 / min(h, w)
+            expect = cv2.resize(src, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
+            assert img.shape == expect.shape
+            assert np.abs(img.astype(float) - expect).mean() < 12  # JPEG is lossy; another image is not close
+    photos = [img for (h, img), (rel, _) in zip(read_all(done.rec("train")), listing.train) if rel.startswith("photos")]
+    assert len(photos) + sum(r.startswith("photos") for r, _ in listing.val) == len(sample_photos()) == 2
+
+
+def test_prepare_is_idempotent_and_notices_changes(folder, tmp_path):
+    listing = list_folder(str(folder))
+    first = prepare(listing, tmp_path, "set", resize=24, threads=2)
+    mtime = first.rec("train").stat().st_mtime_ns
+    again = prepare(list_folder(str(folder)), tmp_path, "set", resize=24, threads=2)
+    assert again.reused and again.rec("train").stat().st_mtime_ns == mtime
+    assert not prepare(listing, tmp_path, "set", resize=28, threads=2).reused  # options are inputs too
+    victim = folder / listing.train[0][0]
+    os.utime(victim, ns=(victim.stat().st_atime_ns, victim.stat().st_mtime_ns + 10**9))
+    assert not prepare(list_folder(str(folder)), tmp_path, "set", resize=28, threads=2).reused
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_prepare_command_line(folder, tmp_path):
+    cmd = [sys.executable, "-m", "xp.prepare", str(folder), str(tmp_path), "--resize", "20", "--threads", "2"]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "4 classes" in first.stdout and "wrote" in first.stdout and "dataset.num_classes=4" in first.stdout
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "reused" in second.stdout
+    bad = subprocess.run([sys.executable, "-m", "xp.prepare", str(tmp_path / "nothing"), str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such directory" in bad.stderr
+
+
+def test_unreadable_image_is_named(tmp_path):
+    root = make_folder(tmp_path / "imgs", per_class=3, with_photos=False)
+    (root / "disc" / "broken.jpg").write_bytes(b"not a jpeg at all")
+    with pytest.raises(DataError, match=r"broken.jpg: not a readable JPEG/PNG image"):
+        prepare(list_folder(str(root)), tmp_path / "out", "x", threads=2)
+
+
+def test_corrupt_record_is_named(folder, tmp_path):
+    done = prepare(list_folder(str(folder)), tmp_path, "set", resize=24, threads=2)
+    assert check_records(done.rec("train"), done.idx("train"), 4) == done.counts["train"]
+    data = bytearray(done.rec("train").read_bytes())
+    data[:8] = b"\x00" * 8  # the first record's magic number and length
+    done.rec("train").write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"set_train.rec: record 0 is corrupt"):
+        check_records(done.rec("train"), done.idx("train"), 4)
+
+
+def test_mislabelled_records_are_refused(folder, tmp_path):
+    done = prepare(list_folder(str(folder)), tmp_path, "set", resize=24, threads=2)
+    with pytest.raises(DataError, match=r"has label 3, outside 0..2"):
+        check_records(done.rec("train"), done.idx("train"), 3)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "no images"),
+    (lambda p: make_folder(p, per_class=4, with_photos=False) and [
+        os.remove(f) for c in ("columns", "disc") for f in (p / c).iterdir()], "only one class (bars)"),
+])
+def test_bad_folders_are_one_line_config_errors(tmp_path, make, message):
+    root = tmp_path / "imgs"
+    make(root)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_plan(compose_config("dataset=folder", f"dataset.root={root}"), visible_gpus=0)
+
+
+def test_record_iterator_shapes_labels_and_equal_steps_per_worker(folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("XP_CACHE_DIR", str(tmp_path))
+    from xp.mx.data import make_iters
+
+    overrides = ["dataset=folder", f"dataset.root={folder}", "dataset.image_shape=[3,24,24]", "dataset.resize=28",
+                 "batch=4", "data_nthreads=2"]
+    steps = {}
+    for rank in (0, 1):
+        plan = build_plan(compose_config(*overrides), visible_gpus=0, workers=2, rank=rank)
+        train, val = make_iters(plan)
+        for epoch in (1, 2):
+            train.set_epoch(epoch)
+            batches = list(train)
+            steps[rank, epoch] = len(batches)
+            for b in batches:
+                assert b.data[0].shape == (4, 3, 24, 24)
+                labels = b.label[0].asnumpy()
+                assert labels.min() >= 0 and labels.max() <= 3 and np.all(labels == labels.astype(int))
+    assert set(steps.values()) == {plan.steps_per_epoch} and plan.steps_per_epoch == plan.dataset.train_size // 8
+    vb = list(val)
+    assert sum(b.data[0].shape[0] - b.pad for b in vb) == plan.dataset.val_size
