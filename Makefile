@@ -1,5 +1,5 @@
 # Thin aliases for ./dev.sh, which creates and reuses .venv.
-.PHONY: setup run test test-fast
+.PHONY: setup run test test-fast bench
 setup:
 	./dev.sh setup
 run:
@@ -8,3 +8,7 @@ test:
 	./dev.sh test
 test-fast:
 	./dev.sh test -m "not slow"
+bench: setup
+	.venv/bin/python benchmarks/pipeline_overhead.py
+	.venv/bin/python benchmarks/loop_overhead.py
+	.venv/bin/python benchmarks/loop_overhead.py --model lenet --size 16 --steps 200

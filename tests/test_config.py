@@ -33,13 +33,21 @@ REFUSED_ON_ONE_CPU = {
     ("kvstore", "dist_async"): "kvstore=dist_async: needs a distributed launch",
     ("dtype", "float16"): "dtype=float16: MXNet 1.9.1 has no float16 CPU kernels",
 }
+# Options with a value only the user can give; they train in tests/test_cli_data.py.
+NEEDS_A_VALUE = {
+    ("dataset", "folder"): "dataset.root is required",
+    ("dataset", "rec"): "dataset.train_rec is required",
+}
 
 
 @pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_into_a_plan(group, option):
     cfg = compose_config(f"{group}={option}")
     assert cfg[group]["name"] == option  # file name and declared name agree
-    if (group, option) in REFUSED_ON_ONE_CPU:
+    if (group, option) in NEEDS_A_VALUE:
+        with pytest.raises(ConfigError, match=NEEDS_A_VALUE[group, option]):
+            build_plan(cfg, visible_gpus=0)
+    elif (group, option) in REFUSED_ON_ONE_CPU:
         with pytest.raises(ConfigError, match=REFUSED_ON_ONE_CPU[group, option]):
             build_plan(cfg, visible_gpus=0)
         if not option.startswith("dist_"):

@@ -73,7 +73,10 @@ def list_folder(root: str, *, val_fraction: float = 0.2, train_per_class: int | 
     training and the rest for validation, or else a val_fraction share of each class."""
     import os
 
-    if not root or not os.path.isdir(root):
+    if not root:
+        raise ConfigError(f"{key} is required: the image folder, one sub-folder per class "
+                          f"(e.g. dataset=folder {key}=/path/to/images)")
+    if not os.path.isdir(root):
         raise ConfigError(f"{key}={root!r}: no such directory; give a folder with one sub-folder per class")
     classes, per_class = [], []
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
@@ -133,6 +136,9 @@ def _rec(options: dict[str, Any]) -> DatasetSpec:
     sizes = {}
     for part in ("train", "val"):
         rec = options.get(f"{part}_rec")
+        if rec is None:
+            raise ConfigError(f"dataset.{part}_rec is required: the {part} .rec file, its .idx beside it "
+                              f"(e.g. dataset.{part}_rec=/data/{part}.rec)")
         if not isinstance(rec, str) or not rec.endswith(".rec"):
             raise ConfigError(f"dataset.{part}_rec={rec!r}: must be the path of a .rec file")
         for path in (rec, rec[:-4] + ".idx"):

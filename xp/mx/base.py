@@ -150,8 +150,10 @@ class MXNetBackend(Backend):
         first_step = (epoch - 1) * self.plan.steps_per_epoch
         for i, batch in enumerate(self.train_iter):
             logits = self.step(batch, learning_rate(self.plan, first_step + i))
-            # asnumpy() waits for the step's forward/backward: batch times are real
+            # asnumpy() waits for the step's forward pass, so batch times measure work done
             scores.update(np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy())
+            if i == self.plan.timing_warmup_batches - 1:
+                mx.nd.waitall()  # throughput is timed from here: the warm-up's backward and update must be done
             on_batch(i, batch.data[0].shape[0])
         mx.nd.waitall()  # the last parameter update, too
         return scores.result("train")

@@ -1,0 +1,66 @@
+"""Helpers shared by the benchmarks: interleaved repetitions and a temporary MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' image-folder generators
+
+
+def compose(*overrides: str) -> dict:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3", job_name="bench"):
+        return OmegaConf.to_container(hydra_compose("config", overrides=list(overrides)), resolve=True)
+
+
+def temp_store() -> str:
+    """Benchmarks log to a throw-away MLflow store, not the user's."""
+    uri = f"sqlite:///{tempfile.mkdtemp(prefix='xp-bench-')}/mlflow.db"
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    return uri
+
+
+def interleave(candidates: dict, reps: int) -> dict[str, list[float]]:
+    """Run each candidate once per round, rounds repeated `reps` times (A B A B ...), so slow
+    drifts of a noisy machine hit all candidates alike. Each returns samples/s."""
+    import gc
+
+    results: dict[str, list[float]] = {name: [] for name in candidates}
+    for r in range(reps):
+        for name, fn in candidates.items():
+            gc.collect()  # the previous candidate's readers and their threads are gone before we time
+            results[name].append(fn())
+            print(f"  round {r + 1}/{reps}  {name:<28} {results[name][-1]:10.1f} samples/s", flush=True)
+    return results
+
+
+def report(title: str, results: dict[str, list[float]], pairs: list[tuple[str, str, float]], out: str) -> bool:
+    """Print medians and ratios (xp / reference) against their targets; save JSON; True if all met."""
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\n{title}")
+    for name, values in results.items():
+        print(f"  {name:<28} median {med[name]:10.1f} samples/s   (runs: {', '.join(f'{v:.1f}' for v in values)})")
+    ok = True
+    rows = []
+    for xp_name, ref_name, target in pairs:
+        ratio = med[xp_name] / med[ref_name]
+        met = ratio >= target
+        ok &= met
+        rows.append({"xp": xp_name, "reference": ref_name, "ratio": ratio, "target": target, "met": met})
+        print(f"  ratio {xp_name} / {ref_name} = {ratio:.3f}  (target >= {target}: {'met' if met else 'NOT met'})")
+    path = ROOT / "benchmarks" / "results" / out
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"title": title, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+                                "runs": results, "median": med, "ratios": rows}, indent=1))
+    print(f"  saved {path.relative_to(ROOT)}")
+    return ok
