@@ -80,6 +80,7 @@ def corrupt_copy(prepared, tmp_path):
     ("classes", ["dataset.num_classes=3", "has label 3", "at least 4 classes"]),
     ("shape", ["dataset.image_shape=[2, 24, 24]: must be [channels (1 or 3), height, width]"]),
     ("empty_folder", ["no images (.jpg, .jpeg, .png) in any class sub-folder"]),
+    ("too_small", ["dataset.image_shape asks for 64x64", "set_train.rec", "is 24x", "nothing resizes it"]),
 ])
 def test_bad_data_is_one_line_exit_2_and_nothing_running(tmp_path, store, prepared, case, fragments):
     train, val = prepared.rec("train"), prepared.rec("val")
@@ -97,6 +98,9 @@ def test_bad_data_is_one_line_exit_2_and_nothing_running(tmp_path, store, prepar
         args = rec_args(train, val, classes=3)
     elif case == "shape":
         args = rec_args(train, val) + ["dataset.image_shape=[2,24,24]"]
+    elif case == "too_small":
+        args = rec_args(train, val) + ["dataset.image_shape=[3,64,64]", "dataset.resize=0",
+                                       "dataset.random_resized_crop=false"]
     elif case == "empty_folder":
         (tmp_path / "empty" / "a").mkdir(parents=True)
         args = ["dataset=folder", f"dataset.root={tmp_path / 'empty'}"]

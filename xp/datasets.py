@@ -31,12 +31,17 @@ class DatasetSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def _digits(options: dict[str, Any]) -> DatasetSpec:
+def _val_fraction(options: dict[str, Any]) -> float:
     frac = options.get("val_fraction", 0.2)
     if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac < 1:
         raise ConfigError(f"dataset.val_fraction={frac!r}: must be a number between 0 and 1 (exclusive)")
+    return float(frac)
+
+
+def _digits(options: dict[str, Any]) -> DatasetSpec:
+    frac = _val_fraction(options)
     val = int(round(DIGITS_TOTAL * frac))
-    return DatasetSpec("digits", 10, (1, 8, 8), DIGITS_TOTAL - val, val, {"val_fraction": float(frac)})
+    return DatasetSpec("digits", 10, (1, 8, 8), DIGITS_TOTAL - val, val, {"val_fraction": frac})
 
 
 def _synthetic(options: dict[str, Any]) -> DatasetSpec:
@@ -107,9 +112,7 @@ def list_folder(root: str, *, val_fraction: float = 0.2, train_per_class: int | 
 
 
 def _folder(options: dict[str, Any]) -> DatasetSpec:
-    frac = options.get("val_fraction", 0.2)
-    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac < 1:
-        raise ConfigError(f"dataset.val_fraction={frac!r}: must be a number between 0 and 1 (exclusive)")
+    frac = _val_fraction(options)
     tpc = options.get("train_per_class")
     if tpc is not None and (not isinstance(tpc, int) or isinstance(tpc, bool) or tpc < 1):
         raise ConfigError(f"dataset.train_per_class={tpc!r}: must be an integer >= 1, or null")

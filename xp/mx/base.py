@@ -62,9 +62,13 @@ class MXNetBackend(Backend):
         if plan.dataset.options.get("kind") == "rec":
             from xp.mx.recordio import check_records
 
+            o = plan.dataset.options
             for part in ("train", "val"):  # a bad file fails before any run starts, naming the file
-                rec = plan.dataset.options[f"{part}_rec"]
-                check_records(rec, rec[:-4] + ".idx", plan.dataset.num_classes, limit=8)
+                # without a resize, MXNet silently upscales images smaller than the crop
+                resized = o.get("resize") or (part == "train" and o.get("random_resized_crop"))
+                rec = o[f"{part}_rec"]
+                check_records(rec, rec[:-4] + ".idx", plan.dataset.num_classes, limit=8,
+                              min_size=None if resized else plan.dataset.image_shape[1:])
         if _amp_target is not None and plan.dtype != "amp":
             raise ConfigError(f"dtype={plan.dtype}: MXNet's AMP was switched on earlier in this process and "
                               "patches operators process-wide; run dtype=amp and other dtypes as separate commands")

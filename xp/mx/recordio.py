@@ -126,8 +126,10 @@ def prepare(listing: FolderListing, out_dir: str | Path, name: str, *, resize: i
     return Prepared(prefix, listing.classes, counts, reused=False)
 
 
-def check_records(rec: str | Path, idx: str | Path, num_classes: int, limit: int | None = None) -> int:
-    """Read record headers back: every record must unpack, decode and carry a label < num_classes.
+def check_records(rec: str | Path, idx: str | Path, num_classes: int, limit: int | None = None,
+                  min_size: tuple[int, int] | None = None) -> int:
+    """Read records back: each must unpack, decode and carry a label < num_classes, and with
+    min_size (height, width) be at least that large.
 
     Returns the number of records checked. Raises DataError naming the file, record and problem.
     """
@@ -143,6 +145,10 @@ def check_records(rec: str | Path, idx: str | Path, num_classes: int, limit: int
                 raise DataError(f"{rec}: record {key} is corrupt ({type(e).__name__})") from e
             if img is None or getattr(img, "size", 0) == 0:
                 raise DataError(f"{rec}: record {key} holds no decodable image")
+            if min_size and (img.shape[0] < min_size[0] or img.shape[1] < min_size[1]):
+                raise DataError(f"dataset.image_shape asks for {min_size[0]}x{min_size[1]} but record {key} of {rec} "
+                                f"is {img.shape[0]}x{img.shape[1]} and nothing resizes it; set dataset.resize "
+                                "or dataset.random_resized_crop=true, or a smaller dataset.image_shape")
             label = int(header.label if not hasattr(header.label, "__len__") else header.label[0])
             if not 0 <= label < num_classes:
                 raise DataError(f"{rec}: record {key} has label {label}, outside 0..{num_classes - 1}")
