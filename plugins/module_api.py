@@ -29,12 +29,19 @@ class ModuleBackend(MXNetBackend):
             logits = mx.sym.Cast(logits, dtype="float32")  # softmax and loss in float32
         # Two heads: SoftmaxOutput supplies the gradient; the blocked logits feed the shared metrics.
         symbol = mx.sym.Group([mx.sym.SoftmaxOutput(logits, name="softmax"), mx.sym.BlockGrad(logits)])
-        self.mod = mx.mod.Module(symbol, data_names=["data"], label_names=["softmax_label"], context=self.contexts)
+        params = self.net.collect_params()
+        frozen = [name for name, p in params.items() if p.grad_req == "null" and name in symbol.list_arguments()]
+        self.mod = mx.mod.Module(symbol, data_names=["data"], label_names=["softmax_label"], context=self.contexts,
+                                 fixed_param_names=frozen)
         self.mod.bind(data_shapes=self.train_iter.provide_data, label_shapes=self.train_iter.provide_label)
-        arg_params, aux_params = self.block_params()
-        self.mod.set_params(arg_params, aux_params)
+        values = {name: p.data(self.contexts[0]) for name, p in params.items()}
+        self.mod.set_params({k: values[k] for k in symbol.list_arguments() if k in values},
+                            {k: values[k] for k in symbol.list_auxiliary_states()})
         # SoftmaxOutput's gradient is per sample; 1/worker batch makes it the batch mean, as in Gluon.
         self.optimizer = self.make_optimizer(rescale_grad=1.0 / self.plan.worker_batch)
+        # the block's per-parameter multipliers (no decay on biases, backbone lr) hold here too
+        self.optimizer.set_lr_mult({name: p.lr_mult for name, p in params.items()})
+        self.optimizer.set_wd_mult({name: p.wd_mult for name, p in params.items()})
         self.mod.init_optimizer(kvstore=self.plan.kvstore, optimizer=self.optimizer)
 
     def step(self, batch: Any, lr: float) -> list[Any]:

@@ -37,6 +37,7 @@ REFUSED_ON_ONE_CPU = {
 NEEDS_A_VALUE = {
     ("dataset", "folder"): "dataset.root is required",
     ("dataset", "rec"): "dataset.train_rec is required",
+    ("dataset", "caltech256"): "dataset.root is required",
 }
 
 

@@ -40,8 +40,30 @@ def _val_fraction(options: dict[str, Any]) -> float:
 
 def _digits(options: dict[str, Any]) -> DatasetSpec:
     frac = _val_fraction(options)
-    val = int(round(DIGITS_TOTAL * frac))
-    return DatasetSpec("digits", 10, (1, 8, 8), DIGITS_TOTAL - val, val, {"val_fraction": frac})
+    keep = options.get("classes")
+    if keep is None:
+        val = int(round(DIGITS_TOTAL * frac))
+        return DatasetSpec("digits", 10, (1, 8, 8), DIGITS_TOTAL - val, val, {"val_fraction": frac, "classes": None})
+    if (not isinstance(keep, (list, tuple)) or len(keep) < 2 or len(set(keep)) != len(keep)
+            or not all(isinstance(c, int) and 0 <= c <= 9 for c in keep)):
+        raise ConfigError(f"dataset.classes={keep!r}: must list at least 2 different digits from 0 to 9")
+    train, val = _digits_split(frac, tuple(keep))
+    return DatasetSpec("digits", len(keep), (1, 8, 8), len(train), len(val), {"val_fraction": frac, "classes": list(keep)})
+
+
+def _digits_split(frac: float, keep: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the fixed train/val split, restricted to the digits in `keep`."""
+    from sklearn.datasets import load_digits
+
+    y = load_digits().target
+    if len(y) != DIGITS_TOTAL:
+        raise RuntimeError(f"sklearn's digits has {len(y)} images, expected {DIGITS_TOTAL}")
+    order = np.random.RandomState(_DIGITS_SPLIT_SEED).permutation(DIGITS_TOTAL)
+    n_val = int(round(DIGITS_TOTAL * frac))
+    train, val = order[: DIGITS_TOTAL - n_val], order[DIGITS_TOTAL - n_val:]
+    if keep is not None:
+        train, val = train[np.isin(y[train], keep)], val[np.isin(y[val], keep)]
+    return train, val
 
 
 def _synthetic(options: dict[str, Any]) -> DatasetSpec:
@@ -118,6 +140,14 @@ def _folder(options: dict[str, Any]) -> DatasetSpec:
         raise ConfigError(f"dataset.train_per_class={tpc!r}: must be an integer >= 1, or null")
     listing = list_folder(str(options.get("root") or ""), val_fraction=frac, train_per_class=tpc,
                           exclude=tuple(options.get("exclude") or ()), seed=int(options.get("split_seed", 0)))
+    expect = options.get("expect_classes")
+    if expect is not None and len(listing.classes) != expect:
+        numbered = {c.split(".", 1)[0] for c in listing.classes}
+        missing = [f"{i:03d}" for i in range(1, expect + 1) if f"{i:03d}" not in numbered]
+        raise ConfigError(f"dataset.root={listing.root!r}: {len(listing.classes)} classes with images, "
+                          f"{options.get('name')} has {expect}"
+                          + (f"; missing or empty: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"
+                             if missing else ""))
     if not listing.val:
         raise ConfigError(f"dataset.root={listing.root!r}: the split leaves no validation images; "
                           "lower dataset.train_per_class or raise dataset.val_fraction")
@@ -207,10 +237,11 @@ def load_arrays(spec: DatasetSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     digits = load_digits()
     x = digits.images.astype(np.float32)
     y = digits.target.astype(np.int64)
-    if len(x) != DIGITS_TOTAL:
-        raise RuntimeError(f"sklearn's digits has {len(x)} images, expected {DIGITS_TOTAL}")
-    order = np.random.RandomState(_DIGITS_SPLIT_SEED).permutation(len(x))
-    train, val = order[: spec.train_size], order[spec.train_size:]
+    keep = spec.options.get("classes")
+    train, val = _digits_split(spec.options["val_fraction"], tuple(keep) if keep else None)
+    if keep:
+        # kept digits relabelled 0..n-1 in ascending order
+        y = np.array([sorted(keep).index(d) if d in keep else -1 for d in digits.target], dtype=np.int64)
     # Pixels are 0..16; standardise with training-set statistics only.
     mean, std = x[train].mean(), x[train].std()
     x = ((x - mean) / std)[:, None, :, :]

@@ -12,9 +12,15 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dataclasses import replace
+
 from xp import datasets
 from xp.datasets import DatasetSpec
 from xp.errors import ConfigError
+from xp.pretrained import PretrainedSpec, resolve
+
+IMAGENET_MEAN = (123.68, 116.28, 103.53)  # RGB, 0-255 scale: what GluonCV's ImageNet models were trained on
+IMAGENET_STD = (58.395, 57.12, 57.375)
 
 KVSTORES = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_async")
 DTYPES = ("float32", "float16", "amp")
@@ -46,6 +52,7 @@ class Plan:
     backend_options: dict[str, Any]
     model: ModelSpec
     dataset: DatasetSpec
+    pretrained: PretrainedSpec | None
     kvstore: str
     dtype: str
     hardware: HardwareSpec
@@ -170,6 +177,18 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
                       str(model_cfg.get("arch") or model_cfg["name"]))
     dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"})
 
+    classes = cfg.get("num_classes")
+    if classes is not None and classes != dataset.num_classes:
+        raise ConfigError(f"num_classes={classes!r}: dataset={dataset.name} has {dataset.num_classes} classes; "
+                          f"leave num_classes unset or give {dataset.num_classes}")
+    pretrained = _pretrained(cfg, model)
+    if pretrained and cfg.get("pretrained_input", "auto") == "auto" and dataset.options.get("kind") in ("folder", "rec") \
+            and (pretrained.source == "checkpoint" or model.zoo == "gluoncv"):
+        # the input the ImageNet network was trained on: MXNet zoo ResNets normalise raw pixels themselves
+        mean, std = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)) if pretrained.raw_pixels else (IMAGENET_MEAN, IMAGENET_STD)
+        dataset = replace(dataset, image_shape=(3, 224, 224),
+                          options={**dataset.options, "image_shape": (3, 224, 224), "mean": mean, "std": std})
+
     hw_gpus = hw_cfg.get("gpus")
     if hw_gpus is not None and (not _is_int(hw_gpus) or hw_gpus < 0):
         raise ConfigError(f"hardware.gpus={hw_gpus!r}: must be an integer >= 0, or null to count visible GPUs")
@@ -228,6 +247,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
         backend_options={k: v for k, v in backend.items() if k != "name"},
         model=model,
         dataset=dataset,
+        pretrained=pretrained,
         kvstore=kvstore,
         dtype=dtype,
         hardware=hardware,
@@ -259,6 +279,25 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
         tracking_uri=cfg.get("tracking_uri"),
         run_name=cfg.get("run_name"),
     )
+
+
+def _pretrained(cfg: dict, model: ModelSpec) -> PretrainedSpec | None:
+    value = cfg.get("pretrained")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"pretrained={value!r}: must be a model-zoo name or a checkpoint prefix")
+    _choice(cfg.get("pretrained_input", "auto"), "pretrained_input", ("auto", "dataset"))
+    layer = cfg.get("pretrained_layer")
+    spec = resolve(value, _int(cfg, "pretrained_epoch", 0, 9999), str(layer) if layer else None,
+                   _bool(cfg, "freeze_backbone"), _float(cfg, "backbone_lr_mult", 0.0, 100.0))
+    if spec.source == "zoo" and spec.name != model.arch:
+        raise ConfigError(f"pretrained={value}: these are weights of {value}, but model={model.name} builds "
+                          f"{model.arch}; choose the matching model (or pretrained={model.arch})")
+    if spec.source == "checkpoint" and not layer:
+        raise ConfigError("pretrained_layer=null: a checkpoint is cut at a named layer (e.g. flatten0) "
+                          "before the new classifier")
+    return spec
 
 
 def learning_rate(plan: Plan, step: int) -> float:

@@ -91,7 +91,7 @@ class MXNetBackend(Backend):
         import mxnet as mx
 
         from xp.mx.data import make_iters
-        from xp.mx.models import build_net, initialize
+        from xp.mx.models import build_net, initialize, load_pretrained
 
         self.plan = plan
         random.seed(plan.seed)
@@ -100,8 +100,19 @@ class MXNetBackend(Backend):
         make_ctx = mx.gpu if plan.device_type == "gpu" else mx.cpu
         self.contexts = [make_ctx(i) for i in range(len(plan.devices))]
         self.amp = enable_amp(plan.device_type) if plan.dtype == "amp" else None  # before the net is built
-        self.net = build_net(plan.model, plan.dataset.num_classes)
+        self.backbone = None
+        if plan.pretrained:
+            self.net, self.backbone = load_pretrained(plan.pretrained, plan.model, plan.dataset.num_classes,
+                                                      self.contexts)
+        else:
+            self.net = build_net(plan.model, plan.dataset.num_classes)
         initialize(self.net, self.contexts, plan.seed, plan.dataset.image_shape)
+        if self.backbone is not None:
+            for p in self.backbone.collect_params().values():
+                if plan.pretrained.freeze_backbone:
+                    p.grad_req = "null"  # gradients are neither computed nor applied
+                else:
+                    p.lr_mult = plan.pretrained.backbone_lr_mult
         if plan.dtype == "float16":
             self.net.cast("float16")  # the optimizer keeps float32 master copies (multi_precision)
         # MXNet's convention (the Module API applies it by name): no weight decay on biases and
@@ -132,12 +143,6 @@ class MXNetBackend(Backend):
         """Current parameters by name (device 0's copy), as numpy arrays."""
         return {name: to_numpy(p.data(self.contexts[0])) for name, p in self.net.collect_params().items()}
 
-    def block_params(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(arg_params, aux_params) of the initialised block, as the Module API wants them."""
-        arg, aux = {}, {}
-        for name, p in self.net.collect_params().items():
-            (aux if p.grad_req == "null" else arg)[name] = p.data(self.contexts[0])
-        return arg, aux
 
     def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
         import mxnet as mx

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from xp.errors import XPError
 from xp.plan import ModelSpec
+from xp.pretrained import PretrainedSpec
+
+
+class WeightsError(XPError):
+    """Pretrained weights that do not fit: names the file and the problem."""
+
+    exit_code = 2
 
 
 def lenet(classes: int):
@@ -44,6 +54,70 @@ def build_net(model: ModelSpec, classes: int):
         raise ConfigError(f"model.arch={model.arch!r}: not in the GluonCV model zoo ({e})") from e
 
 
+def _backbone_and_head_key(net) -> tuple[Any, str]:
+    """A classifier's feature extractor and the parameter-name prefix of its last layer.
+
+    GluonCV's classifiers keep the features in .features and the classifier in .output;
+    a plain HybridSequential (xp's LeNet) ends with its classifier.
+    """
+    if hasattr(net, "features") and hasattr(net, "output"):
+        return net.features, "output"
+    return net[: len(net) - 1], str(len(net) - 1)
+
+
+def _with_new_head(backbone, classes: int):
+    from mxnet.gluon import nn
+
+    net = nn.HybridSequential(prefix="finetune_")
+    net.add(backbone)
+    with net.name_scope():
+        net.add(nn.Dense(classes))
+    return net
+
+
+def load_pretrained(spec: PretrainedSpec, model: ModelSpec, classes: int, contexts):
+    """(network with a new `classes`-way classifier, the pretrained backbone block).
+
+    Zoo weights: the zoo's network is built with the saved classifier's size, the file
+    loaded, and the classifier replaced. Checkpoints: the symbol is cut at spec.layer and
+    wrapped in a SymbolBlock, so every backend still trains one Gluon block.
+    """
+    import mxnet as mx
+    from mxnet.gluon import nn
+
+    try:
+        saved = mx.nd.load(spec.params)
+    except mx.base.MXNetError as e:
+        raise WeightsError(f"{spec.params}: not an MXNet .params file") from e
+    if spec.source == "zoo":
+        probe = build_net(model, 1)
+        _, head = _backbone_and_head_key(probe)
+        if f"{head}.weight" not in saved:
+            raise WeightsError(f"{spec.params}: has no classifier {head}.weight, so it is not {model.arch} weights")
+        net = build_net(model, int(saved[f"{head}.weight"].shape[0]))
+        try:
+            net.load_parameters(spec.params, ctx=contexts)
+        except (AssertionError, mx.base.MXNetError) as e:
+            raise WeightsError(f"{spec.params}: does not fit {model.arch}: {str(e).splitlines()[0][:200]}") from e
+        backbone, _ = _backbone_and_head_key(net)
+        return _with_new_head(backbone, classes), backbone
+    symbol = mx.sym.load(spec.symbol)
+    internals = symbol.get_internals()
+    features = internals[f"{spec.layer}_output"]
+    backbone = nn.SymbolBlock(features, mx.sym.var("data", dtype="float32"))
+    needed = set(features.list_arguments()) - {"data"} | set(features.list_auxiliary_states())
+    have = {k.split(":", 1)[-1] for k in saved}
+    missing = sorted(needed - have)
+    if missing:
+        raise WeightsError(f"{spec.params}: does not match {spec.symbol}: no values for {', '.join(missing[:5])}"
+                           + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    try:
+        backbone.collect_params().load(spec.params, ctx=contexts, allow_missing=False, ignore_extra=True)
+    except (AssertionError, mx.base.MXNetError) as e:
+        raise WeightsError(f"{spec.params}: does not match {spec.symbol}: {str(e).splitlines()[0][:200]}") from e
+    return _with_new_head(backbone, classes), backbone
+
+
 def initialize(net, contexts, seed: int, image_shape: tuple[int, ...]) -> None:
     """Initialise parameters deterministically (MSRA/He init) on every context.
 
@@ -54,6 +128,10 @@ def initialize(net, contexts, seed: int, image_shape: tuple[int, ...]) -> None:
     """
     import mxnet as mx
 
+    import warnings
+
     mx.random.seed(seed)
-    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=contexts)
+    with warnings.catch_warnings():  # pretrained parameters are already initialised: they are kept
+        warnings.simplefilter("ignore")
+        net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=contexts)
     net(mx.nd.zeros((1, *image_shape), ctx=contexts[0]))
