@@ -109,3 +109,41 @@ def test_missing_pretrained_weights_on_the_command_line(tmp_path, store):
     err = proc.stderr.strip()
     assert err.count("\n") == 0 and "weights not found; tried" in err and f"{tmp_path}/models" in err
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_folder_with_a_zoo_model_takes_the_pretrained_input(tmp_path, monkeypatch):
+    from images import make_folder
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "resnet18_v1-a0666292.params").touch()  # the plan only needs to find it
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path))
+    root = make_folder(tmp_path / "imgs", per_class=4, with_photos=False)
+    auto = build_plan(compose_config("dataset=folder", f"dataset.root={root}", "model=resnet18",
+                                     "pretrained=resnet18_v1", "batch=4"), visible_gpus=0)
+    assert auto.dataset.image_shape == (3, 224, 224)
+    assert auto.dataset.options["mean"] == (123.68, 116.28, 103.53)
+    own = build_plan(compose_config("dataset=folder", f"dataset.root={root}", "model=resnet18", "pretrained=resnet18_v1",
+                                    "pretrained_input=dataset", "batch=4"), visible_gpus=0)
+    assert own.dataset.image_shape == (3, 64, 64)
+
+
+def test_weights_command_places_checkpoints_and_zoo_files(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "home"))
+    (tmp_path / "resnet-152-symbol.json").write_text('{"nodes": [{"op": "null", "name": "data"}]}')
+    (tmp_path / "resnet-152-0000.params").write_bytes(b"x")
+    (tmp_path / "resnet50_v1-cc729d95.params").write_bytes(b"y")
+    env = dict(__import__("os").environ)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "xp.weights", *a], cwd=ROOT, env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=60)
+    assert run("add", str(tmp_path / "resnet-152"), "--name", "imagenet11k-resnet-152").returncode == 0
+    assert run("add", str(tmp_path / "resnet50_v1-cc729d95.params")).returncode == 0
+    listed = run("list").stdout
+    assert "imagenet11k-resnet-152-symbol.json" in listed and "imagenet11k-resnet-152-0000.params" in listed
+    assert "resnet50_v1-" in listed  # renamed to the sha1 of its content, GluonCV's naming
+    bad = run("add", str(tmp_path / "nothing"))
+    assert bad.returncode != 0 and "no such file" in bad.stderr

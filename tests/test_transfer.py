@@ -142,3 +142,14 @@ def test_checkpoint_errors(pretrained, monkeypatch, tmp_path):
 
     with pytest.raises(WeightsError, match=r"bad-0000.params: does not match .*bad-symbol.json: no values for lenet_conv1_weight"):
         Registry().load("gluon")().setup(plan)
+
+
+@pytest.mark.slow
+def test_finetune_from_the_command_line_logs_its_source(pretrained, tmp_path, store):
+    from conftest import mlflow_runs, run_xp
+
+    proc = run_xp(tmp_path, store, *FINETUNE, "pretrained=lenet", "backend=module",
+                  env={"MXNET_HOME": str(pretrained["home"])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = mlflow_runs(store)[1][0]
+    assert run.data.params["pretrained"] == "lenet" and run.data.metrics["val_accuracy"] > 0.6
