@@ -48,6 +48,8 @@ def normalize_argv(argv: list[str]) -> list[str]:
     flags, overrides = [], []
     tokens = iter(argv)
     for tok in tokens:
+        if tok.startswith("+sweep="):  # sweep is a key of xp's config: +sweep= would fail to append
+            tok = tok[1:]
         if tok.startswith("-"):  # override keys never start with "-"
             flags.append(tok)
             if tok in FLAGS_WITH_VALUE:
@@ -67,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configs = preflight(argv)
         if "-m" in argv or "--multirun" in argv:
+            if configs and configs[0].get("sweep"):
+                _register_study_sweeper()
+                argv = [*argv, "hydra/sweeper=xp_optuna"]
             return _sweep(argv, configs[0] if configs else {})
         return _hydra(argv)
     except XPError as e:
@@ -75,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         return _err("interrupted (Ctrl-C)", 130)
     except Terminated:
         return _err("terminated (SIGTERM)", 143)
+
+
+def _register_study_sweeper() -> None:
+    """Hydra instantiates sweepers only from hydra_plugins; ours is installed there and registered here."""
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.xp_optuna_sweeper import XPOptunaSweeper
+
+    Plugins.instance().register(XPOptunaSweeper)
 
 
 # --- validation before anything runs -------------------------------------------
@@ -143,6 +156,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
             for f in (CONF_DIR / group).glob("*.yaml"):
                 known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)))
         known = sorted(known)
+        jobs = _study_jobs(jobs, args.multirun, known, compose) or jobs
         for job in jobs:
             try:
                 config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
@@ -151,6 +165,32 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
             plan_and_backend(config)
             configs.append(config)
     return configs
+
+
+def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose: Any) -> list[list[str]]:
+    """With sweep=NAME: check the study spec and return one job per corner of its search space
+    (each choice, each bound), so a value the plan refuses fails now, not in trial 17."""
+    from omegaconf import OmegaConf
+
+    from xp import study
+
+    base = jobs[0]
+    try:
+        name = OmegaConf.to_container(compose("config", overrides=base), resolve=True).get("sweep")
+    except Exception:
+        return []  # composition errors are reported by the caller
+    if not name:
+        return []
+    if not multirun:
+        raise ConfigError(f"sweep={name}: a study runs many experiments; add -m")
+    if len(jobs) > 1:
+        raise ConfigError(f"sweep={name}: a study takes no swept values on the command line "
+                          f"({' '.join(o for o in base if ',' in o) or 'several jobs'}); put them in sweeps/{name}.yaml")
+    spec = study.load_spec(name, set(known))
+    study.check_storage(spec.storage)
+    corners = [[*base, f"{p.name}={v}"] for p in spec.params
+               for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
+    return corners
 
 
 # --- running -------------------------------------------------------------------
@@ -189,16 +229,20 @@ def _task(cfg: Any) -> float:
         parent_run_id=os.environ.get(PARENT_ENV),
         cwd=Path(hc.runtime.cwd),
     )
+    config = OmegaConf.to_container(cfg, resolve=True)
+    in_study = (config.get("optuna") or {}).get("trial_id") is not None
     try:
-        return run(OmegaConf.to_container(cfg, resolve=True), job)
+        return run(config, job)
     except XPError as e:
         log.debug("error", exc_info=True)
-        raise SystemExit(_err(e, e.exit_code)) from None
+        code = _err(e, e.exit_code)
     except Exception as e:
         if not getattr(e, "xp_logged", False):
             log.debug("failed", exc_info=True)
-        raise SystemExit(_err(f"training failed: {type(e).__name__}: {one_line(e)[:500]} "
-                              f"(traceback in {job.log_file})", 1)) from None
+        code = _err(f"training failed: {type(e).__name__}: {one_line(e)[:500]} (traceback in {job.log_file})", 1)
+    if in_study:
+        return {"state": "FAIL"}  # a failed trial is recorded; the study goes on
+    raise SystemExit(code)
 
 
 def _sweep(argv: list[str], config: dict[str, Any]) -> int:
@@ -207,8 +251,9 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     from xp.tracking import Tracker, resolve_uri
 
     uri = resolve_uri(config.get("tracking_uri"))
-    overrides = [a for a in argv if a not in ("-m", "--multirun")]
-    parent = Tracker(uri, config.get("experiment") or "xp", "sweep: " + " ".join(overrides),
+    overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
+    kind = f"study {config['sweep']}" if config.get("sweep") else "sweep"
+    parent = Tracker(uri, config.get("experiment") or "xp", f"{kind}: " + " ".join(overrides),
                      tags={"xp.sweep": "true"})
     parent.start()
     parent.log_params({"sweep.overrides": " ".join(overrides)})

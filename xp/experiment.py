@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xp import report
-from xp.callbacks import ProgressPrinter, ThroughputMeter
+from xp import report, study
+from xp.callbacks import Callback, ProgressPrinter, ThroughputMeter
 from xp.gpu import visible_gpus
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
@@ -61,21 +61,37 @@ def describe(plan: Plan, uri: str) -> str:
     return "\n".join(lines)
 
 
-def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
+class History(Callback):
+    """The metrics of every finished epoch, also when training stops early."""
+
+    def __init__(self):
+        self.epochs: list[dict[str, float]] = []
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.epochs.append(dict(metrics))
+
+
+def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
     """Run one experiment from a resolved config (a plain dict).
 
-    Returns the objective: the final val_accuracy, or io_throughput with test_io.
+    Returns the objective: the final val_accuracy, or io_throughput with test_io. A run
+    that is a trial of a study returns {"state", "values"} for the study's objectives.
     """
     job = job or JobInfo()
     plan, backend_cls = plan_and_backend(config)
     uri = resolve_uri(plan.tracking_uri, job.cwd)
+    trial = study.attach(config)
     log.info(describe(plan, uri))
 
-    name = plan.run_name or (" ".join(job.overrides) if job.overrides else
+    name = plan.run_name or (" ".join(o for o in job.overrides if not o.startswith("optuna.")) if job.overrides else
                              f"{plan.model.name}-{plan.dataset.name}-{plan.backend}")
-    with Tracker(uri, plan.experiment, name, parent_run_id=job.parent_run_id,
-                 tags={"xp.backend": plan.backend, "xp.model": plan.model.name,
-                       "xp.dataset": plan.dataset.name}) as tracker:
+    tags = {"xp.backend": plan.backend, "xp.model": plan.model.name, "xp.dataset": plan.dataset.name}
+    if trial:
+        tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
+                     "optuna.trial_state": "RUNNING"})
+    with Tracker(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags) as tracker:
+        if trial:
+            trial[0].set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
         if job.output_dir is not None:
             hydra_dir = job.output_dir / ".hydra"
             for f in ("config.yaml", "overrides.yaml"):
@@ -89,17 +105,27 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
 
         meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
-        callbacks = [meter, TrackingCallback(tracker),
-                     ProgressPrinter(plan.epochs)]
+        history = History()
+        callbacks = [meter, TrackingCallback(tracker), ProgressPrinter(plan.epochs), history]
+        if trial and not trial[1].multi_objective:
+            callbacks.append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
+        state = "COMPLETE"
         try:
-            history = fit(plan, backend_cls(), callbacks)
+            fit(plan, backend_cls(), callbacks)
+        except study.TrialPruned as e:
+            state = "PRUNED"
+            log.info(f"trial {trial[0].number}: {e}")
         except Exception as e:
             # into the log file now, while the run is open: the log is uploaded when it ends
             log.debug("training failed", exc_info=True)
             e.xp_logged = True
+            if trial:
+                tracker.set_tags({"optuna.trial_state": "FAIL"})
             raise
+        if trial:
+            tracker.set_tags({"optuna.trial_state": state})
 
-        summary = report.summarize(history, plan.cost_per_hour, meter.name)
+        summary = report.summarize(history.epochs, plan.cost_per_hour, meter.name)
         tracker.log_metrics({
             "epochs": summary["epochs"],
             "summary.epoch_time_s": summary.get("epoch_time_s"),
@@ -107,10 +133,13 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> float:
             "train_time_s": summary["train_time_s"],
             "cost_usd": summary["cost_usd"],
             "best_val_accuracy": summary.get("best_val_accuracy"),
-        }, step=plan.epochs)
-        row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices), **summary}
+        }, step=len(history.epochs))
+        row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices), **summary,
+               "state": state if trial else "FINISHED"}
         log.info("\n" + report.table([row]))
         log.info(f"logged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); "
                  f"view with: {run_url_hint(uri)}")
+    if trial:
+        return {"state": state, "values": [float(summary.get(o.metric, float("nan"))) for o in trial[1].objectives]}
     # the objective: what a sweep compares
     return float(summary.get("throughput", 0.0) if plan.test_io else summary.get("val_accuracy", 0.0))

@@ -16,6 +16,7 @@ COLUMNS = [
     ("throughput", "samples/s", "{:.1f}"),
     ("gpu_utilization", "GPU util", "{:.0f}%"),
     ("cost_usd", "cost", "${:.4f}"),
+    ("state", "state", "{}"),
 ]
 
 
@@ -73,5 +74,5 @@ def row_from_mlflow(run: Any) -> dict[str, Any]:
         "throughput": m.get("summary.throughput", m.get("summary.io_throughput")),
         "gpu_utilization": m.get("gpu_utilization"),
         "cost_usd": m.get("cost_usd"),
-        "status": run.info.status,
+        "state": run.data.tags.get("optuna.trial_state", run.info.status),
     }

@@ -1,0 +1,177 @@
+"""Optuna studies: spec checks, and end to end with pruning, resume, Pareto fronts, parallel trials."""
+
+import os
+import textwrap
+
+import pytest
+
+from conftest import mlflow_runs, run_xp
+from xp import study
+from xp.errors import ConfigError
+
+KNOWN = {"lr", "batch", "momentum", "wd", "warmup_epochs", "epochs"}
+
+
+@pytest.fixture
+def sweeps(tmp_path, monkeypatch):
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    monkeypatch.setattr(study, "SWEEPS_DIR", d)
+
+    def write(name, text):
+        (d / f"{name}.yaml").write_text(textwrap.dedent(text))
+        return d
+    return write
+
+
+def test_every_shipped_study_is_valid():
+    from conftest import compose_config
+    from xp.tracking import flatten
+
+    known = set(flatten(compose_config()))
+    assert {"lr_batch", "accuracy_throughput", "grid_lr_batch", "tpe_lr_batch"} <= set(study.names())
+    for name in study.names():
+        spec = study.load_spec(name, known)
+        assert spec.params and spec.objectives
+
+
+@pytest.mark.parametrize("body, message", [
+    ("params: {lrr: {type: float, low: 0.1, high: 1}}", "params.lrr: unknown parameter; did you mean lr?"),
+    ("params: {batch: {type: categorical, choices: []}}", "params.batch: choices must be a non-empty list"),
+    ("params: {lr: {type: float, low: 0.5, high: 0.1}}", "params.lr: low=0.5 > high=0.1"),
+    ("params: {lr: {type: float, low: 0, high: 0.1, log: true}}", "params.lr: a log scale needs low > 0"),
+    ("sampler: annealing\nparams: {lr: {type: float, low: 0.1, high: 1}}", "sampler='annealing': unknown; valid: tpe"),
+    ("pruner: patient\nparams: {lr: {type: float, low: 0.1, high: 1}}", "pruner='patient': unknown; valid: none"),
+    ("objectives: [{metric: val_accuracy, direction: maximize}, {metric: throughput, direction: maximize}]\n"
+     "params: {lr: {type: float, low: 0.1, high: 1}}", "pruner=median: Optuna prunes single-objective studies only"),
+    ("objectives: [{metric: accuracy, direction: up}]\nparams: {lr: {type: float, low: 0.1, high: 1}}",
+     "objectives[0]="),
+    ("sampler: grid\nparams: {lr: {type: float, low: 0.1, high: 1}}", "sampler=grid needs every parameter categorical"),
+    ("n_trials: 0\nparams: {lr: {type: float, low: 0.1, high: 1}}", "n_trials=0: must be an integer >= 1"),
+    ("trials: 5\nparams: {lr: {type: float, low: 0.1, high: 1}}", "unknown field(s) trials"),
+])
+def test_bad_study_specs_are_one_line(sweeps, body, message):
+    sweeps("bad", body)
+    with pytest.raises(ConfigError) as e:
+        study.load_spec("bad", KNOWN)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith("sweeps/bad.yaml: ")
+
+
+def test_unknown_study_lists_the_valid_ones(sweeps):
+    sweeps("one", "params: {lr: {type: float, low: 0.1, high: 1}}")
+    with pytest.raises(ConfigError, match=r"sweep=two: no such study in .*; valid: one"):
+        study.load_spec("two", KNOWN)
+
+
+def test_unreachable_storage_is_refused_before_anything_is_created():
+    with pytest.raises(ConfigError, match=r"storage postgresql://xp@127.0.0.1:9/none: "):
+        study.check_storage("postgresql://xp@127.0.0.1:9/none")
+
+
+# --- end to end ---------------------------------------------------------------------
+
+SMALL = """
+    study_name: small
+    n_trials: {n}
+    sampler: {sampler}
+    sampler_seed: 1
+    pruner: {pruner}
+    pruner_options: {{n_startup_trials: 2, n_warmup_steps: 1}}
+    objectives: {objectives}
+    params:
+      lr: {{type: float, low: 0.0005, high: 0.3, log: true}}
+      batch: {{type: categorical, choices: [16, 32, 128]}}
+"""
+ONE = "[{metric: val_accuracy, direction: maximize}]"
+TWO = "[{metric: val_accuracy, direction: maximize}, {metric: throughput, direction: maximize}]"
+
+
+def study_env(tmp_path, sweeps_dir):
+    return {"XP_SWEEPS_DIR": str(sweeps_dir), "XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+
+
+def load_trials(tmp_path, name="small"):
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()
+
+
+pytestmark_slow = pytest.mark.slow
+
+
+@pytest.mark.slow
+def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
+    d = sweeps("small", SMALL.format(n=8, sampler="random", pruner="median", objectives=ONE))
+    env = study_env(tmp_path, d)
+    proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=5", env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = load_trials(tmp_path)
+    states = [t.state.name for t in trials]
+    assert len(trials) == 8 and "PRUNED" in states and "COMPLETE" in states
+    for t in trials:
+        if t.state.name == "PRUNED":
+            assert max(t.intermediate_values) < 5  # stopped before the last epoch
+        assert "reused_from_trial" in t.user_attrs or t.user_attrs.get("mlflow_run_id")
+
+    client, runs = mlflow_runs(store)
+    parent = [r for r in runs if r.data.tags.get("xp.sweep") == "true"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parent) == 1 and parent[0].data.tags["optuna.study"] == "small"
+    assert {"best.lr", "best.batch"} <= set(parent[0].data.params)
+    assert "best_trial.json" in {a.path for a in client.list_artifacts(parent[0].info.run_id)}
+    ran = [t for t in trials if "mlflow_run_id" in t.user_attrs]
+    assert len(children) == len(ran)
+    by_id = {c.info.run_id: c for c in children}
+    for t in ran:
+        c = by_id[t.user_attrs["mlflow_run_id"]]
+        assert c.data.tags["optuna.trial_number"] == str(t.number)
+        assert c.data.tags["optuna.trial_state"] == t.state.name and c.info.status == "FINISHED"
+        assert int(c.data.metrics["epochs"]) == len(t.intermediate_values)  # the epochs it ran
+
+    # the same command continues the same study, up to a raised budget
+    sweeps("small", SMALL.format(n=10, sampler="random", pruner="median", objectives=ONE))
+    again = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=5", env=env, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "8 trials done, 2 to run" in again.stdout
+    assert len(load_trials(tmp_path)) == 10
+
+
+@pytest.mark.slow
+def test_multi_objective_study_in_parallel_saves_the_pareto_front(tmp_path, store, sweeps):
+    d = sweeps("small", SMALL.format(n=4, sampler="nsga2", pruner="none", objectives=TWO))
+    proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", "hydra/launcher=joblib",
+                  "hydra.launcher.n_jobs=2", env=study_env(tmp_path, d), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = load_trials(tmp_path)
+    assert len(trials) == 4 and all(t.state.name == "COMPLETE" and len(t.values) == 2 for t in trials)
+    assert "Pareto front: trial" in proc.stdout
+    client, runs = mlflow_runs(store)
+    parent = [r for r in runs if r.data.tags.get("xp.sweep") == "true"][0]
+    import json
+
+    front = json.load(open(client.download_artifacts(parent.info.run_id, "pareto_front.json", str(tmp_path))))
+    assert front["best"] and set(front["best"][0]["values"]) == {"val_accuracy", "throughput"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body, args, message", [
+    ("sampler: annealing\nparams: {lr: {type: float, low: 0.1, high: 1}}", [], "sampler='annealing': unknown"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["batch=16,32"], "a study takes no swept values"),
+    ("storage: postgresql://xp@127.0.0.1:9/none\nparams: {lr: {type: float, low: 0.1, high: 1}}", [],
+     "storage postgresql://xp@127.0.0.1:9/none"),
+    ("params: {batch: {type: categorical, choices: [16, 4096]}}", [], "batch=4096: the global batch"),
+])
+def test_bad_study_on_the_command_line(tmp_path, store, sweeps, body, args, message):
+    d = sweeps("bad", body)
+    env = study_env(tmp_path, d)
+    env.pop("XP_OPTUNA_STORAGE") if "storage:" in body else None
+    proc = run_xp(tmp_path, store, "-m", "sweep=bad", *args, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0 and message in err and "Traceback" not in proc.stdout + err
+    assert mlflow_runs(store)[1] == []
+    if os.path.exists(tmp_path / "optuna.db"):
+        import optuna
+
+        assert optuna.study.get_all_study_summaries(f"sqlite:///{tmp_path}/optuna.db") == []

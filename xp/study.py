@@ -1,0 +1,393 @@
+"""Optuna studies run as Hydra sweeps (`python -m xp -m sweep=NAME`).
+
+The study is defined in sweeps/NAME.yaml: search space, trial budget, objectives and
+directions, sampler, pruner, study name and storage. xp's sweeper (hydra/sweeper=
+xp_optuna) asks Optuna for trials and launches each as a normal xp run through the
+Hydra launcher (in-process, or joblib for parallel trials). The job attaches to its
+trial in the RDB storage, reports the first objective after every epoch and stops
+when the pruner says so; the sweeper tells Optuna how each trial ended. A study lives
+in its storage (SQLite in mlruns/ by default): the same command again continues it up
+to its budget.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from xp.callbacks import Callback
+from xp.errors import ConfigError, one_line
+
+log = logging.getLogger("xp")
+
+SWEEPS_DIR = Path(os.environ.get("XP_SWEEPS_DIR") or Path(__file__).resolve().parents[1] / "sweeps")
+DEFAULT_STORAGE = "sqlite:///mlruns/optuna.db"
+SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2", "cmaes")
+PRUNERS = ("none", "median", "hyperband", "successive_halving")
+# What a trial can be judged by: keys of the run's summary (xp.report.summarize).
+METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
+FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+
+
+class TrialPruned(Exception):
+    """Raised inside a run when the pruner stops the trial."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # float | int | categorical
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    direction: str  # maximize | minimize
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    name: str  # the file sweeps/NAME.yaml
+    study_name: str
+    storage: str
+    n_trials: int
+    parallel: int
+    sampler: str
+    sampler_seed: int | None
+    pruner: str
+    pruner_options: dict[str, Any]
+    objectives: tuple[Objective, ...]
+    params: tuple[Param, ...]
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.objectives) > 1
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+def storage_url(url: str | None, cwd: str | Path | None = None) -> str:
+    """The storage URL with a relative SQLite path made absolute (jobs may run elsewhere)."""
+    url = url or os.environ.get("XP_OPTUNA_STORAGE") or DEFAULT_STORAGE
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/"):
+        url = prefix + str((Path(cwd or os.getcwd()) / url[len(prefix):]).resolve())
+    if url.startswith(prefix):
+        Path(url[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+    return url
+
+
+def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | None = None) -> StudySpec:
+    """Read and check sweeps/NAME.yaml; every problem is one ConfigError naming the file and field."""
+    path = SWEEPS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"sweep={name}: no such study in {SWEEPS_DIR}; valid: {', '.join(names())}")
+    where = f"sweeps/{name}.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML ({one_line(e)[:200]})") from e
+
+    def field(key: str, default: Any = None) -> Any:
+        return raw.get(key, default)
+
+    unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
+                          "pruner_options", "objectives", "params"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    n_trials, parallel = field("n_trials", 20), field("parallel", 1)
+    for key, v in (("n_trials", n_trials), ("parallel", parallel)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{where}: {key}={v!r}: must be an integer >= 1")
+    sampler, pruner = field("sampler", "tpe"), field("pruner", "median")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"{where}: sampler={sampler!r}: unknown; valid: {', '.join(SAMPLERS)}")
+    if pruner not in PRUNERS:
+        raise ConfigError(f"{where}: pruner={pruner!r}: unknown; valid: {', '.join(PRUNERS)}")
+
+    objectives = []
+    for i, o in enumerate(field("objectives") or [{"metric": "val_accuracy", "direction": "maximize"}]):
+        if not isinstance(o, dict) or o.get("metric") not in METRICS or o.get("direction") not in ("maximize", "minimize"):
+            raise ConfigError(f"{where}: objectives[{i}]={o!r}: needs metric (one of {', '.join(METRICS)}) "
+                              "and direction (maximize or minimize)")
+        objectives.append(Objective(o["metric"], o["direction"]))
+    if len(objectives) > 1 and pruner != "none":
+        raise ConfigError(f"{where}: pruner={pruner}: Optuna prunes single-objective studies only; "
+                          f"use pruner: none with {len(objectives)} objectives")
+    if len(objectives) > 1 and sampler == "cmaes":
+        raise ConfigError(f"{where}: sampler=cmaes optimises one objective; use nsga2 or tpe")
+
+    params = []
+    space = field("params")
+    if not isinstance(space, dict) or not space:
+        raise ConfigError(f"{where}: params: give at least one parameter to search")
+    for pname, p in space.items():
+        at = f"{where}: params.{pname}"
+        if known_keys is not None and pname not in known_keys:
+            close = difflib.get_close_matches(pname, sorted(known_keys), n=1)
+            raise ConfigError(f"{at}: unknown parameter" + (f"; did you mean {close[0]}?" if close else ""))
+        if not isinstance(p, dict) or p.get("type") not in ("float", "int", "categorical"):
+            raise ConfigError(f"{at}: needs type: float, int or categorical")
+        if p["type"] == "categorical":
+            choices = p.get("choices")
+            if not isinstance(choices, list) or not choices:
+                raise ConfigError(f"{at}: choices must be a non-empty list")
+            params.append(Param(pname, "categorical", choices=tuple(choices)))
+            continue
+        low, high, log_scale = p.get("low"), p.get("high"), bool(p.get("log", False))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+            raise ConfigError(f"{at}: low and high must be numbers")
+        if low > high:
+            raise ConfigError(f"{at}: low={low} > high={high}")
+        if log_scale and low <= 0:
+            raise ConfigError(f"{at}: a log scale needs low > 0, got {low}")
+        if p["type"] == "int" and not (float(low).is_integer() and float(high).is_integer()):
+            raise ConfigError(f"{at}: an int parameter needs integer low and high")
+        params.append(Param(pname, p["type"], low, high, log_scale))
+    if sampler == "grid" and any(p.kind != "categorical" for p in params):
+        raise ConfigError(f"{where}: sampler=grid needs every parameter categorical (the grid's values)")
+    for sampler_name, module, pkg in (("gp", "torch", "torch"), ("cmaes", "cmaes", "cmaes")):
+        if sampler == sampler_name and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
+    seed = field("sampler_seed")
+    return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
+                     sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params))
+
+
+# --- Optuna objects (imported lazily: optuna is not needed to run a plain experiment) ---
+
+def distributions(spec: StudySpec) -> dict[str, Any]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    out = {}
+    for p in spec.params:
+        if p.kind == "categorical":
+            out[p.name] = CategoricalDistribution(list(p.choices))
+        elif p.kind == "int":
+            out[p.name] = IntDistribution(int(p.low), int(p.high), log=p.log)
+        else:
+            out[p.name] = FloatDistribution(float(p.low), float(p.high), log=p.log)
+    return out
+
+
+def make_sampler(spec: StudySpec) -> Any:
+    import optuna
+
+    s, seed = spec.sampler, spec.sampler_seed
+    # grid: run_study enqueues every combination (Optuna's GridSampler calls study.stop() when the
+    # grid is exhausted, which only works inside study.optimize(), not with ask-and-tell)
+    return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True),
+            "grid": lambda: optuna.samplers.RandomSampler(seed=seed),
+            "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+            "gp": lambda: optuna.samplers.GPSampler(seed=seed),
+            "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
+            "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed)}[s]()
+
+
+def make_pruner(spec: StudySpec) -> Any:
+    import optuna
+
+    o = spec.pruner_options
+    if spec.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=o.get("n_startup_trials", 3),
+                                           n_warmup_steps=o.get("n_warmup_steps", 2))
+    if spec.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=o.get("min_resource", 1),
+                                              reduction_factor=o.get("reduction_factor", 3))
+    if spec.pruner == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=o.get("min_resource", 1))
+    return optuna.pruners.NopPruner()
+
+
+def check_storage(url: str) -> None:
+    """Connect once, before anything is created: an unreachable database is a usage error."""
+    import sqlalchemy
+
+    kwargs = {"connect_args": {"connect_timeout": 5}} if url.startswith("postgresql") else {}
+    try:
+        engine = sqlalchemy.create_engine(url, **kwargs)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"storage {url}: needs the {e.name} driver (PostgreSQL: pip install psycopg2-binary)") from e
+    except Exception as e:
+        raise ConfigError(f"storage {url}: cannot connect ({type(e).__name__}: {one_line(e)[:200]})") from e
+
+
+def open_study(spec: StudySpec) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_storage(spec.storage)
+    study = optuna.create_study(study_name=spec.study_name, storage=spec.storage, sampler=make_sampler(spec),
+                                pruner=make_pruner(spec), directions=[o.direction for o in spec.objectives],
+                                load_if_exists=True)
+    wanted = [o.direction for o in spec.objectives]
+    have = [d.name.lower() for d in study.directions]
+    if have != wanted:
+        raise ConfigError(f"sweep={spec.name}: study {spec.study_name} in {spec.storage} optimises {have}, "
+                          f"the spec says {wanted}; use another study_name")
+    study.set_metric_names([o.metric for o in spec.objectives])  # optuna-dashboard shows these names
+    study.set_user_attr("xp.sweep", spec.name)
+    return study
+
+
+# --- the job side: a run that is a trial ------------------------------------------
+
+class TrialReporter(Callback):
+    """Reports the first objective after every epoch and raises TrialPruned when told to stop."""
+
+    def __init__(self, trial: Any, metric: str, epochs: int):
+        self.trial, self.metric, self.epochs = trial, metric, epochs
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        if self.metric in metrics:
+            self.trial.report(metrics[self.metric], epoch)
+            # after the last epoch there is nothing left to save: the trial is complete
+            if epoch < self.epochs and self.trial.should_prune():
+                raise TrialPruned(f"pruned after epoch {epoch}")
+
+
+def attach(config: dict[str, Any]) -> tuple[Any, StudySpec] | None:
+    """The trial this run belongs to (set by the sweeper through optuna.* overrides), or None."""
+    o = config.get("optuna") or {}
+    if o.get("trial_id") is None:
+        return None
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = load_spec(config["sweep"])
+    study = optuna.load_study(study_name=o["study"], storage=o["storage"], pruner=make_pruner(spec))
+    return optuna.trial.Trial(study, int(o["trial_id"])), spec
+
+
+# --- the sweeper side ----------------------------------------------------------------
+
+def _override(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return f"{key}={'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"{key}={value!r}"
+    return f"{key}='{value}'"
+
+
+def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
+    """Ask, launch, tell until the study has n_trials finished trials; report the best."""
+    from optuna.trial import TrialState
+
+    spec = load_spec(config.sweep)
+    study = open_study(spec)
+    done = sum(1 for t in study.get_trials(deepcopy=False) if t.state.name in FINISHED)
+    remaining = spec.n_trials - done
+    log.info(f"study {spec.study_name} ({spec.storage}): {done} trials done, {max(0, remaining)} to run "
+             f"(sampler {spec.sampler}, pruner {spec.pruner}, objectives "
+             + ", ".join(f"{o.direction} {o.metric}" for o in spec.objectives) + ")")
+    dists = distributions(spec)
+    if spec.sampler == "grid":
+        import itertools
+
+        combos = list(itertools.product(*(p.choices for p in spec.params)))
+        remaining = min(remaining, len(combos) - done)
+        for combo in combos:
+            study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
+    # With a parallel launcher (hydra/launcher=joblib hydra.launcher.n_jobs=N), ask N trials at a time.
+    n_jobs = (config.hydra.launcher.get("n_jobs") or 1) if "n_jobs" in config.hydra.launcher else 1
+    parallel = max(spec.parallel, os.cpu_count() or 1 if n_jobs == -1 else n_jobs)
+    returns, job = [], 0
+    while remaining > 0:
+        trials = []
+        while len(trials) < min(parallel, remaining):
+            t = study.ask(dists)
+            if _reuse_earlier(study, t):  # the same parameters already ran: runs are deterministic
+                remaining -= 1
+                continue
+            trials.append(t)
+        if not trials:
+            continue
+        jobs = [[*arguments, *(_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
+                 f"optuna.storage='{spec.storage}'", f"optuna.trial_id={t._trial_id}"] for t in trials]
+        results = launcher.launch(jobs, initial_job_idx=job)
+        for t, r in zip(trials, results):
+            out = r._return_value if r.status.name == "COMPLETED" and isinstance(r._return_value, dict) else {}
+            if out.get("state") == "COMPLETE":
+                study.tell(t, out["values"])
+            elif out.get("state") == "PRUNED":
+                study.tell(t, state=TrialState.PRUNED)
+            else:
+                study.tell(t, state=TrialState.FAIL)
+        returns.append(results)
+        job += len(trials)
+        remaining -= len(trials)
+    summarize(study, spec)
+    return returns
+
+
+def _reuse_earlier(study: Any, trial: Any) -> bool:
+    """Tell `trial` the outcome of a finished trial with the same parameters, if there is one.
+
+    An xp run is a function of its config (fixed seed, data order, initial weights), so
+    rerunning the same parameters costs a whole run and teaches the sampler nothing.
+    """
+    from optuna.trial import TrialState
+
+    for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if old.params == trial.params:
+            trial.set_user_attr("reused_from_trial", old.number)
+            if old.state == TrialState.COMPLETE:
+                study.tell(trial, old.values)
+            else:
+                study.tell(trial, state=TrialState.PRUNED)
+            log.info(f"trial {trial.number}: same parameters as trial {old.number}; its result is reused")
+            return True
+    return False
+
+
+def summarize(study: Any, spec: StudySpec) -> dict[str, Any]:
+    """Print the best trial (or the Pareto front) and log it on the sweep's parent MLflow run."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    states = {s: sum(1 for t in trials if t.state == getattr(TrialState, s)) for s in FINISHED}
+    best = study.best_trials
+    front = [{"trial": t.number, "values": dict(zip([o.metric for o in spec.objectives], t.values)),
+              "params": t.params, "mlflow_run_id": t.user_attrs.get("mlflow_run_id")} for t in best]
+    log.info(f"study {spec.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in states.items())})")
+    title = "Pareto front" if spec.multi_objective else "best trial"
+    for f in front:
+        log.info(f"  {title}: trial {f['trial']}  " + "  ".join(f"{k}={v:.4g}" for k, v in f["values"].items())
+                 + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
+    summary = {"study": spec.study_name, "storage": spec.storage, "trials": states, "best": front}
+    parent = os.environ.get("XP_PARENT_RUN_ID")
+    if parent:
+        from mlflow.tracking import MlflowClient
+
+        from xp.tracking import resolve_uri
+
+        client = MlflowClient(resolve_uri(None))
+        client.set_tag(parent, "optuna.study", spec.study_name)
+        if front and not spec.multi_objective:
+            for k, v in front[0]["params"].items():
+                client.log_param(parent, f"best.{k}", v)
+            client.log_metric(parent, f"best_{spec.objectives[0].metric}", front[0]["values"][spec.objectives[0].metric])
+        client.log_dict(parent, summary, "pareto_front.json" if spec.multi_objective else "best_trial.json")
+    return summary
+
+
+def to_json(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, indent=1, default=str)
