@@ -22,6 +22,8 @@ class Callback:
     def on_train_epoch_end(self, epoch: int) -> None: ...
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None: ...
     def on_train_end(self, history: list[dict[str, float]]) -> None: ...
+    def on_end(self) -> None:
+        """Always called, also after an error or Ctrl-C: stop threads, release devices."""
 
 
 class ThroughputMeter(Callback):
@@ -68,6 +70,35 @@ class ThroughputMeter(Callback):
             metrics["batch_time_ms_p95"] = float(np.percentile(times, 95))
 
 
+class CostMeter(Callback):
+    """What the run has cost so far: wall time on the instance (training and evaluation) x price.
+
+    Logs cost_usd (cumulative) and epoch_cost_usd every epoch, and with a target accuracy,
+    time_to_target_s and cost_to_target_usd at the first epoch that reaches it.
+    """
+
+    def __init__(self, price_per_hour: float, target_accuracy: float | None = None):
+        self.price, self.target = price_per_hour, target_accuracy
+        self.reached = False
+
+    def on_train_begin(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        self._te = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        now = time.perf_counter()
+        elapsed = now - self._t0
+        metrics["elapsed_s"] = elapsed
+        metrics["cost_usd"] = elapsed / 3600 * self.price
+        metrics["epoch_cost_usd"] = (now - self._te) / 3600 * self.price
+        if self.target is not None and not self.reached and metrics.get("val_accuracy", -1) >= self.target:
+            self.reached = True
+            metrics["time_to_target_s"] = elapsed
+            metrics["cost_to_target_usd"] = metrics["cost_usd"]
+
+
 class ProgressPrinter(Callback):
     def __init__(self, epochs: int):
         self.epochs = epochs
@@ -84,3 +115,32 @@ class ProgressPrinter(Callback):
 def fire(callbacks: list[Callback], event: str, *args: Any) -> None:
     for cb in callbacks:
         getattr(cb, event)(*args)
+
+
+class ProgressBar(Callback):
+    """A bar per epoch with samples/s and ETA, on an interactive terminal only (quiet in logs and CI)."""
+
+    def __init__(self, steps: int, samples_per_step: int, enabled: bool | None = None):
+        import sys
+
+        self.total = steps * samples_per_step
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.bar = None
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc=f"epoch {epoch}", unit="samples", unit_scale=True, leave=False)
+
+    def on_batch_end(self, epoch: int, step: int, samples: int) -> None:
+        if self.bar is not None:
+            self.bar.update(samples)
+
+    def on_train_epoch_end(self, epoch: int) -> None:
+        self.on_end()
+
+    def on_end(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

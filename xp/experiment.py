@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from xp import report, study
-from xp.callbacks import Callback, ProgressPrinter, ThroughputMeter
+from xp.callbacks import Callback, CostMeter, ProgressBar, ProgressPrinter, ThroughputMeter
+from xp.telemetry import telemetry
 from xp.gpu import visible_gpus
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
@@ -106,7 +107,9 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
 
         meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
         history = History()
-        callbacks = [meter, TrackingCallback(tracker), ProgressPrinter(plan.epochs), history]
+        callbacks = [meter, CostMeter(plan.cost_per_hour, plan.target_accuracy), *telemetry(plan, tracker.run_id, uri),
+                     TrackingCallback(tracker), ProgressBar(plan.steps_per_epoch, plan.worker_batch),
+                     ProgressPrinter(plan.epochs), history]
         if trial and not trial[1].multi_objective:
             callbacks.append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
         state = "COMPLETE"
@@ -133,6 +136,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             "train_time_s": summary["train_time_s"],
             "cost_usd": summary["cost_usd"],
             "best_val_accuracy": summary.get("best_val_accuracy"),
+            "time_to_target_s": summary.get("time_to_target_s"),
+            "cost_to_target_usd": summary.get("cost_to_target_usd"),
         }, step=len(history.epochs))
         row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices), **summary,
                "state": state if trial else "FINISHED"}

@@ -30,3 +30,23 @@ def visible_gpus() -> int:
             break
         n += 1
     return min(n, count)
+
+
+def describe_gpus(indices: list[int], nvml=None) -> list[tuple[int, str, tuple[int, int]]]:
+    """(NVML index, name, compute capability) of these GPUs; [] without NVML."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        out = []
+        for i in indices:
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            name = nvml.nvmlDeviceGetName(h)
+            out.append((i, name.decode() if isinstance(name, bytes) else str(name),
+                        tuple(nvml.nvmlDeviceGetCudaComputeCapability(h))))
+        return out
+    finally:
+        nvml.nvmlShutdown()

@@ -43,7 +43,13 @@ class HardwareSpec:
     gpus: int | None  # GPUs the instance has; None = whatever is visible
     gpu_model: str | None
     vcpus: int | None
-    price_per_hour: float  # USD per instance-hour
+    price_per_hour: float  # on-demand USD per instance-hour
+    spot_price_per_hour: float | None = None
+    pricing: str = "on_demand"  # which of the two prices this run pays
+
+    @property
+    def hourly(self) -> float:
+        return self.spot_price_per_hour if self.pricing == "spot" else self.price_per_hour
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Plan:
     devices: tuple[str, ...]  # e.g. ("cpu(0)", "cpu(1)")
     workers: int
     rank: int
+    hosts: int  # instances the run occupies (cost); 1 until distributed launches
     batch: int  # per device
     worker_batch: int  # batch x devices
     global_batch: int  # worker_batch x workers
@@ -83,6 +90,9 @@ class Plan:
     data_nthreads: int
     timing_warmup_batches: int
     test_io: bool  # read the data only: measures the input pipeline
+    target_accuracy: float | None  # val_accuracy whose first reaching is timed and priced
+    telemetry_interval_s: float  # GPU sampling interval
+    system_metrics_interval_s: float  # MLflow system metrics interval; 0 = off
     # tracking
     experiment: str
     tracking_uri: str | None
@@ -90,7 +100,8 @@ class Plan:
 
     @property
     def cost_per_hour(self) -> float:
-        return self.hardware.price_per_hour
+        """USD per hour of this run: the instance's price (spot or on-demand) x the hosts it occupies."""
+        return self.hardware.hourly * self.hosts
 
     def derived(self) -> dict[str, Any]:
         """The values the plan computed (as opposed to those the user typed)."""
@@ -108,6 +119,7 @@ class Plan:
             "num_classes": self.dataset.num_classes,
             "image_shape": "x".join(map(str, self.dataset.image_shape)),
             "cost_per_hour": self.cost_per_hour,
+            "pricing": self.hardware.pricing,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -195,7 +207,15 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
     price = hw_cfg.get("price_per_hour", 0.0)
     if not isinstance(price, (int, float)) or isinstance(price, bool) or not math.isfinite(price) or price < 0:
         raise ConfigError(f"hardware.price_per_hour={price!r}: must be a number >= 0 (USD per hour)")
-    hardware = HardwareSpec(hw_cfg["name"], hw_gpus, hw_cfg.get("gpu_model"), hw_cfg.get("vcpus"), float(price))
+    pricing = _choice(cfg.get("pricing", "on_demand"), "pricing", ("on_demand", "spot"))
+    spot = hw_cfg.get("spot_price_per_hour")
+    if spot is not None and (not isinstance(spot, (int, float)) or isinstance(spot, bool) or spot < 0):
+        raise ConfigError(f"hardware.spot_price_per_hour={spot!r}: must be a number >= 0 (USD per hour)")
+    if pricing == "spot" and spot is None:
+        raise ConfigError(f"pricing=spot: hardware={hw_cfg['name']} has no spot price (spot prices move hourly); "
+                          "set hardware.spot_price_per_hour=USD from your account's spot history")
+    hardware = HardwareSpec(hw_cfg["name"], hw_gpus, hw_cfg.get("gpu_model"), hw_cfg.get("vcpus"), float(price),
+                            None if spot is None else float(spot), pricing)
 
     # --- devices -----------------------------------------------------------
     gpus = _int(cfg, "gpus", 0, MAX_DEVICES)
@@ -255,6 +275,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
         devices=devices,
         workers=workers,
         rank=rank,
+        hosts=1,
         batch=batch,
         worker_batch=worker_batch,
         global_batch=global_batch,
@@ -275,6 +296,9 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
         data_nthreads=_int(cfg, "data_nthreads", 1, 256),
         timing_warmup_batches=_int(cfg, "timing_warmup_batches", 0, 10_000),
         test_io=_bool(cfg, "test_io"),
+        telemetry_interval_s=_float(cfg, "telemetry_interval_s", 0.01, 3600.0),
+        system_metrics_interval_s=_float(cfg, "system_metrics_interval_s", 0.0, 3600.0),
+        target_accuracy=None if cfg.get("target_accuracy") is None else _float(cfg, "target_accuracy", 0.0, 1.0),
         experiment=str(cfg.get("experiment") or "xp"),
         tracking_uri=cfg.get("tracking_uri"),
         run_name=cfg.get("run_name"),

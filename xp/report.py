@@ -31,6 +31,7 @@ def summarize(history: list[dict[str, float]], price_per_hour: float,
     times = [m["epoch_time_s"] for m in history if "epoch_time_s" in m]
     tputs = [m[throughput_key] for m in history if throughput_key in m]
     train_time = sum(times)
+    reached = [m for m in history if "time_to_target_s" in m]
     out = {
         "val_accuracy": history[-1].get("val_accuracy") if history else None,
         "best_val_accuracy": max((m.get("val_accuracy", 0.0) for m in history), default=None),
@@ -38,7 +39,11 @@ def summarize(history: list[dict[str, float]], price_per_hour: float,
         "epoch_time_s": statistics.fmean(times) if times else None,
         "throughput": statistics.median(tputs) if tputs else None,
         "train_time_s": train_time,
-        "cost_usd": train_time / 3600.0 * price_per_hour,
+        # the instance is paid for evaluation too: CostMeter's wall-clock figure where there is one
+        "cost_usd": history[-1]["cost_usd"] if history and "cost_usd" in history[-1]
+        else train_time / 3600.0 * price_per_hour,
+        "time_to_target_s": reached[0]["time_to_target_s"] if reached else None,
+        "cost_to_target_usd": reached[0]["cost_to_target_usd"] if reached else None,
     }
     return {k: v for k, v in out.items() if v is not None}
 

@@ -11,6 +11,13 @@ def fit(plan: Plan, backend: Backend, callbacks: list[Callback]) -> list[dict[st
     """Train for plan.epochs epochs; return the metrics of every epoch."""
     backend.setup(plan)
     fire(callbacks, "on_train_begin")
+    try:
+        return _epochs(plan, backend, callbacks)
+    finally:
+        fire(callbacks, "on_end")
+
+
+def _epochs(plan: Plan, backend: Backend, callbacks: list[Callback]) -> list[dict[str, float]]:
     history: list[dict[str, float]] = []
     for epoch in range(1, plan.epochs + 1):
         fire(callbacks, "on_epoch_begin", epoch)

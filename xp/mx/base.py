@@ -36,6 +36,39 @@ def enable_amp(device_type: str) -> str:
     return target
 
 
+# The newest GPU architecture each MXNet wheel carries kernels for. These wheels ship
+# no PTX, so a newer GPU cannot JIT-compile them: mxnet-cu112 1.9.1 stops at sm_86
+# (Ampere), and an H100 (sm_90) fails at its first kernel.
+MXNET_MAX_ARCH = {"mxnet-cu112": (8, 6)}
+
+
+def check_compute_capability(count: int, nvml: Any = None, wheel: str | None = None) -> None:
+    """Refuse GPUs the installed MXNet wheel has no kernels for, before anything starts."""
+    from importlib import metadata
+
+    from xp.gpu import describe_gpus
+    from xp.telemetry import nvml_indices
+
+    if wheel is None:
+        wheel = next((w for w in MXNET_MAX_ARCH if _installed(metadata, w)), None)
+    if wheel is None:
+        return
+    top = MXNET_MAX_ARCH[wheel]
+    for index, name, cc in describe_gpus(nvml_indices(count), nvml):
+        if tuple(cc) > top:
+            raise ConfigError(f"gpus={count}: GPU {index} is {name} (compute capability {cc[0]}.{cc[1]}); the "
+                              f"installed {wheel} has kernels up to sm_{top[0]}{top[1]} and no PTX, so it cannot "
+                              "run on this GPU; use a GPU of sm_86 or older")
+
+
+def _installed(metadata: Any, dist: str) -> bool:
+    try:
+        metadata.version(dist)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """float32 numpy copy of an NDArray of any precision (bfloat16 has no numpy dtype)."""
     return (x if x.dtype == np.float32 else x.astype("float32")).asnumpy()
@@ -47,6 +80,7 @@ class MXNetBackend(Backend):
     @classmethod
     def check(cls, plan: Plan) -> None:
         if plan.device_type == "gpu":
+            check_compute_capability(len(plan.devices))
             import mxnet as mx
 
             seen = mx.context.num_gpus()

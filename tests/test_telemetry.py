@@ -1,0 +1,161 @@
+"""GPU telemetry against a fake NVML, the compute-capability guard, and cost arithmetic."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from xp import callbacks
+from xp.callbacks import CostMeter
+from xp.errors import ConfigError
+from xp.telemetry import GPUSampler, nvml_indices
+
+
+class FakeNVML:
+    """Two GPUs whose readings follow a script; records what was asked."""
+
+    def __init__(self, util=(50, 70), mem_mb=(1000, 3000), power_mw=(100_000, 200_000), cc=(8, 0), name="A100"):
+        self.util, self.mem, self.power, self.cc, self.name = util, mem_mb, power_mw, cc, name
+        self.inits = self.shutdowns = 0
+        self.queried: set[int] = set()
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self.queried.add(i)
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=self.util[h % 2])
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=self.mem[h % 2] * 2**20)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self.power[h % 2]
+
+    def nvmlDeviceGetName(self, h):
+        return self.name.encode()
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return self.cc
+
+
+def test_sampler_aggregates_per_epoch_and_per_gpu():
+    nvml = FakeNVML()
+    s = GPUSampler([2, 3], interval_s=0.01, nvml=nvml)
+    s.on_train_begin()
+    s.on_epoch_begin(1)
+    time.sleep(0.1)
+    metrics = {}
+    s.on_epoch_end(1, metrics)
+    s.on_end()
+    assert nvml.queried == {2, 3} and nvml.inits == 1 and nvml.shutdowns == 1
+    assert metrics["gpu_utilization"] == pytest.approx(60)  # mean over both GPUs and all samples
+    assert (metrics["gpu_utilization_min"], metrics["gpu_utilization_max"]) == (50, 70)
+    assert metrics["gpu_memory_mb"] == pytest.approx(3000)  # the peak
+    assert metrics["gpu_power_w"] == pytest.approx(150)
+    assert metrics["gpu2_utilization"] == pytest.approx(50) and metrics["gpu3_memory_mb"] == pytest.approx(3000)
+    assert s._thread is None  # stopped
+
+
+def test_short_epoch_still_gets_a_sample():
+    s = GPUSampler([0], interval_s=60, nvml=FakeNVML())
+    s.on_train_begin()
+    s.on_epoch_begin(1)
+    with s._lock:
+        s._samples = []  # the thread's first sample was taken before the epoch began
+    metrics = {}
+    s.on_epoch_end(1, metrics)
+    s.on_end()
+    assert metrics["gpu_utilization"] == 50
+
+
+def test_without_nvml_nothing_is_logged_and_nothing_fails():
+    class Broken(FakeNVML):
+        def nvmlInit(self):
+            raise OSError("NVML Shared Library Not Found")
+
+    s = GPUSampler([0], nvml=Broken())
+    s.on_train_begin()
+    metrics = {}
+    s.on_epoch_begin(1)
+    s.on_epoch_end(1, metrics)
+    s.on_end()
+    assert metrics == {}
+
+
+def test_visible_devices_map_to_nvml_indices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert nvml_indices(2) == [3, 1]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert nvml_indices(2) == [0, 1]
+
+
+def test_hopper_gpu_is_refused_for_mxnet_cu112():
+    from xp.mx.base import check_compute_capability
+
+    with pytest.raises(ConfigError, match=r"GPU 0 is NVIDIA H100 .*compute capability 9.0.*mxnet-cu112 has kernels "
+                                          r"up to sm_86 and no PTX"):
+        check_compute_capability(1, FakeNVML(cc=(9, 0), name="NVIDIA H100 80GB HBM3"), wheel="mxnet-cu112")
+    check_compute_capability(1, FakeNVML(cc=(8, 6), name="NVIDIA A10G"), wheel="mxnet-cu112")  # fine
+    check_compute_capability(1, FakeNVML(cc=(9, 0)), wheel=None)  # a CPU or unknown build: not this check's call
+
+
+def test_cost_is_wall_time_times_price_and_target_is_timed(monkeypatch):
+    clock = iter([0.0, 0.0, 1800.0, 1800.0, 3600.0])  # train begin; epoch 1 begin, end; epoch 2 begin, end
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: next(clock))
+    m = CostMeter(price_per_hour=3.06, target_accuracy=0.9)
+    m.on_train_begin()
+    e1, e2 = {"val_accuracy": 0.85}, {"val_accuracy": 0.95}
+    m.on_epoch_begin(1)
+    m.on_epoch_end(1, e1)
+    m.on_epoch_begin(2)
+    m.on_epoch_end(2, e2)
+    assert e1["cost_usd"] == pytest.approx(1.53) and e1["epoch_cost_usd"] == pytest.approx(1.53)
+    assert "time_to_target_s" not in e1
+    assert e2["cost_usd"] == pytest.approx(3.06) and e2["time_to_target_s"] == 3600
+    assert e2["cost_to_target_usd"] == pytest.approx(3.06)
+
+
+def test_spot_pricing_and_missing_spot_price():
+    from conftest import compose_config
+    from xp.plan import build_plan
+
+    p = build_plan(compose_config("hardware=p3.16xlarge", "pricing=spot", "hardware.spot_price_per_hour=7.34"),
+                   visible_gpus=0)
+    assert p.cost_per_hour == 7.34
+    assert build_plan(compose_config("hardware=p3.16xlarge"), visible_gpus=0).cost_per_hour == 24.48
+    with pytest.raises(ConfigError, match=r"pricing=spot: hardware=p3.16xlarge has no spot price"):
+        build_plan(compose_config("hardware=p3.16xlarge", "pricing=spot"), visible_gpus=0)
+
+
+def test_progress_bar_counts_samples_when_enabled():
+    from xp.callbacks import ProgressBar
+
+    bar = ProgressBar(steps=4, samples_per_step=8, enabled=True)
+    bar.on_epoch_begin(1)
+    for i in range(4):
+        bar.on_batch_end(1, i, 8)
+    assert bar.bar.n == 32 and bar.bar.total == 32
+    bar.on_train_epoch_end(1)
+    assert bar.bar is None
+    quiet = ProgressBar(steps=4, samples_per_step=8)  # pytest's stderr is not a terminal
+    quiet.on_epoch_begin(1)
+    assert quiet.bar is None
+
+
+@pytest.mark.slow
+def test_mlflow_system_metrics_are_logged(tmp_path, store):
+    from conftest import mlflow_runs, run_xp
+
+    proc = run_xp(tmp_path, store, "epochs=20", "system_metrics_interval_s=0.2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = mlflow_runs(store)[1][0]
+    system = [k for k in run.data.metrics if k.startswith("system/")]
+    assert "system/cpu_utilization_percentage" in system and "system/system_memory_usage_megabytes" in system
+    assert "gpu_utilization" not in run.data.metrics  # no NVML here: absent, not zero

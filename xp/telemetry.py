@@ -1,0 +1,153 @@
+"""GPU telemetry per epoch (NVML on a background thread) and MLflow's system metrics.
+
+MLflow's system metrics (CPU, memory, and GPU where present, every N seconds) are
+switched on rather than re-implemented. The GPU sampler adds what MLflow does not
+give: figures per epoch, for the GPUs of this run only, aligned with throughput.
+Without NVML (a CPU machine) there are no GPU metrics and nothing fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from xp.callbacks import Callback
+
+log = logging.getLogger("xp")
+
+
+def nvml_indices(count: int) -> list[int]:
+    """NVML (physical) indices of the first `count` GPUs this process sees (CUDA_VISIBLE_DEVICES order)."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask:
+        entries = [e.strip() for e in mask.split(",") if e.strip().isdigit()]
+        if len(entries) >= count:
+            return [int(e) for e in entries[:count]]
+    return list(range(count))
+
+
+class GPUSampler(Callback):
+    """Samples utilization (%), memory used (MB) and power (W) of the run's GPUs every interval_s.
+
+    Every second is the default: NVML calls are cheap, but each holds the driver lock,
+    and a tight loop slows the other clients (nvidia-smi, the training process itself).
+    """
+
+    def __init__(self, indices: list[int], interval_s: float = 1.0, nvml: Any = None):
+        self.indices, self.interval = indices, interval_s
+        self.nvml = nvml
+        self._samples: list[tuple[int, float, float, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on_train_begin(self) -> None:
+        if self.nvml is None:
+            try:
+                import pynvml
+
+                self.nvml = pynvml
+            except ImportError:
+                return
+        try:
+            self.nvml.nvmlInit()
+            self._handles = [(i, self.nvml.nvmlDeviceGetHandleByIndex(i)) for i in self.indices]
+        except Exception as e:  # no driver: no GPU metrics, training goes on
+            log.debug("NVML unavailable: %s", e)
+            self.nvml = None
+            return
+        self._thread = threading.Thread(target=self._loop, name="xp-gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        rows = []
+        for i, h in self._handles:
+            util = float(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+            mem = self.nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20
+            try:
+                power = self.nvml.nvmlDeviceGetPowerUsage(h) / 1000.0  # mW -> W
+            except Exception:  # some boards do not report power
+                power = float("nan")
+            rows.append((i, util, mem, power))
+        with self._lock:
+            self._samples.extend(rows)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception as e:
+                log.debug("GPU sample failed: %s", e)
+            self._stop.wait(self.interval)
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        with self._lock:
+            self._samples = []
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        if self._thread is None:
+            return
+        with self._lock:
+            samples, self._samples = self._samples, []
+        if not samples:  # an epoch shorter than the interval: take one sample now
+            self.sample()
+            with self._lock:
+                samples, self._samples = self._samples, []
+        utils = [s[1] for s in samples]
+        powers = [s[3] for s in samples if s[3] == s[3]]
+        metrics["gpu_utilization"] = sum(utils) / len(utils)
+        metrics["gpu_utilization_min"] = min(utils)
+        metrics["gpu_utilization_max"] = max(utils)
+        metrics["gpu_memory_mb"] = max(s[2] for s in samples)
+        if powers:
+            metrics["gpu_power_w"] = sum(powers) / len(powers)
+        for i in self.indices:
+            mine = [s for s in samples if s[0] == i]
+            if mine:
+                metrics[f"gpu{i}_utilization"] = sum(s[1] for s in mine) / len(mine)
+                metrics[f"gpu{i}_memory_mb"] = max(s[2] for s in mine)
+
+    def on_end(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5 * self.interval + 1)
+            self._thread = None
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+
+class SystemMetrics(Callback):
+    """MLflow's own system-metrics monitor for this run (CPU, memory, disk, network, GPU)."""
+
+    def __init__(self, run_id: str, tracking_uri: str, interval_s: float):
+        self.run_id, self.uri, self.interval = run_id, tracking_uri, interval_s
+        self.monitor = None
+
+    def on_train_begin(self) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+            self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.interval,
+                                                tracking_uri=self.uri)
+            self.monitor.start()
+        except Exception as e:  # a missing psutil must not stop training
+            log.warning("MLflow system metrics are off: %s", e)
+
+    def on_end(self) -> None:
+        if self.monitor is not None:
+            self.monitor.finish()
+            self.monitor = None
+
+
+def telemetry(plan: Any, run_id: str | None = None, tracking_uri: str | None = None) -> list[Callback]:
+    out: list[Callback] = []
+    if plan.device_type == "gpu":
+        out.append(GPUSampler(nvml_indices(len(plan.devices)), plan.telemetry_interval_s))
+    if run_id and plan.system_metrics_interval_s:
+        out.append(SystemMetrics(run_id, tracking_uri, plan.system_metrics_interval_s))
+    return out
