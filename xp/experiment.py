@@ -105,6 +105,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
         tracker.log_params(params)
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
 
+        if plan.diagnose:
+            return _diagnose(plan, backend_cls, tracker)
         meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
         history = History()
         callbacks = [meter, CostMeter(plan.cost_per_hour, plan.target_accuracy), *telemetry(plan, tracker.run_id, uri),
@@ -148,3 +150,19 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
         return {"state": state, "values": [float(summary.get(o.metric, float("nan"))) for o in trial[1].objectives]}
     # the objective: what a sweep compares
     return float(summary.get("throughput", 0.0) if plan.test_io else summary.get("val_accuracy", 0.0))
+
+
+def _diagnose(plan: Plan, backend_cls: type, tracker: Tracker) -> float:
+    import os
+
+    from xp.diagnose import diagnose
+
+    log.info(f"diagnosis: {min(plan.steps_per_epoch, plan.diagnose_steps)} batches each with real data, "
+             "IO only and synthetic data" + (", and synthetic on one device" if len(plan.devices) > 1 else ""))
+    d = diagnose(plan, backend_cls, plan.diagnose_steps, os.cpu_count())
+    tracker.log_metrics({f"diagnosis.{k}_throughput": v for k, v in d.rates.items()}, step=1)
+    tracker.set_tags({"xp.diagnosis": d.verdict})
+    for k, v in d.rates.items():
+        log.info(f"  {k:<20} {v:10.1f} samples/s")
+    log.info(f"verdict: {d.verdict}: {d.advice}")
+    return d.rates["real"]

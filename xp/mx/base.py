@@ -186,12 +186,16 @@ class MXNetBackend(Backend):
         self.train_iter.set_epoch(epoch)
         if self.plan.test_io:
             for i, batch in enumerate(self.train_iter):
+                if i == self.plan.steps_per_epoch:
+                    break
                 batch.data[0].wait_to_read()  # decoded and in memory: the work the pipeline must do
                 on_batch(i, batch.data[0].shape[0])
             return {}
         scores = Scores(self.plan.dataset.num_classes)
         first_step = (epoch - 1) * self.plan.steps_per_epoch
         for i, batch in enumerate(self.train_iter):
+            if i == self.plan.steps_per_epoch:  # the plan's epoch, also when it is shorter than the data
+                break
             logits = self.step(batch, learning_rate(self.plan, first_step + i))
             # asnumpy() waits for the step's forward pass, so batch times measure work done
             scores.update(np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy())

@@ -1,0 +1,42 @@
+"""Bottleneck verdicts: on constructed rates, and on a deliberately slow input pipeline."""
+
+import pytest
+
+from conftest import mlflow_runs, run_xp
+from images import make_folder
+from xp.diagnose import judge
+
+
+def test_input_bound_when_training_waits_for_the_pipeline():
+    d = judge(real=300, io=320, synthetic=3000, threads=2, cores=16)
+    assert d.verdict == "input-bound" and "raise data_nthreads from 2 to about 16" in d.advice
+    assert judge(real=300, io=320, synthetic=3000, threads=2, cores=4).advice.count("about 4") == 1
+
+
+def test_compute_bound_when_the_pipeline_keeps_up():
+    assert judge(real=950, io=5000, synthetic=1000, threads=4).verdict == "compute-bound"
+
+
+def test_communication_bound_when_devices_do_not_add_up():
+    d = judge(real=1000, io=9000, synthetic=1050, threads=8, devices=4, synthetic_one=500)
+    assert d.verdict == "communication-bound" and "4 devices reach 52% of 4 x one device" in d.advice
+    assert judge(real=1900, io=9000, synthetic=1950, threads=8, devices=4, synthetic_one=500).verdict == "compute-bound"
+
+
+def test_mixed_when_both_compete_for_cores():
+    assert judge(real=500, io=5000, synthetic=1000, threads=2).verdict == "mixed"
+
+
+@pytest.mark.slow
+def test_a_slow_pipeline_is_called_input_bound(tmp_path, store):
+    # big JPEGs stored at full size, one decode thread, a tiny network on 16x16 crops
+    root = make_folder(tmp_path / "big", per_class=40, size=(480, 640), with_photos=False)
+    proc = run_xp(tmp_path, store, "diagnose=true", "dataset=folder", f"dataset.root={root}",
+                  "dataset.store_size=0", "dataset.resize=0", "dataset.image_shape=[3,16,16]", "data_nthreads=1",
+                  "batch=8", "diagnose_steps=12", env={"XP_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "verdict: input-bound" in proc.stdout, proc.stdout[-1500:]
+    run = mlflow_runs(store)[1][0]
+    assert run.data.tags["xp.diagnosis"] == "input-bound"
+    m = run.data.metrics
+    assert m["diagnosis.synthetic_throughput"] > 1.25 * m["diagnosis.real_throughput"]

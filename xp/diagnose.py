@@ -1,0 +1,90 @@
+"""Where is the bottleneck? The same experiment, briefly, three ways (seed: "our GPUs were stalling").
+
+real data (the full pipeline and training), IO only (the pipeline alone), synthetic
+data (training alone, on a batch already in memory); with several devices also
+synthetic on one device. The verdict compares the rates:
+
+- input-bound: real well below synthetic and the pipeline alone no faster than real
+  training: the decoder cannot keep up; more decode threads (data_nthreads) help;
+- communication-bound: N devices on synthetic data well below N x one device;
+- compute-bound: the pipeline keeps up; only faster devices or less work help.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from xp.callbacks import ThroughputMeter, fire
+from xp.datasets import DatasetSpec
+
+SLOW = 0.8  # "well below": less than 80% of the reference rate
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: str  # input-bound | communication-bound | compute-bound | mixed
+    advice: str
+    rates: dict[str, float]
+
+
+def judge(real: float, io: float, synthetic: float, threads: int, devices: int = 1,
+          synthetic_one: float | None = None, cores: int | None = None) -> Diagnosis:
+    rates = {"real": real, "io": io, "synthetic": synthetic}
+    if synthetic_one:
+        rates["synthetic_1_device"] = synthetic_one
+    if real < SLOW * synthetic and io < 1.5 * real:
+        want = math.ceil(threads * synthetic / max(io, 1e-9))
+        if cores:
+            want = min(want, cores)
+        advice = (f"the input pipeline delivers {io:.0f} samples/s, training could take {synthetic:.0f}: "
+                  f"raise data_nthreads from {threads} to about {max(want, threads + 1)}"
+                  + (f" (this machine has {cores} cores)" if cores else "")
+                  + ", or store smaller images (xp.prepare --resize)")
+        return Diagnosis("input-bound", advice, rates)
+    if devices > 1 and synthetic_one and synthetic < SLOW * devices * synthetic_one:
+        eff = synthetic / (devices * synthetic_one)
+        return Diagnosis("communication-bound", f"{devices} devices reach {eff:.0%} of {devices} x one device on "
+                         "in-memory data: gradient aggregation dominates; try a larger batch per device, "
+                         "kvstore=device (or nccl on GPUs), or fewer devices", rates)
+    if real < SLOW * synthetic:
+        return Diagnosis("mixed", f"training reaches {real / synthetic:.0%} of its in-memory rate although the "
+                         f"pipeline alone delivers {io:.0f} samples/s: decoding and training compete for the "
+                         "same cores", rates)
+    return Diagnosis("compute-bound", f"the input pipeline keeps up ({io:.0f} samples/s alone against "
+                     f"{real:.0f} in training): only faster devices, mixed precision or a smaller model help", rates)
+
+
+def measure(plan: Any, backend_cls: type, extra: list | None = None) -> float:
+    """samples/s of one short epoch of `plan` (warm-up batches excluded), without evaluation."""
+    backend = backend_cls()
+    backend.setup(plan)
+    meter = ThroughputMeter(plan.timing_warmup_batches, "rate")
+    callbacks = [meter, *(extra or [])]
+    fire(callbacks, "on_train_begin")
+    try:
+        fire(callbacks, "on_epoch_begin", 1)
+        backend.train_epoch(1, lambda step, n: fire(callbacks, "on_batch_end", 1, step, n))
+        fire(callbacks, "on_train_epoch_end", 1)
+        metrics: dict[str, float] = {}
+        fire(callbacks, "on_epoch_end", 1, metrics)
+    finally:
+        fire(callbacks, "on_end")
+    return metrics["rate"]
+
+
+def diagnose(plan: Any, backend_cls: type, steps: int, cores: int | None = None) -> Diagnosis:
+    short = replace(plan, epochs=1, steps_per_epoch=min(plan.steps_per_epoch, steps))
+    d = plan.dataset
+    synthetic_data = DatasetSpec("synthetic", d.num_classes, d.image_shape, short.steps_per_epoch * plan.global_batch,
+                                 plan.global_batch, {})
+    real = measure(short, backend_cls)
+    io = measure(replace(short, test_io=True), backend_cls)
+    synthetic = measure(replace(short, dataset=synthetic_data), backend_cls)
+    one = None
+    if len(plan.devices) > 1:
+        single = replace(short, dataset=synthetic_data, devices=plan.devices[:1], worker_batch=plan.batch,
+                         global_batch=plan.batch * plan.workers)
+        one = measure(single, backend_cls)
+    return judge(real, io, synthetic, plan.data_nthreads, len(plan.devices) * plan.workers, one, cores)
