@@ -36,6 +36,13 @@ class Backend(ABC):
     def check(cls, plan: Plan) -> None:
         """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
 
+    @classmethod
+    def fits(cls, plan: Plan) -> bool:
+        """Whether a training step at plan.batch per device fits in memory (batch=auto)."""
+        from xp.errors import ConfigError
+
+        raise ConfigError(f"batch=auto: backend={cls.name} cannot measure memory; give batch=N")
+
     @abstractmethod
     def setup(self, plan: Plan) -> None:
         """Build the model, data iterators and optimizer state for `plan`."""

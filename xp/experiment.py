@@ -34,11 +34,29 @@ class JobInfo:
     cwd: Path | None = None
 
 
-def plan_and_backend(config: dict[str, Any]):
-    """Validate the resolved config into a plan and load its backend; raises ConfigError/PluginError."""
-    plan = build_plan(config, visible_gpus=visible_gpus())
+def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
+    """Validate the resolved config into a plan and load its backend; raises ConfigError/PluginError.
+
+    batch=auto is checked as batch=1; with resolve_auto it is replaced by the largest batch that fits.
+    """
+    auto = config.get("batch") == "auto"
+    gpus = visible_gpus()
+    plan = build_plan({**config, "batch": 1} if auto else config, visible_gpus=gpus)
     backend_cls = Registry().load(plan.backend)
     backend_cls.check(plan)
+    if auto and resolve_auto:
+        from xp.autobatch import largest_fitting
+
+        devices_workers = len(plan.devices) * plan.workers
+        limit = min(65536, plan.dataset.train_size // devices_workers)
+        batch, tried = largest_fitting(lambda b: backend_cls.fits(build_plan({**config, "batch": b}, visible_gpus=gpus)),
+                                       limit)
+        log.info(f"batch=auto: {batch} per device (tried {', '.join(map(str, tried))}; "
+                 + ("the data set's size bounds it" if batch == limit else
+                    "GPU memory" if plan.device_type == "gpu" else
+                    f"auto_batch_memory_mb={plan.auto_batch_memory_mb:g}") + ")")
+        config["batch"] = batch
+        plan = build_plan(config, visible_gpus=gpus)
     return plan, backend_cls
 
 
@@ -79,7 +97,9 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
     that is a trial of a study returns {"state", "values"} for the study's objectives.
     """
     job = job or JobInfo()
-    plan, backend_cls = plan_and_backend(config)
+    auto_batch = config.get("batch") == "auto"
+    config = dict(config)
+    plan, backend_cls = plan_and_backend(config, resolve_auto=True)
     uri = resolve_uri(plan.tracking_uri, job.cwd)
     trial = study.attach(config)
     log.info(describe(plan, uri))
@@ -102,6 +122,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
         params = flatten(config)
         params.update({f"derived.{k}": v for k, v in plan.derived().items()})
         params.update({f"version.{k}": v for k, v in versions(backend_cls.requires).items()})
+        params["batch_auto"] = auto_batch
         tracker.log_params(params)
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
 

@@ -91,6 +91,7 @@ class Plan:
     timing_warmup_batches: int
     test_io: bool  # read the data only: measures the input pipeline
     target_accuracy: float | None  # val_accuracy whose first reaching is timed and priced
+    auto_batch_memory_mb: float  # CPU memory bound of batch=auto
     diagnose: bool  # measure real / IO-only / synthetic briefly instead of training
     diagnose_steps: int
     telemetry_interval_s: float  # GPU sampling interval
@@ -298,6 +299,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
         data_nthreads=_int(cfg, "data_nthreads", 1, 256),
         timing_warmup_batches=_int(cfg, "timing_warmup_batches", 0, 10_000),
         test_io=_bool(cfg, "test_io"),
+        auto_batch_memory_mb=_float(cfg, "auto_batch_memory_mb", 1.0, 10**7),
         diagnose=_bool(cfg, "diagnose"),
         diagnose_steps=_int(cfg, "diagnose_steps", 3, 100_000),
         telemetry_interval_s=_float(cfg, "telemetry_interval_s", 0.01, 3600.0),

@@ -107,6 +107,38 @@ class MXNetBackend(Backend):
             raise ConfigError(f"dtype={plan.dtype}: MXNet's AMP was switched on earlier in this process and "
                               "patches operators process-wide; run dtype=amp and other dtypes as separate commands")
 
+    @classmethod
+    def fits(cls, plan: Plan) -> bool:
+        """One device's training step at plan.batch: a real step on a GPU (out of memory caught);
+        on the CPU, the memory MXNet's executor plans for forward and backward, plus weights,
+        gradients and momentum, against plan.auto_batch_memory_mb."""
+        import mxnet as mx
+
+        from xp.mx.models import build_net
+
+        net = build_net(plan.model, plan.dataset.num_classes)
+        symbol = mx.sym.SoftmaxOutput(net(mx.sym.var("data")), name="softmax")
+        shape = (plan.batch, *plan.dataset.image_shape)
+        ctx = mx.gpu(0) if plan.device_type == "gpu" else mx.cpu()
+        try:
+            exe = symbol.simple_bind(ctx, grad_req="write", data=shape)
+            if plan.device_type == "gpu":
+                exe.arg_dict["data"][:] = 1
+                exe.forward(is_train=True)
+                exe.backward()
+                mx.nd.waitall()
+                return True
+        except mx.base.MXNetError as e:
+            if "out of memory" in str(e).lower():
+                return False
+            raise
+        finally:
+            mx.nd.waitall()
+        planned = next(int(line.split()[1]) for line in exe.debug_str().splitlines()
+                       if line.startswith("Total") and "MB allocated" in line)
+        weights = sum(a.size for n, a in exe.arg_dict.items() if n not in ("data", "softmax_label")) * 4 / 2**20
+        return planned + 3 * weights <= plan.auto_batch_memory_mb
+
     # --- plugin hooks --------------------------------------------------------
     @abstractmethod
     def prepare(self) -> None:
