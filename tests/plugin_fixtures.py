@@ -3,7 +3,6 @@
 from pathlib import Path
 
 FAILING = '''
-from xp.mx.base import MXNetBackend
 from xp_plugins.gluon import GluonBackend
 
 

@@ -97,7 +97,6 @@ def load_trials(tmp_path, name="small"):
     return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()
 
 
-pytestmark_slow = pytest.mark.slow
 
 
 @pytest.mark.slow
@@ -157,7 +156,7 @@ def test_multi_objective_study_in_parallel_saves_the_pareto_front(tmp_path, stor
 @pytest.mark.slow
 @pytest.mark.parametrize("body, args, message", [
     ("sampler: annealing\nparams: {lr: {type: float, low: 0.1, high: 1}}", [], "sampler='annealing': unknown"),
-    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["batch=16,32"], "a study takes no swept values"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["batch=16,32"], "a study takes no swept values on the command line (batch)"),
     ("storage: postgresql://xp@127.0.0.1:9/none\nparams: {lr: {type: float, low: 0.1, high: 1}}", [],
      "storage postgresql://xp@127.0.0.1:9/none"),
     ("params: {batch: {type: categorical, choices: [16, 4096]}}", [], "batch=4096: the global batch"),

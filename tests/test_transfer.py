@@ -21,7 +21,6 @@ FINETUNE = ["dataset.classes=[5,6,7,8,9]", "dataset.val_fraction=0.9", "epochs=2
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     """LeNet trained on digits 0-4, saved as a zoo-cache file and as a checkpoint."""
-    import mxnet as mx
 
     from xp.weights import add
 

@@ -184,8 +184,10 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
     if not multirun:
         raise ConfigError(f"sweep={name}: a study runs many experiments; add -m")
     if len(jobs) > 1:
-        raise ConfigError(f"sweep={name}: a study takes no swept values on the command line "
-                          f"({' '.join(o for o in base if ',' in o) or 'several jobs'}); put them in sweeps/{name}.yaml")
+        varying = sorted({o.split("=", 1)[0] for j in jobs for o in j if o not in jobs[0]} |
+                         {o.split("=", 1)[0] for o in jobs[0] if any(o not in j for j in jobs)})
+        raise ConfigError(f"sweep={name}: a study takes no swept values on the command line ({', '.join(varying)}); "
+                          f"put them in the search space of sweeps/{name}.yaml")
     spec = study.load_spec(name, set(known))
     study.check_storage(spec.storage)
     corners = [[*base, f"{p.name}={v}"] for p in spec.params

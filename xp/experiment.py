@@ -1,7 +1,7 @@
 """One experiment: plan it, train it through its backend, track it.
 
-`run(cfg)` is what `python -m xp` calls for every job; tests and sweepers call
-it too. It returns the objective (final validation accuracy).
+`run(config)` is what `python -m xp` calls for every job; tests and sweepers call
+it too. It returns the objective (see run()).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 from xp import report, study
 from xp.callbacks import Callback, CostMeter, ProgressBar, ProgressPrinter, ThroughputMeter
-from xp.telemetry import telemetry
 from xp.gpu import visible_gpus
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
+from xp.telemetry import telemetry
 from xp.tracking import Tracker, TrackingCallback, flatten, resolve_uri, run_url_hint, versions
 from xp.train import fit
 

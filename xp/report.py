@@ -11,8 +11,6 @@ parent run, or on a new run tagged xp.report). matplotlib is imported only here.
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import statistics
 import sys
 import time
@@ -109,7 +107,7 @@ def _num(v: Any) -> float | None:
 
 def report_row(run: Any) -> dict[str, Any]:
     """Everything the report needs from one xp run in MLflow."""
-    p, m = run.data.params, run.data.metrics
+    p = run.data.params
     devices = int(_num(p.get("derived.num_devices")) or 1) * int(_num(p.get("derived.workers")) or 1)
     return {**row_from_mlflow(run), "infrastructure": p.get("hardware.name", "?"), "backend": p.get("backend.name"),
             "dataset": p.get("dataset.name"), "dtype": p.get("dtype.name"), "devices": devices,
