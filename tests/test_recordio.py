@@ -146,3 +146,13 @@ def test_record_iterator_shapes_labels_and_equal_steps_per_worker(folder, tmp_pa
     assert set(steps.values()) == {plan.steps_per_epoch} and plan.steps_per_epoch == plan.dataset.train_size // 8
     vb = list(val)
     assert sum(b.data[0].shape[0] - b.pad for b in vb) == plan.dataset.val_size
+
+
+def test_folder_root_with_tilde_is_expanded_and_the_plan_carries_its_listing(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    make_folder(tmp_path / "imgs", per_class=6, with_photos=False)
+    # quoted: Hydra's grammar refuses a bare ~, and the shell does not expand it after "dataset.root="
+    plan = build_plan(compose_config("dataset=folder", "dataset.root='~/imgs'", "batch=4"), visible_gpus=0)
+    listing = plan.dataset.listing
+    assert listing.root == str(tmp_path / "imgs") and listing.classes == ("bars", "columns", "disc")
+    assert (len(listing.train), len(listing.val)) == (plan.dataset.train_size, plan.dataset.val_size)

@@ -139,8 +139,11 @@ def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
 @pytest.mark.slow
 def test_multi_objective_study_in_parallel_saves_the_pareto_front(tmp_path, store, sweeps):
     d = sweeps("small", SMALL.format(n=4, sampler="nsga2", pruner="none", objectives=TWO))
+    # tracking_uri= must win over $MLFLOW_TRACKING_URI everywhere, the study's summary included
+    decoy = f"sqlite:///{tmp_path}/decoy.db"
+    env = {**study_env(tmp_path, d), "MLFLOW_TRACKING_URI": decoy}
     proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", "hydra/launcher=joblib",
-                  "hydra.launcher.n_jobs=2", env=study_env(tmp_path, d), timeout=600)
+                  "hydra.launcher.n_jobs=2", f"tracking_uri='{store}'", env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = load_trials(tmp_path)
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" and len(t.values) == 2 for t in trials)
@@ -151,6 +154,8 @@ def test_multi_objective_study_in_parallel_saves_the_pareto_front(tmp_path, stor
 
     front = json.load(open(client.download_artifacts(parent.info.run_id, "pareto_front.json", str(tmp_path))))
     assert front["best"] and set(front["best"][0]["values"]) == {"val_accuracy", "throughput"}
+    assert parent.data.tags["optuna.study"] == "small"
+    assert mlflow_runs(decoy)[1] == []
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ numpy arrays. Turning them into batches is the job of a framework module
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,16 @@ _DIGITS_SPLIT_SEED = 20240601
 
 
 @dataclass(frozen=True)
+class FolderListing:
+    """An image folder with one sub-folder per class, split into train and val deterministically."""
+
+    root: str
+    classes: tuple[str, ...]
+    train: tuple[tuple[str, int], ...]  # (path relative to root, label)
+    val: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     name: str
     num_classes: int
@@ -29,6 +41,7 @@ class DatasetSpec:
     train_size: int
     val_size: int
     options: dict[str, Any] = field(default_factory=dict)
+    listing: FolderListing | None = None  # folder data sets: the files and split the sizes came from
 
 
 def _val_fraction(options: dict[str, Any]) -> float:
@@ -51,13 +64,20 @@ def _digits(options: dict[str, Any]) -> DatasetSpec:
     return DatasetSpec("digits", len(keep), (1, 8, 8), len(train), len(val), {"val_fraction": frac, "classes": list(keep)})
 
 
-def _digits_split(frac: float, keep: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of the fixed train/val split, restricted to the digits in `keep`."""
+@functools.lru_cache(maxsize=1)
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """sklearn's (images, targets), read once per process: plans and iterators both need them."""
     from sklearn.datasets import load_digits
 
-    y = load_digits().target
-    if len(y) != DIGITS_TOTAL:
-        raise RuntimeError(f"sklearn's digits has {len(y)} images, expected {DIGITS_TOTAL}")
+    digits = load_digits()
+    if len(digits.target) != DIGITS_TOTAL:
+        raise RuntimeError(f"sklearn's digits has {len(digits.target)} images, expected {DIGITS_TOTAL}")
+    return digits.images, digits.target
+
+
+def _digits_split(frac: float, keep: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the fixed train/val split, restricted to the digits in `keep`."""
+    y = _load_digits()[1]
     order = np.random.RandomState(_DIGITS_SPLIT_SEED).permutation(DIGITS_TOTAL)
     n_val = int(round(DIGITS_TOTAL * frac))
     train, val = order[: DIGITS_TOTAL - n_val], order[DIGITS_TOTAL - n_val:]
@@ -83,23 +103,11 @@ def _synthetic(options: dict[str, Any]) -> DatasetSpec:
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
-@dataclass(frozen=True)
-class FolderListing:
-    """An image folder with one sub-folder per class, split into train and val deterministically."""
-
-    root: str
-    classes: tuple[str, ...]
-    train: tuple[tuple[str, int], ...]  # (path relative to root, label)
-    val: tuple[tuple[str, int], ...]
-
-
 def list_folder(root: str, *, val_fraction: float = 0.2, train_per_class: int | None = None,
                 exclude: tuple[str, ...] = (), seed: int = 0, key: str = "dataset.root") -> FolderListing:
     """Classes are the sub-folders (sorted), labels their index. The split is per class
     (stratified) and a function of `seed` only: train_per_class images of each class for
     training and the rest for validation, or else a val_fraction share of each class."""
-    import os
-
     if not root:
         raise ConfigError(f"{key} is required: the image folder, one sub-folder per class "
                           f"(e.g. dataset=folder {key}=/path/to/images)")
@@ -138,7 +146,10 @@ def _folder(options: dict[str, Any]) -> DatasetSpec:
     tpc = options.get("train_per_class")
     if tpc is not None and (not isinstance(tpc, int) or isinstance(tpc, bool) or tpc < 1):
         raise ConfigError(f"dataset.train_per_class={tpc!r}: must be an integer >= 1, or null")
-    listing = list_folder(str(options.get("root") or ""), val_fraction=frac, train_per_class=tpc,
+    root = options.get("root")
+    # absolute and with ~ expanded (Hydra passes dataset.root=~/photos through as typed)
+    root = os.path.abspath(os.path.expanduser(str(root))) if root else ""
+    listing = list_folder(root, val_fraction=frac, train_per_class=tpc,
                           exclude=tuple(options.get("exclude") or ()), seed=int(options.get("split_seed", 0)))
     expect = options.get("expect_classes")
     if expect is not None and len(listing.classes) != expect:
@@ -153,7 +164,7 @@ def _folder(options: dict[str, Any]) -> DatasetSpec:
                           "lower dataset.train_per_class or raise dataset.val_fraction")
     opts = _image_options(options)
     return DatasetSpec(str(options.get("name", "folder")), len(listing.classes), opts["image_shape"],
-                       len(listing.train), len(listing.val), {**options, **opts})
+                       len(listing.train), len(listing.val), {**options, **opts}, listing)
 
 
 def _count_lines(path: str) -> int:
@@ -164,8 +175,6 @@ def _count_lines(path: str) -> int:
 def _rec(options: dict[str, Any]) -> DatasetSpec:
     """Prepared RecordIO files: sizes from the .idx files, class count from the config,
     checked against the labels of the .lst files where they lie beside the .rec."""
-    import os
-
     sizes = {}
     for part in ("train", "val"):
         rec = options.get(f"{part}_rec")
@@ -232,16 +241,14 @@ def load_arrays(spec: DatasetSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     """(train_x, train_y, val_x, val_y) as float32 NCHW images and int labels."""
     if spec.name != "digits":
         raise ValueError(f"{spec.name} is not an in-memory data set")
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = digits.images.astype(np.float32)
-    y = digits.target.astype(np.int64)
+    images, target = _load_digits()
+    x = images.astype(np.float32)
+    y = target.astype(np.int64)
     keep = spec.options.get("classes")
     train, val = _digits_split(spec.options["val_fraction"], tuple(keep) if keep else None)
     if keep:
         # kept digits relabelled 0..n-1 in ascending order
-        y = np.array([sorted(keep).index(d) if d in keep else -1 for d in digits.target], dtype=np.int64)
+        y = np.array([sorted(keep).index(d) if d in keep else -1 for d in target], dtype=np.int64)
     # Pixels are 0..16; standardise with training-set statistics only.
     mean, std = x[train].mean(), x[train].std()
     x = ((x - mean) / std)[:, None, :, :]

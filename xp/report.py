@@ -135,6 +135,15 @@ def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _save(fig: Any, path: Path, files: list[Path]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    files.append(path)
+
+
 def _plots(rows: list[dict[str, Any]], scale: list[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
 
@@ -161,10 +170,7 @@ def _plots(rows: list[dict[str, Any]], scale: list[dict[str, Any]], out: Path) -
         ax.set_xticks(sorted({s["devices"] for s in scale}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        files.append(out / "scaling.png")
-        fig.savefig(files[-1], dpi=120)
-        plt.close(fig)
+        _save(fig, out / "scaling.png", files)
     acc = [r for r in rows if r.get("val_accuracy") is not None]
     if acc:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 4.0), sharey=True)
@@ -181,10 +187,7 @@ def _plots(rows: list[dict[str, Any]], scale: list[dict[str, Any]], out: Path) -
             a.grid(alpha=0.3)
         a1.legend(fontsize=8)
         fig.suptitle("Accuracy vs global batch and learning rate")
-        fig.tight_layout()
-        files.append(out / "accuracy.png")
-        fig.savefig(files[-1], dpi=120)
-        plt.close(fig)
+        _save(fig, out / "accuracy.png", files)
         costed = [r for r in acc if r.get("cost_usd") is not None]
         if costed:
             fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -196,10 +199,7 @@ def _plots(rows: list[dict[str, Any]], scale: list[dict[str, Any]], out: Path) -
             ax.set_title("Cost vs accuracy")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, title="infrastructure")
-            fig.tight_layout()
-            files.append(out / "cost.png")
-            fig.savefig(files[-1], dpi=120)
-            plt.close(fig)
+            _save(fig, out / "cost.png", files)
     return files
 
 

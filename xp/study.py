@@ -334,7 +334,9 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
         returns.append(results)
         job += len(trials)
         remaining -= len(trials)
-    summarize(study, spec)
+    from xp.tracking import resolve_uri
+
+    summarize(study, spec, resolve_uri(config.get("tracking_uri")))
     return returns
 
 
@@ -358,7 +360,7 @@ def _reuse_earlier(study: Any, trial: Any) -> bool:
     return False
 
 
-def summarize(study: Any, spec: StudySpec) -> dict[str, Any]:
+def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> dict[str, Any]:
     """Print the best trial (or the Pareto front) and log it on the sweep's parent MLflow run."""
     from optuna.trial import TrialState
 
@@ -374,12 +376,10 @@ def summarize(study: Any, spec: StudySpec) -> dict[str, Any]:
                  + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
     summary = {"study": spec.study_name, "storage": spec.storage, "trials": states, "best": front}
     parent = os.environ.get("XP_PARENT_RUN_ID")
-    if parent:
+    if parent and tracking_uri:
         from mlflow.tracking import MlflowClient
 
-        from xp.tracking import resolve_uri
-
-        client = MlflowClient(resolve_uri(None))
+        client = MlflowClient(tracking_uri)
         client.set_tag(parent, "optuna.study", spec.study_name)
         if front and not spec.multi_objective:
             for k, v in front[0]["params"].items():

@@ -170,16 +170,14 @@ def record_files(plan: Plan) -> tuple[str, str]:
     import hashlib
     import os
 
-    from xp.datasets import list_folder
     from xp.mx.recordio import check_records, prepare
 
     o = plan.dataset.options
-    if o.get("kind", plan.dataset.name) == "rec":
+    listing = plan.dataset.listing  # the folder as the plan listed and split it
+    if listing is None:
         train, val = o["train_rec"], o["val_rec"]
     else:
-        root = os.path.abspath(o["root"])
-        listing = list_folder(root, val_fraction=o.get("val_fraction", 0.2), train_per_class=o.get("train_per_class"),
-                              exclude=tuple(o.get("exclude") or ()), seed=int(o.get("split_seed", 0)))
+        root = listing.root
         cache = o.get("cache_dir") or os.environ.get("XP_CACHE_DIR") or os.path.expanduser("~/.cache/xp")
         name = f"{os.path.basename(root)}-{hashlib.sha1(root.encode()).hexdigest()[:8]}"
         done = prepare(listing, os.path.join(cache, "recordio"), name, resize=int(o.get("store_size") or 0),
