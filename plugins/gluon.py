@@ -18,7 +18,20 @@ class GluonBackend(MXNetBackend):
             # static_alloc/static_shape: one memory plan reused by every step
             self.net.hybridize(static_alloc=bool(opts.get("static_alloc", True)),
                                static_shape=bool(opts.get("static_shape", True)))
-        self.trainer = gluon.Trainer(self.net.collect_params(), self.make_optimizer(), kvstore=self.plan.kvstore)
+        # update_on_kvstore=False with a parameter server: servers sum gradients, workers update, so the
+        # per-step learning rate set here reaches every update
+        self.trainer = gluon.Trainer(self.net.collect_params(), self.make_optimizer(), kvstore=self.kvstore,
+                                     update_on_kvstore=False if self.kv is not None else None)
+        if self.kv is not None:
+            # Trainer would push rank 0's weights and pull them at the first step, racing that step's
+            # gradient pushes: a worker could pull the servers' gradient sum as its weights. Every worker
+            # starts from the same weights (same seed; checked after setup), so the keys are initialised
+            # here and never pulled. Copies: the kvstore keeps the arrays it is given as send buffers, and
+            # with the parameters themselves some keys never reached the servers.
+            self.trainer._init_kvstore()
+            params = self.trainer._params
+            self.kv.init(list(range(len(params))), [p.data(self.contexts[0]).copy() for p in params])
+            self.trainer._params_to_init = []
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
         self.loss_scaling = self.amp == "float16"  # bfloat16 keeps float32's range: no scaling needed
         if self.loss_scaling:
@@ -40,8 +53,8 @@ class GluonBackend(MXNetBackend):
                     losses = scaled
         autograd.backward(losses)
         self.trainer.set_learning_rate(lr)
-        # Gradients are summed over devices by the kvstore, then scaled by 1/worker batch: a mean.
-        self.trainer.step(self.plan.worker_batch)
+        # Gradients are summed over devices and workers by the kvstore, then scaled by 1/global batch: a mean.
+        self.trainer.step(self.plan.global_batch)
         return logits
 
     def predict(self, batch: Any) -> list[Any]:

@@ -24,7 +24,7 @@ def test_default_plan_derives_batch_lr_and_epoch_size():
 
 
 def test_linear_scaling_follows_the_global_batch():
-    p = plan_for("cpu_devices=4", "batch=16", "lr=0.1", "lr_ref_batch=32", workers=2)
+    p = plan_for("cpu_devices=4", "batch=16", "lr=0.1", "lr_ref_batch=32", "kvstore=dist_sync", workers=2)
     assert p.devices == ("cpu(0)", "cpu(1)", "cpu(2)", "cpu(3)")
     assert (p.worker_batch, p.global_batch) == (64, 128)
     assert p.effective_lr == pytest.approx(0.1 * 128 / 32)

@@ -130,7 +130,7 @@ def test_record_iterator_shapes_labels_and_equal_steps_per_worker(folder, tmp_pa
     from xp.mx.data import make_iters
 
     overrides = ["dataset=folder", f"dataset.root={folder}", "dataset.image_shape=[3,24,24]", "dataset.resize=28",
-                 "batch=4", "data_nthreads=2"]
+                 "batch=4", "data_nthreads=2", "kvstore=dist_sync"]
     steps = {}
     for rank in (0, 1):
         plan = build_plan(compose_config(*overrides), visible_gpus=0, workers=2, rank=rank)

@@ -45,7 +45,15 @@ class Backend(ABC):
 
     @abstractmethod
     def setup(self, plan: Plan) -> None:
-        """Build the model, data iterators and optimizer state for `plan`."""
+        """Build the model, data iterators and optimizer state for `plan`.
+
+        A distributed backend learns its worker rank here and keeps the plan with that
+        rank in self.plan; the core reads self.plan.rank afterwards.
+        """
+
+    def gather(self, value: float) -> list[float]:
+        """Every worker's value (a collective: all workers call it), indexed by rank."""
+        return [value]
 
     @abstractmethod
     def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:

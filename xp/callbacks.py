@@ -144,3 +144,17 @@ class ProgressBar(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class WorkerThroughput(Callback):
+    """Across workers: `key` becomes the total, and each worker's own figure is kept as worker<r>_<key>."""
+
+    def __init__(self, gather, key: str):
+        self.gather, self.key = gather, key
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        values = self.gather(metrics.get(self.key, 0.0))
+        if len(values) > 1:
+            metrics[self.key] = sum(values)
+            for rank, v in enumerate(values):
+                metrics[f"worker{rank}_{self.key}"] = v

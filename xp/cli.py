@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from xp.errors import ConfigError, Terminated, XPError, one_line
+from xp.launch import RUN_ENV, WORKER_ENV
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
@@ -68,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         configs = preflight(argv)
+        distributed = bool(configs) and str(configs[0]["kvstore"]["name"]).startswith("dist_")
+        if distributed and not os.environ.get(WORKER_ENV):
+            if "-m" in argv or "--multirun" in argv:
+                raise ConfigError(f"kvstore={configs[0]['kvstore']['name']}: distributed runs are launched one at a "
+                                  "time; run each configuration as its own command")
+            return _launch(argv, configs[0])
         if "-m" in argv or "--multirun" in argv:
             if configs and configs[0].get("sweep"):
                 _register_study_sweeper()
@@ -230,6 +237,7 @@ def _task(cfg: Any) -> float:
         log_file=out / f"{hc.job.name}.log",
         parent_run_id=os.environ.get(PARENT_ENV),
         cwd=Path(hc.runtime.cwd),
+        run_id=os.environ.get(RUN_ENV),
     )
     config = OmegaConf.to_container(cfg, resolve=True)
     in_study = (config.get("optuna") or {}).get("trial_id") is not None
@@ -245,6 +253,32 @@ def _task(cfg: Any) -> float:
     if in_study:
         return {"state": "FAIL"}  # a failed trial is recorded; the study goes on
     raise SystemExit(code)
+
+
+def _launch(argv: list[str], config: dict[str, Any]) -> int:
+    """A parameter-server job: this process starts the roles and owns the MLflow run, which rank 0 fills."""
+    from xp.launch import RUN_ENV, LaunchError, launch_local
+    from xp.tracking import Tracker, resolve_uri
+
+    uri = resolve_uri(config.get("tracking_uri"))
+    overrides = [a for a in argv if not a.startswith("-")]
+    tracker = Tracker(uri, config.get("experiment") or "xp", config.get("run_name") or " ".join(overrides),
+                      tags={"xp.launcher": config.get("launcher", "local"), "xp.workers": str(config["workers"])})
+    tracker.start()
+    print(f"xp: launching {config['workers']} workers and {config['servers']} servers on 127.0.0.1 "
+          f"(kvstore={config['kvstore']['name']}); MLflow run {tracker.run_id}", flush=True)
+    status = "FAILED"
+    try:
+        launch_local(argv, config["servers"], config["workers"], {RUN_ENV: tracker.run_id, "MLFLOW_TRACKING_URI": uri})
+        status = "FINISHED"
+        return 0
+    except LaunchError as e:
+        return _err(e, 1)
+    except (KeyboardInterrupt, Terminated):
+        status = "KILLED"
+        raise
+    finally:
+        tracker.end(status)
 
 
 def _sweep(argv: list[str], config: dict[str, Any]) -> int:

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from xp import report, study
-from xp.callbacks import Callback, CostMeter, ProgressBar, ProgressPrinter, ThroughputMeter
+from xp.callbacks import Callback, CostMeter, ProgressBar, ProgressPrinter, ThroughputMeter, WorkerThroughput
 from xp.gpu import visible_gpus
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
 from xp.telemetry import telemetry
-from xp.tracking import Tracker, TrackingCallback, flatten, resolve_uri, run_url_hint, versions
+from xp.tracking import NullTracker, Tracker, TrackingCallback, flatten, resolve_uri, run_url_hint, versions
 from xp.train import fit
 
 log = logging.getLogger("xp")
@@ -32,6 +32,7 @@ class JobInfo:
     log_file: Path | None = None
     parent_run_id: str | None = None
     cwd: Path | None = None
+    run_id: str | None = None  # a distributed worker logs into the run its launcher created
 
 
 def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
@@ -110,7 +111,17 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
     if trial:
         tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
                      "optuna.trial_state": "RUNNING"})
-    with Tracker(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags) as tracker:
+    backend = None
+    if not plan.diagnose:
+        # set up before tracking: a distributed worker learns its rank here, and only rank 0 logs
+        backend = backend_cls()
+        backend.setup(plan)
+        plan = backend.plan
+        if plan.rank != 0:
+            logging.getLogger().handlers[0].setLevel(logging.WARNING)  # one console voice: rank 0's
+    tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
+    with tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags,
+                     attach_run_id=job.run_id) as tracker:
         if trial:
             trial[0].set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
         if job.output_dir is not None:
@@ -130,14 +141,15 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             return _diagnose(plan, backend_cls, tracker)
         meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
         history = History()
-        callbacks = [meter, CostMeter(plan.cost_per_hour, plan.target_accuracy), *telemetry(plan, tracker.run_id, uri),
+        callbacks = [meter, WorkerThroughput(backend.gather, meter.name),
+                     CostMeter(plan.cost_per_hour, plan.target_accuracy), *telemetry(plan, tracker.run_id, uri),
                      TrackingCallback(tracker), ProgressBar(plan.steps_per_epoch, plan.worker_batch),
                      ProgressPrinter(plan.epochs), history]
         if trial and not trial[1].multi_objective:
             callbacks.append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
         state = "COMPLETE"
         try:
-            fit(plan, backend_cls(), callbacks)
+            fit(plan, backend, callbacks, setup=False)
         except study.TrialPruned as e:
             state = "PRUNED"
             log.info(f"trial {trial[0].number}: {e}")
@@ -150,6 +162,10 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             raise
         if trial:
             tracker.set_tags({"optuna.trial_state": state})
+        if plan.save_params and plan.rank == 0:
+            import numpy as np
+
+            np.savez(plan.save_params, **backend.get_params())
 
         summary = report.summarize(history.epochs, plan.cost_per_hour, meter.name)
         tracker.log_metrics({

@@ -67,7 +67,9 @@ class Plan:
     devices: tuple[str, ...]  # e.g. ("cpu(0)", "cpu(1)")
     workers: int
     rank: int
-    hosts: int  # instances the run occupies (cost); 1 until distributed launches
+    hosts: int  # instances the run occupies (cost); the local launcher puts every role on one
+    servers: int  # parameter-server processes (dist_* kvstores)
+    save_params: str | None  # where rank 0 writes the trained parameters
     batch: int  # per device
     worker_batch: int  # batch x devices
     global_batch: int  # worker_batch x workers
@@ -176,7 +178,7 @@ def _group(cfg: dict, key: str) -> dict:
     return v
 
 
-def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank: int = 0) -> Plan:
+def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0) -> Plan:
     """Validate a resolved config (plain dict) and derive the plan.
 
     visible_gpus: GPUs this process can see (NVML); injected so it can be tested.
@@ -237,9 +239,17 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
     if kvstore == "nccl" and device_type != "gpu":
         raise ConfigError("kvstore=nccl: NCCL aggregates gradients between GPUs and gpus=0; "
                           "on the CPU use kvstore=local or kvstore=device")
-    if kvstore.startswith("dist_") and workers == 1:
-        raise ConfigError(f"kvstore={kvstore}: needs a distributed launch (a scheduler, servers and workers), "
-                          "which this version of xp does not provide yet; on one machine use local or device")
+    if workers is None:
+        workers = _int(cfg, "workers", 1, 4096)
+    servers = _int(cfg, "servers", 1, 1024)
+    if kvstore == "dist_async":
+        raise ConfigError("kvstore=dist_async: not supported yet (it needs the optimizer and xp's learning-rate "
+                          "schedule on the servers); use kvstore=dist_sync")
+    if kvstore.startswith("dist_"):
+        _choice(cfg.get("launcher", "local"), "launcher", ("local",))
+    elif workers > 1:
+        raise ConfigError(f"workers={workers}: several worker processes need a distributed kvstore; "
+                          "use kvstore=dist_sync (or cpu_devices/gpus for devices in one process)")
     if dtype == "float16" and device_type != "gpu":
         raise ConfigError("dtype=float16: MXNet 1.9.1 has no float16 CPU kernels for dense layers "
                           "(\"FP16 gemm on cpu not implemented\"); on the CPU use dtype=float32 or dtype=amp "
@@ -279,6 +289,8 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int = 1, rank
         workers=workers,
         rank=rank,
         hosts=1,
+        servers=servers,
+        save_params=cfg.get("save_params"),
         batch=batch,
         worker_batch=worker_batch,
         global_batch=global_batch,

@@ -64,11 +64,13 @@ class Tracker:
     """
 
     def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
-                 tags: dict[str, str] | None = None):
+                 tags: dict[str, str] | None = None, attach_run_id: str | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.parent_run_id = parent_run_id
         self.tags = dict(tags or {})
         self.run_id: str | None = None
+        # attached: log into a run someone else started and will end (a distributed launcher)
+        self.attach_run_id = attach_run_id
         self.experiment_id: str | None = None
         self._artifacts: list[tuple[Path, str | None]] = []
         self._client = None
@@ -100,6 +102,10 @@ class Tracker:
             return exp.experiment_id
 
     def start(self) -> str:
+        if self.attach_run_id:
+            self.run_id = self.attach_run_id
+            self.set_tags(self.tags)
+            return self.run_id
         try:
             self.experiment_id = self._experiment_id()
             tags = {"xp.host": socket.gethostname(), "xp.pid": str(os.getpid()), **self.tags}
@@ -145,7 +151,8 @@ class Tracker:
                     self.client.log_artifact(self.run_id, str(path), dest)
                 except Exception as e:  # an artifact problem must not hide the run's outcome
                     log.warning("could not upload %s to MLflow: %s", path, one_line(e))
-        self.client.set_terminated(self.run_id, status)
+        if not self.attach_run_id:
+            self.client.set_terminated(self.run_id, status)
 
     def __enter__(self) -> Tracker:
         self.start()
@@ -163,6 +170,21 @@ class Tracker:
     def child_runs(self) -> list[Any]:
         return self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
                                        order_by=["attributes.start_time ASC"])
+
+
+class NullTracker(Tracker):
+    """For distributed workers other than rank 0: only rank 0 writes to MLflow."""
+
+    def __init__(self):
+        super().__init__("", "", "")
+
+    def start(self) -> str:
+        return ""
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def end(self, status: str) -> None: ...
 
 
 class TrackingCallback(Callback):

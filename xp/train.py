@@ -7,9 +7,10 @@ from xp.callbacks import Callback, fire
 from xp.plan import Plan, learning_rate
 
 
-def fit(plan: Plan, backend: Backend, callbacks: list[Callback]) -> list[dict[str, float]]:
-    """Train for plan.epochs epochs; return the metrics of every epoch."""
-    backend.setup(plan)
+def fit(plan: Plan, backend: Backend, callbacks: list[Callback], setup: bool = True) -> list[dict[str, float]]:
+    """Train for plan.epochs epochs; return the metrics of every epoch (setup=False: already set up)."""
+    if setup:
+        backend.setup(plan)
     fire(callbacks, "on_train_begin")
     try:
         return _epochs(plan, backend, callbacks)

@@ -9,13 +9,14 @@ Setup, the batch loops, synchronisation and metrics live here.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from abc import abstractmethod
 from typing import Any
 
 import numpy as np
 
 from xp.backend import Backend, BatchHook
-from xp.errors import ConfigError
+from xp.errors import ConfigError, XPError
 from xp.plan import Plan, learning_rate
 
 
@@ -76,6 +77,8 @@ def to_numpy(x: Any) -> np.ndarray:
 
 class MXNetBackend(Backend):
     requires = ("mxnet", "gluoncv", "numpy")
+    # a kvstore refuses mixed key types: the gather key has the type of the backend's parameter keys
+    gather_key: int | str = 1 << 30
 
     @classmethod
     def check(cls, plan: Plan) -> None:
@@ -159,6 +162,13 @@ class MXNetBackend(Backend):
         from xp.mx.data import make_iters
         from xp.mx.models import build_net, initialize, load_pretrained
 
+        self.kv = None
+        if plan.kvstore.startswith("dist_"):
+            # joins the scheduler; ps-lite assigns the rank, and the rank decides this worker's shard
+            self.kv = mx.kv.create(plan.kvstore)
+            if self.kv.num_workers != plan.workers:
+                raise ConfigError(f"workers={plan.workers}: the parameter server reports {self.kv.num_workers}")
+            plan = replace(plan, rank=self.kv.rank)
         self.plan = plan
         random.seed(plan.seed)
         np.random.seed(plan.seed)
@@ -188,6 +198,8 @@ class MXNetBackend(Backend):
                 p.wd_mult = 0.0
         self.train_iter, self.val_iter = make_iters(plan)
         self.prepare()
+        if self.kv is not None:
+            self.join()
 
     def split(self, batch: Any) -> tuple[list[Any], list[Any]]:
         """The batch's data and labels, one even slice per device, in device order."""
@@ -196,6 +208,38 @@ class MXNetBackend(Backend):
         load = gluon.utils.split_and_load
         return (load(batch.data[0], self.contexts, even_split=True),
                 load(batch.label[0], self.contexts, even_split=True))
+
+    @property
+    def kvstore(self) -> Any:
+        """What Trainer and Module get: the distributed kvstore object, or a local kvstore's name."""
+        return self.kv if self.kv is not None else self.plan.kvstore
+
+    def join(self) -> None:
+        """Finish a distributed setup: a gather key, every key initialised on the servers, the same weights."""
+        import mxnet as mx
+
+        # ps-lite's init returns before rank 0's values reach the servers; a worker that pushed right away
+        # would have its gradient taken as the key's initial value. Wait for every push, then meet.
+        self.kv.init(self.gather_key, mx.nd.zeros(self.plan.workers))
+        mx.nd.waitall()
+        self.kv._barrier()
+        sums = self.gather(float(sum(v.astype(np.float64).sum() for v in self.get_params().values())))
+        if len(set(sums)) > 1:
+            raise XPError(f"workers start from different weights (parameter sums {sums}); "
+                          "every worker must build the model with the same seed")
+
+    def gather(self, value: float) -> list[float]:
+        if self.kv is None:
+            return [value]
+        import mxnet as mx
+
+        # dist_sync sums the workers' pushes: each writes its own slot, the pull returns every slot
+        mine = mx.nd.zeros(self.plan.workers)
+        mine[self.plan.rank] = value
+        self.kv.push(self.gather_key, mine)
+        out = mx.nd.zeros(self.plan.workers)
+        self.kv.pull(self.gather_key, out=out)
+        return out.asnumpy().tolist()
 
     def make_optimizer(self, rescale_grad: float = 1.0) -> Any:
         """The optimizer every MXNet backend uses, so their updates are the same arithmetic."""
