@@ -11,7 +11,7 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3 || true)}
 
 ensure_venv() {
     local stamp=$VENV/.xp-installed want
-    want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+    want=$(cat pyproject.toml constraints.txt dev.sh | sha256sum | cut -c1-16)
     if [[ -f $stamp && "$(cat "$stamp")" == "$want" && -x $VENV/bin/python ]]; then
         return
     fi
@@ -35,7 +35,31 @@ ensure_venv() {
     echo "dev.sh: installing xp and its pinned dependencies into $VENV (first time: a few minutes)" >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip wheel setuptools
     "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[test]'
+    install_horovod
     echo "$want" > "$stamp"
+}
+
+# Horovod must be compiled against the installed mxnet (no wheel on PyPI carries MXNet support):
+# built once (a few minutes on 2 cores) into a cache of wheels and reused.
+HOROVOD=horovod==0.28.1
+WHEELS=${XP_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xp/wheels}
+install_horovod() {
+    local py=$VENV/bin/python wheel
+    wheel=$(ls "$WHEELS"/horovod-0.28.1-cp311-*.whl 2>/dev/null | head -n1 || true)
+    if [[ -z "$wheel" ]]; then
+        echo "dev.sh: building $HOROVOD against mxnet (once, about 2-6 minutes; cached in $WHEELS)" >&2
+        command -v cmake >/dev/null && command -v g++ >/dev/null || {
+            echo "dev.sh: building Horovod needs cmake and g++ (on Debian: apt-get install cmake g++)" >&2
+            exit 2
+        }
+        mkdir -p "$WHEELS"
+        HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITH_GLOO=1 \
+            HOROVOD_WITHOUT_MPI=1 MAKEFLAGS=-j"$(nproc)" \
+            "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" "$HOROVOD" >&2
+        wheel=$(ls "$WHEELS"/horovod-0.28.1-cp311-*.whl | head -n1)
+    fi
+    "$py" -m pip install -q -c constraints.txt "$wheel"
+    "$py" -c "import horovod.mxnet" || { echo "dev.sh: $wheel has no MXNet support; delete it to rebuild" >&2; exit 2; }
 }
 
 cmd=${1:-}

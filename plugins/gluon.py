@@ -18,26 +18,32 @@ class GluonBackend(MXNetBackend):
             # static_alloc/static_shape: one memory plan reused by every step
             self.net.hybridize(static_alloc=bool(opts.get("static_alloc", True)),
                                static_shape=bool(opts.get("static_shape", True)))
-        # update_on_kvstore=False with a parameter server: servers sum gradients, workers update, so the
-        # per-step learning rate set here reaches every update
-        self.trainer = gluon.Trainer(self.net.collect_params(), self.make_optimizer(), kvstore=self.kvstore,
-                                     update_on_kvstore=False if self.kv is not None else None)
-        if self.kv is not None:
-            # Trainer would push rank 0's weights and pull them at the first step, racing that step's
-            # gradient pushes: a worker could pull the servers' gradient sum as its weights. Every worker
-            # starts from the same weights (same seed; checked after setup), so the keys are initialised
-            # here and never pulled. Copies: the kvstore keeps the arrays it is given as send buffers, and
-            # with the parameters themselves some keys never reached the servers.
-            self.trainer._init_kvstore()
-            params = self.trainer._params
-            self.kv.init(list(range(len(params))), [p.data(self.contexts[0]).copy() for p in params])
-            self.trainer._params_to_init = []
+        self.trainer = self.make_trainer()
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss()
         self.loss_scaling = self.amp == "float16"  # bfloat16 keeps float32's range: no scaling needed
         if self.loss_scaling:
             from mxnet.contrib import amp
 
             amp.init_trainer(self.trainer)
+
+    def make_trainer(self) -> Any:
+        from mxnet import gluon
+
+        # update_on_kvstore=False with a parameter server: servers sum gradients, workers update, so the
+        # per-step learning rate set here reaches every update
+        trainer = gluon.Trainer(self.net.collect_params(), self.make_optimizer(), kvstore=self.kvstore,
+                                update_on_kvstore=False if self.kv is not None else None)
+        if self.kv is not None:
+            # Trainer would push rank 0's weights and pull them at the first step, racing that step's
+            # gradient pushes: a worker could pull the servers' gradient sum as its weights. Every worker
+            # starts from the same weights (same seed; checked after setup), so the keys are initialised
+            # here and never pulled. Copies: the kvstore keeps the arrays it is given as send buffers, and
+            # with the parameters themselves some keys never reached the servers.
+            trainer._init_kvstore()
+            params = trainer._params
+            self.kv.init(list(range(len(params))), [p.data(self.contexts[0]).copy() for p in params])
+            trainer._params_to_init = []
+        return trainer
 
     def step(self, batch: Any, lr: float) -> list[Any]:
         from mxnet import autograd
@@ -53,8 +59,8 @@ class GluonBackend(MXNetBackend):
                     losses = scaled
         autograd.backward(losses)
         self.trainer.set_learning_rate(lr)
-        # Gradients are summed over devices and workers by the kvstore, then scaled by 1/global batch: a mean.
-        self.trainer.step(self.plan.global_batch)
+        # Gradients are summed over devices (and workers), then scaled by 1/batch: the global batch's mean.
+        self.trainer.step(self.grad_batch)
         return logits
 
     def predict(self, batch: Any) -> list[Any]:

@@ -38,13 +38,16 @@ class ModuleBackend(MXNetBackend):
         values = {name: p.data(self.contexts[0]) for name, p in params.items()}
         self.mod.set_params({k: values[k] for k in symbol.list_arguments() if k in values},
                             {k: values[k] for k in symbol.list_auxiliary_states()})
-        # SoftmaxOutput's gradient is per sample; 1/global batch makes the summed gradient the mean, as in Gluon.
-        self.optimizer = self.make_optimizer(rescale_grad=1.0 / self.plan.global_batch)
+        # SoftmaxOutput's gradient is per sample; 1/batch makes the summed gradient the mean, as in Gluon.
+        self.optimizer = self.make_optimizer(rescale_grad=1.0 / self.grad_batch)
         # the block's per-parameter multipliers (no decay on biases, backbone lr) hold here too
         self.optimizer.set_lr_mult({name: p.lr_mult for name, p in params.items()})
         self.optimizer.set_wd_mult({name: p.wd_mult for name, p in params.items()})
         # the launcher sets MXNET_UPDATE_ON_KVSTORE=0 for workers: updates (and the lr schedule) stay local
-        self.mod.init_optimizer(kvstore=self.kvstore, optimizer=self.optimizer)
+        self.mod.init_optimizer(kvstore=self.kvstore, optimizer=self.wrap_optimizer(self.optimizer))
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        return optimizer
 
     def step(self, batch: Any, lr: float) -> list[Any]:
         self.optimizer.set_learning_rate(lr)

@@ -12,12 +12,15 @@ from xp.plan import build_plan
 from xp.registry import Registry
 from xp.train import fit
 
-BACKENDS = ["gluon", "module"]
+BACKENDS = ["gluon", "module", "horovod"]
+# every way a backend aggregates and updates, compared with Gluon's arithmetic (horovod: one device per process)
+VARIANTS = [("module", 1), ("module", 2), ("horovod", 1), ("horovod backend.api=module", 1)]
 
 
 def train(backend, *overrides):
-    plan = build_plan(compose_config(f"backend={backend}", *overrides), visible_gpus=0)
-    b = Registry().load(backend)()
+    backend, *options = backend.split()
+    plan = build_plan(compose_config(f"backend={backend}", *options, *overrides), visible_gpus=0)
+    b = Registry().load(backend).for_plan(plan)()
     history = fit(plan, b, [])
     return b, history
 
@@ -38,8 +41,7 @@ def test_backend_learns_digits_and_logs_the_standard_metrics(backend):
     assert history[-1]["train_loss"] < history[0]["train_loss"]
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "gluon"])
-@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("backend, devices", VARIANTS, ids=[f"{b}-{d}dev" for b, d in VARIANTS])
 def test_backend_computes_the_same_parameters_as_gluon(backend, devices):
     """Same model, data order, optimizer and schedule: the same arithmetic, to float tolerance.
 

@@ -17,6 +17,7 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml")
 BACKEND_TESTS = {
     "gluon": "tests/test_cli.py::test_default_run_reaches_095_and_logs_everything",
     "module": "tests/test_backends.py::test_backend_computes_the_same_parameters_as_gluon",
+    "horovod": "tests/test_distributed.py::test_horovod_workers_compute_what_one_process_computes",
 }
 
 

@@ -37,6 +37,16 @@ class Backend(ABC):
         """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
 
     @classmethod
+    def launch(cls, plan: Plan) -> str | None:
+        """How the run's processes start: None (this process trains), "ps-lite" or "horovod"."""
+        return None
+
+    @classmethod
+    def for_plan(cls, plan: Plan) -> type[Backend]:
+        """The class that runs `plan`: a plugin with variants (an API option) may pick one here."""
+        return cls
+
+    @classmethod
     def fits(cls, plan: Plan) -> bool:
         """Whether a training step at plan.batch per device fits in memory (batch=auto)."""
         from xp.errors import ConfigError

@@ -146,15 +146,36 @@ class ProgressBar(Callback):
             self.bar = None
 
 
-class WorkerThroughput(Callback):
-    """Across workers: `key` becomes the total, and each worker's own figure is kept as worker<r>_<key>."""
+class Progress(Callback):
+    """A distributed worker tells its launcher it is moving (see xp.launch); a stalled worker fails the job."""
+
+    def __init__(self, rank: int):
+        from xp.launch import report_progress
+
+        self.rank, self.report = rank, report_progress
+        self.report(rank)
+
+    def on_batch_end(self, epoch: int, step: int, samples: int) -> None:
+        self.report(self.rank)
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.report(self.rank)
+
+
+class WorkerMetrics(Callback):
+    """Across workers: throughput `key` becomes the total, each worker's own kept as worker<r>_<key>;
+    training loss and accuracy (each worker saw its own shard, of equal size) become their mean."""
 
     def __init__(self, gather, key: str):
         self.gather, self.key = gather, key
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        values = self.gather(metrics.get(self.key, 0.0))
+        values = self.gather(metrics.get(self.key, 0.0))  # a collective: every worker calls it, every epoch
         if len(values) > 1:
             metrics[self.key] = sum(values)
             for rank, v in enumerate(values):
                 metrics[f"worker{rank}_{self.key}"] = v
+            for name in ("train_loss", "train_accuracy"):
+                if name in metrics:
+                    shards = self.gather(metrics[name])
+                    metrics[name] = sum(shards) / len(shards)

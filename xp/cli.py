@@ -63,18 +63,24 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get("DMLC_ROLE") in ("scheduler", "server"):
+        # a cluster launcher (dmlc tracker) starts every role with the worker's command:
+        # importing mxnet runs this process's parameter-server role until the job ends
+        import mxnet  # noqa: F401
+
+        return 0
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         return _hydra(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         configs = preflight(argv)
-        distributed = bool(configs) and str(configs[0]["kvstore"]["name"]).startswith("dist_")
-        if distributed and not os.environ.get(WORKER_ENV):
+        engine = _engine(configs[0]) if configs and not os.environ.get(WORKER_ENV) else None
+        if engine:
             if "-m" in argv or "--multirun" in argv:
-                raise ConfigError(f"kvstore={configs[0]['kvstore']['name']}: distributed runs are launched one at a "
-                                  "time; run each configuration as its own command")
-            return _launch(argv, configs[0])
+                raise ConfigError(f"{engine} runs are launched one at a time; run each configuration as its own "
+                                  "command")
+            return _launch(argv, configs[0], engine)
         if "-m" in argv or "--multirun" in argv:
             if configs and configs[0].get("sweep"):
                 _register_study_sweeper()
@@ -255,25 +261,37 @@ def _task(cfg: Any) -> float:
     raise SystemExit(code)
 
 
-def _launch(argv: list[str], config: dict[str, Any]) -> int:
-    """A parameter-server job: this process starts the roles and owns the MLflow run, which rank 0 fills."""
-    from xp.launch import RUN_ENV, LaunchError, launch_local
+def _engine(config: dict[str, Any]) -> str | None:
+    """The distributed engine the run needs (its backend decides), or None for one process."""
+    from xp.experiment import plan_and_backend
+
+    plan, backend_cls = plan_and_backend(config)
+    return backend_cls.launch(plan)
+
+
+def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
+    """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
+    from xp.launch import RUN_ENV, LaunchError, Spec, describe, launch, validate
     from xp.tracking import Tracker, resolve_uri
 
     uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if not a.startswith("-")]
+    spec = Spec(engine, argv, workers=config["workers"], servers=config["servers"], launcher=config["launcher"],
+                port=config.get("port"), hosts_file=config.get("hosts_file"), host_ip=config.get("host_ip"),
+                timeout_s=float(config["dist_timeout_s"]), env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri})
+    validate(spec)
     tracker = Tracker(uri, config.get("experiment") or "xp", config.get("run_name") or " ".join(overrides),
-                      tags={"xp.launcher": config.get("launcher", "local"), "xp.workers": str(config["workers"])})
+                      tags={"xp.launcher": spec.launcher, "xp.engine": engine, "xp.workers": str(spec.workers)})
     tracker.start()
-    print(f"xp: launching {config['workers']} workers and {config['servers']} servers on 127.0.0.1 "
-          f"(kvstore={config['kvstore']['name']}); MLflow run {tracker.run_id}", flush=True)
+    spec.env[RUN_ENV] = tracker.run_id
+    print(f"xp: launching {describe(spec)}; MLflow run {tracker.run_id}", flush=True)
     status = "FAILED"
     try:
-        launch_local(argv, config["servers"], config["workers"], {RUN_ENV: tracker.run_id, "MLFLOW_TRACKING_URI": uri})
+        launch(spec)
         status = "FINISHED"
         return 0
     except LaunchError as e:
-        return _err(e, 1)
+        return _err(e, e.exit_code)
     except (KeyboardInterrupt, Terminated):
         status = "KILLED"
         raise

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from xp import report, study
-from xp.callbacks import Callback, CostMeter, ProgressBar, ProgressPrinter, ThroughputMeter, WorkerThroughput
+from xp.callbacks import (Callback, CostMeter, Progress, ProgressBar, ProgressPrinter, ThroughputMeter,
+                          WorkerMetrics)
 from xp.gpu import visible_gpus
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
@@ -43,7 +44,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     auto = config.get("batch") == "auto"
     gpus = visible_gpus()
     plan = build_plan({**config, "batch": 1} if auto else config, visible_gpus=gpus)
-    backend_cls = Registry().load(plan.backend)
+    backend_cls = Registry().load(plan.backend).for_plan(plan)
     backend_cls.check(plan)
     if auto and resolve_auto:
         from xp.autobatch import largest_fitting
@@ -118,7 +119,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
         backend.setup(plan)
         plan = backend.plan
         if plan.rank != 0:
-            logging.getLogger().handlers[0].setLevel(logging.WARNING)  # one console voice: rank 0's
+            for handler in logging.getLogger().handlers:  # one voice on the console and in the log: rank 0's
+                handler.setLevel(logging.WARNING)
     tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
     with tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags,
                      attach_run_id=job.run_id) as tracker:
@@ -141,7 +143,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             return _diagnose(plan, backend_cls, tracker)
         meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
         history = History()
-        callbacks = [meter, WorkerThroughput(backend.gather, meter.name),
+        callbacks = [Progress(plan.rank), meter, WorkerMetrics(backend.gather, meter.name),
                      CostMeter(plan.cost_per_hour, plan.target_accuracy), *telemetry(plan, tracker.run_id, uri),
                      TrackingCallback(tracker), ProgressBar(plan.steps_per_epoch, plan.worker_batch),
                      ProgressPrinter(plan.epochs), history]
@@ -178,7 +180,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             "time_to_target_s": summary.get("time_to_target_s"),
             "cost_to_target_usd": summary.get("cost_to_target_usd"),
         }, step=len(history.epochs))
-        row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices), **summary,
+        row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices) * plan.workers,
+               **summary,
                "state": state if trial else "FINISHED"}
         log.info("\n" + report.table([row]))
         log.info(f"logged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); "

@@ -24,6 +24,7 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 
 KVSTORES = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_async")
 DTYPES = ("float32", "float16", "amp")
+LAUNCHERS = ("local", "ssh", "mpi", "slurm")  # local: every process on this machine; others: dmlc tracker
 OPTIMIZERS = ("sgd", "nag")
 LR_SCHEDULES = ("constant", "step", "cosine")
 MODEL_ZOOS = ("xp", "gluoncv")
@@ -245,11 +246,11 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     if kvstore == "dist_async":
         raise ConfigError("kvstore=dist_async: not supported yet (it needs the optimizer and xp's learning-rate "
                           "schedule on the servers); use kvstore=dist_sync")
-    if kvstore.startswith("dist_"):
-        _choice(cfg.get("launcher", "local"), "launcher", ("local",))
-    elif workers > 1:
-        raise ConfigError(f"workers={workers}: several worker processes need a distributed kvstore; "
-                          "use kvstore=dist_sync (or cpu_devices/gpus for devices in one process)")
+    _choice(cfg.get("launcher", "local"), "launcher", LAUNCHERS)
+    if cfg.get("port") is not None:
+        _int(cfg, "port", 1024, 65535)
+    if cfg.get("dist_timeout_s") is not None:
+        _float(cfg, "dist_timeout_s", 1, 86400)
     if dtype == "float16" and device_type != "gpu":
         raise ConfigError("dtype=float16: MXNet 1.9.1 has no float16 CPU kernels for dense layers "
                           "(\"FP16 gemm on cpu not implemented\"); on the CPU use dtype=float32 or dtype=amp "

@@ -85,7 +85,7 @@ def row_from_mlflow(run: Any) -> dict[str, Any]:
         "run": run.info.run_name,
         "model": p.get("model.name"),
         "batch": p.get("batch"),
-        "devices": p.get("derived.num_devices"),
+        "devices": int(_num(p.get("derived.num_devices")) or 1) * int(_num(p.get("derived.workers")) or 1),
         "val_accuracy": m.get("val_accuracy"),
         "epochs": int(m["epochs"]) if "epochs" in m else None,
         "epoch_time_s": m.get("summary.epoch_time_s"),

@@ -81,7 +81,15 @@ class MXNetBackend(Backend):
     gather_key: int | str = 1 << 30
 
     @classmethod
+    def launch(cls, plan: Plan) -> str | None:
+        return "ps-lite" if plan.kvstore.startswith("dist_") else None
+
+    @classmethod
     def check(cls, plan: Plan) -> None:
+        if plan.workers > 1 and cls.launch(plan) is None:
+            raise ConfigError(f"workers={plan.workers}: several worker processes need a distributed kvstore "
+                              "(kvstore=dist_sync) or backend=horovod; for devices in one process use "
+                              "cpu_devices/gpus")
         if plan.device_type == "gpu":
             check_compute_capability(len(plan.devices))
             import mxnet as mx
@@ -163,18 +171,13 @@ class MXNetBackend(Backend):
         from xp.mx.models import build_net, initialize, load_pretrained
 
         self.kv = None
-        if plan.kvstore.startswith("dist_"):
-            # joins the scheduler; ps-lite assigns the rank, and the rank decides this worker's shard
-            self.kv = mx.kv.create(plan.kvstore)
-            if self.kv.num_workers != plan.workers:
-                raise ConfigError(f"workers={plan.workers}: the parameter server reports {self.kv.num_workers}")
-            plan = replace(plan, rank=self.kv.rank)
+        plan = self.connect(plan)
         self.plan = plan
         random.seed(plan.seed)
         np.random.seed(plan.seed)
         mx.random.seed(plan.seed)
         make_ctx = mx.gpu if plan.device_type == "gpu" else mx.cpu
-        self.contexts = [make_ctx(i) for i in range(len(plan.devices))]
+        self.contexts = [make_ctx(i) for i in self.device_ids()]
         self.amp = enable_amp(plan.device_type) if plan.dtype == "amp" else None  # before the net is built
         self.backbone = None
         if plan.pretrained:
@@ -198,7 +201,7 @@ class MXNetBackend(Backend):
                 p.wd_mult = 0.0
         self.train_iter, self.val_iter = make_iters(plan)
         self.prepare()
-        if self.kv is not None:
+        if plan.workers > 1 or self.kv is not None:
             self.join()
 
     def split(self, batch: Any) -> tuple[list[Any], list[Any]]:
@@ -209,20 +212,44 @@ class MXNetBackend(Backend):
         return (load(batch.data[0], self.contexts, even_split=True),
                 load(batch.label[0], self.contexts, even_split=True))
 
+    # --- distributed (ps-lite here; a backend with its own engine overrides these) ---------------
+    def connect(self, plan: Plan) -> Plan:
+        """Join the job's other processes; return the plan with this worker's rank (it picks the data shard)."""
+        if plan.kvstore.startswith("dist_"):
+            import mxnet as mx
+
+            from xp.launch import check_scheduler
+
+            check_scheduler()  # mx.kv.create would wait forever for a scheduler that is not there
+            self.kv = mx.kv.create(plan.kvstore)  # ps-lite assigns the rank
+            if self.kv.num_workers != plan.workers:
+                raise ConfigError(f"workers={plan.workers}: the parameter server reports {self.kv.num_workers}")
+            plan = replace(plan, rank=self.kv.rank)
+        return plan
+
+    def device_ids(self) -> list[int]:
+        return list(range(len(self.plan.devices)))
+
+    @property
+    def grad_batch(self) -> int:
+        """The samples the aggregated gradient sums over: devices and, through the kvstore, workers."""
+        return self.plan.global_batch
+
     @property
     def kvstore(self) -> Any:
         """What Trainer and Module get: the distributed kvstore object, or a local kvstore's name."""
         return self.kv if self.kv is not None else self.plan.kvstore
 
     def join(self) -> None:
-        """Finish a distributed setup: a gather key, every key initialised on the servers, the same weights."""
+        """Finish a distributed setup: every worker holds the same weights before the first step."""
         import mxnet as mx
 
-        # ps-lite's init returns before rank 0's values reach the servers; a worker that pushed right away
-        # would have its gradient taken as the key's initial value. Wait for every push, then meet.
-        self.kv.init(self.gather_key, mx.nd.zeros(self.plan.workers))
-        mx.nd.waitall()
-        self.kv._barrier()
+        if self.kv is not None:
+            # ps-lite's init returns before rank 0's values reach the servers; a worker that pushed right
+            # away would have its gradient taken as the key's initial value. Wait for every push, then meet.
+            self.kv.init(self.gather_key, mx.nd.zeros(self.plan.workers))
+            mx.nd.waitall()
+            self.kv._barrier()
         sums = self.gather(float(sum(v.astype(np.float64).sum() for v in self.get_params().values())))
         if len(set(sums)) > 1:
             raise XPError(f"workers start from different weights (parameter sums {sums}); "

@@ -1,0 +1,274 @@
+"""Distributed runs on real engines, all on 127.0.0.1: MXNet's parameter server (ps-lite) and Horovod (gloo).
+
+Exactness: N workers with B/N samples each compute the parameters one process computes with B.
+Failure: a dead or stalled worker fails the whole job, names its rank, ends the MLflow run
+FAILED and leaves no process behind. Bad setups fail before anything starts, with exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import ROOT, compose_config, mlflow_runs, run_xp, wait_for_line, xp_args, xp_env
+from xp.errors import ConfigError
+from xp.experiment import plan_and_backend
+from xp.launch import Spec, cluster_command, free_port
+from xp.train import fit
+
+# 198 training images: 6 steps of a global batch of 32
+EXACT = ["epochs=1", "dataset.val_fraction=0.89", "lr_schedule=constant"]
+
+
+def one_process(backend: str, *overrides: str) -> dict[str, np.ndarray]:
+    plan, cls = plan_and_backend(compose_config(f"backend={backend}", *overrides))
+    b = cls()
+    fit(plan, b, [])
+    return b.get_params()
+
+
+def assert_same_params(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def distributed(tmp_path, store, *args: str) -> tuple[dict, subprocess.CompletedProcess]:
+    out = tmp_path / "params.npz"
+    r = run_xp(tmp_path, store, *args, f"save_params={out}", timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return dict(np.load(out)), r
+
+
+def the_run(store):
+    _, runs = mlflow_runs(store)
+    assert len(runs) == 1, [r.info.run_name for r in runs]  # the launcher's run; no worker opened another
+    return runs[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, kvstore", [("gluon", "dist_sync"), ("module", "dist_sync"),
+                                              ("gluon", "dist_device_sync")])
+def test_parameter_server_workers_compute_what_one_process_computes(tmp_path, store, backend, kvstore):
+    want = one_process(backend, *EXACT, "batch=32")
+    got, r = distributed(tmp_path, store, f"backend={backend}", *EXACT, "batch=16", "workers=2",
+                         f"kvstore={kvstore}")
+    assert_same_params(got, want)
+    run = the_run(store)
+    assert run.info.status == "FINISHED"
+    m, p = run.data.metrics, run.data.params
+    assert p["derived.global_batch"] == "32" and p["derived.workers"] == "2"
+    assert p["derived.effective_lr"] == p["lr"]  # lr_ref_batch 32 = the global batch: no scaling
+    # throughput is the total across workers, each worker's own figure logged beside it
+    assert m["worker0_throughput"] > 0 and m["worker1_throughput"] > 0
+    assert m["throughput"] == pytest.approx(m["worker0_throughput"] + m["worker1_throughput"])
+    assert "| 2 " in r.stdout.split("| lenet |")[1][:20]  # the table's devices column counts workers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("api", ["gluon", "module"])
+def test_horovod_workers_compute_what_one_process_computes(tmp_path, store, api):
+    reference = "gluon" if api == "gluon" else "module"
+    want = one_process(reference, *EXACT, "batch=32")
+    got, r = distributed(tmp_path, store, "backend=horovod", f"backend.api={api}", *EXACT, "batch=16", "workers=2")
+    assert_same_params(got, want)
+    run = the_run(store)
+    assert run.info.status == "FINISHED" and run.data.tags["xp.engine"] == "horovod"
+    assert run.data.params["version.horovod"] == "0.28.1"
+    m = run.data.metrics
+    assert m["throughput"] == pytest.approx(m["worker0_throughput"] + m["worker1_throughput"])
+
+
+def test_the_learning_rate_follows_the_global_batch():
+    cfg = compose_config("batch=16", "workers=4", "kvstore=dist_sync", "lr=0.1", "lr_ref_batch=32")
+    plan, _ = plan_and_backend(cfg)
+    assert (plan.worker_batch, plan.global_batch) == (16, 64)
+    assert plan.effective_lr == pytest.approx(0.2)  # 0.1 x 64/32, not x 16/32
+    hv, _ = plan_and_backend(compose_config("batch=16", "workers=4", "backend=horovod", "lr=0.1", "lr_ref_batch=32"))
+    assert hv.effective_lr == pytest.approx(0.2)
+
+
+# --- failures ---------------------------------------------------------------------------------
+def _workers(launcher: psutil.Process, timeout: float = 60) -> list[psutil.Process]:
+    """The launcher's worker processes (python -m xp with a progress folder), once they report progress."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = []
+        for c in launcher.children(recursive=True):
+            try:
+                env, cmd = c.environ(), c.cmdline()
+            except psutil.Error:
+                continue
+            folder = env.get("XP_HEARTBEAT_DIR")
+            if "xp" in cmd and folder and (Path(folder) / str(c.pid)).exists():
+                found.append(c)
+        if len(found) == 2:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("the workers never reported progress")
+
+
+def _rank(p: psutil.Process) -> str:
+    return (Path(p.environ()["XP_HEARTBEAT_DIR"]) / str(p.pid)).read_text()
+
+
+def _fail_one_worker(tmp_path, store, how: signal.Signals, *args: str) -> tuple[str, str, float, list]:
+    proc = subprocess.Popen(xp_args(tmp_path, "epochs=400", "batch=16", "workers=2", *args), cwd=ROOT,
+                            env=xp_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "epoch   1/400", timeout=120)
+        launcher = psutil.Process(proc.pid)
+        victim = _workers(launcher)[1]
+        rank = _rank(victim)
+        started = [launcher, *launcher.children(recursive=True)]
+        os.kill(victim.pid, how)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 1, err
+    return rank, err, took, started
+
+
+def _nothing_left(started: list[psutil.Process]) -> None:
+    time.sleep(0.5)
+    alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["kvstore=dist_sync", "backend=horovod"])
+def test_a_killed_worker_fails_the_job_naming_its_rank(tmp_path, store, engine):
+    rank, err, took, started = _fail_one_worker(tmp_path, store, signal.SIGKILL, engine)
+    last = err.strip().splitlines()[-1]
+    assert last == (f"xp: error: worker rank {rank} was killed by signal 9; the other processes were stopped "
+                    "(its error is in the log above)")
+    assert took < 30
+    assert the_run(store).info.status == "FAILED"
+    _nothing_left(started)
+
+
+@pytest.mark.slow
+def test_a_stalled_worker_fails_the_job_after_dist_timeout(tmp_path, store):
+    rank, err, took, started = _fail_one_worker(tmp_path, store, signal.SIGSTOP, "kvstore=dist_sync",
+                                                "dist_timeout_s=8")
+    assert f"xp: error: worker rank {rank} made no progress for" in err
+    assert 8 <= took < 40
+    assert the_run(store).info.status == "FAILED"
+    _nothing_left(started)
+
+
+@pytest.mark.slow
+def test_a_port_in_use_is_refused_before_anything_starts(tmp_path, store):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_xp(tmp_path, store, "kvstore=dist_sync", "workers=2", f"port={port}", timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"xp: error: port={port}: 127.0.0.1:{port} is not free (Address already in use); "
+                                "choose another port or leave port=null for a free one")
+    assert mlflow_runs(store)[1] == []
+
+
+@pytest.mark.slow
+def test_an_unreachable_scheduler_is_a_clear_error(tmp_path, store):
+    port = free_port()  # nothing listens there
+    env = {"XP_DIST_WORKER": "1", "DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1",
+           "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+           "XP_CONNECT_TIMEOUT_S": "2"}
+    r = run_xp(tmp_path, store, "kvstore=dist_sync", "workers=2", env=env, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"xp: error: cannot reach the parameter-server scheduler at 127.0.0.1:{port} within 2 s "
+        "(DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT); is it running and reachable?")
+    assert "Traceback" not in r.stderr
+    assert all(run.info.status != "RUNNING" for run in mlflow_runs(store)[1])
+
+
+@pytest.mark.slow
+def test_a_missing_horovod_build_is_a_clear_error(tmp_path, store):
+    fake = tmp_path / "site" / "horovod"  # a horovod without its MXNet extension, first on the path
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    r = run_xp(tmp_path, store, "backend=horovod", "workers=2", timeout=120,
+               env={"PYTHONPATH": str(fake.parent)})
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("xp: error: backend=horovod: Horovod with MXNet support is not installed "
+                                       "(ModuleNotFoundError: No module named 'horovod.mxnet')")
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert mlflow_runs(store)[1] == []
+
+
+# --- plans and cluster commands (no remote process starts) --------------------------------------
+@pytest.mark.parametrize("overrides, message", [
+    (["workers=2"], "workers=2: several worker processes need a distributed kvstore"),
+    (["backend=horovod", "cpu_devices=2"], "backend=horovod: one device per worker process (2 asked); use workers=2"),
+    (["backend=horovod", "kvstore=dist_sync"], "kvstore=dist_sync: backend=horovod allreduces gradients itself"),
+    (["backend=horovod", "backend.api=symbol"], "backend.api='symbol': must be one of gluon, module"),
+    (["kvstore=dist_sync", "launcher=k8s"], "launcher='k8s'"),
+    (["kvstore=dist_sync", "port=80"], "port=80: must be an integer from 1024 to 65535"),
+    (["kvstore=dist_sync", "dist_timeout_s=0"], "dist_timeout_s=0"),
+])
+def test_distributed_settings_are_validated(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_and_backend(compose_config(*overrides))
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "mpi", "slurm"])
+def test_cluster_launchers_build_the_dmlc_tracker_command(tmp_path, launcher):
+    from dmlc_tracker import opts
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.0.0.1\n10.0.0.2:2222\n")
+    spec = Spec("ps-lite", ["kvstore=dist_sync", "workers=4"], workers=4, servers=2, launcher=launcher,
+                hosts_file=str(hosts), host_ip="10.0.0.9", env={"XP_RUN_ID": "abc"})
+    cmd = cluster_command(spec)
+    assert cmd[:2] == [sys.executable, "-c"] and f"dmlc_tracker.{launcher} as m" in cmd[2]
+    args = opts.get_opts(cmd[3:])  # the tracker's own parser reads what we built
+    assert (args.cluster, args.num_workers, args.num_servers) == (launcher, 4, 2)
+    assert (args.host_file, args.host_ip) == (str(hosts), "10.0.0.9")
+    # xp's variables travel in the command itself: the ssh launcher forwards only DMLC_* ones
+    assert args.command == ["env", "XP_DIST_WORKER=1", "MXNET_UPDATE_ON_KVSTORE=0", "XP_RUN_ID=abc",
+                            sys.executable, "-m", "xp", "kvstore=dist_sync", "workers=4"]
+
+
+def test_cluster_launchers_need_a_hosts_file(tmp_path):
+    with pytest.raises(ConfigError, match="launcher=ssh: needs hosts_file=PATH"):
+        cluster_command(Spec("ps-lite", [], workers=2, launcher="ssh"))
+    empty = tmp_path / "hosts"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match="no such file, or it lists no hosts"):
+        cluster_command(Spec("ps-lite", [], workers=2, launcher="mpi", hosts_file=str(empty)))
+
+
+def test_a_scheduler_or_server_role_runs_mxnet_and_nothing_else(tmp_path):
+    """The dmlc tracker starts every role with the worker's command; xp hands those roles to mxnet."""
+    port = free_port()
+    env = dict(os.environ, DMLC_ROLE="scheduler", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port),
+               DMLC_NUM_WORKER="1", DMLC_NUM_SERVER="1", DMLC_NODE_HOST="127.0.0.1", DMLC_INTERFACE="lo")
+    p = subprocess.Popen([sys.executable, "-m", "xp", "this=is-not-parsed"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and p.poll() is None:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break  # the scheduler listens: mxnet runs the role (and waits for its nodes)
+            time.sleep(0.2)
+        assert p.poll() is None, p.communicate()[1][-2000:]
+    finally:
+        p.kill()
+        p.wait(timeout=30)
