@@ -29,10 +29,20 @@ class GluonBackend(MXNetBackend):
     def make_trainer(self) -> Any:
         from mxnet import gluon
 
-        # update_on_kvstore=False with a parameter server: servers sum gradients, workers update, so the
-        # per-step learning rate set here reaches every update
-        trainer = gluon.Trainer(self.net.collect_params(), self.make_optimizer(), kvstore=self.kvstore,
-                                update_on_kvstore=False if self.kv is not None else None)
+        # dist_sync: servers sum gradients, workers update (update_on_kvstore=False), so the per-step
+        # learning rate set here reaches every update. dist_async: servers update, with xp's schedule.
+        on_servers = self.server_updates
+        optimizer = self.make_optimizer()
+        trainer = gluon.Trainer(self.net.collect_params(), optimizer, kvstore=self.kvstore,
+                                update_on_kvstore=on_servers if self.kv is not None else None)
+        if on_servers:
+            optimizer.rescale_grad = 1.0 / self.grad_batch  # what step() will ask for; fixed once on the servers
+            # the servers' copy of the optimizer knows parameters by number only: give it their names
+            # and multipliers (no decay on biases), which Gluon would keep on the workers
+            params = trainer._params
+            optimizer.idx2name = {i: p.name for i, p in enumerate(params)}
+            optimizer.set_lr_mult({p.name: p.lr_mult for p in params})
+            optimizer.set_wd_mult({p.name: p.wd_mult for p in params})
         if self.kv is not None:
             # Trainer would push rank 0's weights and pull them at the first step, racing that step's
             # gradient pushes: a worker could pull the servers' gradient sum as its weights. Every worker
@@ -58,7 +68,8 @@ class GluonBackend(MXNetBackend):
                 with amp.scale_loss(losses, self.trainer) as scaled:
                     losses = scaled
         autograd.backward(losses)
-        self.trainer.set_learning_rate(lr)
+        if not self.server_updates:
+            self.trainer.set_learning_rate(lr)
         # Gradients are summed over devices (and workers), then scaled by 1/batch: the global batch's mean.
         self.trainer.step(self.grad_batch)
         return logits

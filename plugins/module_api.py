@@ -43,14 +43,20 @@ class ModuleBackend(MXNetBackend):
         # the block's per-parameter multipliers (no decay on biases, backbone lr) hold here too
         self.optimizer.set_lr_mult({name: p.lr_mult for name, p in params.items()})
         self.optimizer.set_wd_mult({name: p.wd_mult for name, p in params.items()})
-        # the launcher sets MXNET_UPDATE_ON_KVSTORE=0 for workers: updates (and the lr schedule) stay local
+        # the launcher sets MXNET_UPDATE_ON_KVSTORE: 0 for dist_sync (updates and the lr schedule stay on
+        # the workers), 1 for dist_async (the servers update, with xp's schedule)
         self.mod.init_optimizer(kvstore=self.kvstore, optimizer=self.wrap_optimizer(self.optimizer))
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         return optimizer
 
+    @property
+    def gather_index(self) -> int:
+        return len(self.mod._param_names)  # string keys are numbered in the order they were initialised
+
     def step(self, batch: Any, lr: float) -> list[Any]:
-        self.optimizer.set_learning_rate(lr)
+        if not self.server_updates:
+            self.optimizer.set_learning_rate(lr)
         self.mod.forward_backward(batch)
         self.mod.update()
         return [self.mod.get_outputs()[1]]

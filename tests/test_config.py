@@ -29,7 +29,6 @@ def test_the_groups_the_product_promises_exist():
 # each of them builds a plan on a machine with GPUs (or, for dist_*, later in a distributed launch).
 REFUSED_ON_ONE_CPU = {
     ("kvstore", "nccl"): "kvstore=nccl: NCCL aggregates gradients between GPUs",
-    ("kvstore", "dist_async"): "kvstore=dist_async: not supported yet",
     ("dtype", "float16"): "dtype=float16: MXNet 1.9.1 has no float16 CPU kernels",
 }
 # Options with a value only the user can give; they train in tests/test_cli_data.py.

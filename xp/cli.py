@@ -279,6 +279,8 @@ def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
     spec = Spec(engine, argv, workers=config["workers"], servers=config["servers"], launcher=config["launcher"],
                 port=config.get("port"), hosts_file=config.get("hosts_file"), host_ip=config.get("host_ip"),
                 timeout_s=float(config["dist_timeout_s"]), env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri})
+    if engine == "ps-lite":  # whether MXNet's Module updates on the servers (Gluon is told directly)
+        spec.env["MXNET_UPDATE_ON_KVSTORE"] = "1" if config["kvstore"]["name"] == "dist_async" else "0"
     validate(spec)
     tracker = Tracker(uri, config.get("experiment") or "xp", config.get("run_name") or " ".join(overrides),
                       tags={"xp.launcher": spec.launcher, "xp.engine": engine, "xp.workers": str(spec.workers)})

@@ -70,7 +70,9 @@ def describe(plan: Plan, uri: str) -> str:
         f"  devices          {', '.join(plan.devices)}  ({plan.workers} worker{'s' if plan.workers > 1 else ''})",
         f"  batch            {plan.batch} per device, {plan.worker_batch} per worker, {plan.global_batch} global",
         f"  learning rate    {plan.lr:g} given at batch {plan.lr_ref_batch}, {plan.effective_lr:g} effective "
-        f"(x {plan.global_batch}/{plan.lr_ref_batch}); schedule {plan.lr_schedule}"
+        f"(x {plan.effective_lr / plan.lr * plan.lr_ref_batch:g}/{plan.lr_ref_batch}"
+        + (", the batch one asynchronous update sees" if plan.kvstore == "dist_async" else "")
+        + f"); schedule {plan.lr_schedule}"
         + (f" at epochs {list(plan.lr_steps)} x{plan.lr_decay:g}" if plan.lr_schedule == "step" else "")
         + f"; warm-up {plan.warmup_epochs:g} epochs",
         f"  samples/epoch    {plan.samples_per_epoch} ({plan.steps_per_epoch} steps of {plan.global_batch}; "

@@ -137,7 +137,7 @@ def cluster_command(spec: Spec) -> list[str]:
         if not hosts.is_file() or not any(line.strip() for line in hosts.read_text().splitlines()):
             raise ConfigError(f"hosts_file={spec.hosts_file}: no such file, or it lists no hosts")
     # xp's own variables travel in the command: the ssh launcher forwards only DMLC_* and a few others
-    env = {WORKER_ENV: "1", "MXNET_UPDATE_ON_KVSTORE": "0", **spec.env}
+    env = {WORKER_ENV: "1", **spec.env}
     inner = ["env", *(f"{k}={v}" for k, v in env.items()), *worker_command(spec)]
     code = (f"import sys, dmlc_tracker.opts as o, dmlc_tracker.{spec.launcher} as m; "
             "m.submit(o.get_opts(sys.argv[1:]))")
@@ -333,8 +333,7 @@ def launch(spec: Spec) -> None:
             job.start(f"server {i}", [sys.executable, "-c", "import mxnet"], dmlc_env("server", port, spec),
                       worker=False)
         for i in range(spec.workers):
-            job.start(f"worker {i}", worker_command(spec), {**dmlc_env("worker", port, spec),
-                                                          "MXNET_UPDATE_ON_KVSTORE": "0"}, worker=True)
+            job.start(f"worker {i}", worker_command(spec), dmlc_env("worker", port, spec), worker=True)
     else:
         job.start(f"dmlc tracker ({spec.launcher})", cluster_command(spec), {}, worker=True)
     job.run()

@@ -243,9 +243,6 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     if workers is None:
         workers = _int(cfg, "workers", 1, 4096)
     servers = _int(cfg, "servers", 1, 1024)
-    if kvstore == "dist_async":
-        raise ConfigError("kvstore=dist_async: not supported yet (it needs the optimizer and xp's learning-rate "
-                          "schedule on the servers); use kvstore=dist_sync")
     _choice(cfg.get("launcher", "local"), "launcher", LAUNCHERS)
     if cfg.get("port") is not None:
         _int(cfg, "port", 1024, 65535)
@@ -298,7 +295,8 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         optimizer=_choice(cfg.get("optimizer"), "optimizer", OPTIMIZERS),
         lr=lr,
         lr_ref_batch=lr_ref_batch,
-        effective_lr=lr * global_batch / lr_ref_batch,
+        # dist_async applies each worker's gradient on its own: an update sees one worker's batch
+        effective_lr=lr * (worker_batch if kvstore == "dist_async" else global_batch) / lr_ref_batch,
         lr_schedule=schedule,
         lr_steps=tuple(sorted(steps)),
         lr_decay=_float(cfg, "lr_decay", 0.0, 1.0, lo_open=True),

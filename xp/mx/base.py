@@ -75,6 +75,26 @@ def to_numpy(x: Any) -> np.ndarray:
     return (x if x.dtype == np.float32 else x.astype("float32")).asnumpy()
 
 
+class PlanSchedule:
+    """xp's learning-rate schedule where MXNet's optimizer asks for it: on the servers, with dist_async.
+
+    A server counts updates, one per worker push; a global step is one update from every worker.
+    Picklable (it travels to the servers with the optimizer), and only needs xp installed there.
+    """
+
+    FIELDS = ("steps_per_epoch", "warmup_epochs", "effective_lr", "lr_schedule", "lr_decay", "lr_steps", "epochs")
+
+    def __init__(self, plan: Plan):
+        self.fields = {k: getattr(plan, k) for k in self.FIELDS}
+        self.workers = plan.workers
+        self.base_lr = plan.effective_lr  # MXNet's optimizer reads it
+
+    def __call__(self, num_update: int) -> float:
+        from types import SimpleNamespace
+
+        return learning_rate(SimpleNamespace(**self.fields), max(0, num_update - 1) // self.workers)
+
+
 class MXNetBackend(Backend):
     requires = ("mxnet", "gluoncv", "numpy")
     # a kvstore refuses mixed key types: the gather key has the type of the backend's parameter keys
@@ -232,8 +252,13 @@ class MXNetBackend(Backend):
 
     @property
     def grad_batch(self) -> int:
-        """The samples the aggregated gradient sums over: devices and, through the kvstore, workers."""
-        return self.plan.global_batch
+        """The samples an update's gradient sums over: devices and, through a synchronous kvstore, workers."""
+        return self.plan.worker_batch if self.server_updates else self.plan.global_batch
+
+    @property
+    def server_updates(self) -> bool:
+        """dist_async: the servers hold the optimizer and its learning-rate schedule (see server_optimizer)."""
+        return self.plan.kvstore == "dist_async"
 
     @property
     def kvstore(self) -> Any:
@@ -248,6 +273,7 @@ class MXNetBackend(Backend):
             # ps-lite's init returns before rank 0's values reach the servers; a worker that pushed right
             # away would have its gradient taken as the key's initial value. Wait for every push, then meet.
             self.kv.init(self.gather_key, mx.nd.zeros(self.plan.workers))
+            self._gathered = 0.0
             mx.nd.waitall()
             self.kv._barrier()
         sums = self.gather(float(sum(v.astype(np.float64).sum() for v in self.get_params().values())))
@@ -260,21 +286,40 @@ class MXNetBackend(Backend):
             return [value]
         import mxnet as mx
 
-        # dist_sync sums the workers' pushes: each writes its own slot, the pull returns every slot
+        # dist_sync sums the workers' pushes: each writes its own slot, the pull returns every slot.
+        # dist_async adds each push to what the key holds: a worker pushes the change of its value.
         mine = mx.nd.zeros(self.plan.workers)
-        mine[self.plan.rank] = value
+        mine[self.plan.rank] = value - self._gathered if self.server_updates else value
+        self._gathered = value
         self.kv.push(self.gather_key, mine)
+        if self.server_updates:
+            mx.nd.waitall()
+            self.kv._barrier()  # every worker's push applied
         out = mx.nd.zeros(self.plan.workers)
         self.kv.pull(self.gather_key, out=out)
-        return out.asnumpy().tolist()
+        values = out.asnumpy().tolist()
+        if self.server_updates:
+            self.kv._barrier()  # every worker read before the next round's pushes
+        return values
 
     def make_optimizer(self, rescale_grad: float = 1.0) -> Any:
         """The optimizer every MXNet backend uses, so their updates are the same arithmetic."""
         import mxnet as mx
 
-        return mx.optimizer.create(self.plan.optimizer, learning_rate=self.plan.effective_lr,
-                                   momentum=self.plan.momentum, wd=self.plan.wd, rescale_grad=rescale_grad,
-                                   multi_precision=self.plan.dtype == "float16")
+        optimizer = mx.optimizer.create(self.plan.optimizer, learning_rate=self.plan.effective_lr,
+                                        momentum=self.plan.momentum, wd=self.plan.wd, rescale_grad=rescale_grad,
+                                        multi_precision=self.plan.dtype == "float16",
+                                        lr_scheduler=PlanSchedule(self.plan) if self.server_updates else None)
+        if not self.server_updates:
+            return optimizer
+        from xp.mx.server import ServerOptimizer
+
+        return ServerOptimizer(optimizer, self.gather_index)
+
+    @property
+    def gather_index(self) -> int:
+        """The gather key as the servers number it (int keys are their own number)."""
+        return self.gather_key  # type: ignore[return-value]
 
     def get_params(self) -> dict[str, np.ndarray]:
         """Current parameters by name (device 0's copy), as numpy arrays."""
