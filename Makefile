@@ -13,3 +13,4 @@ bench: setup
 	.venv/bin/python benchmarks/loop_overhead.py
 	.venv/bin/python benchmarks/loop_overhead.py --model lenet --size 16 --steps 200
 	.venv/bin/python benchmarks/pruning_study.py --seeds 0 1 2
+	.venv/bin/python benchmarks/comm_overhead.py

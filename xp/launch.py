@@ -167,6 +167,9 @@ class Job:
         self.beats = Path(tempfile.mkdtemp(prefix="xp-progress-"))
         self.base = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
         self.base.update({HEARTBEAT_ENV: str(self.beats), WORKER_ENV: "1", **spec.env})
+        if spec.launcher == "local" and "OMP_NUM_THREADS" not in os.environ:
+            # workers on one machine share its cores: N workers x all cores each would oversubscribe them
+            self.base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.workers))
         self.seen: dict[int, float] = {}  # descendants: pid -> create time (ended too, if left over)
         self.exits: dict[int, int] = {}  # horovod: rank -> exit code, from horovodrun's report
         self.started = time.monotonic()

@@ -9,8 +9,8 @@ Setup, the batch loops, synchronisation and metrics live here.
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from abc import abstractmethod
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -73,26 +73,6 @@ def _installed(metadata: Any, dist: str) -> bool:
 def to_numpy(x: Any) -> np.ndarray:
     """float32 numpy copy of an NDArray of any precision (bfloat16 has no numpy dtype)."""
     return (x if x.dtype == np.float32 else x.astype("float32")).asnumpy()
-
-
-class PlanSchedule:
-    """xp's learning-rate schedule where MXNet's optimizer asks for it: on the servers, with dist_async.
-
-    A server counts updates, one per worker push; a global step is one update from every worker.
-    Picklable (it travels to the servers with the optimizer), and only needs xp installed there.
-    """
-
-    FIELDS = ("steps_per_epoch", "warmup_epochs", "effective_lr", "lr_schedule", "lr_decay", "lr_steps", "epochs")
-
-    def __init__(self, plan: Plan):
-        self.fields = {k: getattr(plan, k) for k in self.FIELDS}
-        self.workers = plan.workers
-        self.base_lr = plan.effective_lr  # MXNet's optimizer reads it
-
-    def __call__(self, num_update: int) -> float:
-        from types import SimpleNamespace
-
-        return learning_rate(SimpleNamespace(**self.fields), max(0, num_update - 1) // self.workers)
 
 
 class MXNetBackend(Backend):
@@ -257,7 +237,7 @@ class MXNetBackend(Backend):
 
     @property
     def server_updates(self) -> bool:
-        """dist_async: the servers hold the optimizer and its learning-rate schedule (see server_optimizer)."""
+        """dist_async: the servers hold the optimizer and its learning-rate schedule (xp.mx.server)."""
         return self.plan.kvstore == "dist_async"
 
     @property
@@ -306,15 +286,14 @@ class MXNetBackend(Backend):
         """The optimizer every MXNet backend uses, so their updates are the same arithmetic."""
         import mxnet as mx
 
-        optimizer = mx.optimizer.create(self.plan.optimizer, learning_rate=self.plan.effective_lr,
-                                        momentum=self.plan.momentum, wd=self.plan.wd, rescale_grad=rescale_grad,
-                                        multi_precision=self.plan.dtype == "float16",
-                                        lr_scheduler=PlanSchedule(self.plan) if self.server_updates else None)
+        kwargs = dict(learning_rate=self.plan.effective_lr, momentum=self.plan.momentum, wd=self.plan.wd,
+                      rescale_grad=rescale_grad, multi_precision=self.plan.dtype == "float16")
         if not self.server_updates:
-            return optimizer
-        from xp.mx.server import ServerOptimizer
+            return mx.optimizer.create(self.plan.optimizer, **kwargs)
+        from xp.mx.server import PlanSchedule, ServerOptimizer
 
-        return ServerOptimizer(optimizer, self.gather_index)
+        return ServerOptimizer(mx.optimizer.create(self.plan.optimizer, lr_scheduler=PlanSchedule(self.plan), **kwargs),
+                               self.gather_index)
 
     @property
     def gather_index(self) -> int:

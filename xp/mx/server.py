@@ -1,10 +1,13 @@
-"""The optimizer the parameter servers run with kvstore=dist_async (pickled to them by MXNet)."""
+"""What the parameter servers run with kvstore=dist_async: the optimizer and xp's learning-rate
+schedule, pickled to them by MXNet (the servers need xp installed)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import mxnet as mx
+
+from xp.plan import learning_rate
 
 
 class ServerOptimizer(mx.optimizer.Optimizer):
@@ -53,3 +56,22 @@ class ServerOptimizer(mx.optimizer.Optimizer):
         if rest:
             args = [list(column) for column in zip(*rest)] if many else rest[0]
             getattr(self._inner, method)(*args)
+
+
+class PlanSchedule:
+    """xp's learning-rate schedule where MXNet's optimizer asks for it: on the servers, with dist_async.
+
+    A server counts updates, one per worker push; a global step is one update from every worker.
+    Picklable (it travels to the servers with the optimizer), and only needs xp installed there.
+    """
+
+    FIELDS = ("steps_per_epoch", "warmup_epochs", "effective_lr", "lr_schedule", "lr_decay", "lr_steps", "epochs")
+
+    def __init__(self, plan: Any):
+        self.fields = {k: getattr(plan, k) for k in self.FIELDS}
+        self.workers = plan.workers
+
+    def __call__(self, num_update: int) -> float:
+        from types import SimpleNamespace
+
+        return learning_rate(SimpleNamespace(**self.fields), max(0, num_update - 1) // self.workers)
