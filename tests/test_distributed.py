@@ -91,17 +91,21 @@ def test_horovod_workers_compute_what_one_process_computes(tmp_path, store, api)
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gluon", "module"])
 def test_dist_async_updates_on_the_servers_with_the_schedule(tmp_path, store, backend):
-    """Servers run the optimizer: from epoch 3 the schedule's lr is ~0, and without momentum nothing moves."""
-    r = run_xp(tmp_path, store, f"backend={backend}", "kvstore=dist_async", "workers=2", "batch=16", "epochs=3",
+    """Servers run the optimizer: from epoch 3 the schedule's lr is ~0, and without momentum nothing moves.
+
+    (Epoch 3's first pulls may still bring epoch 2's last updates: asynchronous workers evaluate weights
+    that lag the servers' by the updates in flight. Epochs 3 and 4 see the same frozen weights.)
+    """
+    r = run_xp(tmp_path, store, f"backend={backend}", "kvstore=dist_async", "workers=2", "batch=16", "epochs=4",
                "lr_schedule=step", "lr_steps=[2]", "lr_decay=1e-9", "momentum=0", "lr=0.1", timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = the_run(store)
     client = mlflow_runs(store)[0]
     loss = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step)]
     acc = client.get_metric_history(run.info.run_id, "val_accuracy")
-    assert len(loss) == 3 and max(m.value for m in acc) > 0.85
+    assert len(loss) == 4 and max(m.value for m in acc) > 0.85
     assert abs(loss[1] - loss[0]) > 1e-2  # trained in epoch 2
-    assert abs(loss[2] - loss[1]) < 1e-5  # lr 1e-10 from epoch 3: the servers applied xp's schedule
+    assert abs(loss[3] - loss[2]) < 1e-5  # lr 5e-11 from epoch 3: the servers applied xp's schedule
     m = run.data.metrics
     assert m["throughput"] == pytest.approx(m["worker0_throughput"] + m["worker1_throughput"])
     assert run.data.params["derived.effective_lr"] == "0.05"  # 0.1 x 16/32: an update sees one worker's batch

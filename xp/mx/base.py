@@ -170,8 +170,11 @@ class MXNetBackend(Backend):
         from xp.mx.data import make_iters
         from xp.mx.models import build_net, initialize, load_pretrained
 
+        from xp.launch import report_progress
+
         self.kv = None
         plan = self.connect(plan)
+        report_progress(plan.rank)  # a launched worker tells its launcher its rank as soon as it knows it
         self.plan = plan
         random.seed(plan.seed)
         np.random.seed(plan.seed)

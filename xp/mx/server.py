@@ -70,6 +70,7 @@ class PlanSchedule:
     def __init__(self, plan: Any):
         self.fields = {k: getattr(plan, k) for k in self.FIELDS}
         self.workers = plan.workers
+        self.base_lr = plan.effective_lr  # MXNet's optimizer reads (and sets) it
 
     def __call__(self, num_update: int) -> float:
         from types import SimpleNamespace
