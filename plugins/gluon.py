@@ -74,6 +74,14 @@ class GluonBackend(MXNetBackend):
         self.trainer.step(self.grad_batch)
         return logits
 
+    def save_state(self, folder: Any) -> None:
+        self.net.save_parameters(str(folder / "params"))
+        self.trainer.save_states(str(folder / "trainer.states"))
+
+    def load_state(self, folder: Any) -> None:
+        self.net.load_parameters(str(folder / "params"), ctx=self.contexts)
+        self.trainer.load_states(str(folder / "trainer.states"))
+
     def predict(self, batch: Any) -> list[Any]:
         datas, _ = self.split(batch)
         return [self.net(self.cast(x)) for x in datas]

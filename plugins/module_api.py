@@ -65,6 +65,14 @@ class ModuleBackend(MXNetBackend):
         arg_params, aux_params = self.mod.get_params()
         return {name: to_numpy(v) for name, v in {**arg_params, **aux_params}.items()}
 
+    def save_state(self, folder: Any) -> None:
+        self.mod.save_params(str(folder / "params"))
+        self.mod.save_optimizer_states(str(folder / "optimizer.states"))
+
+    def load_state(self, folder: Any) -> None:
+        self.mod.load_params(str(folder / "params"))
+        self.mod.load_optimizer_states(str(folder / "optimizer.states"))
+
     def predict(self, batch: Any) -> list[Any]:
         self.mod.forward(batch, is_train=False)
         return [self.mod.get_outputs()[1]]

@@ -295,3 +295,120 @@ def test_a_scheduler_or_server_role_runs_mxnet_and_nothing_else(tmp_path):
     finally:
         p.kill()
         p.wait(timeout=30)
+
+
+# --- elastic: workers join and leave, the global batch stays fixed -----------------------------------
+def _epoch_values(store, name: str) -> list[float]:
+    client, runs = mlflow_runs(store)
+    assert len(runs) == 1
+    hist = client.get_metric_history(runs[0].info.run_id, name)
+    by_step = {}
+    for m in sorted(hist, key=lambda m: m.timestamp):
+        by_step[m.step] = m.value  # a rolled-back epoch is logged again: the later value counts
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _elastic_args(discovery: Path, *more: str) -> list[str]:
+    # global batch 48: 24 per worker with 2 workers, 16 with 3
+    return ["kvstore=dist_sync", "batch=24", "workers=2", "elastic.enabled=true", f"elastic.discovery={discovery}",
+            "elastic.poll_s=0.2", "elastic.max_workers=3", "dist_timeout_s=120", *more]
+
+
+@pytest.mark.slow
+def test_workers_join_and_leave_at_epoch_boundaries_with_the_same_accuracy(tmp_path, store):
+    fixed_store = f"sqlite:///{tmp_path / 'fixed.db'}"
+    fixed = run_xp(tmp_path / "fixed", fixed_store, "kvstore=dist_sync", "batch=24", "workers=2", "epochs=6",
+                   timeout=300)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    fixed_acc = _epoch_values(fixed_store, "val_accuracy")[-1]
+
+    discovery = tmp_path / "hosts"
+    discovery.write_text("127.0.0.1:2\n")
+    proc = subprocess.Popen(xp_args(tmp_path, *_elastic_args(discovery), "epochs=6"), cwd=ROOT, env=xp_env(store),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "epoch 1/6", timeout=120)
+        discovery.write_text("127.0.0.1:2\n127.0.0.1:1\n")  # a third worker joins
+        wait_for_line(proc, "epoch 3/6", timeout=120)
+        discovery.write_text("127.0.0.1:2\n")  # and leaves again
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    workers = _epoch_values(store, "workers")
+    assert len(workers) == 6 and workers[0] == 2 and 3 in workers and workers[-1] == 2, workers
+    assert workers.index(3) >= 1
+    client, runs = mlflow_runs(store)
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    m = run.data.metrics
+    assert m["worker_hours"] > 0 and m["cost_usd"] >= 0
+    acc = _epoch_values(store, "val_accuracy")
+    assert abs(acc[-1] - fixed_acc) <= 0.01, (acc, fixed_acc)
+    assert run.data.params["derived.global_batch"] == "48"
+    assert _epoch_values(store, "elastic.launch_workers") == [2, 3, 2]  # three jobs: 2, then 3, then 2 workers
+    # the report shows the worker count over time
+    from xp.report import main as report_main
+
+    assert report_main(["--tracking-uri", store, "--out", str(tmp_path / "report")]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Elastic runs" in md and " ".join(f"{w:g}" for w in workers) in md
+    assert (tmp_path / "report" / "workers.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_a_worker_lost_mid_epoch_rolls_back_and_training_goes_on(tmp_path, store):
+    discovery = tmp_path / "hosts"
+    discovery.write_text("127.0.0.1:3\n")
+    proc = subprocess.Popen(xp_args(tmp_path, *_elastic_args(discovery), "epochs=40"), cwd=ROOT,
+                            env=xp_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "epoch  2/40", timeout=120)
+        launcher = psutil.Process(proc.pid)
+        victims = [c for c in launcher.children(recursive=True)
+                   if "xp" in c.cmdline() and c.environ().get("DMLC_ROLE") == "worker"]
+        assert len(victims) == 3
+        os.kill(victims[-1].pid, signal.SIGKILL)
+        started = [launcher, *launcher.children(recursive=True)]
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    assert "rolling back to epoch" in out and "going on without the lost worker" in out
+    workers = _epoch_values(store, "workers")
+    assert len(workers) == 40 and workers[0] == 3 and workers[-1] == 2, workers  # 48 = 2 x 24
+    run = mlflow_runs(store)[1][0]
+    assert run.info.status == "FINISHED" and run.data.metrics["elastic.restarts"] == 1
+    assert _epoch_values(store, "val_accuracy")[-1] > 0.9
+    _nothing_left(started)
+
+
+def test_discovery_and_worker_counts():
+    from xp.elastic import usable
+
+    assert usable(3, 1, 8, 48, 1) == 3
+    assert usable(5, 1, 8, 48, 1) == 4  # 5 does not divide 48: one waits as a spare
+    assert usable(3, 1, 2, 48, 1) == 2  # max_workers
+    assert usable(1, 2, 8, 48, 1) is None  # below min_workers
+    assert usable(3, 1, 8, 48, 2) == 3 and usable(5, 1, 8, 48, 2) == 4  # 2 devices each: 48 / (n x 2)
+
+
+def test_discovery_sources(tmp_path):
+    from xp.elastic import read_slots
+
+    f = tmp_path / "hosts"
+    f.write_text("127.0.0.1:2\n# a comment\nlocalhost\n\n")
+    assert read_slots(str(f)) == 3
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho 127.0.0.1:4\n")
+    script.chmod(0o755)
+    assert read_slots(str(script)) == 4
+    f.write_text("10.1.2.3:8\n")
+    with pytest.raises(ConfigError, match="is not this machine"):
+        read_slots(str(f))
+    with pytest.raises(ConfigError, match="cannot read it"):
+        read_slots(str(tmp_path / "missing"))

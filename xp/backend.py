@@ -17,6 +17,7 @@ fails when this backend is selected.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 if TYPE_CHECKING:
@@ -60,6 +61,18 @@ class Backend(ABC):
         A distributed backend learns its worker rank here and keeps the plan with that
         rank in self.plan; the core reads self.plan.rank afterwards.
         """
+
+    def save_state(self, folder: Path) -> None:
+        """Write what training needs to continue (parameters, optimizer state) into `folder`."""
+        from xp.errors import ConfigError
+
+        raise ConfigError(f"checkpoint_dir: backend={self.name} cannot save its training state")
+
+    def load_state(self, folder: Path) -> None:
+        """Restore what save_state wrote (called by setup when the plan resumes)."""
+        from xp.errors import ConfigError
+
+        raise ConfigError(f"resume: backend={self.name} cannot restore a training state")
 
     def gather(self, value: float) -> list[float]:
         """Every worker's value (a collective: all workers call it), indexed by rank."""

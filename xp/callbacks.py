@@ -77,12 +77,15 @@ class CostMeter(Callback):
     time_to_target_s and cost_to_target_usd at the first epoch that reaches it.
     """
 
-    def __init__(self, price_per_hour: float, target_accuracy: float | None = None):
+    def __init__(self, price_per_hour: float, target_accuracy: float | None = None,
+                 before: list[dict[str, float]] | None = None):
         self.price, self.target = price_per_hour, target_accuracy
-        self.reached = False
+        before = before or []  # epochs trained before a resume: the clock and the bill continue
+        self.offset = before[-1].get("elapsed_s", 0.0) if before else 0.0
+        self.reached = any("time_to_target_s" in m for m in before)
 
     def on_train_begin(self) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = time.perf_counter() - self.offset
 
     def on_epoch_begin(self, epoch: int) -> None:
         self._te = time.perf_counter()

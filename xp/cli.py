@@ -289,7 +289,12 @@ def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
     print(f"xp: launching {describe(spec)}; MLflow run {tracker.run_id}", flush=True)
     status = "FAILED"
     try:
-        launch(spec)
+        if (config.get("elastic") or {}).get("enabled"):
+            from xp import elastic
+
+            elastic.run(spec, config, lambda metrics, step: tracker.log_metrics(metrics, step=step))
+        else:
+            launch(spec)
         status = "FINISHED"
         return 0
     except LaunchError as e:

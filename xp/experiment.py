@@ -7,11 +7,12 @@ it too. It returns the objective (see run()).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xp import report, study
+from xp import checkpoint, elastic, report, study
 from xp.callbacks import (Callback, CostMeter, Progress, ProgressBar, ProgressPrinter, ThroughputMeter,
                           WorkerMetrics)
 from xp.gpu import visible_gpus
@@ -85,10 +86,10 @@ def describe(plan: Plan, uri: str) -> str:
 
 
 class History(Callback):
-    """The metrics of every finished epoch, also when training stops early."""
+    """The metrics of every finished epoch, also when training stops early (and those before a resume)."""
 
-    def __init__(self):
-        self.epochs: list[dict[str, float]] = []
+    def __init__(self, before: list[dict[str, float]] | None = None):
+        self.epochs: list[dict[str, float]] = list(before or [])
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         self.epochs.append(dict(metrics))
@@ -138,22 +139,37 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
         params.update({f"derived.{k}": v for k, v in plan.derived().items()})
         params.update({f"version.{k}": v for k, v in versions(backend_cls.requires).items()})
         params["batch_auto"] = auto_batch
-        tracker.log_params(params)
+        if not os.environ.get(elastic.RESUMED_ENV):  # a relaunched elastic job: its run has them already
+            tracker.log_params(params)
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
 
         if plan.diagnose:
             return _diagnose(plan, backend_cls, tracker)
+        before = checkpoint.require(plan.resume) if plan.resume else None
+        done = list(before.history) if before else []
+        if before:
+            log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
         meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
-        history = History()
+        history = History(done)
         callbacks = [Progress(plan.rank), meter, WorkerMetrics(backend.gather, meter.name),
-                     CostMeter(plan.cost_per_hour, plan.target_accuracy), *telemetry(plan, tracker.run_id, uri),
-                     TrackingCallback(tracker), ProgressBar(plan.steps_per_epoch, plan.worker_batch),
-                     ProgressPrinter(plan.epochs), history]
+                     CostMeter(plan.cost_per_hour, plan.target_accuracy, done)]
+        if config.get("elastic", {}).get("enabled"):
+            callbacks.append(elastic.WorkerHours(plan.workers, plan.hardware, done))
+        callbacks += [*telemetry(plan, tracker.run_id, uri), history]
+        if plan.checkpoint_dir:  # committed before it is logged: a rolled-back epoch is never logged
+            callbacks.append(checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state, lambda: history.epochs,
+                                                     plan.rank))
+        callbacks += [TrackingCallback(tracker), ProgressBar(plan.steps_per_epoch, plan.worker_batch),
+                      ProgressPrinter(plan.epochs)]
+        stop = None
+        if os.environ.get(elastic.STOP_ENV):
+            stop = elastic.StopAtMembershipChange(backend.gather, os.environ[elastic.STOP_ENV], plan.epochs)
+            callbacks.append(stop)
         if trial and not trial[1].multi_objective:
             callbacks.append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
         state = "COMPLETE"
         try:
-            fit(plan, backend, callbacks, setup=False)
+            fit(plan, backend, callbacks, setup=False, start_epoch=before.epoch if before else 0)
         except study.TrialPruned as e:
             state = "PRUNED"
             log.info(f"trial {trial[0].number}: {e}")
@@ -166,6 +182,9 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             raise
         if trial:
             tracker.set_tags({"optuna.trial_state": state})
+        if stop is not None and stop.stopped:
+            log.info(f"stopping after epoch {len(history.epochs)}: the workers change; the launcher goes on")
+            return float(history.epochs[-1].get("val_accuracy", 0.0))
         if plan.save_params and plan.rank == 0:
             import numpy as np
 

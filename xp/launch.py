@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from xp.errors import ConfigError, XPError
 
@@ -54,6 +55,8 @@ class Spec:
     host_ip: str | None = None  # cluster launchers: the address workers reach the scheduler at
     timeout_s: float = 300.0  # a worker without progress for this long fails the job
     env: dict[str, str] = field(default_factory=dict)  # extra variables for every worker
+    on_poll: Callable[[], None] | None = None  # called every poll_s while the job runs (elastic discovery)
+    poll_s: float = 1.0
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -201,7 +204,11 @@ class Job:
             return None
 
     def _watch(self) -> None:
+        polled = time.monotonic()
         while True:
+            if self.spec.on_poll is not None and time.monotonic() - polled >= self.spec.poll_s:
+                polled = time.monotonic()
+                self.spec.on_poll()
             self._remember_descendants()
             for r in self.roles:
                 code = r.proc.poll()
@@ -231,20 +238,22 @@ class Job:
 
     def _check_progress(self) -> None:
         now_wall, age_limit = time.time(), self.spec.timeout_s
-        beats = {}
+        beats = {}  # rank -> (seconds since its last progress, pid)
         for f in self.beats.iterdir():
             try:
-                beats[f.read_text().strip()] = now_wall - f.stat().st_mtime
-            except OSError:
+                beats[f.read_text().strip()] = (now_wall - f.stat().st_mtime, int(f.name))
+            except (OSError, ValueError):
                 continue
         waited = time.monotonic() - self.started
         if len(beats) < self.spec.workers and waited > age_limit:
             raise LaunchError(f"only {len(beats)} of {self.spec.workers} workers started within {age_limit:g} s "
                               "(dist_timeout_s); the job was stopped")
-        stale = {rank: age for rank, age in beats.items() if age > age_limit}
+        stale = {rank: age_pid for rank, age_pid in beats.items() if age_pid[0] > age_limit}
         if stale:
-            rank = max(stale, key=stale.get)  # the one that stopped first
-            raise LaunchError(f"worker rank {rank} made no progress for {stale[rank]:.0f} s (dist_timeout_s="
+            # the others wait for it in a collective: name a worker the system stopped, else the longest silent
+            stopped = [rank for rank, (_, pid) in stale.items() if _is_stopped(pid)]
+            rank = stopped[0] if stopped else max(stale, key=lambda r: stale[r][0])
+            raise LaunchError(f"worker rank {rank} made no progress for {stale[rank][0]:.0f} s (dist_timeout_s="
                               f"{age_limit:g}); the job was stopped")
 
     def _remember_descendants(self) -> None:
@@ -301,6 +310,15 @@ class Job:
             except psutil.Error:
                 continue
         psutil.wait_procs(left, timeout=5)
+
+
+def _is_stopped(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except Exception:  # gone, or psutil missing: nothing to tell
+        return False
 
 
 def validate(spec: Spec) -> None:

@@ -71,6 +71,8 @@ class Plan:
     hosts: int  # instances the run occupies (cost); the local launcher puts every role on one
     servers: int  # parameter-server processes (dist_* kvstores)
     save_params: str | None  # where rank 0 writes the trained parameters
+    checkpoint_dir: str | None  # where rank 0 commits the training state after every epoch
+    resume: str | None  # a checkpoint_dir to continue from
     batch: int  # per device
     worker_batch: int  # batch x devices
     global_batch: int  # worker_batch x workers
@@ -179,6 +181,27 @@ def _group(cfg: dict, key: str) -> dict:
     return v
 
 
+def _elastic(e: dict, kvstore: str, launcher: str) -> None:
+    if not e.get("enabled"):
+        return
+    if kvstore not in ("dist_sync", "dist_device_sync"):
+        raise ConfigError(f"elastic.enabled=true: needs kvstore=dist_sync (or dist_device_sync), not {kvstore}; "
+                          "xp relaunches the parameter-server job when the workers change")
+    if launcher != "local":
+        raise ConfigError(f"elastic.enabled=true: launcher={launcher} is not supported; elastic jobs run with "
+                          "launcher=local")
+    lo, hi = e.get("min_workers"), e.get("max_workers")
+    if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi):
+        raise ConfigError(f"elastic.min_workers={lo!r}, elastic.max_workers={hi!r}: need integers with "
+                          "1 <= min_workers <= max_workers")
+    for key, top in (("poll_s", 3600), ("wait_s", 86400)):
+        v = e.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.05 <= v <= top:
+            raise ConfigError(f"elastic.{key}={v!r}: must be a number of seconds in [0.05, {top}]")
+    if not _is_int(e.get("max_restarts")) or e["max_restarts"] < 0:
+        raise ConfigError(f"elastic.max_restarts={e.get('max_restarts')!r}: must be an integer >= 0")
+
+
 def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0) -> Plan:
     """Validate a resolved config (plain dict) and derive the plan.
 
@@ -244,6 +267,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         workers = _int(cfg, "workers", 1, 4096)
     servers = _int(cfg, "servers", 1, 1024)
     _choice(cfg.get("launcher", "local"), "launcher", LAUNCHERS)
+    _elastic(cfg.get("elastic") or {}, kvstore, cfg.get("launcher", "local"))
     if cfg.get("port") is not None:
         _int(cfg, "port", 1024, 65535)
     if cfg.get("dist_timeout_s") is not None:
@@ -289,6 +313,8 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         hosts=1,
         servers=servers,
         save_params=cfg.get("save_params"),
+        checkpoint_dir=cfg.get("checkpoint_dir"),
+        resume=cfg.get("resume"),
         batch=batch,
         worker_batch=worker_batch,
         global_batch=global_batch,

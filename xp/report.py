@@ -16,7 +16,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 COLUMNS = [
     ("run", "run", "{}"),
@@ -217,12 +217,56 @@ def _md_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -
     return "\n".join([head, sep, *body])
 
 
-def build_report(runs: list[Any], out: Path, title: str) -> Path:
-    """Write report.md and the plots for these MLflow runs into `out`; return report.md's path."""
+def elastic_timeline(runs: list[Any], history: Callable[[str, str], list[Any]]) -> list[dict[str, Any]]:
+    """For runs whose workers changed count (elastic): workers per epoch against the time trained, and the bill."""
+    out = []
+    for r in runs:
+        if "worker_hours" not in r.data.metrics:
+            continue
+
+        def per_step(key: str) -> dict[int, float]:
+            return {m.step: m.value for m in sorted(history(r.info.run_id, key), key=lambda m: m.timestamp)}
+
+        workers, elapsed = per_step("workers"), per_step("elapsed_s")
+        steps = sorted(workers)
+        m = r.data.metrics
+        out.append({"run": r.info.run_name, "epochs": steps, "workers": [workers[s] for s in steps],
+                    "elapsed_s": [elapsed.get(s) for s in steps], "worker_hours": m.get("worker_hours"),
+                    "cost_on_demand_usd": m.get("cost_on_demand_usd"), "cost_spot_usd": m.get("cost_spot_usd"),
+                    "val_accuracy": m.get("val_accuracy")})
+    return out
+
+
+def _timeline_plot(timeline: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for t in timeline:
+        xs = [e if e is not None else i for i, e in zip(t["epochs"], t["elapsed_s"])]
+        ax.step(xs, t["workers"], where="pre", marker="o", label=t["run"][:40])
+    ax.set_xlabel("time trained (s, at each epoch's end)")
+    ax.set_ylabel("workers")
+    ax.set_title("Workers over time (elastic runs)", fontsize=11)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, out / "workers.png", files)
+
+
+def build_report(runs: list[Any], out: Path, title: str,
+                 history: Callable[[str, str], list[Any]] | None = None) -> Path:
+    """Write report.md and the plots for these MLflow runs into `out`; return report.md's path.
+    `history(run_id, key)` (MlflowClient.get_metric_history) adds elastic runs' worker counts over time."""
     out.mkdir(parents=True, exist_ok=True)
     rows = sorted((report_row(r) for r in runs), key=lambda r: (r["model"] or "", r["devices"], r["batch"] or 0))
     scale = scaling(rows)
     files = _plots(rows, scale, out)
+    timeline = elastic_timeline(runs, history) if history else []
+    if timeline:
+        _timeline_plot(timeline, out, files)
     lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}.", "",
              _md_table(rows, SEED_COLUMNS), ""]
     if scale:
@@ -230,6 +274,14 @@ def build_report(runs: list[Any], out: Path, title: str) -> Path:
                   _md_table(scale, [("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch/device", "{:g}"),
                                     ("devices", "devices", "{}"), ("throughput", "samples/s", "{:.1f}"),
                                     ("ideal", "ideal", "{:.1f}"), ("efficiency", "efficiency", "{:.1%}")]), ""]
+    if timeline:
+        lines += ["## Elastic runs", "", "Workers per epoch (every worker an instance: worker-hours x price).", "",
+                  _md_table([{**t, "workers": " ".join(f"{w:g}" for w in t["workers"])} for t in timeline],
+                            [("run", "run", "{}"), ("workers", "workers per epoch", "{}"),
+                             ("worker_hours", "worker-hours", "{:.4f}"),
+                             ("cost_on_demand_usd", "cost on-demand", "${:.4f}"),
+                             ("cost_spot_usd", "cost spot", "${:.4f}"), ("val_accuracy", "val accuracy", "{:.4f}")]),
+                  ""]
     for f in files:
         lines += [f"![{f.stem}]({f.name})", ""]
     md = out / "report.md"
@@ -266,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             raise XPError(f"no finished xp runs match in experiment {args.experiment} ({uri})")
         out = Path(args.out or f"reports/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
-        md = build_report(runs, out, f"xp report: {args.experiment}" + (f", sweep {args.parent}" if args.parent else ""))
+        md = build_report(runs, out, f"xp report: {args.experiment}" + (f", sweep {args.parent}" if args.parent else ""),
+                          history=client.get_metric_history)
         target = args.parent or client.create_run(exp.experiment_id, run_name="report", tags={"xp.report": "true"}).info.run_id
         client.log_artifacts(target, str(out), "report")
         if not args.parent:

@@ -204,6 +204,10 @@ class MXNetBackend(Backend):
                 p.wd_mult = 0.0
         self.train_iter, self.val_iter = make_iters(plan)
         self.prepare()
+        if plan.resume:
+            from xp.checkpoint import require
+
+            self.load_state(require(plan.resume).folder)  # every worker loads the same commit
         if plan.workers > 1 or self.kv is not None:
             self.join()
 

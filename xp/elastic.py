@@ -1,0 +1,185 @@
+"""Elastic training: workers join and leave at epoch boundaries while the global batch stays fixed.
+
+Built on checkpoint-and-relaunch of the parameter-server job (see the README for why, not
+Horovod's elastic driver). The launching process reads the discovery source (a file of
+"host:slots" lines, or an executable printing them, as horovodrun's --host-discovery-script
+expects) every `poll_s`. It runs the ps-lite job with as many workers as are usable; when the
+count changes it asks the workers to stop after the current epoch (a flag file they agree on
+through a collective), and relaunches from the committed state (parameters, optimizer state,
+epoch, metrics) with the new count: per-worker batch = global batch / workers, the data
+re-sharded by rank, the learning-rate schedule unchanged (it follows the global batch).
+A worker that dies mid-epoch fails that job; the launcher rolls back to the last commit and
+continues with the workers that are left. One MLflow run covers every relaunch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from xp.callbacks import Callback
+from xp.errors import ConfigError
+from xp.launch import LaunchError, Spec, launch
+
+STOP_ENV = "XP_ELASTIC_STOP"  # the flag file: stop after this epoch, the workers change
+RESUMED_ENV = "XP_ELASTIC_RESUMED"  # set for relaunched jobs: the run's params are logged already
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+def read_slots(source: str, timeout_s: float = 10.0) -> int:
+    """Slots the discovery source lists now. Only this machine's hosts: elastic jobs launch locally."""
+    path = Path(source).expanduser()
+    if os.access(path, os.X_OK) and path.is_file():
+        try:
+            out = subprocess.run([str(path)], capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            raise ConfigError(f"elastic.discovery={source}: the script failed ({type(e).__name__})") from None
+    else:
+        try:
+            out = path.read_text()
+        except OSError as e:
+            raise ConfigError(f"elastic.discovery={source}: cannot read it ({e.strerror})") from None
+    slots = 0
+    for line in out.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, _, n = line.partition(":")
+        if host not in LOCAL_HOSTS:
+            raise ConfigError(f"elastic.discovery={source}: host {host!r} is not this machine; elastic jobs "
+                              f"launch their workers locally ({', '.join(LOCAL_HOSTS)})")
+        if n and not n.isdigit():
+            raise ConfigError(f"elastic.discovery={source}: {line!r} is not host:slots")
+        slots += int(n or 1)
+    return slots
+
+
+def usable(available: int, lo: int, hi: int, global_batch: int, devices: int) -> int | None:
+    """Workers to run: at most `available` and `hi`, and dividing the global batch evenly (the largest
+    such count: a worker that would break the division waits as a spare); None if fewer than `lo`."""
+    for n in range(min(available, hi), lo - 1, -1):
+        if global_batch % (n * devices) == 0:
+            return n
+    return None
+
+
+# --- worker side -------------------------------------------------------------------------------
+class StopAtMembershipChange(Callback):
+    """At an epoch's end: stop if the launcher asked (the workers decide together, by a collective)."""
+
+    def __init__(self, gather: Callable[[float], list[float]], flag: str, epochs: int):
+        self.gather, self.flag, self.epochs = gather, Path(flag), epochs
+        self.stopped = False
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        from xp.train import StopTraining
+
+        asked = max(self.gather(1.0 if self.flag.exists() else 0.0)) > 0
+        if asked and epoch < self.epochs:
+            self.stopped = True
+            raise StopTraining()
+
+
+class WorkerHours(Callback):
+    """workers per epoch, worker-hours so far, and their cost at on-demand and (if known) spot prices:
+    every worker is an instance (the spot-fleet model the seed's Dynamic Training measured)."""
+
+    def __init__(self, workers: int, hardware: Any, before: list[dict[str, float]]):
+        self.workers, self.hw = workers, hardware
+        self.hours = before[-1].get("worker_hours", 0.0) if before else 0.0
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        self._t = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.hours += (time.perf_counter() - self._t) * self.workers / 3600
+        metrics["workers"] = self.workers
+        metrics["worker_hours"] = self.hours
+        metrics["cost_usd"] = self.hours * self.hw.hourly
+        metrics["cost_on_demand_usd"] = self.hours * self.hw.price_per_hour
+        if self.hw.spot_price_per_hour is not None:
+            metrics["cost_spot_usd"] = self.hours * self.hw.spot_price_per_hour
+
+
+# --- launcher side -------------------------------------------------------------------------------
+def _override(argv: list[str], **values: Any) -> list[str]:
+    keys = set(values)
+    kept = [a for a in argv if a.split("=", 1)[0].lstrip("+") not in keys]
+    return [*kept, *(f"{k}={v}" for k, v in values.items())]
+
+
+def run(spec: Spec, config: dict[str, Any], log: Callable[[dict[str, float], int], None]) -> None:
+    """Run the elastic job to its last epoch; raise LaunchError when it cannot go on."""
+    from xp import checkpoint
+    from xp.experiment import plan_and_backend
+
+    e = config["elastic"]
+    plan, _ = plan_and_backend(config)
+    global_batch, devices, epochs = plan.global_batch, len(plan.devices), plan.epochs
+    keep = bool(config.get("checkpoint_dir"))
+    root = Path(config["checkpoint_dir"]).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
+    flag = root / "stop-after-epoch"
+
+    def available() -> int:
+        return read_slots(e["discovery"]) if e.get("discovery") else int(config["workers"])
+
+    lost, lost_at, restarts, first = 0, 0, 0, True
+    try:
+        while True:
+            done = checkpoint.latest(root)
+            committed = done.epoch if done else 0
+            if committed >= epochs:
+                return
+            seen = available()
+            if lost and seen != lost_at:
+                lost = 0  # a new membership: the discovery source speaks for every worker again
+            n = _wait_for_workers(lambda: usable(available() - lost, e["min_workers"], e["max_workers"],
+                                                 global_batch, devices), e["wait_s"], e["poll_s"], e["min_workers"])
+            flag.unlink(missing_ok=True)
+            argv = _override(spec.worker_argv, workers=n, batch=global_batch // (devices * n),
+                             checkpoint_dir=str(root), resume=str(root) if done else "null")
+            env = {**spec.env, STOP_ENV: str(flag), **({} if first else {RESUMED_ENV: "1"})}
+
+            def poll(seen: int = seen) -> None:
+                if not flag.exists() and available() != seen:
+                    flag.touch()  # the workers finish this epoch, commit it, and exit
+
+            print(f"xp: elastic: epoch {committed + 1}/{epochs} on {n} workers "
+                  f"(batch {global_batch // (devices * n)} per device, global {global_batch})", flush=True)
+            log({"elastic.launch_workers": n}, committed)
+            first = False
+            try:
+                launch(replace(spec, workers=n, worker_argv=argv, env=env, on_poll=poll, poll_s=e["poll_s"]))
+            except LaunchError as err:
+                restarts += 1
+                if restarts > e["max_restarts"]:
+                    raise LaunchError(f"{err} (elastic: {restarts - 1} restarts already, elastic.max_restarts="
+                                      f"{e['max_restarts']})") from None
+                lost, lost_at = lost + 1, seen
+                back = checkpoint.latest(root)
+                print(f"xp: elastic: {err}; rolling back to epoch {back.epoch if back else 0} and going on "
+                      f"without the lost worker", flush=True)
+                log({"elastic.restarts": restarts}, back.epoch if back else 0)
+    finally:
+        if not keep:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait_for_workers(count: Callable[[], int | None], wait_s: float, poll_s: float, lo: int) -> int:
+    deadline = time.monotonic() + wait_s
+    while True:
+        n = count()
+        if n is not None:
+            return n
+        if time.monotonic() >= deadline:
+            raise LaunchError(f"elastic: fewer than elastic.min_workers={lo} usable workers for {wait_s:g} s "
+                              "(the discovery source lists too few slots, or none that divide the global batch)")
+        time.sleep(poll_s)
+
