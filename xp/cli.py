@@ -144,6 +144,10 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     groups = _groups()
     for o in parsed:
         key = o.key_or_group
+        if "_target_" in key.split(".") or "_target_" in key.split("/"):
+            # Hydra instantiates _target_ (hydra.callbacks too): from a command line that is running any code
+            raise ConfigError(f"{o.input_line}: setting _target_ from the command line is refused; xp builds only "
+                              "registered backends (backend=NAME) and the targets of its own config files")
         if key in groups and not o.is_delete():
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
             for v in values:
@@ -271,7 +275,7 @@ def _engine(config: dict[str, Any]) -> str | None:
 
 def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
     """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
-    from xp.launch import RUN_ENV, LaunchError, Spec, describe, launch, validate
+    from xp.launch import LaunchError, Spec, describe, launch, validate
     from xp.tracking import Tracker, resolve_uri
 
     uri = resolve_uri(config.get("tracking_uri"))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from xp.callbacks import Callback
-from xp.errors import Terminated, XPError, one_line
+from xp.errors import Terminated, XPError, one_line, redact
 
 log = logging.getLogger("xp")
 
@@ -108,7 +108,9 @@ class Tracker:
             return self.run_id
         try:
             self.experiment_id = self._experiment_id()
-            tags = {"xp.host": socket.gethostname(), "xp.pid": str(os.getpid()), **self.tags}
+            self.end_orphans()
+            tags = {"xp.host": socket.gethostname(), "xp.pid": str(os.getpid()),
+                    "xp.pid_started": f"{_started(os.getpid()):.2f}", **self.tags}
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
@@ -117,10 +119,33 @@ class Tracker:
         self.run_id = run.info.run_id
         return self.run_id
 
+    def end_orphans(self) -> list[str]:
+        """End FAILED the runs of this experiment left RUNNING by a process of this host that is gone
+        (SIGKILL, out of memory). A run whose process still lives, or of another host, is not touched."""
+        host, ended = socket.gethostname(), []
+        try:
+            runs = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
+        except Exception:
+            return ended
+        for run in runs:
+            tags = run.data.tags
+            if tags.get("xp.host") != host or not str(tags.get("xp.pid", "")).isdigit():
+                continue
+            pid, started = int(tags["xp.pid"]), tags.get("xp.pid_started")
+            alive = _started(pid)
+            if alive and (started is None or abs(alive - float(started)) < 1.0):
+                continue  # its process lives (the same one: the start time matches)
+            self.client.set_tag(run.info.run_id, "xp.ended_by", f"xp: process {pid} on {host} was gone")
+            self.client.set_terminated(run.info.run_id, "FAILED")
+            log.warning("ended MLflow run %s FAILED: it was left RUNNING by process %d, which is gone",
+                        run.info.run_id, pid)
+            ended.append(run.info.run_id)
+        return ended
+
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(str(k)[:250], str(v)[:MAX_PARAM_LEN]) for k, v in sorted(params.items())]
+        items = [Param(str(k)[:250], redact(str(v))[:MAX_PARAM_LEN]) for k, v in sorted(params.items())]
         for i in range(0, len(items), 100):  # MLflow's batch limit for params
             self.client.log_batch(self.run_id, params=items[i:i + 100], synchronous=True)
 
@@ -214,3 +239,13 @@ def versions(distributions: Iterable[str]) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[dist] = "not installed"
     return out
+
+
+def _started(pid: int) -> float:
+    """The start time of process `pid` (seconds since the epoch), or 0.0 if there is none."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return 0.0

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from xp.backend import Backend, BatchHook
-from xp.errors import ConfigError, XPError
+from xp.errors import ConfigError, Diverged, XPError
 from xp.plan import Plan, learning_rate
 
 
@@ -330,9 +330,13 @@ class MXNetBackend(Backend):
         for i, batch in enumerate(self.train_iter):
             if i == self.plan.steps_per_epoch:  # the plan's epoch, also when it is shorter than the data
                 break
-            logits = self.step(batch, learning_rate(self.plan, first_step + i))
+            lr = learning_rate(self.plan, first_step + i)
+            logits = self.step(batch, lr)
             # asnumpy() waits for the step's forward pass, so batch times measure work done
             scores.update(np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy())
+            if not np.isfinite(scores.loss_sum):
+                raise Diverged(f"the training loss became {scores.loss_sum} at epoch {epoch}, batch {i + 1} "
+                               f"(lr {lr:.4g}); lower lr or add warmup_epochs")
             if i == self.plan.timing_warmup_batches - 1:
                 mx.nd.waitall()  # throughput is timed from here: the warm-up's backward and update must be done
             on_batch(i, batch.data[0].shape[0])

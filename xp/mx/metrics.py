@@ -20,8 +20,9 @@ class Scores:
             logits, labels = logits[:-pad], labels[:-pad]
         labels = labels.astype(np.int64)
         z = logits.astype(np.float64)
-        z = z - z.max(axis=1, keepdims=True)
-        log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        with np.errstate(invalid="ignore", over="ignore"):  # diverged logits: the loss says so (NaN/inf)
+            z = z - z.max(axis=1, keepdims=True)
+            log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
         self.loss_sum += float(-log_probs[np.arange(len(labels)), labels].sum())
         self.correct += int((logits.argmax(axis=1) == labels).sum())
         if self.top5:

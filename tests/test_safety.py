@@ -1,0 +1,84 @@
+"""Nothing left dangling, nothing leaked, nothing instantiated from a command line."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import mlflow_runs, run_xp
+from xp.errors import RedactFilter, one_line, redact
+from xp.tracking import Tracker
+
+
+def test_passwords_in_urls_are_hidden():
+    assert redact("postgresql://alice:s3cr3t@db:5432/mlflow") == "postgresql://alice:***@db:5432/mlflow"
+    assert redact("mysql+pymysql://u:p%40ss@h/x and http://host:5000/x") == "mysql+pymysql://u:***@h/x and http://host:5000/x"
+    assert redact("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+    assert "s3cr3t" not in one_line("MLflow store postgresql://a:s3cr3t@h/db\\nis not usable")
+    record = logging.LogRecord("xp", logging.INFO, __file__, 1, "tracking %s", ("postgresql://a:s3cr3t@h/db",), None)
+    assert RedactFilter().filter(record) and record.getMessage() == "tracking postgresql://a:***@h/db"
+
+
+def test_logged_params_never_carry_a_password(store):
+    t = Tracker(store, "xp", "secret-test")
+    t.start()
+    t.log_params({"optuna.storage": "postgresql://xp:hunter2@127.0.0.1:5432/optuna"})
+    t.end("FINISHED")
+    _, runs = mlflow_runs(store)
+    assert runs[0].data.params["optuna.storage"] == "postgresql://xp:***@127.0.0.1:5432/optuna"
+
+
+def test_an_unusable_store_names_it_without_its_password(tmp_path, store):
+    # nothing listens on port 9 of 127.0.0.1: the store is unreachable
+    r = run_xp(tmp_path, store, "tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "epochs=1", timeout=180)
+    assert r.returncode != 0
+    assert "hunter2" not in r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_runs_left_running_by_a_dead_process_are_ended_failed(store):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    orphan = Tracker(store, "xp", "orphan", tags={})
+    orphan.start()
+    orphan.client.set_tag(orphan.run_id, "xp.pid", str(gone.pid))  # as if that process had started it
+    orphan.client.set_tag(orphan.run_id, "xp.pid_started", "12345.00")
+    alive = Tracker(store, "xp", "alive")  # this process: alive, must stay RUNNING
+    alive.start()
+    other_host = Tracker(store, "xp", "elsewhere")
+    other_host.start()
+    other_host.client.set_tag(other_host.run_id, "xp.host", socket.gethostname() + "-other")
+    other_host.client.set_tag(other_host.run_id, "xp.pid", str(gone.pid))
+
+    nxt = Tracker(store, "xp", "next")
+    nxt.start()
+    client, runs = mlflow_runs(store)
+    status = {r.info.run_name: r.info.status for r in runs}
+    assert status == {"orphan": "FAILED", "alive": "RUNNING", "elsewhere": "RUNNING", "next": "RUNNING"}
+    assert client.get_run(orphan.run_id).data.tags["xp.ended_by"].startswith(f"xp: process {gone.pid} on ")
+    for t in (alive, other_host, nxt):
+        t.end("FINISHED")
+
+
+@pytest.mark.parametrize("override", ["+hydra.callbacks.x._target_=os.getcwd", "+backend._target_=builtins.print",
+                                      "+model.net._target_=subprocess.call"])
+def test_target_overrides_are_refused(tmp_path, store, override):
+    r = run_xp(tmp_path, store, override, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"xp: error: {override}: setting _target_ from the command line is refused; xp builds "
+                                "only registered backends (backend=NAME) and the targets of its own config files")
+    assert mlflow_runs(store)[1] == []
+
+
+@pytest.mark.slow
+def test_a_diverging_loss_stops_the_run_naming_epoch_and_batch(tmp_path, store):
+    r = run_xp(tmp_path, store, "lr=100", "lr_ref_batch=1", "epochs=3", timeout=180)  # lr 3200
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.stderr.strip() == last  # one line
+    assert last.startswith("xp: error: ") and "the training loss became " in last and " at epoch 1, batch " in last, last
+    assert mlflow_runs(store)[1][0].info.status == "FAILED"
