@@ -32,6 +32,7 @@ def test_logged_params_never_carry_a_password(store):
     assert runs[0].data.params["optuna.storage"] == "postgresql://xp:***@127.0.0.1:5432/optuna"
 
 
+@pytest.mark.slow
 def test_an_unusable_store_names_it_without_its_password(tmp_path, store):
     # nothing listens on port 9 of 127.0.0.1: the store is unreachable
     r = run_xp(tmp_path, store, "tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "epochs=1", timeout=180)
@@ -64,6 +65,7 @@ def test_runs_left_running_by_a_dead_process_are_ended_failed(store):
         t.end("FINISHED")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["+hydra.callbacks.x._target_=os.getcwd", "+backend._target_=builtins.print",
                                       "+model.net._target_=subprocess.call"])
 def test_target_overrides_are_refused(tmp_path, store, override):

@@ -19,7 +19,6 @@ from typing import Any, Callable
 from xp.callbacks import Callback
 from xp.errors import ConfigError
 
-KEEP = 2  # commits kept: the latest and the one before
 
 
 @dataclass
@@ -52,7 +51,7 @@ def require(root: str | Path) -> Commit:
 
 
 def commit(root: str | Path, epoch: int, history: list[dict[str, float]], save: Callable[[Path], None],
-           **meta: Any) -> Path:
+           keep: int = 2, **meta: Any) -> Path:
     root = Path(root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     name = f"epoch-{epoch}"
@@ -68,7 +67,7 @@ def commit(root: str | Path, epoch: int, history: list[dict[str, float]], save: 
     pointer.write_text(name)
     os.replace(pointer, root / "latest")
     done = sorted((p for p in root.glob("epoch-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
-    for old in done[:-KEEP]:
+    for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -78,9 +77,53 @@ class Checkpointer(Callback):
     epochs before this process started included (place it after the callback that records them)."""
 
     def __init__(self, root: str, save: Callable[[Path], None], history: Callable[[], list], rank: int,
-                 **meta: Any):
-        self.root, self.save, self.history, self.rank, self.meta = root, save, history, rank, meta
+                 every: int = 1, keep: int = 2, last_epoch: int | None = None):
+        self.root, self.save, self.history, self.rank = root, save, history, rank
+        self.every, self.keep, self.last = every, keep, last_epoch
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        if self.rank == 0:
-            commit(self.root, epoch, list(self.history()), self.save, **self.meta)
+        if self.rank == 0 and (epoch % self.every == 0 or epoch == self.last):
+            commit(self.root, epoch, list(self.history()), self.save, keep=self.keep)
+
+
+def resolve_resume(config: dict[str, Any], uri: str) -> tuple[dict[str, Any], str | None]:
+    """resume=true | RUN_ID | FOLDER -> (the config resuming from the folder, the MLflow run to continue).
+
+    true: the latest run of the experiment that did not finish and committed a state (runs left
+    RUNNING by a dead process are ended FAILED first); RUN_ID: that run. Both continue the same run
+    (run the same command again, adding resume=...). A folder starts a new run from its commit.
+    """
+    import re
+
+    from xp.tracking import Tracker
+
+    value = config.get("resume")
+    if value is True or str(value).lower() == "true" or re.fullmatch(r"[0-9a-f]{32}", str(value)):
+        tracker = Tracker(uri, config.get("experiment") or "xp", "")
+        try:
+            tracker.experiment_id = tracker._experiment_id()
+            tracker.end_orphans()
+            if value is True or str(value).lower() == "true":
+                runs = tracker.client.search_runs(
+                    [tracker.experiment_id], "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
+                    order_by=["attributes.start_time DESC"], max_results=200)
+                runs = [r for r in runs if r.data.params.get("checkpoint_dir") not in (None, "None")]
+                if not runs:
+                    raise ConfigError("resume=true: no interrupted run with a checkpoint_dir in experiment "
+                                      f"{config.get('experiment') or 'xp'}")
+                run = runs[0]
+            else:
+                run = tracker.client.get_run(str(value))
+        except ConfigError:
+            raise
+        except Exception as e:
+            raise ConfigError(f"resume={value}: cannot find that run ({type(e).__name__})") from None
+        if run.info.status == "RUNNING":
+            raise ConfigError(f"resume={value}: run {run.info.run_id} is still running")
+        folder = run.data.params.get("checkpoint_dir")
+        if folder in (None, "None"):
+            raise ConfigError(f"resume={value}: run {run.info.run_id} committed no state (it had no checkpoint_dir)")
+        require(folder)
+        return {**config, "resume": folder, "checkpoint_dir": folder}, run.info.run_id
+    require(value)
+    return config, None

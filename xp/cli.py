@@ -279,6 +279,9 @@ def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
     from xp.tracking import Tracker, resolve_uri
 
     uri = resolve_uri(config.get("tracking_uri"))
+    if config.get("resume") is not None and not Path(str(config["resume"])).expanduser().is_dir():
+        raise ConfigError(f"resume={config['resume']}: a distributed run resumes from a folder "
+                          "(resume=CHECKPOINT_DIR, a new MLflow run)")
     overrides = [a for a in argv if not a.startswith("-")]
     spec = Spec(engine, argv, workers=config["workers"], servers=config["servers"], launcher=config["launcher"],
                 port=config.get("port"), hosts_file=config.get("hosts_file"), host_ip=config.get("host_ip"),

@@ -142,7 +142,7 @@ def run(spec: Spec, config: dict[str, Any], log: Callable[[dict[str, float], int
                                                  global_batch, devices), e["wait_s"], e["poll_s"], e["min_workers"])
             flag.unlink(missing_ok=True)
             argv = _override(spec.worker_argv, workers=n, batch=global_batch // (devices * n),
-                             checkpoint_dir=str(root), resume=str(root) if done else "null")
+                             checkpoint_dir=str(root), checkpoint_every=1, resume=str(root) if done else "null")
             env = {**spec.env, STOP_ENV: str(flag), **({} if first else {RESUMED_ENV: "1"})}
 
             def poll(seen: int = seen) -> None:

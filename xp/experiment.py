@@ -104,8 +104,11 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
     job = job or JobInfo()
     auto_batch = config.get("batch") == "auto"
     config = dict(config)
+    uri = resolve_uri(config.get("tracking_uri"), job.cwd)
+    reopen = None
+    if config.get("resume") is not None and not job.run_id:
+        config, reopen = checkpoint.resolve_resume(config, uri)
     plan, backend_cls = plan_and_backend(config, resolve_auto=True)
-    uri = resolve_uri(plan.tracking_uri, job.cwd)
     trial = study.attach(config)
     log.info(describe(plan, uri))
 
@@ -126,7 +129,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
                 handler.setLevel(logging.WARNING)
     tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
     with tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags,
-                     attach_run_id=job.run_id) as tracker:
+                     attach_run_id=job.run_id, reopen_run_id=reopen) as tracker:
         if trial:
             trial[0].set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
         if job.output_dir is not None:
@@ -139,7 +142,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
         params.update({f"derived.{k}": v for k, v in plan.derived().items()})
         params.update({f"version.{k}": v for k, v in versions(backend_cls.requires).items()})
         params["batch_auto"] = auto_batch
-        if not os.environ.get(elastic.RESUMED_ENV):  # a relaunched elastic job: its run has them already
+        if not (os.environ.get(elastic.RESUMED_ENV) or reopen):  # a resumed run has them already
             tracker.log_params(params)
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
 
@@ -155,12 +158,13 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
                      CostMeter(plan.cost_per_hour, plan.target_accuracy, done)]
         if config.get("elastic", {}).get("enabled"):
             callbacks.append(elastic.WorkerHours(plan.workers, plan.hardware, done))
-        callbacks += [*telemetry(plan, tracker.run_id, uri), history]
-        if plan.checkpoint_dir:  # committed before it is logged: a rolled-back epoch is never logged
+        # logged, then committed: an epoch interrupted in between is trained again, to the same numbers
+        callbacks += [*telemetry(plan, tracker.run_id, uri), history, TrackingCallback(tracker)]
+        if plan.checkpoint_dir:
             callbacks.append(checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state, lambda: history.epochs,
-                                                     plan.rank))
-        callbacks += [TrackingCallback(tracker), ProgressBar(plan.steps_per_epoch, plan.worker_batch),
-                      ProgressPrinter(plan.epochs)]
+                                                     plan.rank, plan.checkpoint_every, plan.checkpoint_keep,
+                                                     plan.epochs))
+        callbacks += [ProgressBar(plan.steps_per_epoch, plan.worker_batch), ProgressPrinter(plan.epochs)]
         stop = None
         if os.environ.get(elastic.STOP_ENV):
             stop = elastic.StopAtMembershipChange(backend.gather, os.environ[elastic.STOP_ENV], plan.epochs)

@@ -71,7 +71,9 @@ class Plan:
     hosts: int  # instances the run occupies (cost); the local launcher puts every role on one
     servers: int  # parameter-server processes (dist_* kvstores)
     save_params: str | None  # where rank 0 writes the trained parameters
-    checkpoint_dir: str | None  # where rank 0 commits the training state after every epoch
+    checkpoint_dir: str | None  # where rank 0 commits the training state
+    checkpoint_every: int  # epochs between commits
+    checkpoint_keep: int  # commits kept
     resume: str | None  # a checkpoint_dir to continue from
     batch: int  # per device
     worker_batch: int  # batch x devices
@@ -314,6 +316,8 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         servers=servers,
         save_params=cfg.get("save_params"),
         checkpoint_dir=cfg.get("checkpoint_dir"),
+        checkpoint_every=_int(cfg, "checkpoint_every", 1, 10**6) if "checkpoint_every" in cfg else 1,
+        checkpoint_keep=_int(cfg, "checkpoint_keep", 1, 10**6) if "checkpoint_keep" in cfg else 2,
         resume=cfg.get("resume"),
         batch=batch,
         worker_batch=worker_batch,

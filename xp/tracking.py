@@ -64,13 +64,16 @@ class Tracker:
     """
 
     def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
-                 tags: dict[str, str] | None = None, attach_run_id: str | None = None):
+                 tags: dict[str, str] | None = None, attach_run_id: str | None = None,
+                 reopen_run_id: str | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_name
         self.parent_run_id = parent_run_id
         self.tags = dict(tags or {})
         self.run_id: str | None = None
         # attached: log into a run someone else started and will end (a distributed launcher)
         self.attach_run_id = attach_run_id
+        # reopened: continue a run that ended early (resume=): RUNNING again, ended by this process
+        self.reopen_run_id = reopen_run_id
         self.experiment_id: str | None = None
         self._artifacts: list[tuple[Path, str | None]] = []
         self._client = None
@@ -105,6 +108,12 @@ class Tracker:
         if self.attach_run_id:
             self.run_id = self.attach_run_id
             self.set_tags(self.tags)
+            return self.run_id
+        if self.reopen_run_id:
+            self.run_id = self.reopen_run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            self.set_tags({**self.tags, "xp.pid": str(os.getpid()), "xp.pid_started": f"{_started(os.getpid()):.2f}",
+                           "xp.host": socket.gethostname(), "xp.resumed": "true"})
             return self.run_id
         try:
             self.experiment_id = self._experiment_id()
