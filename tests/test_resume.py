@@ -16,6 +16,41 @@ from xp import checkpoint
 METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
 
 
+def reference_and_interrupted(tmp_path, store, common: list[str], line: str, sig: signal.Signals):
+    """An uninterrupted run (its own store), then the same run with checkpoints, sent `sig` once `line`
+    is printed. Returns (the interrupted process's exit code and stderr, its checkpoint folder, the
+    arguments to run it again, the reference store)."""
+    ref_store = f"sqlite:///{tmp_path / 'ref.db'}"
+    ref = run_xp(tmp_path / "ref", ref_store, *common, f"save_params={tmp_path / 'ref.npz'}", timeout=300)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ckpt = tmp_path / "ckpt"
+    args = [*common, f"checkpoint_dir={ckpt}", f"save_params={tmp_path / 'resumed.npz'}"]
+    proc = subprocess.Popen(xp_args(tmp_path / "a", *args), cwd=ROOT, env=xp_env(store), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, line, timeout=120)
+        os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return proc.returncode, err, ckpt, args, ref_store
+
+
+def assert_same_as_reference(tmp_path, store, ref_store) -> None:
+    got, want = np.load(tmp_path / "resumed.npz"), np.load(tmp_path / "ref.npz")
+    assert set(got.files) == set(want.files)
+    for name in want.files:
+        assert np.array_equal(got[name], want[name]), name  # bit-exact: momentum, schedule and data order kept
+    client, runs = mlflow_runs(store)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # the same run, continued
+    assert runs[0].data.tags["xp.resumed"] == "true"
+    ref_client, ref_runs = mlflow_runs(ref_store)
+    for key in METRICS:
+        assert history(client, runs[0].info.run_id, key) == history(ref_client, ref_runs[0].info.run_id, key), key
+
+
 def history(client, run_id: str, key: str) -> list[float]:
     by_step = {}
     for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
@@ -27,41 +62,16 @@ def history(client, run_id: str, key: str) -> list[float]:
 @pytest.mark.parametrize("backend", ["gluon", "module"])
 def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, store, backend):
     common = [f"backend={backend}", "epochs=8", "lr_schedule=step", "lr_steps=[4,6]", "momentum=0.9"]
-    ref_store = f"sqlite:///{tmp_path / 'ref.db'}"
-    ref = run_xp(tmp_path / "ref", ref_store, *common, f"save_params={tmp_path / 'ref.npz'}", timeout=300)
-    assert ref.returncode == 0, ref.stderr[-2000:]
-
-    ckpt = tmp_path / "ckpt"
-    args = [*common, f"checkpoint_dir={ckpt}", f"save_params={tmp_path / 'resumed.npz'}"]
-    proc = subprocess.Popen(xp_args(tmp_path / "a", *args), cwd=ROOT, env=xp_env(store), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for_line(proc, "epoch 3/8", timeout=120)
-        os.kill(proc.pid, signal.SIGKILL)  # in epoch 4, or just after epoch 3's commit
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    # killed in epoch 4, or just after epoch 3's commit
+    code, _, ckpt, args, ref_store = reference_and_interrupted(tmp_path, store, common, "epoch 3/8", signal.SIGKILL)
+    assert code == -signal.SIGKILL
     committed = checkpoint.latest(ckpt).epoch
     assert 3 <= committed < 8
 
     r = run_xp(tmp_path / "b", store, *args, "resume=true", timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"resuming after epoch {committed}" in r.stdout
-
-    got, want = np.load(tmp_path / "resumed.npz"), np.load(tmp_path / "ref.npz")
-    assert set(got.files) == set(want.files)
-    for name in want.files:
-        assert np.array_equal(got[name], want[name]), name  # bit-exact: momentum, schedule and data order kept
-
-    client, runs = mlflow_runs(store)
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # the same run, continued
-    assert runs[0].data.tags["xp.resumed"] == "true"
-    ref_client, ref_runs = mlflow_runs(ref_store)
-    for key in METRICS:
-        assert history(client, runs[0].info.run_id, key) == history(ref_client, ref_runs[0].info.run_id, key), key
+    assert_same_as_reference(tmp_path, store, ref_store)
 
 
 @pytest.mark.slow
@@ -72,3 +82,21 @@ def test_resume_errors_are_one_line(tmp_path, store):
     r = run_xp(tmp_path, store, f"resume={tmp_path / 'nothing'}", timeout=120)
     assert r.returncode == 2 and "no committed state there" in r.stderr
     assert all(run.info.status != "RUNNING" for run in mlflow_runs(store)[1])
+
+
+@pytest.mark.slow
+def test_sigterm_commits_mid_epoch_ends_killed_and_resumes_exactly(tmp_path, store):
+    """A spot interruption notice: the batch in flight finishes, the state is committed with the batch
+    position, the run ends KILLED (exit 143); resume=true goes on from that batch."""
+    common = ["epochs=4", "batch=4", "lr=0.005"]  # 359 batches an epoch: the signal lands inside one
+    code, err, ckpt, args, ref_store = reference_and_interrupted(tmp_path, store, common, "epoch 1/4",
+                                                                 signal.SIGTERM)
+    assert code == 143, err
+    assert [r.info.status for r in mlflow_runs(store)[1]] == ["KILLED"]
+    done = checkpoint.latest(ckpt)
+    assert done.epoch == 1 and done.meta["position"]["epoch"] == 2 and 0 < done.meta["position"]["step"] < 359
+
+    r = run_xp(tmp_path / "b", store, *args, "resume=true", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # the interrupted epoch's training scores carried over the interruption too
+    assert_same_as_reference(tmp_path, store, ref_store)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 if TYPE_CHECKING:
     from xp.plan import Plan
@@ -61,6 +61,11 @@ class Backend(ABC):
         A distributed backend learns its worker rank here and keeps the plan with that
         rank in self.plan; the core reads self.plan.rank afterwards.
         """
+
+    def partial(self) -> dict[str, Any] | None:
+        """Where an interrupted epoch stands (JSON-able), for a mid-epoch commit; None: at an epoch boundary.
+        A backend that returns one resumes from it when its `resume_at` is set to it."""
+        return None
 
     def save_state(self, folder: Path) -> None:
         """Write what training needs to continue (parameters, optimizer state) into `folder`."""

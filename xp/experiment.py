@@ -15,6 +15,7 @@ from typing import Any
 from xp import checkpoint, elastic, report, study
 from xp.callbacks import (Callback, CostMeter, Progress, ProgressBar, ProgressPrinter, ThroughputMeter,
                           WorkerMetrics)
+from xp.errors import Terminated
 from xp.gpu import visible_gpus
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
@@ -171,9 +172,20 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             callbacks.append(stop)
         if trial and not trial[1].multi_objective:
             callbacks.append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
+        if before is not None:
+            backend.resume_at = before.meta.get("position")  # an epoch interrupted mid-way goes on from there
         state = "COMPLETE"
         try:
             fit(plan, backend, callbacks, setup=False, start_epoch=before.epoch if before else 0)
+        except (KeyboardInterrupt, Terminated):
+            if plan.checkpoint_dir and plan.rank == 0:  # a spot notice or Ctrl-C: keep what was trained
+                where = backend.partial()
+                checkpoint.commit(plan.checkpoint_dir, len(history.epochs), history.epochs, backend.save_state,
+                                  keep=plan.checkpoint_keep, position=where)
+                log.warning(f"interrupted: committed epoch {len(history.epochs)}"
+                            + (f" and {where['step']} batches of epoch {where['epoch']}" if where else "")
+                            + f" to {plan.checkpoint_dir}; add resume=true to the same command to continue")
+            raise
         except study.TrialPruned as e:
             state = "PRUNED"
             log.info(f"trial {trial[0].number}: {e}")

@@ -79,6 +79,15 @@ class MXNetBackend(Backend):
     requires = ("mxnet", "gluoncv", "numpy")
     # a kvstore refuses mixed key types: the gather key has the type of the backend's parameter keys
     gather_key: int | str = 1 << 30
+    position: tuple[int, int] | None = None  # (epoch, batches of it trained)
+    resume_at: dict[str, Any] | None = None  # a mid-epoch commit's position, set before training resumes
+    scores: Any = None
+
+    def partial(self) -> dict[str, Any] | None:
+        """Where an interrupted epoch stands: its number, the batches trained, their running scores."""
+        if self.position is None or self.position[1] == 0:
+            return None
+        return {"epoch": self.position[0], "step": self.position[1], "scores": dict(self.scores.__dict__)}
 
     @classmethod
     def launch(cls, plan: Plan) -> str | None:
@@ -325,11 +334,19 @@ class MXNetBackend(Backend):
                 batch.data[0].wait_to_read()  # decoded and in memory: the work the pipeline must do
                 on_batch(i, batch.data[0].shape[0])
             return {}
-        scores = Scores(self.plan.dataset.num_classes)
+        scores = self.scores = Scores(self.plan.dataset.num_classes)
+        self.position = (epoch, 0)  # batches of this epoch trained so far: what a mid-epoch checkpoint holds
+        skip = 0
+        if self.resume_at is not None and self.resume_at["epoch"] == epoch:  # resumed mid-epoch
+            skip = self.resume_at["step"]
+            scores.__dict__.update(self.resume_at["scores"])
+            self.resume_at = None
         first_step = (epoch - 1) * self.plan.steps_per_epoch
         for i, batch in enumerate(self.train_iter):
             if i == self.plan.steps_per_epoch:  # the plan's epoch, also when it is shorter than the data
                 break
+            if i < skip:
+                continue  # trained before the interruption; reading it keeps the epoch's data order
             lr = learning_rate(self.plan, first_step + i)
             logits = self.step(batch, lr)
             # asnumpy() waits for the step's forward pass, so batch times measure work done
@@ -339,6 +356,7 @@ class MXNetBackend(Backend):
                                f"(lr {lr:.4g}); lower lr or add warmup_epochs")
             if i == self.plan.timing_warmup_batches - 1:
                 mx.nd.waitall()  # throughput is timed from here: the warm-up's backward and update must be done
+            self.position = (epoch, i + 1)
             on_batch(i, batch.data[0].shape[0])
         mx.nd.waitall()  # the last parameter update, too
         return scores.result("train")
