@@ -153,6 +153,8 @@ def _fail_one_worker(tmp_path, store, how: signal.Signals, *args: str) -> tuple[
         victim = _workers(launcher)[1]
         rank = _rank(victim)
         started = [launcher, *launcher.children(recursive=True)]
+        listening = [c.laddr.ip for p in started for c in _connections(p) if c.status == psutil.CONN_LISTEN]
+        assert listening and set(listening) == {"127.0.0.1"}, listening  # every server xp started: loopback only
         os.kill(victim.pid, how)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=120)
@@ -163,6 +165,13 @@ def _fail_one_worker(tmp_path, store, how: signal.Signals, *args: str) -> tuple[
             proc.wait(timeout=30)
     assert proc.returncode == 1, err
     return rank, err, took, started
+
+
+def _connections(p: psutil.Process) -> list:
+    try:
+        return p.net_connections(kind="inet")
+    except psutil.Error:
+        return []
 
 
 def _nothing_left(started: list[psutil.Process]) -> None:

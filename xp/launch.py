@@ -124,8 +124,8 @@ def dmlc_env(role: str, port: int, spec: Spec) -> dict[str, str]:
 
 
 def horovod_command(spec: Spec) -> list[str]:
-    horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-    return [horovodrun, "--gloo", "-np", str(spec.workers), "-H", f"{LOOPBACK}:{spec.workers}",
+    # horovodrun, with its rendezvous server on 127.0.0.1 (xp/horovodrun.py)
+    return [sys.executable, "-m", "xp.horovodrun", "--gloo", "-np", str(spec.workers), "-H", f"{LOOPBACK}:{spec.workers}",
             "--network-interfaces", "lo", "--start-timeout", str(int(spec.timeout_s)), "--disable-cache",
             *worker_command(spec)]
 
@@ -327,8 +327,10 @@ def validate(spec: Spec) -> None:
         if spec.launcher != "local":
             raise ConfigError(f"launcher={spec.launcher}: backend=horovod launches with horovodrun on this machine "
                               "(launcher=local); across hosts run horovodrun -H yourself with XP_DIST_WORKER=1")
-        if not Path(horovod_command(spec)[0]).exists():
-            raise ConfigError("backend=horovod: horovodrun is not installed next to this Python; ./dev.sh setup "
+        import importlib.util
+
+        if importlib.util.find_spec("horovod.runner") is None:
+            raise ConfigError("backend=horovod: horovodrun (horovod.runner) is not installed; ./dev.sh setup "
                               "builds Horovod against the installed mxnet")
     elif spec.launcher == "local":
         if spec.port:
