@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from xp.callbacks import Callback
-from xp.errors import Terminated, XPError, one_line, redact
+from xp.errors import ConfigError, Terminated, one_line, redact
 
 log = logging.getLogger("xp")
 
@@ -34,7 +34,12 @@ def resolve_uri(configured: str | None = None, cwd: str | Path | None = None) ->
         path = (Path(cwd or os.getcwd()) / uri[len(prefix):]).resolve()
         uri = prefix + str(path)
     if uri.startswith(prefix):
-        Path(uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(uri[len(prefix):]).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"tracking_uri={uri}: cannot create {folder} ({e.strerror}); "
+                              "point it at a writable place") from None
     return uri
 
 
@@ -124,7 +129,7 @@ class Tracker:
                 tags["mlflow.parentRunId"] = self.parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
         except Exception as e:
-            raise XPError(f"MLflow store {self.uri} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
+            raise ConfigError(f"MLflow store {self.uri} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
         self.run_id = run.info.run_id
         return self.run_id
 

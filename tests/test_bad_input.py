@@ -1,0 +1,94 @@
+"""The bad-input catalogue: every case exits 2 with one line naming the problem, prints no
+traceback, and leaves no MLflow run RUNNING and no checkpoint touched. The README reports
+the count (len(CASES))."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import mlflow_runs, run_xp
+
+# (command-line arguments, a fragment the one line must contain); {tmp} is the test's folder
+CASES = [
+    # group options and keys
+    ("model=alexnet", "model=alexnet: no such model; valid: lenet"),
+    ("dataset=imagenet", "dataset=imagenet: no such dataset"),
+    ("backend=nope", "backend=nope: no such backend; valid: gluon, horovod, module"),
+    ("kvstore=zmq", "kvstore=zmq: no such kvstore"),
+    ("dtype=int8", "dtype=int8: no such dtype"),
+    ("hardware=tpu", "hardware=tpu: no such hardware"),
+    ("bach=3", "unknown key 'bach'; did you mean batch?"),
+    # wrong types and out-of-range numbers
+    ("batch=0", "batch=0: must be an integer from 1"),
+    ("batch=abc", "batch='abc': must be an integer"),
+    ("epochs=ten", "epochs='ten': must be an integer"),
+    ("epochs=0", "epochs=0: must be an integer from 1"),
+    ("lr=-0.1", "lr=-0.1: must be a number > 0.0"),
+    ("lr=1000", "lr=1000: must be a number > 0.0 and <= 100.0"),
+    ("lr_ref_batch=0", "lr_ref_batch=0: must be an integer >= 1"),
+    ("momentum=1.5", "momentum=1.5: must be a number >= 0.0 and < 1.0"),
+    ("wd=-1", "wd=-1: must be a number >= 0.0"),
+    ("lr_schedule=linear", "lr_schedule='linear': not supported; valid: constant, step, cosine"),
+    ("optimizer=adamw", "optimizer='adamw': not supported; valid: sgd, nag"),
+    ("seed=-1", "seed=-1: must be an integer from 0"),
+    ("cpu_devices=0", "cpu_devices=0: must be an integer from 1"),
+    ("gpus=-1", "gpus=-1: must be an integer from 0"),
+    ("target_accuracy=2", "target_accuracy=2: must be a number >= 0.0 and <= 1.0"),
+    ("timing_warmup_batches=-1", "timing_warmup_batches=-1: must be an integer from 0"),
+    ("data_nthreads=0", "data_nthreads=0: must be an integer from 1"),
+    ("pricing=cheap", "pricing='cheap': not supported; valid: on_demand, spot"),
+    ("lr=[1", "cannot parse the command line"),
+    ("batch=16,32", "add -m to run one experiment per value"),
+    # hardware this machine does not have
+    ("gpus=4", "gpus=4: 4 GPUs asked for, 0 visible"),
+    ("dtype=float16", "dtype=float16: MXNet 1.9.1 has no float16 CPU kernels"),
+    ("kvstore=nccl", "kvstore=nccl: NCCL aggregates gradients between GPUs"),
+    # distributed and elastic settings
+    ("workers=2", "workers=2: several worker processes need a distributed kvstore"),
+    ("workers=0", "workers=0: must be an integer from 1"),
+    ("kvstore=dist_sync port=80", "port=80: must be an integer from 1024 to 65535"),
+    ("kvstore=dist_sync dist_timeout_s=0", "dist_timeout_s=0: must be a number >= 1"),
+    ("kvstore=dist_sync launcher=k8s", "launcher='k8s': not supported"),
+    ("kvstore=dist_sync workers=2 launcher=ssh", "launcher=ssh: needs hosts_file=PATH"),
+    ("kvstore=dist_sync workers=2 launcher=mpi hosts_file={tmp}/no-hosts", "no such file, or it lists no hosts"),
+    ("elastic.enabled=true", "elastic.enabled=true: needs kvstore=dist_sync"),
+    ("kvstore=dist_sync elastic.enabled=true elastic.min_workers=3 elastic.max_workers=2",
+     "need integers with 1 <= min_workers <= max_workers"),
+    ("backend=horovod cpu_devices=2", "backend=horovod: one device per worker process (2 asked)"),
+    ("backend=horovod backend.api=symbol", "backend.api='symbol': must be one of gluon, module"),
+    # plugins and command-line code
+    ("+backend._target_=os.system", "setting _target_ from the command line is refused"),
+    ("+hydra.callbacks.x._target_=os.getcwd", "setting _target_ from the command line is refused"),
+    # missing and corrupt files
+    ("dataset=folder dataset.root={tmp}/no-images", "no such directory"),
+    ("dataset=rec dataset.train_rec={tmp}/no.rec dataset.val_rec={tmp}/no.rec", "no.rec: no such file"),
+    ("resume={tmp}/no-checkpoint", "no committed state there"),
+    ("resume={tmp}/corrupt-checkpoint", "the latest commit epoch-1 cannot be read"),
+    ("resume=true", "resume=true: no interrupted run with a checkpoint_dir"),
+    ("pretrained={tmp}/no-model", "weights not found"),
+    ("-m sweep=nonexistent", "sweep=nonexistent: no such study"),
+    # environments: an unwritable store, an unreachable database
+    ("tracking_uri=sqlite:////proc/no-such-dir/mlflow.db", "cannot create /proc/no-such-dir"),
+    ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "MLflow store postgresql://xp:***@127.0.0.1:9"),
+]
+
+
+def test_the_catalogue_is_at_least_40_cases():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, fragment", CASES, ids=[a for a, _ in CASES])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, store, args, fragment):
+    bad = tmp_path / "corrupt-checkpoint"
+    (bad / "epoch-1").mkdir(parents=True)
+    (bad / "latest").write_text("epoch-1")
+    (bad / "epoch-1" / "meta.json").write_text("{not json")
+    r = run_xp(tmp_path, store, *args.format(tmp=tmp_path).split(), timeout=120)
+    assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-1000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xp: error: "), r.stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in r.stdout + r.stderr and "hunter2" not in r.stdout + r.stderr
+    assert all(run.info.status != "RUNNING" for run in mlflow_runs(store)[1])
+    assert (bad / "epoch-1" / "meta.json").read_text() == "{not json"  # a bad checkpoint is reported, not rewritten
