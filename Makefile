@@ -1,5 +1,6 @@
 # Thin aliases for ./dev.sh, which creates and reuses .venv.
-.PHONY: setup run test test-fast bench
+.PHONY: setup run test test-fast bench ui dashboard
+HOST ?= 127.0.0.1
 setup:
 	./dev.sh setup
 run:
@@ -14,3 +15,7 @@ bench: setup
 	.venv/bin/python benchmarks/loop_overhead.py --model lenet --size 16 --steps 200
 	.venv/bin/python benchmarks/pruning_study.py --seeds 0 1 2
 	.venv/bin/python benchmarks/comm_overhead.py
+ui: setup
+	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host $(HOST) --port 5000
+dashboard: setup
+	.venv/bin/optuna-dashboard sqlite:///mlruns/optuna.db --host $(HOST) --port 8080

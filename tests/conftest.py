@@ -7,6 +7,7 @@ import select
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,27 @@ def compose_config(*overrides: str) -> dict:
 
     with initialize_config_dir(str(CONF), version_base="1.3", job_name="test"):
         return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+@contextmanager
+def xp_process(tmp_path: Path, store_uri: str, *args: str, env: dict | None = None):
+    """`python -m xp ARGS` running in the background (stdout and stderr piped); killed if still
+    running when the block ends, so no test leaves it behind."""
+    proc = subprocess.Popen(xp_args(tmp_path, *args), cwd=ROOT, env=xp_env(store_uri, env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def metric_by_step(client, run_id: str, key: str) -> list[float]:
+    """A metric's value at every step, in step order; a step logged twice (an epoch trained again
+    after a rollback) keeps its later value."""
+    by_step = {}
+    for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+        by_step[m.step] = m.value
+    return [by_step[s] for s in sorted(by_step)]
+

@@ -69,7 +69,7 @@ CASES = [
     ("-m sweep=nonexistent", "sweep=nonexistent: no such study"),
     # environments: an unwritable store, an unreachable database
     ("tracking_uri=sqlite:////proc/no-such-dir/mlflow.db", "cannot create /proc/no-such-dir"),
-    ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "MLflow store postgresql://xp:***@127.0.0.1:9"),
+    ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "tracking_uri postgresql://xp:***@127.0.0.1:9/mlflow: cannot connect"),
 ]
 
 

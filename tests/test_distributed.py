@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import ROOT, compose_config, mlflow_runs, run_xp, wait_for_line, xp_args, xp_env
+from conftest import ROOT, compose_config, metric_by_step, mlflow_runs, run_xp, wait_for_line, xp_process
 from xp.errors import ConfigError
 from xp.experiment import plan_and_backend
 from xp.launch import Spec, cluster_command, free_port
@@ -145,9 +145,7 @@ def _rank(p: psutil.Process) -> str:
 
 
 def _fail_one_worker(tmp_path, store, how: signal.Signals, *args: str) -> tuple[str, str, float, list]:
-    proc = subprocess.Popen(xp_args(tmp_path, "epochs=400", "batch=16", "workers=2", *args), cwd=ROOT,
-                            env=xp_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with xp_process(tmp_path, store, "epochs=400", "batch=16", "workers=2", *args) as proc:
         wait_for_line(proc, "epoch   1/400", timeout=120)
         launcher = psutil.Process(proc.pid)
         victim = _workers(launcher)[1]
@@ -159,10 +157,6 @@ def _fail_one_worker(tmp_path, store, how: signal.Signals, *args: str) -> tuple[
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=120)
         took = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     assert proc.returncode == 1, err
     return rank, err, took, started
 
@@ -310,11 +304,7 @@ def test_a_scheduler_or_server_role_runs_mxnet_and_nothing_else(tmp_path):
 def _epoch_values(store, name: str) -> list[float]:
     client, runs = mlflow_runs(store)
     assert len(runs) == 1
-    hist = client.get_metric_history(runs[0].info.run_id, name)
-    by_step = {}
-    for m in sorted(hist, key=lambda m: m.timestamp):
-        by_step[m.step] = m.value  # a rolled-back epoch is logged again: the later value counts
-    return [by_step[s] for s in sorted(by_step)]
+    return metric_by_step(client, runs[0].info.run_id, name)
 
 
 def _elastic_args(discovery: Path, *more: str) -> list[str]:
@@ -333,18 +323,12 @@ def test_workers_join_and_leave_at_epoch_boundaries_with_the_same_accuracy(tmp_p
 
     discovery = tmp_path / "hosts"
     discovery.write_text("127.0.0.1:2\n")
-    proc = subprocess.Popen(xp_args(tmp_path, *_elastic_args(discovery), "epochs=6"), cwd=ROOT, env=xp_env(store),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with xp_process(tmp_path, store, *_elastic_args(discovery), "epochs=6") as proc:
         wait_for_line(proc, "epoch 1/6", timeout=120)
         discovery.write_text("127.0.0.1:2\n127.0.0.1:1\n")  # a third worker joins
         wait_for_line(proc, "epoch 3/6", timeout=120)
         discovery.write_text("127.0.0.1:2\n")  # and leaves again
         out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     assert proc.returncode == 0, err[-3000:]
     workers = _epoch_values(store, "workers")
     assert len(workers) == 6 and workers[0] == 2 and 3 in workers and workers[-1] == 2, workers
@@ -371,9 +355,7 @@ def test_workers_join_and_leave_at_epoch_boundaries_with_the_same_accuracy(tmp_p
 def test_a_worker_lost_mid_epoch_rolls_back_and_training_goes_on(tmp_path, store):
     discovery = tmp_path / "hosts"
     discovery.write_text("127.0.0.1:3\n")
-    proc = subprocess.Popen(xp_args(tmp_path, *_elastic_args(discovery), "epochs=40"), cwd=ROOT,
-                            env=xp_env(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with xp_process(tmp_path, store, *_elastic_args(discovery), "epochs=40") as proc:
         wait_for_line(proc, "epoch  2/40", timeout=120)
         launcher = psutil.Process(proc.pid)
         victims = [c for c in launcher.children(recursive=True)
@@ -382,10 +364,6 @@ def test_a_worker_lost_mid_epoch_rolls_back_and_training_goes_on(tmp_path, store
         os.kill(victims[-1].pid, signal.SIGKILL)
         started = [launcher, *launcher.children(recursive=True)]
         out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     assert proc.returncode == 0, err[-3000:]
     assert "rolling back to epoch" in out and "going on without the lost worker" in out
     workers = _epoch_values(store, "workers")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, mlflow_runs, run_xp, wait_for_line, xp_args, xp_env
+from conftest import metric_by_step, mlflow_runs, run_xp, wait_for_line, xp_process
 from xp import checkpoint
 
 METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
@@ -25,16 +24,10 @@ def reference_and_interrupted(tmp_path, store, common: list[str], line: str, sig
     assert ref.returncode == 0, ref.stderr[-2000:]
     ckpt = tmp_path / "ckpt"
     args = [*common, f"checkpoint_dir={ckpt}", f"save_params={tmp_path / 'resumed.npz'}"]
-    proc = subprocess.Popen(xp_args(tmp_path / "a", *args), cwd=ROOT, env=xp_env(store), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
+    with xp_process(tmp_path / "a", store, *args) as proc:
         wait_for_line(proc, line, timeout=120)
         os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     return proc.returncode, err, ckpt, args, ref_store
 
 
@@ -48,20 +41,15 @@ def assert_same_as_reference(tmp_path, store, ref_store) -> None:
     assert runs[0].data.tags["xp.resumed"] == "true"
     ref_client, ref_runs = mlflow_runs(ref_store)
     for key in METRICS:
-        assert history(client, runs[0].info.run_id, key) == history(ref_client, ref_runs[0].info.run_id, key), key
-
-
-def history(client, run_id: str, key: str) -> list[float]:
-    by_step = {}
-    for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
-        by_step[m.step] = m.value
-    return [by_step[s] for s in sorted(by_step)]
+        assert metric_by_step(client, runs[0].info.run_id, key) == metric_by_step(ref_client, ref_runs[0].info.run_id, key), key
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["gluon", "module"])
-def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, store, backend):
-    common = [f"backend={backend}", "epochs=8", "lr_schedule=step", "lr_steps=[4,6]", "momentum=0.9"]
+@pytest.mark.parametrize("backend, dropout", [("gluon", 0.0), ("module", 0.0), ("gluon", 0.5), ("module", 0.5)])
+def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, store, backend, dropout):
+    # with dropout the resumed run must draw the same masks: MXNet's generator is reseeded per step
+    common = [f"backend={backend}", "epochs=8", "lr_schedule=step", "lr_steps=[4,6]", "momentum=0.9",
+              f"model.dropout={dropout}"]
     # killed in epoch 4, or just after epoch 3's commit
     code, _, ckpt, args, ref_store = reference_and_interrupted(tmp_path, store, common, "epoch 3/8", signal.SIGKILL)
     assert code == -signal.SIGKILL

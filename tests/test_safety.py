@@ -11,7 +11,7 @@ import pytest
 
 from conftest import mlflow_runs, run_xp
 from xp.errors import RedactFilter, one_line, redact
-from xp.tracking import Tracker
+from xp.tracking import Tracker, run_label, run_name
 
 
 def test_passwords_in_urls_are_hidden():
@@ -21,6 +21,15 @@ def test_passwords_in_urls_are_hidden():
     assert "s3cr3t" not in one_line("MLflow store postgresql://a:s3cr3t@h/db\\nis not usable")
     record = logging.LogRecord("xp", logging.INFO, __file__, 1, "tracking %s", ("postgresql://a:s3cr3t@h/db",), None)
     assert RedactFilter().filter(record) and record.getMessage() == "tracking postgresql://a:***@h/db"
+
+
+def test_run_names_fit_mlflow_and_leave_out_where_they_are_tracked():
+    overrides = ["batch=16", "tracking_uri='postgresql://xp:pw@db:5432/mlflow'", "optuna.trial_id=3",
+                 "hydra.run.dir=/tmp/x", "+lr=0.1"]
+    assert run_name(overrides) == "batch=16 +lr=0.1"
+    long = run_label("x" * 300)
+    assert len(long) == 250 and long.endswith("...")  # PostgreSQL enforces MLflow's 250-character column
+    assert run_label("from postgresql://xp:pw@db/mlflow") == "from postgresql://xp:***@db/mlflow"
 
 
 def test_logged_params_never_carry_a_password(store):

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from conftest import mlflow_runs, run_xp
+from conftest import mlflow_runs, run_xp, wait_for_line, xp_process
 from xp import study
 from xp.errors import ConfigError
 
@@ -67,6 +67,42 @@ def test_unknown_study_lists_the_valid_ones(sweeps):
 def test_unreachable_storage_is_refused_before_anything_is_created():
     with pytest.raises(ConfigError, match=r"storage postgresql://xp@127.0.0.1:9/none: "):
         study.check_storage("postgresql://xp@127.0.0.1:9/none")
+
+
+def test_trials_of_a_dead_sweeper_are_retried_with_their_parameters_up_to_max_retry(tmp_path, sweeps):
+    import time
+
+    import optuna
+
+    sweeps("hb", f"storage: sqlite:///{tmp_path}/hb.db\nheartbeat_s: 1\ngrace_s: 2\nmax_retry: 1\n"
+                 "params: {lr: {type: float, low: 0.1, high: 1}}")
+    spec = study.load_spec("hb", KNOWN)
+    s = study.open_study(spec)
+    lost = s.ask(study.distributions(spec))
+    s._storage.record_heartbeat(lost._trial_id)  # a sweeper beat once, then died
+    assert study.retry_dead_trials(s, spec) == []  # still within grace_s
+    time.sleep(3.2)
+    assert study.retry_dead_trials(s, spec) == ["trial 0 lost its sweeper (no heartbeat for 2 s): retried as trial 1 "
+                                          "with the same parameters"]
+    again = s.ask(study.distributions(spec))  # the retry comes first
+    assert again.number == 1 and again.params == lost.params
+    with study.heartbeat(s, [again]):  # a live sweeper's trial is not taken for a dead one
+        time.sleep(3.2)
+        assert study.retry_dead_trials(s, spec) == []
+    time.sleep(3.2)
+    assert study.retry_dead_trials(s, spec) == ["trial 1 lost its sweeper (no heartbeat for 2 s): failed, retry limit reached"]
+    states = [t.state.name for t in optuna.load_study(study_name="hb", storage=spec.storage).get_trials()]
+    assert states == ["FAIL", "FAIL"]
+    assert study._counts(s) == (1, 0)  # the retried trial 0 does not count, its retry does
+
+
+def test_heartbeat_settings_are_checked(sweeps):
+    sweeps("hb", "heartbeat_s: 10\ngrace_s: 10\nparams: {lr: {type: float, low: 0.1, high: 1}}")
+    with pytest.raises(ConfigError, match="grace_s=10 must be longer than heartbeat_s=10"):
+        study.load_spec("hb", KNOWN)
+    sweeps("hb", "max_retry: -1\nparams: {lr: {type: float, low: 0.1, high: 1}}")
+    with pytest.raises(ConfigError, match=r"max_retry=-1: must be an integer >= 0"):
+        study.load_spec("hb", KNOWN)
 
 
 # --- end to end ---------------------------------------------------------------------
@@ -132,7 +168,7 @@ def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
     sweeps("small", SMALL.format(n=10, sampler="random", pruner="median", objectives=ONE))
     again = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=5", env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "8 trials done, 2 to run" in again.stdout
+    assert "8 trials done, 0 running elsewhere, 2 to run" in again.stdout
     assert len(load_trials(tmp_path)) == 10
 
 
@@ -179,3 +215,30 @@ def test_bad_study_on_the_command_line(tmp_path, store, sweeps, body, args, mess
         import optuna
 
         assert optuna.study.get_all_study_summaries(f"sqlite:///{tmp_path}/optuna.db") == []
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_is_continued_by_the_next_one_retrying_the_lost_trial(tmp_path, store, sweeps):
+    import time
+
+    d = sweeps("small", SMALL.format(n=2, sampler="random", pruner="none", objectives=ONE)
+               + "    heartbeat_s: 1\n    grace_s: 3\n")
+    env = study_env(tmp_path, d)
+    with xp_process(tmp_path, store, "-m", "sweep=small", "epochs=400", env=env) as proc:
+        wait_for_line(proc, "epoch   2/400", timeout=180)  # trial 0 is training
+        proc.kill()  # SIGKILL: the sweeper and its in-process trial die without a word
+        proc.wait(timeout=30)
+    (lost,) = load_trials(tmp_path)
+    assert lost.state.name == "RUNNING"
+    time.sleep(4)
+    again = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", env=env, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "trial 0 lost its sweeper (no heartbeat for 3 s): retried as trial 1 with the same parameters" in again.stdout + again.stderr
+    trials = load_trials(tmp_path)
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert trials[1].params == lost.params and trials[1].system_attrs["failed_trial"] == 0
+    client, runs = mlflow_runs(store)
+    status = {r.info.run_id: r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags}
+    assert status[trials[0].user_attrs["mlflow_run_id"]] == "FAILED"  # the killed trial's run was ended
+    assert status[trials[1].user_attrs["mlflow_run_id"]] == "FINISHED"
+    assert "RUNNING" not in status.values()

@@ -78,23 +78,25 @@ class CostMeter(Callback):
     """
 
     def __init__(self, price_per_hour: float, target_accuracy: float | None = None,
-                 before: list[dict[str, float]] | None = None):
-        self.price, self.target = price_per_hour, target_accuracy
+                 before: list[dict[str, float]] | None = None, instances: int = 1):
+        # instances: what is paid per price_per_hour (elastic runs: every worker is an instance)
+        self.price, self.target = price_per_hour * instances, target_accuracy
         before = before or []  # epochs trained before a resume: the clock and the bill continue
         self.offset = before[-1].get("elapsed_s", 0.0) if before else 0.0
+        self.paid = before[-1].get("cost_usd", 0.0) if before else 0.0
         self.reached = any("time_to_target_s" in m for m in before)
 
     def on_train_begin(self) -> None:
-        self._t0 = time.perf_counter() - self.offset
+        self._t0 = time.perf_counter()
 
     def on_epoch_begin(self, epoch: int) -> None:
         self._te = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         now = time.perf_counter()
-        elapsed = now - self._t0
+        elapsed = self.offset + now - self._t0
         metrics["elapsed_s"] = elapsed
-        metrics["cost_usd"] = elapsed / 3600 * self.price
+        metrics["cost_usd"] = self.paid + (now - self._t0) / 3600 * self.price
         metrics["epoch_cost_usd"] = (now - self._te) / 3600 * self.price
         if self.target is not None and not self.reached and metrics.get("val_accuracy", -1) >= self.target:
             self.reached = True

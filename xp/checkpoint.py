@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError
@@ -59,6 +62,7 @@ def commit(root: str | Path, epoch: int, history: list[dict[str, float]], save: 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save(tmp)
+    save_random_state(tmp)
     (tmp / "meta.json").write_text(json.dumps({"epoch": epoch, "history": history, **meta}))
     final = root / name
     shutil.rmtree(final, ignore_errors=True)  # a commit of the same epoch from a rolled-back attempt
@@ -70,6 +74,28 @@ def commit(root: str | Path, epoch: int, history: list[dict[str, float]], save: 
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+RANDOM_STATE = "random_state.json"  # JSON, not pickle: loading a commit runs no code
+
+
+def save_random_state(folder: Path) -> None:
+    """Python's and NumPy's global generators (a framework's own generators are its backend's business:
+    the MXNet backends derive theirs from (seed, rank, step) at every step)."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    (folder / RANDOM_STATE).write_text(json.dumps({"python": [version, list(words), gauss],
+                                                   "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}))
+
+
+def restore_random_state(folder: Path) -> None:
+    path = folder / RANDOM_STATE
+    if path.exists():  # commits written before xp kept them have none
+        state = json.loads(path.read_text())
+        version, words, gauss = state["python"]
+        random.setstate((version, tuple(words), gauss))
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
 class Checkpointer(Callback):

@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         configs = preflight(argv)
-        engine = _engine(configs[0]) if configs and not os.environ.get(WORKER_ENV) else None
+        plan, engine = _engine(configs[0]) if configs and not os.environ.get(WORKER_ENV) else (None, None)
         if engine:
             if "-m" in argv or "--multirun" in argv:
                 raise ConfigError(f"{engine} runs are launched one at a time; run each configuration as its own "
                                   "command")
-            return _launch(argv, configs[0], engine)
+            return _launch(argv, configs[0], plan, engine)
         if "-m" in argv or "--multirun" in argv:
             if configs and configs[0].get("sweep"):
                 _register_study_sweeper()
@@ -265,18 +265,18 @@ def _task(cfg: Any) -> float:
     raise SystemExit(code)
 
 
-def _engine(config: dict[str, Any]) -> str | None:
-    """The distributed engine the run needs (its backend decides), or None for one process."""
+def _engine(config: dict[str, Any]) -> tuple[Any, str | None]:
+    """The run's plan and the distributed engine it needs (its backend decides), or None for one process."""
     from xp.experiment import plan_and_backend
 
     plan, backend_cls = plan_and_backend(config)
-    return backend_cls.launch(plan)
+    return plan, backend_cls.launch(plan)
 
 
-def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
+def _launch(argv: list[str], config: dict[str, Any], plan: Any, engine: str) -> int:
     """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
     from xp.launch import LaunchError, Spec, describe, launch, validate
-    from xp.tracking import Tracker, resolve_uri
+    from xp.tracking import Tracker, resolve_uri, run_name
 
     uri = resolve_uri(config.get("tracking_uri"))
     if config.get("resume") is not None and not Path(str(config["resume"])).expanduser().is_dir():
@@ -289,7 +289,7 @@ def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
     if engine == "ps-lite":  # whether MXNet's Module updates on the servers (Gluon is told directly)
         spec.env["MXNET_UPDATE_ON_KVSTORE"] = "1" if config["kvstore"]["name"] == "dist_async" else "0"
     validate(spec)
-    tracker = Tracker(uri, config.get("experiment") or "xp", config.get("run_name") or " ".join(overrides),
+    tracker = Tracker(uri, config.get("experiment") or "xp", config.get("run_name") or run_name(overrides),
                       tags={"xp.launcher": spec.launcher, "xp.engine": engine, "xp.workers": str(spec.workers)})
     tracker.start()
     spec.env[RUN_ENV] = tracker.run_id
@@ -299,7 +299,7 @@ def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
         if (config.get("elastic") or {}).get("enabled"):
             from xp import elastic
 
-            elastic.run(spec, config, lambda metrics, step: tracker.log_metrics(metrics, step=step))
+            elastic.run(spec, config, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
         else:
             launch(spec)
         status = "FINISHED"
@@ -316,12 +316,12 @@ def _launch(argv: list[str], config: dict[str, Any], engine: str) -> int:
 def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
     from xp import report
-    from xp.tracking import Tracker, resolve_uri
+    from xp.tracking import Tracker, resolve_uri, run_name
 
     uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
     kind = f"study {config['sweep']}" if config.get("sweep") else "sweep"
-    parent = Tracker(uri, config.get("experiment") or "xp", f"{kind}: " + " ".join(overrides),
+    parent = Tracker(uri, config.get("experiment") or "xp", f"{kind}: " + run_name(overrides),
                      tags={"xp.sweep": "true"})
     parent.start()
     parent.log_params({"sweep.overrides": " ".join(overrides)})

@@ -86,8 +86,8 @@ class StopAtMembershipChange(Callback):
 
 
 class WorkerHours(Callback):
-    """workers per epoch, worker-hours so far, and their cost at on-demand and (if known) spot prices:
-    every worker is an instance (the spot-fleet model the seed's Dynamic Training measured)."""
+    """workers per epoch, worker-hours so far, and what they cost at on-demand and (if known) spot prices;
+    cost_usd itself is CostMeter's, which bills every worker as an instance in elastic runs."""
 
     def __init__(self, workers: int, hardware: Any, before: list[dict[str, float]]):
         self.workers, self.hw = workers, hardware
@@ -100,7 +100,6 @@ class WorkerHours(Callback):
         self.hours += (time.perf_counter() - self._t) * self.workers / 3600
         metrics["workers"] = self.workers
         metrics["worker_hours"] = self.hours
-        metrics["cost_usd"] = self.hours * self.hw.hourly
         metrics["cost_on_demand_usd"] = self.hours * self.hw.price_per_hour
         if self.hw.spot_price_per_hour is not None:
             metrics["cost_spot_usd"] = self.hours * self.hw.spot_price_per_hour
@@ -113,13 +112,12 @@ def _override(argv: list[str], **values: Any) -> list[str]:
     return [*kept, *(f"{k}={v}" for k, v in values.items())]
 
 
-def run(spec: Spec, config: dict[str, Any], log: Callable[[dict[str, float], int], None]) -> None:
-    """Run the elastic job to its last epoch; raise LaunchError when it cannot go on."""
+def run(spec: Spec, config: dict[str, Any], plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
+    """Run the elastic job (`plan`: its plan as launched) to its last epoch; raise LaunchError when it
+    cannot go on."""
     from xp import checkpoint
-    from xp.experiment import plan_and_backend
 
     e = config["elastic"]
-    plan, _ = plan_and_backend(config)
     global_batch, devices, epochs = plan.global_batch, len(plan.devices), plan.epochs
     keep = bool(config.get("checkpoint_dir"))
     root = Path(config["checkpoint_dir"]).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))

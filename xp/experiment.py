@@ -20,7 +20,7 @@ from xp.gpu import visible_gpus
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
 from xp.telemetry import telemetry
-from xp.tracking import NullTracker, Tracker, TrackingCallback, flatten, resolve_uri, run_url_hint, versions
+from xp.tracking import NullTracker, Tracker, TrackingCallback, flatten, resolve_uri, run_name, run_url_hint, versions
 from xp.train import fit
 
 log = logging.getLogger("xp")
@@ -113,8 +113,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
     trial = study.attach(config)
     log.info(describe(plan, uri))
 
-    name = plan.run_name or (" ".join(o for o in job.overrides if not o.startswith("optuna.")) if job.overrides else
-                             f"{plan.model.name}-{plan.dataset.name}-{plan.backend}")
+    name = plan.run_name or run_name(job.overrides or ()) or f"{plan.model.name}-{plan.dataset.name}-{plan.backend}"
     tags = {"xp.backend": plan.backend, "xp.model": plan.model.name, "xp.dataset": plan.dataset.name}
     if trial:
         tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
@@ -155,9 +154,10 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
         meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
         history = History(done)
+        elastic_run = bool(config.get("elastic", {}).get("enabled"))
         callbacks = [Progress(plan.rank), meter, WorkerMetrics(backend.gather, meter.name),
-                     CostMeter(plan.cost_per_hour, plan.target_accuracy, done)]
-        if config.get("elastic", {}).get("enabled"):
+                     CostMeter(plan.cost_per_hour, plan.target_accuracy, done, plan.workers if elastic_run else 1)]
+        if elastic_run:
             callbacks.append(elastic.WorkerHours(plan.workers, plan.hardware, done))
         # logged, then committed: an epoch interrupted in between is trained again, to the same numbers
         callbacks += [*telemetry(plan, tracker.run_id, uri), history, TrackingCallback(tracker)]
@@ -174,6 +174,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             callbacks.append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
         if before is not None:
             backend.resume_at = before.meta.get("position")  # an epoch interrupted mid-way goes on from there
+            checkpoint.restore_random_state(before.folder)
         state = "COMPLETE"
         try:
             fit(plan, backend, callbacks, setup=False, start_epoch=before.epoch if before else 0)

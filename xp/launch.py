@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 from xp.errors import ConfigError, XPError
 
 LOOPBACK = "127.0.0.1"
@@ -35,7 +37,6 @@ WORKER_ENV = "XP_DIST_WORKER"  # set in workers: run as a worker, do not launch 
 RUN_ENV = "XP_RUN_ID"  # the MLflow run the launcher created; rank 0 logs into it
 HEARTBEAT_ENV = "XP_HEARTBEAT_DIR"  # where workers report progress
 CONNECT_ENV = "XP_CONNECT_TIMEOUT_S"  # how long a worker tries to reach the scheduler
-CLUSTER_LAUNCHERS = ("ssh", "mpi", "slurm")
 
 
 class LaunchError(XPError):
@@ -250,17 +251,15 @@ class Job:
                               "(dist_timeout_s); the job was stopped")
         stale = {rank: age_pid for rank, age_pid in beats.items() if age_pid[0] > age_limit}
         if stale:
-            # the others wait for it in a collective: name a worker the system stopped, else the longest silent
-            stopped = [rank for rank, (_, pid) in stale.items() if _is_stopped(pid)]
+            # the others wait for it in a collective and may have gone silent first (reports are at most one a
+            # second): name a worker the system stopped, stale or not yet, else the longest silent
+            stopped = [rank for rank, (_, pid) in beats.items() if _is_stopped(pid)]
             rank = stopped[0] if stopped else max(stale, key=lambda r: stale[r][0])
-            raise LaunchError(f"worker rank {rank} made no progress for {stale[rank][0]:.0f} s (dist_timeout_s="
-                              f"{age_limit:g}); the job was stopped")
+            silent = max(age for age, _ in stale.values())
+            raise LaunchError(f"worker rank {rank} made no progress for {silent:.0f} s (dist_timeout_s={age_limit:g}); "
+                              "the job was stopped")
 
     def _remember_descendants(self) -> None:
-        try:
-            import psutil
-        except ImportError:
-            return
         for r in self.roles:
             try:
                 for c in psutil.Process(r.proc.pid).children(recursive=True):
@@ -296,10 +295,6 @@ class Job:
         self.beats.rmdir()
 
     def _end_descendants(self) -> None:
-        try:
-            import psutil
-        except ImportError:
-            return
         left = []
         for pid, created in self.seen.items():
             try:
@@ -314,10 +309,8 @@ class Job:
 
 def _is_stopped(pid: int) -> bool:
     try:
-        import psutil
-
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except Exception:  # gone, or psutil missing: nothing to tell
+    except psutil.Error:  # gone: nothing to tell
         return False
 
 

@@ -36,6 +36,7 @@ class ModelSpec:
     name: str
     zoo: str  # xp | gluoncv
     arch: str  # network name inside that zoo
+    dropout: float = 0.0  # xp's lenet: dropout before the classifier
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,11 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     dtype = _choice(_group(cfg, "dtype")["name"], "dtype", DTYPES)
 
     model = ModelSpec(model_cfg["name"], _choice(model_cfg.get("zoo"), "model.zoo", MODEL_ZOOS),
-                      str(model_cfg.get("arch") or model_cfg["name"]))
+                      str(model_cfg.get("arch") or model_cfg["name"]),
+                      _float({"model.dropout": model_cfg.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True))
+    if model.dropout and model.zoo != "xp":
+        raise ConfigError(f"model.dropout={model.dropout:g}: applies to xp's own models; model={model.name} comes "
+                          f"from {model.zoo}, whose architecture fixes its dropout")
     dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"})
 
     classes = cfg.get("num_classes")

@@ -8,6 +8,11 @@ trial in the RDB storage, reports the first objective after every epoch and stop
 when the pruner says so; the sweeper tells Optuna how each trial ended. A study lives
 in its storage (SQLite in mlruns/ by default): the same command again continues it up
 to its budget.
+
+Trials of a sweeper that died (SIGKILL, OOM, a lost host) stay RUNNING in the storage. The
+sweeper records a heartbeat for every trial in flight (Optuna's RDB heartbeat); any sweeper
+of the study that starts or asks later marks trials silent for more than grace_s FAIL and
+retries each with the same parameters, at most max_retry times.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import json
 import logging
 import math
 import os
+import threading
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +33,7 @@ from typing import Any
 import yaml
 
 from xp.callbacks import Callback
-from xp.errors import ConfigError, one_line
+from xp.errors import ConfigError, one_line, redact
 
 log = logging.getLogger("xp")
 
@@ -71,6 +79,9 @@ class StudySpec:
     pruner_options: dict[str, Any]
     objectives: tuple[Objective, ...]
     params: tuple[Param, ...]
+    heartbeat_s: int = 30
+    grace_s: int = 120
+    max_retry: int = 2
 
     @property
     def multi_objective(self) -> bool:
@@ -107,13 +118,19 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
         return raw.get(key, default)
 
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
-                          "pruner_options", "objectives", "params"}
+                          "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel = field("n_trials", 20), field("parallel", 1)
-    for key, v in (("n_trials", n_trials), ("parallel", parallel)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ConfigError(f"{where}: {key}={v!r}: must be an integer >= 1")
+    heartbeat_s, max_retry = field("heartbeat_s", 30), field("max_retry", 2)
+    grace_s = field("grace_s", 4 * heartbeat_s if isinstance(heartbeat_s, int) else None)
+    for key, v, low in (("n_trials", n_trials, 1), ("parallel", parallel, 1), ("heartbeat_s", heartbeat_s, 1),
+                        ("grace_s", grace_s, 1), ("max_retry", max_retry, 0)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ConfigError(f"{where}: {key}={v!r}: must be an integer >= {low}")
+    if grace_s <= heartbeat_s:
+        raise ConfigError(f"{where}: grace_s={grace_s} must be longer than heartbeat_s={heartbeat_s}, or live "
+                          "trials are taken for dead ones")
     sampler, pruner = field("sampler", "tpe"), field("pruner", "median")
     if sampler not in SAMPLERS:
         raise ConfigError(f"{where}: sampler={sampler!r}: unknown; valid: {', '.join(SAMPLERS)}")
@@ -166,7 +183,8 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
     seed = field("sampler_seed")
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
-                     sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params))
+                     sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
+                     heartbeat_s, grace_s, max_retry)
 
 
 # --- Optuna objects (imported lazily: optuna is not needed to run a plain experiment) ---
@@ -216,36 +234,88 @@ def make_pruner(spec: StudySpec) -> Any:
 
 def check_storage(url: str) -> None:
     """Connect once, before anything is created: an unreachable database is a usage error."""
-    import sqlalchemy
+    from xp.tracking import check_database
 
-    kwargs = {"connect_args": {"connect_timeout": 5}} if url.startswith("postgresql") else {}
-    try:
-        engine = sqlalchemy.create_engine(url, **kwargs)
-        with engine.connect():
-            pass
-        engine.dispose()
-    except ModuleNotFoundError as e:
-        raise ConfigError(f"storage {url}: needs the {e.name} driver (PostgreSQL: pip install psycopg2-binary)") from e
-    except Exception as e:
-        raise ConfigError(f"storage {url}: cannot connect ({type(e).__name__}: {one_line(e)[:200]})") from e
+    check_database(url, "storage")
 
 
 def open_study(spec: StudySpec) -> Any:
+    """The study, on a storage that records heartbeats and retries the trials of dead sweepers."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_storage(spec.storage)
-    study = optuna.create_study(study_name=spec.study_name, storage=spec.storage, sampler=make_sampler(spec),
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(
+            spec.storage, heartbeat_interval=spec.heartbeat_s, grace_period=spec.grace_s,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry))
+    study = optuna.create_study(study_name=spec.study_name, storage=storage, sampler=make_sampler(spec),
                                 pruner=make_pruner(spec), directions=[o.direction for o in spec.objectives],
                                 load_if_exists=True)
     wanted = [o.direction for o in spec.objectives]
     have = [d.name.lower() for d in study.directions]
     if have != wanted:
-        raise ConfigError(f"sweep={spec.name}: study {spec.study_name} in {spec.storage} optimises {have}, "
+        raise ConfigError(f"sweep={spec.name}: study {spec.study_name} in {redact(spec.storage)} optimises {have}, "
                           f"the spec says {wanted}; use another study_name")
     study.set_metric_names([o.metric for o in spec.objectives])  # optuna-dashboard shows these names
     study.set_user_attr("xp.sweep", spec.name)
     return study
+
+
+def retry_dead_trials(study: Any, spec: StudySpec) -> list[str]:
+    """Mark trials without a heartbeat for grace_s FAIL; each is queued again with its parameters
+    (up to max_retry times). Returns one line per trial found."""
+    import optuna
+
+    before = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    retries = {t.system_attrs["retry_history"][-1]: t for t in trials if t.system_attrs.get("retry_history")}
+    lines = []
+    for t in trials:
+        if t.number in before and t.state.name == "FAIL":
+            again = retries.get(t.number)
+            lines.append(f"trial {t.number} lost its sweeper (no heartbeat for {spec.grace_s} s): "
+                         + (f"retried as trial {again.number} with the same parameters" if again
+                            else "failed, retry limit reached"))
+    return lines
+
+
+@contextmanager
+def heartbeat(study: Any, trials: list[Any]):
+    """Record a heartbeat for `trials` every heartbeat interval while the block runs."""
+    storage, stop = study._storage, threading.Event()
+    interval = storage.get_heartbeat_interval()
+
+    def beat() -> None:
+        while True:
+            for t in trials:
+                try:
+                    storage.record_heartbeat(t._trial_id)
+                except Exception as e:  # a database hiccup must not end the sweep; the next beat tries again
+                    log.warning(f"heartbeat of trial {t.number}: {one_line(e)[:200]}")
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name="xp-optuna-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def _counts(study: Any) -> tuple[int, int]:
+    """(finished trials that count towards the budget, trials running elsewhere). A failed trial that
+    was retried does not count: its retry does."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    done = sum(1 for t in trials if t.state.name in FINISHED and t.number not in retried)
+    return done, sum(1 for t in trials if t.state.name == "RUNNING")
 
 
 # --- the job side: a run that is a trial ------------------------------------------
@@ -293,9 +363,12 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
 
     spec = load_spec(config.sweep)
     study = open_study(spec)
-    done = sum(1 for t in study.get_trials(deepcopy=False) if t.state.name in FINISHED)
-    remaining = spec.n_trials - done
-    log.info(f"study {spec.study_name} ({spec.storage}): {done} trials done, {max(0, remaining)} to run "
+    for line in retry_dead_trials(study, spec):
+        log.warning(line)
+    done, elsewhere = _counts(study)
+    remaining = spec.n_trials - done - elsewhere
+    log.info(f"study {spec.study_name} ({redact(spec.storage)}): {done} trials done, {elsewhere} running elsewhere, "
+             f"{max(0, remaining)} to run "
              f"(sampler {spec.sampler}, pruner {spec.pruner}, objectives "
              + ", ".join(f"{o.direction} {o.metric}" for o in spec.objectives) + ")")
     dists = distributions(spec)
@@ -311,9 +384,13 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
     parallel = max(spec.parallel, os.cpu_count() or 1 if n_jobs == -1 else n_jobs)
     returns, job = [], 0
     while remaining > 0:
+        for line in retry_dead_trials(study, spec):
+            log.warning(line)
         trials = []
         while len(trials) < min(parallel, remaining):
-            t = study.ask(dists)
+            with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
+                warnings.simplefilter("ignore", UserWarning)
+                t = study.ask(dists)
             if _reuse_earlier(study, t):  # the same parameters already ran: runs are deterministic
                 remaining -= 1
                 continue
@@ -322,7 +399,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
             continue
         jobs = [[*arguments, *(_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
                  f"optuna.storage='{spec.storage}'", f"optuna.trial_id={t._trial_id}"] for t in trials]
-        results = launcher.launch(jobs, initial_job_idx=job)
+        with heartbeat(study, trials):
+            results = launcher.launch(jobs, initial_job_idx=job)
         for t, r in zip(trials, results):
             out = r._return_value if r.status.name == "COMPLETED" and isinstance(r._return_value, dict) else {}
             if out.get("state") == "COMPLETE":
@@ -333,7 +411,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
                 study.tell(t, state=TrialState.FAIL)
         returns.append(results)
         job += len(trials)
-        remaining -= len(trials)
+        done, elsewhere = _counts(study)
+        remaining = spec.n_trials - done - elsewhere
     from xp.tracking import resolve_uri
 
     summarize(study, spec, resolve_uri(config.get("tracking_uri")))
@@ -374,7 +453,7 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     for f in front:
         log.info(f"  {title}: trial {f['trial']}  " + "  ".join(f"{k}={v:.4g}" for k, v in f["values"].items())
                  + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
-    summary = {"study": spec.study_name, "storage": spec.storage, "trials": states, "best": front}
+    summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if parent and tracking_uri:
         from mlflow.tracking import MlflowClient

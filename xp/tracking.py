@@ -43,6 +43,27 @@ def resolve_uri(configured: str | None = None, cwd: str | Path | None = None) ->
     return uri
 
 
+def check_database(url: str, what: str) -> None:
+    """Connect once to the database of `url` (what: how the user named it) before anything uses it: a wrong
+    password or an unreachable server is one line at once, not a minute of retries and a traceback."""
+    import re
+
+    import sqlalchemy
+
+    kwargs = {"connect_args": {"connect_timeout": 5}} if url.startswith("postgresql") else {}
+    try:
+        engine = sqlalchemy.create_engine(url, **kwargs)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"{what} {redact(url)}: needs the {e.name} driver "
+                          "(PostgreSQL: pip install 'psycopg[binary]')") from None
+    except Exception as e:
+        reason = re.sub(r"\s*\(Background on this error at: \S+\)", "", one_line(e))
+        raise ConfigError(f"{what} {redact(url)}: cannot connect ({type(e).__name__}: {reason[:300]})") from None
+
+
 def _artifact_root(uri: str) -> str | None:
     """Artifacts of a SQLite store live beside the database; other stores decide for themselves."""
     if uri.startswith("sqlite:///"):
@@ -61,6 +82,21 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+MAX_RUN_NAME = 250  # MLflow's column; PostgreSQL enforces it, SQLite does not
+UNNAMING = ("tracking_uri=", "experiment=", "run_name=", "optuna.", "hydra.")  # overrides that say nothing of the run
+
+
+def run_name(overrides: list[str] | tuple[str, ...]) -> str:
+    """A run's default name: its overrides, less those that say where it is tracked or how it was launched."""
+    return " ".join(o for o in overrides if not o.lstrip("+~").startswith(UNNAMING))
+
+
+def run_label(name: str) -> str:
+    """`name` as MLflow can store it: passwords hidden, at most 250 characters."""
+    name = redact(name)
+    return name if len(name) <= MAX_RUN_NAME else name[:MAX_RUN_NAME - 3] + "..."
+
+
 class Tracker:
     """One MLflow run. As a context manager it ends the run FINISHED, FAILED or KILLED.
 
@@ -71,7 +107,7 @@ class Tracker:
     def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
                  reopen_run_id: str | None = None):
-        self.uri, self.experiment, self.run_name = uri, experiment, run_name
+        self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
         self.parent_run_id = parent_run_id
         self.tags = dict(tags or {})
         self.run_id: str | None = None
@@ -91,7 +127,8 @@ class Tracker:
             # Creating or migrating the schema of a new store is routine, not news.
             for name in ("mlflow.store.db.utils", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-
+            if self.uri.split(":", 1)[0].split("+")[0] in ("postgresql", "mysql", "mssql"):
+                check_database(self.uri, "tracking_uri")  # MLflow would retry a wrong password for a minute
             self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 
@@ -128,8 +165,10 @@ class Tracker:
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
+        except ConfigError:
+            raise
         except Exception as e:
-            raise ConfigError(f"MLflow store {self.uri} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
+            raise ConfigError(f"MLflow store {redact(self.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
         self.run_id = run.info.run_id
         return self.run_id
 
@@ -187,11 +226,24 @@ class Tracker:
         for path, dest in self._artifacts:
             if path.exists():
                 try:
-                    self.client.log_artifact(self.run_id, str(path), dest)
+                    self._upload_redacted(path, dest)
                 except Exception as e:  # an artifact problem must not hide the run's outcome
                     log.warning("could not upload %s to MLflow: %s", path, one_line(e))
         if not self.attach_run_id:
             self.client.set_terminated(self.run_id, status)
+
+    def _upload_redacted(self, path: Path, dest: str | None) -> None:
+        """Upload a text file with the passwords of its URLs hidden (a config or log may hold a database URL)."""
+        import tempfile
+
+        text = path.read_text(errors="replace")
+        if redact(text) == text:
+            self.client.log_artifact(self.run_id, str(path), dest)
+            return
+        with tempfile.TemporaryDirectory(prefix="xp-redacted-") as tmp:
+            copy = Path(tmp) / path.name
+            copy.write_text(redact(text))
+            self.client.log_artifact(self.run_id, str(copy), dest)
 
     def __enter__(self) -> Tracker:
         self.start()
@@ -257,9 +309,9 @@ def versions(distributions: Iterable[str]) -> dict[str, str]:
 
 def _started(pid: int) -> float:
     """The start time of process `pid` (seconds since the epoch), or 0.0 if there is none."""
-    try:
-        import psutil
+    import psutil
 
+    try:
         return psutil.Process(pid).create_time()
-    except Exception:
+    except psutil.Error:
         return 0.0

@@ -70,6 +70,13 @@ def _installed(metadata: Any, dist: str) -> bool:
         return False
 
 
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of training step `step` (0-based, over the whole run) on worker `rank`."""
+    import zlib
+
+    return zlib.crc32(f"{seed}:{rank}:{step}".encode())
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """float32 numpy copy of an NDArray of any precision (bfloat16 has no numpy dtype)."""
     return (x if x.dtype == np.float32 else x.astype("float32")).asnumpy()
@@ -348,6 +355,9 @@ class MXNetBackend(Backend):
             if i < skip:
                 continue  # trained before the interruption; reading it keeps the epoch's data order
             lr = learning_rate(self.plan, first_step + i)
+            # random layers (dropout) draw from a generator seeded by (seed, rank, step): a run resumed at any
+            # batch draws what the uninterrupted run drew (MXNet cannot save a generator's state; this costs ~2 us)
+            mx.random.seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))
             logits = self.step(batch, lr)
             # asnumpy() waits for the step's forward pass, so batch times measure work done
             scores.update(np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy())

@@ -15,7 +15,7 @@ class WeightsError(XPError):
     exit_code = 2
 
 
-def lenet(classes: int):
+def lenet(classes: int, dropout: float = 0.0):
     """LeNet-style CNN sized for small images (8x8 digits up to 32x32)."""
     from mxnet.gluon import nn
 
@@ -28,8 +28,10 @@ def lenet(classes: int):
             nn.MaxPool2D(pool_size=2, strides=2),
             nn.Flatten(),
             nn.Dense(128, activation="relu"),
-            nn.Dense(classes),
         )
+        if dropout:
+            net.add(nn.Dropout(dropout))
+        net.add(nn.Dense(classes))
     return net
 
 
@@ -43,7 +45,7 @@ def build_net(model: ModelSpec, classes: int):
             from xp.errors import ConfigError
 
             raise ConfigError(f"model.arch={model.arch!r}: not in xp's zoo; valid: {', '.join(sorted(XP_ZOO))}")
-        return XP_ZOO[model.arch](classes)
+        return XP_ZOO[model.arch](classes, model.dropout)
     from gluoncv.model_zoo import get_model
 
     try:

@@ -1,0 +1,92 @@
+"""MLflow tracking and Optuna storage on a real PostgreSQL server (started by the tests on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import pg
+from conftest import ROOT, mlflow_runs, run_xp, xp_env
+
+PASSWORD = "pg-Secret-42"
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    server = pg.Server(PASSWORD)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+def _texts_of_run(client, run, folder) -> list[str]:
+    """Everything MLflow keeps of a run: params, tags, metrics' names, and its text artifacts."""
+    out = [run.info.run_name or "", repr(run.data.params), repr(run.data.tags), repr(list(run.data.metrics))]
+    stack = [""]
+    while stack:
+        for a in client.list_artifacts(run.info.run_id, stack.pop() or None):
+            if a.is_dir:
+                stack.append(a.path)
+            elif a.path.endswith((".yaml", ".log", ".json", ".txt", ".md")):
+                out.append(open(client.download_artifacts(run.info.run_id, a.path, str(folder))).read())
+    return out
+
+
+@pytest.mark.slow
+def test_a_sweep_tracks_in_postgres_and_keeps_its_study_there_without_showing_the_password(tmp_path, postgres):
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "pgsmall.yaml").write_text(textwrap.dedent("""
+        study_name: pgsmall
+        n_trials: 3
+        sampler: random
+        sampler_seed: 3
+        pruner: none
+        params:
+          lr: {type: float, low: 0.01, high: 0.3, log: true}
+          batch: {type: categorical, choices: [16, 32]}
+    """))
+    mlflow_url, optuna_url = postgres.url("mlflow"), postgres.url("optuna")
+    env = {"XP_SWEEPS_DIR": str(sweeps), "XP_OPTUNA_STORAGE": optuna_url}
+    proc = run_xp(tmp_path, mlflow_url, "-m", "sweep=pgsmall", "epochs=2", f"tracking_uri='{mlflow_url}'", env=env,
+                  timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    import optuna
+
+    trials = optuna.load_study(study_name="pgsmall", storage=optuna_url).get_trials()
+    assert len(trials) == 3 and {t.state.name for t in trials} == {"COMPLETE"}
+    client, runs = mlflow_runs(mlflow_url)
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len([r for r in runs if r.data.tags.get("xp.sweep") == "true"]) == 1
+    ran = {t.user_attrs["mlflow_run_id"] for t in trials if "mlflow_run_id" in t.user_attrs}
+    assert ran and ran == {r.info.run_id for r in children}
+    assert all(r.info.status == "FINISHED" and r.data.metrics["val_accuracy"] > 0.5 for r in children)
+
+    report = subprocess.run([sys.executable, "-m", "xp.report", "--out", str(tmp_path / "report")], cwd=ROOT,
+                            env=xp_env(mlflow_url), capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    client, runs = mlflow_runs(mlflow_url)  # the report's own run too
+    seen = [proc.stdout, proc.stderr, report.stdout, report.stderr]
+    seen += [p.read_text(errors="replace") for p in (tmp_path / "report").rglob("*") if p.suffix in (".md", ".csv", ".html", ".json")]
+    for r in runs:
+        seen += _texts_of_run(client, r, tmp_path / "artifacts")
+    seen += [p.read_text(errors="replace") for p in tmp_path.rglob("*.log")]
+    assert any("postgresql://xp:***@127.0.0.1" in s for s in seen)  # the URL is recorded, its password is not
+    assert not [s[:200] for s in seen if PASSWORD in s]
+
+
+@pytest.mark.slow
+def test_a_wrong_database_password_is_one_line_without_it(tmp_path, postgres):
+    wrong = postgres.url("mlflow", password="not-the-one")
+    before = len(mlflow_runs(postgres.url("mlflow"))[1])
+    proc = run_xp(tmp_path, wrong, "epochs=1", f"tracking_uri='{wrong}'", timeout=120)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert err.startswith("xp: error: ") and "\n" not in err and "Traceback" not in proc.stdout + err
+    assert "password authentication failed" in err and "not-the-one" not in proc.stdout + err
+    assert len(mlflow_runs(postgres.url("mlflow"))[1]) == before  # nothing was created
