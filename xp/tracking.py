@@ -43,12 +43,19 @@ def resolve_uri(configured: str | None = None, cwd: str | Path | None = None) ->
     return uri
 
 
+_reached: set[str] = set()  # databases this process has connected to already
+
+
 def check_database(url: str, what: str) -> None:
     """Connect once to the database of `url` (what: how the user named it) before anything uses it: a wrong
-    password or an unreachable server is one line at once, not a minute of retries and a traceback."""
+    password or an unreachable server is one line at once, not a minute of retries and a traceback.
+    Once per process and URL: a sweep's trials and its study reuse the answer."""
     import re
 
     import sqlalchemy
+
+    if url in _reached:
+        return
 
     kwargs = {"connect_args": {"connect_timeout": 5}} if url.startswith("postgresql") else {}
     try:
@@ -56,6 +63,7 @@ def check_database(url: str, what: str) -> None:
         with engine.connect():
             pass
         engine.dispose()
+        _reached.add(url)
     except ModuleNotFoundError as e:
         raise ConfigError(f"{what} {redact(url)}: needs the {e.name} driver "
                           "(PostgreSQL: pip install 'psycopg[binary]')") from None
