@@ -35,7 +35,7 @@ def main() -> int:
     from images import make_folder
     from xp.datasets import list_folder
     from xp.experiment import run
-    from xp.mx.recordio import prepare
+    from xp.recordio import prepare
 
     work = Path(tempfile.mkdtemp(prefix="xp-bench-io-"))
     per_class = args.images // 3

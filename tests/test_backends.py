@@ -12,7 +12,7 @@ from xp.plan import build_plan
 from xp.registry import Registry
 from xp.train import fit
 
-BACKENDS = ["gluon", "module", "horovod"]
+BACKENDS = ["gluon", "module", "horovod", "torch"]
 # every way a backend aggregates and updates, compared with Gluon's arithmetic (horovod: one device per process)
 VARIANTS = [("module", 1), ("module", 2), ("horovod", 1), ("horovod backend.api=module", 1)]
 

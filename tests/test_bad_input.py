@@ -13,7 +13,7 @@ CASES = [
     # group options and keys
     ("model=alexnet", "model=alexnet: no such model; valid: lenet"),
     ("dataset=imagenet", "dataset=imagenet: no such dataset"),
-    ("backend=nope", "backend=nope: no such backend; valid: gluon, horovod, module"),
+    ("backend=nope", "backend=nope: no such backend; valid: gluon, horovod, module, torch"),
     ("kvstore=zmq", "kvstore=zmq: no such kvstore"),
     ("dtype=int8", "dtype=int8: no such dtype"),
     ("hardware=tpu", "hardware=tpu: no such hardware"),
@@ -56,6 +56,9 @@ CASES = [
      "need integers with 1 <= min_workers <= max_workers"),
     ("backend=horovod cpu_devices=2", "backend=horovod: one device per worker process (2 asked)"),
     ("backend=horovod backend.api=symbol", "backend.api='symbol': must be one of gluon, module"),
+    ("backend=torch kvstore=dist_sync", "kvstore=dist_sync: backend=torch allreduces gradients with DDP"),
+    ("backend=torch workers=2 launcher=ssh", "launcher=ssh: backend=torch launches with torchrun on this machine"),
+    ("dtype=bfloat16", "dtype=bfloat16: the MXNet backends reach bfloat16 through AMP"),
     # plugins and command-line code
     ("+backend._target_=os.system", "setting _target_ from the command line is refused"),
     ("+hydra.callbacks.x._target_=os.getcwd", "setting _target_ from the command line is refused"),
@@ -66,6 +69,8 @@ CASES = [
     ("resume={tmp}/corrupt-checkpoint", "the latest commit epoch-1 cannot be read"),
     ("resume=true", "resume=true: no interrupted run with a checkpoint_dir"),
     ("pretrained={tmp}/no-model", "weights not found"),
+    ("backend=torch model=resnet18 pretrained=resnet18", "pretrained=resnet18: weights not found; tried"),
+    ("backend=torch pretrained={tmp}/no.pth", "weights not found; tried"),
     ("-m sweep=nonexistent", "sweep=nonexistent: no such study"),
     # environments: an unwritable store, an unreachable database
     ("tracking_uri=sqlite:////proc/no-such-dir/mlflow.db", "cannot create /proc/no-such-dir"),

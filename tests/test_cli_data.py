@@ -16,7 +16,7 @@ def digits_folder(tmp_path_factory):
     return write_digits_folder(tmp_path_factory.mktemp("digits_png"), per_class=80)
 
 
-@pytest.mark.parametrize("backend", ["gluon", "module"])
+@pytest.mark.parametrize("backend", ["gluon", "module", "torch"])
 def test_training_on_an_image_folder(tmp_path, store, digits_folder, backend):
     env = {"XP_CACHE_DIR": str(tmp_path / "cache")}
     proc = run_xp(tmp_path, store, f"backend={backend}", "dataset=folder", f"dataset.root={digits_folder}", *DIGITS,
@@ -45,7 +45,7 @@ def test_test_io_sweep_logs_io_throughput_per_thread_count(tmp_path, store, digi
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     from xp.datasets import list_folder
-    from xp.mx.recordio import prepare
+    from xp.recordio import prepare
 
     root = make_folder(tmp_path_factory.mktemp("imgs"), per_class=6)
     return prepare(list_folder(str(root)), tmp_path_factory.mktemp("rec"), "set", resize=24, threads=2)

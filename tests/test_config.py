@@ -6,6 +6,7 @@ import pytest
 
 from conftest import CONF, compose_config
 from xp.errors import ConfigError
+from xp.experiment import plan_and_backend
 from xp.plan import build_plan
 from xp.registry import Registry
 
@@ -18,6 +19,7 @@ BACKEND_TESTS = {
     "gluon": "tests/test_cli.py::test_default_run_reaches_095_and_logs_everything",
     "module": "tests/test_backends.py::test_backend_computes_the_same_parameters_as_gluon",
     "horovod": "tests/test_distributed.py::test_horovod_workers_compute_what_one_process_computes",
+    "torch": "tests/test_torch.py::test_ddp_processes_compute_what_one_process_computes",
 }
 
 
@@ -31,6 +33,7 @@ def test_the_groups_the_product_promises_exist():
 REFUSED_ON_ONE_CPU = {
     ("kvstore", "nccl"): "kvstore=nccl: NCCL aggregates gradients between GPUs",
     ("dtype", "float16"): "dtype=float16: MXNet 1.9.1 has no float16 CPU kernels",
+    ("dtype", "bfloat16"): "dtype=bfloat16: the MXNet backends reach bfloat16 through AMP",
 }
 # Options with a value only the user can give; they train in tests/test_cli_data.py.
 NEEDS_A_VALUE = {
@@ -49,7 +52,7 @@ def test_every_option_composes_into_a_plan(group, option):
             build_plan(cfg, visible_gpus=0)
     elif (group, option) in REFUSED_ON_ONE_CPU:
         with pytest.raises(ConfigError, match=REFUSED_ON_ONE_CPU[group, option]):
-            build_plan(cfg, visible_gpus=0)
+            plan_and_backend(cfg)  # the plan, then the backend's own check
         assert build_plan(compose_config(f"{group}={option}", "gpus=1"), visible_gpus=1).devices == ("gpu(0)",)
     else:
         build_plan(cfg, visible_gpus=0)

@@ -6,7 +6,7 @@ import pytest
 from xp import callbacks, datasets
 from xp.callbacks import ThroughputMeter
 from xp.mx.data import ArrayIter
-from xp.mx.metrics import Scores
+from xp.metrics import Scores
 
 
 def _ids(it):

@@ -13,7 +13,7 @@ from conftest import ROOT, compose_config
 from images import make_folder, sample_photos
 from xp.datasets import list_folder
 from xp.errors import ConfigError
-from xp.mx.recordio import DataError, check_records, prepare
+from xp.recordio import DataError, check_records, prepare
 from xp.plan import build_plan
 
 

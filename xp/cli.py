@@ -283,7 +283,9 @@ def _launch(argv: list[str], config: dict[str, Any], plan: Any, engine: str) -> 
         raise ConfigError(f"resume={config['resume']}: a distributed run resumes from a folder "
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
     overrides = [a for a in argv if not a.startswith("-")]
-    spec = Spec(engine, argv, workers=config["workers"], servers=config["servers"], launcher=config["launcher"],
+    # torchrun starts a process per device and worker; the other engines a process per worker
+    processes = len(plan.devices) * plan.workers if engine == "torchrun" else config["workers"]
+    spec = Spec(engine, argv, workers=processes, servers=config["servers"], launcher=config["launcher"],
                 port=config.get("port"), hosts_file=config.get("hosts_file"), host_ip=config.get("host_ip"),
                 timeout_s=float(config["dist_timeout_s"]), env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri})
     if engine == "ps-lite":  # whether MXNet's Module updates on the servers (Gluon is told directly)

@@ -1,8 +1,8 @@
 """Starting the processes of a distributed run and watching them until they end.
 
-Two engines: MXNet's parameter server (kvstore=dist_*: a scheduler, servers and
-workers, told their roles through DMLC_* variables) and Horovod (workers started by
-horovodrun over gloo). `launcher=local` runs every process on this machine on
+Three engines: MXNet's parameter server (kvstore=dist_*: a scheduler, servers and
+workers, told their roles through DMLC_* variables), Horovod (workers started by
+horovodrun over gloo) and PyTorch DDP (processes started by torchrun, gloo or NCCL). `launcher=local` runs every process on this machine on
 127.0.0.1 / lo (what the tests use); `ssh`, `mpi` and `slurm` hand the parameter-server
 roles to the dmlc tracker that ships inside the mxnet wheel, with a hosts file.
 
@@ -46,7 +46,7 @@ class LaunchError(XPError):
 @dataclass
 class Spec:
     """What to launch; built from the run's config by the CLI."""
-    engine: str  # "ps-lite" or "horovod"
+    engine: str  # "ps-lite", "horovod" or "torchrun"
     worker_argv: list[str]  # python -m xp arguments for every worker
     workers: int
     servers: int = 1
@@ -131,6 +131,13 @@ def horovod_command(spec: Spec) -> list[str]:
             *worker_command(spec)]
 
 
+def torchrun_command(spec: Spec, port: int) -> list[str]:
+    # torchrun, with its rendezvous store on 127.0.0.1 (xp/torchrun.py); a failed process ends the job
+    return [sys.executable, "-m", "xp.torchrun", "--nnodes=1", f"--nproc-per-node={spec.workers}",
+            f"--master-addr={LOOPBACK}", f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5",
+            "-m", "xp", *spec.worker_argv]
+
+
 def cluster_command(spec: Spec) -> list[str]:
     """The dmlc tracker command for launcher=ssh/mpi/slurm: it runs the scheduler here and the servers
     and workers on the cluster (ssh to each host, mpirun --hostfile, or srun)."""
@@ -175,9 +182,9 @@ class Job:
             # workers on one machine share its cores: N workers x all cores each would oversubscribe them
             self.base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.workers))
         self.seen: dict[int, float] = {}  # descendants: pid -> create time (ended too, if left over)
-        self.exits: dict[int, int] = {}  # horovod: rank -> exit code, from horovodrun's report
+        self.exits: dict[int, int] = {}  # horovod, torchrun: rank -> exit code, from the runner's report
         self.started = time.monotonic()
-        self.relay: threading.Thread | None = None  # horovod: the thread reading horovodrun's output
+        self.relay: threading.Thread | None = None  # horovod, torchrun: the thread reading the runner's output
 
     def start(self, name: str, argv: list[str], env: dict[str, str], worker: bool, pipe: bool = False) -> Role:
         proc = subprocess.Popen(argv, env={**self.base, **env}, start_new_session=True,  # its own process group
@@ -224,7 +231,7 @@ class Job:
         what = role.name
         rank = self._rank(role.proc.pid)
         if self.relay is not None:
-            self.relay.join(timeout=5)  # horovodrun reported which worker failed first: read all it said
+            self.relay.join(timeout=5)  # the runner reported which worker failed first: read all it said
             failed = [(r, c) for r, c in self.exits.items() if c != 0]
             if failed:
                 rank, code = str(failed[0][0]), failed[0][1]
@@ -316,7 +323,13 @@ def _is_stopped(pid: int) -> bool:
 
 def validate(spec: Spec) -> None:
     """Refuse, before anything starts, what cannot launch: a taken port, a missing hosts file or horovodrun."""
-    if spec.engine == "horovod":
+    if spec.engine == "torchrun":
+        if spec.launcher != "local":
+            raise ConfigError(f"launcher={spec.launcher}: backend=torch launches with torchrun on this machine "
+                              "(launcher=local); across hosts run torchrun on each host yourself with XP_DIST_WORKER=1")
+        if spec.port:
+            check_port(spec.port)
+    elif spec.engine == "horovod":
         if spec.launcher != "local":
             raise ConfigError(f"launcher={spec.launcher}: backend=horovod launches with horovodrun on this machine "
                               "(launcher=local); across hosts run horovodrun -H yourself with XP_DIST_WORKER=1")
@@ -339,6 +352,11 @@ def launch(spec: Spec) -> None:
         role = job.start("horovodrun", horovod_command(spec), {}, worker=True, pipe=True)
         job.relay = threading.Thread(target=_relay, args=(role.proc, job.exits), daemon=True)
         job.relay.start()
+    elif spec.engine == "torchrun":
+        env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+        role = job.start("torchrun", torchrun_command(spec, spec.port or free_port()), env, worker=True, pipe=True)
+        job.relay = threading.Thread(target=_relay, args=(role.proc, job.exits), daemon=True)
+        job.relay.start()
     elif spec.launcher == "local":
         port = spec.port or free_port()
         if spec.port:
@@ -355,20 +373,33 @@ def launch(spec: Spec) -> None:
     job.run()
 
 
-_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")  # horovodrun
+_TORCH_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's failure summary: rank, then exitcode
+_TORCH_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
 def _relay(proc: subprocess.Popen, exits: dict[int, int]) -> None:
-    """horovodrun's output to ours, noting which worker process failed and how."""
+    """The runner's output to ours, noting which worker process failed (first) and how."""
+    rank = None
     for line in proc.stdout:
         sys.stdout.write(line)
         m = _EXIT.search(line)
         if m:
             exits.setdefault(int(m.group(1)), int(m.group(2)))
+        if "Root Cause" in line:  # torchrun names the first failure here, the others before it
+            exits.clear()
+        m = _TORCH_RANK.match(line)
+        if m:
+            rank = int(m.group(1))
+        m = _TORCH_EXIT.match(line)
+        if m and rank is not None:
+            exits.setdefault(rank, int(m.group(1)))
     sys.stdout.flush()
 
 
 def describe(spec: Spec) -> str:
+    if spec.engine == "torchrun":
+        return f"{spec.workers} PyTorch DDP processes (torchrun) on {LOOPBACK}"
     if spec.engine == "horovod":
         return f"{spec.workers} Horovod workers (gloo) on {LOOPBACK}"
     where = f"on {LOOPBACK}" if spec.launcher == "local" else f"through the dmlc tracker ({spec.launcher})"

@@ -17,13 +17,13 @@ from dataclasses import replace
 from xp import datasets
 from xp.datasets import DatasetSpec
 from xp.errors import ConfigError
-from xp.pretrained import PretrainedSpec, resolve
+from xp.pretrained import PretrainedSpec, resolve, resolve_torchvision
 
 IMAGENET_MEAN = (123.68, 116.28, 103.53)  # RGB, 0-255 scale: what GluonCV's ImageNet models were trained on
 IMAGENET_STD = (58.395, 57.12, 57.375)
 
 KVSTORES = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_async")
-DTYPES = ("float32", "float16", "amp")
+DTYPES = ("float32", "float16", "bfloat16", "amp")
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")  # local: every process on this machine; others: dmlc tracker
 OPTIMIZERS = ("sgd", "nag")
 LR_SCHEDULES = ("constant", "step", "cosine")
@@ -37,6 +37,7 @@ class ModelSpec:
     zoo: str  # xp | gluoncv
     arch: str  # network name inside that zoo
     dropout: float = 0.0  # xp's lenet: dropout before the classifier
+    torchvision: str | None = None  # the same network in torchvision (backend=torch)
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,8 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
 
     model = ModelSpec(model_cfg["name"], _choice(model_cfg.get("zoo"), "model.zoo", MODEL_ZOOS),
                       str(model_cfg.get("arch") or model_cfg["name"]),
-                      _float({"model.dropout": model_cfg.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True))
+                      _float({"model.dropout": model_cfg.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True),
+                      model_cfg.get("torchvision"))
     if model.dropout and model.zoo != "xp":
         raise ConfigError(f"model.dropout={model.dropout:g}: applies to xp's own models; model={model.name} comes "
                           f"from {model.zoo}, whose architecture fixes its dropout")
@@ -229,7 +231,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     if classes is not None and classes != dataset.num_classes:
         raise ConfigError(f"num_classes={classes!r}: dataset={dataset.name} has {dataset.num_classes} classes; "
                           f"leave num_classes unset or give {dataset.num_classes}")
-    pretrained = _pretrained(cfg, model)
+    pretrained = _pretrained(cfg, model, backend["name"])
     if pretrained and cfg.get("pretrained_input", "auto") == "auto" and dataset.options.get("kind") in ("folder", "rec") \
             and (pretrained.source == "checkpoint" or model.zoo == "gluoncv"):
         # the input the ImageNet network was trained on: MXNet zoo ResNets normalise raw pixels themselves
@@ -279,10 +281,6 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         _int(cfg, "port", 1024, 65535)
     if cfg.get("dist_timeout_s") is not None:
         _float(cfg, "dist_timeout_s", 1, 86400)
-    if dtype == "float16" and device_type != "gpu":
-        raise ConfigError("dtype=float16: MXNet 1.9.1 has no float16 CPU kernels for dense layers "
-                          "(\"FP16 gemm on cpu not implemented\"); on the CPU use dtype=float32 or dtype=amp "
-                          "(bfloat16), or train on GPUs (gpus>=1)")
 
     # --- batch ---------------------------------------------------------------
     batch = _int(cfg, "batch", 1, 65536)
@@ -357,12 +355,14 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     )
 
 
-def _pretrained(cfg: dict, model: ModelSpec) -> PretrainedSpec | None:
+def _pretrained(cfg: dict, model: ModelSpec, backend: str) -> PretrainedSpec | None:
     value = cfg.get("pretrained")
     if value is None:
         return None
     if not isinstance(value, str) or not value:
         raise ConfigError(f"pretrained={value!r}: must be a model-zoo name or a checkpoint prefix")
+    if backend == "torch":  # PyTorch's weights files, in PyTorch's cache
+        return resolve_torchvision(value, _bool(cfg, "freeze_backbone"), _float(cfg, "backbone_lr_mult", 0.0, 100.0))
     _choice(cfg.get("pretrained_input", "auto"), "pretrained_input", ("auto", "dataset"))
     layer = cfg.get("pretrained_layer")
     spec = resolve(value, _int(cfg, "pretrained_epoch", 0, 9999), str(layer) if layer else None,

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         listing = list_folder(os.path.abspath(args.folder), val_fraction=args.val_fraction,
                               train_per_class=args.train_per_class, exclude=tuple(args.exclude), seed=args.split_seed,
                               key="IMAGE_FOLDER")
-        from xp.mx.recordio import prepare
+        from xp.recordio import prepare
 
         t0 = time.perf_counter()
         name = args.name or os.path.basename(os.path.abspath(args.folder).rstrip(os.sep))

@@ -5,7 +5,8 @@
     ~/.mxnet/models) under GluonCV's naming NAME-HASH.params (or NAME.params), or
   - an MXNet checkpoint PREFIX (PREFIX-symbol.json + PREFIX-0000.params, the format of
     MXNet's model zoo), given as a path or as a name in the same cache.
-Training clusters often have no network: a missing file is one line naming every path
+With backend=torch, `pretrained=` is a torchvision weights file (a .pth path, or a name found
+in $TORCH_HOME/hub/checkpoints). Training clusters often have no network: a missing file is one line naming every path
 tried and where such a file comes from. Framework-agnostic: file names and JSON only.
 """
 
@@ -22,7 +23,7 @@ from xp.errors import ConfigError
 
 @dataclass(frozen=True)
 class PretrainedSpec:
-    source: str  # zoo | checkpoint
+    source: str  # zoo | checkpoint (MXNet) | torchvision (a .pth state dict)
     name: str  # as given
     params: str  # the .params file
     symbol: str | None  # checkpoint: PREFIX-symbol.json
@@ -34,6 +35,31 @@ class PretrainedSpec:
 
 def cache_dir() -> Path:
     return Path(os.environ.get("MXNET_HOME") or "~/.mxnet").expanduser() / "models"
+
+
+def torch_cache() -> Path:
+    """Where torchvision keeps downloaded weights: $TORCH_HOME/hub/checkpoints (default ~/.cache/torch)."""
+    home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "torch")
+    return Path(home).expanduser() / "hub" / "checkpoints"
+
+
+def resolve_torchvision(name: str, freeze: bool, lr_mult: float) -> PretrainedSpec:
+    """backend=torch: a torchvision weights file, given as a path or found as NAME-HASH.pth / NAME.pth in
+    torch's cache (what torchvision downloads); one clear line naming the paths tried if absent."""
+    if os.sep in name or name.endswith((".pth", ".pt")):
+        path = Path(name).expanduser()
+        if path.is_file():
+            return PretrainedSpec("torchvision", name, str(path), None, None, freeze, lr_mult, raw_pixels=False)
+        raise ConfigError(f"pretrained={name}: weights not found; tried {path}")
+    cache = torch_cache()
+    found = sorted(cache.glob(f"{name}-*.pth"))
+    plain = cache / f"{name}.pth"
+    if found or plain.is_file():
+        return PretrainedSpec("torchvision", name, str(found[-1] if found else plain), None, None, freeze, lr_mult,
+                              raw_pixels=False)
+    raise ConfigError(f"pretrained={name}: weights not found; tried {cache / (name + '-<hash>.pth')}, {plain}. "
+                      f"torchvision's weights are NAME-HASH.pth files (e.g. resnet50-0676ba61.pth): download one "
+                      f"where there is network and copy it to {cache} (or give pretrained=/path/to/file.pth)")
 
 
 def _layers(symbol_file: str) -> list[str]:

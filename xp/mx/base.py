@@ -17,6 +17,7 @@ import numpy as np
 
 from xp.backend import Backend, BatchHook
 from xp.errors import ConfigError, Diverged, XPError
+from xp.metrics import step_seed
 from xp.plan import Plan, learning_rate
 
 
@@ -70,13 +71,6 @@ def _installed(metadata: Any, dist: str) -> bool:
         return False
 
 
-def step_seed(seed: int, rank: int, step: int) -> int:
-    """The seed of training step `step` (0-based, over the whole run) on worker `rank`."""
-    import zlib
-
-    return zlib.crc32(f"{seed}:{rank}:{step}".encode())
-
-
 def to_numpy(x: Any) -> np.ndarray:
     """float32 numpy copy of an NDArray of any precision (bfloat16 has no numpy dtype)."""
     return (x if x.dtype == np.float32 else x.astype("float32")).asnumpy()
@@ -102,6 +96,13 @@ class MXNetBackend(Backend):
 
     @classmethod
     def check(cls, plan: Plan) -> None:
+        if plan.dtype == "float16" and plan.device_type != "gpu":
+            raise ConfigError("dtype=float16: MXNet 1.9.1 has no float16 CPU kernels for dense layers "
+                              "(\"FP16 gemm on cpu not implemented\"); on the CPU use dtype=float32 or dtype=amp "
+                              "(bfloat16), or train on GPUs (gpus>=1)")
+        if plan.dtype == "bfloat16":
+            raise ConfigError("dtype=bfloat16: the MXNet backends reach bfloat16 through AMP on CPUs; use dtype=amp "
+                              "(or backend=torch dtype=bfloat16)")
         if plan.workers > 1 and cls.launch(plan) is None:
             raise ConfigError(f"workers={plan.workers}: several worker processes need a distributed kvstore "
                               "(kvstore=dist_sync) or backend=horovod; for devices in one process use "
@@ -121,7 +122,7 @@ class MXNetBackend(Backend):
                 raise ConfigError(f"kvstore=nccl: the installed mxnet {mx.__version__} was built without NCCL; "
                                   "use kvstore=device")
         if plan.dataset.options.get("kind") == "rec":
-            from xp.mx.recordio import check_records
+            from xp.recordio import check_records
 
             o = plan.dataset.options
             for part in ("train", "val"):  # a bad file fails before any run starts, naming the file
@@ -331,7 +332,7 @@ class MXNetBackend(Backend):
     def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
         import mxnet as mx
 
-        from xp.mx.metrics import Scores
+        from xp.metrics import Scores
 
         self.train_iter.set_epoch(epoch)
         if self.plan.test_io:
@@ -372,7 +373,7 @@ class MXNetBackend(Backend):
         return scores.result("train")
 
     def evaluate(self) -> dict[str, float]:
-        from xp.mx.metrics import Scores
+        from xp.metrics import Scores
 
         scores = Scores(self.plan.dataset.num_classes)
         self.val_iter.reset()

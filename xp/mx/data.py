@@ -154,7 +154,7 @@ def record_iter(rec: str, plan: Plan, train: bool) -> mx.io.DataIter:
     try:
         it = mx.io.ImageRecordIter(**kwargs)
     except mx.base.MXNetError as e:
-        from xp.mx.recordio import DataError
+        from xp.recordio import DataError
 
         raise DataError(f"{rec}: MXNet cannot read it ({_mx_reason(e)})") from e
     return EpochIter(it, plan.steps_per_epoch) if train else it
@@ -165,34 +165,12 @@ def _mx_reason(e: Exception) -> str:
     return (lines[-1] if lines else type(e).__name__)[:300]
 
 
-def record_files(plan: Plan) -> tuple[str, str]:
-    """The (train, val) .rec files of a rec or folder data set; folders are prepared on first use."""
-    import hashlib
-    import os
-
-    from xp.mx.recordio import check_records, prepare
-
-    o = plan.dataset.options
-    listing = plan.dataset.listing  # the folder as the plan listed and split it
-    if listing is None:
-        train, val = o["train_rec"], o["val_rec"]
-    else:
-        root = listing.root
-        cache = o.get("cache_dir") or os.environ.get("XP_CACHE_DIR") or os.path.expanduser("~/.cache/xp")
-        name = f"{os.path.basename(root)}-{hashlib.sha1(root.encode()).hexdigest()[:8]}"
-        done = prepare(listing, os.path.join(cache, "recordio"), name, resize=int(o.get("store_size") or 0),
-                       threads=max(1, plan.data_nthreads))
-        train, val = str(done.rec("train")), str(done.rec("val"))
-        # A corrupt or mislabelled file fails here with its name, not deep inside the C++ reader.
-        for rec in (train, val):
-            check_records(rec, rec[:-4] + ".idx", plan.dataset.num_classes, limit=8)
-    return train, val
-
-
 def make_iters(plan: Plan) -> tuple[mx.io.DataIter, mx.io.DataIter | None]:
     """(train, val) iterators for this worker; no val iterator for test_io runs."""
     d = plan.dataset
     if d.options.get("kind", d.name) in ("rec", "folder"):
+        from xp.recordio import record_files
+
         train_rec, val_rec = record_files(plan)
         # test_io never evaluates; a validation reader would prefetch on the same cores
         val_iter = None if plan.test_io else record_iter(val_rec, plan, train=False)

@@ -1,0 +1,276 @@
+"""PyTorch backend: torchvision models trained with DistributedDataParallel, one process per device.
+
+`python -m xp backend=torch` trains in this process on one device; with several (gpus=N,
+cpu_devices=N or workers=N) xp launches the processes with torchrun (xp.launch) and they
+allreduce gradients over gloo (CPU) or NCCL (GPU). Precision: dtype=float16/bfloat16/amp
+through autocast (float16 with a gradient scaler), channels-last and torch.compile on request.
+Arithmetic as in the MXNet backends: the same initial LeNet (He-normal), SGD with momentum,
+no weight decay on biases, gradients averaged over the global batch, the same data order.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from xp.backend import Backend, BatchHook
+from xp.errors import ConfigError, Diverged, XPError
+from xp.metrics import Scores, step_seed
+from xp.plan import Plan, learning_rate
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    requires = ("torch", "torchvision", "numpy")
+    position: tuple[int, int] | None = None  # (epoch, batches of it trained)
+    resume_at: dict[str, Any] | None = None
+    scores: Scores | None = None
+
+    @classmethod
+    def processes(cls, plan: Plan) -> int:
+        return len(plan.devices) * plan.workers
+
+    @classmethod
+    def launch(cls, plan: Plan) -> str | None:
+        return "torchrun" if cls.processes(plan) > 1 else None
+
+    @classmethod
+    def check(cls, plan: Plan) -> None:
+        try:
+            import torch
+        except ImportError as e:
+            raise ConfigError(f"backend=torch: PyTorch is not installed ({e}); ./dev.sh setup installs it") from None
+        if plan.kvstore.startswith("dist_") or plan.kvstore == "nccl":
+            raise ConfigError(f"kvstore={plan.kvstore}: backend=torch allreduces gradients with DDP (NCCL on GPUs, "
+                              "gloo on CPUs) itself; leave kvstore at its default")
+        if plan.device_type == "gpu" and torch.cuda.device_count() < len(plan.devices):
+            raise ConfigError(f"gpus={len(plan.devices)}: the installed torch {torch.__version__} sees "
+                              f"{torch.cuda.device_count()} GPUs")
+        if plan.pretrained is not None and plan.model.zoo == "xp":
+            raise ConfigError(f"pretrained={plan.pretrained.name}: model={plan.model.name} is xp's own; "
+                              "torchvision weights fit torchvision models (model=resnet50, ...)")
+        if plan.dataset.options.get("kind") == "rec":
+            from xp.recordio import check_records
+
+            for part in ("train", "val"):
+                rec = plan.dataset.options[f"{part}_rec"]
+                check_records(rec, rec[:-4] + ".idx", plan.dataset.num_classes, limit=8)
+        from xp.pt.models import build_model
+
+        build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)  # a bad model name fails now
+
+    @classmethod
+    def fits(cls, plan: Plan) -> bool:
+        """A real training step at plan.batch on the GPU (out of memory caught)."""
+        if plan.device_type != "gpu":
+            raise ConfigError("batch=auto: backend=torch measures GPU memory only; give batch=N on the CPU")
+        import torch
+
+        from xp.pt.models import build_model
+
+        net = build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape).cuda()
+        try:
+            x = torch.zeros(plan.batch, *plan.dataset.image_shape, device="cuda")
+            with torch.autocast("cuda", dtype=_autocast_dtype(plan) or torch.float32, enabled=_autocast_dtype(plan) is not None):
+                net(x).float().sum().backward()
+            torch.cuda.synchronize()
+            return True
+        except torch.OutOfMemoryError:
+            return False
+        finally:
+            del net
+            torch.cuda.empty_cache()
+
+    # --- setup ------------------------------------------------------------------------------------
+    def setup(self, plan: Plan) -> None:
+        import torch
+        from torch import nn
+
+        from xp.launch import report_progress
+        from xp.pt.data import make_batches
+        from xp.pt.models import build_model, load_pretrained
+
+        self.world, rank, local = 1, 0, 0
+        if self.processes(plan) > 1:
+            rank, local = self.connect(plan)
+        report_progress(rank)
+        self.plan = plan = replace(plan, rank=rank)
+        random.seed(plan.seed)
+        np.random.seed(plan.seed)
+        torch.manual_seed(plan.seed)
+        gpu = plan.device_type == "gpu"
+        self.device = torch.device(f"cuda:{local}" if gpu else "cpu")
+        if gpu:
+            torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = True
+        self.net = build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)
+        groups = [{"params": list(self.net.parameters()), "lr_mult": 1.0}]
+        if plan.pretrained is not None:
+            groups = load_pretrained(self.net, plan.pretrained.params, plan.pretrained.freeze_backbone,
+                                     plan.pretrained.backbone_lr_mult)
+        self.channels_last = gpu and bool(plan.backend_options.get("channels_last", True))
+        self.net.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        # MXNet's convention: weight decay on weights (and BatchNorm's gamma), none on biases (and beta)
+        names = {id(p): n for n, p in self.net.named_parameters()}
+        param_groups = []
+        for g in groups:
+            for decay in (True, False):
+                ps = [p for p in g["params"] if p.requires_grad and names[id(p)].endswith("weight") == decay]
+                if ps:
+                    param_groups.append({"params": ps, "lr_mult": g["lr_mult"], "weight_decay": plan.wd if decay else 0.0})
+        self.optimizer = torch.optim.SGD(param_groups, lr=plan.effective_lr, momentum=plan.momentum,
+                                         nesterov=plan.optimizer == "nag")
+        self.amp_dtype = _autocast_dtype(plan)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
+        self.model: nn.Module = self.net
+        if self.world > 1:
+            import warnings
+
+            # 1-channel 3x3 kernels have two valid stride layouts; oneDNN's differs from DDP's bucket (harmless)
+            warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+            self.model = nn.parallel.DistributedDataParallel(self.net, device_ids=[local] if gpu else None)
+        if plan.backend_options.get("compile", False):
+            self.model = torch.compile(self.model)
+        self.loss = nn.CrossEntropyLoss()
+        self.train_data, self.val_data = make_batches(plan, self.world, rank, pin=gpu)
+        if plan.resume:
+            from xp.checkpoint import require
+
+            self.load_state(require(plan.resume).folder)
+        if self.world > 1:
+            self.join()
+
+    def connect(self, plan: Plan) -> tuple[int, int]:
+        """Join the process group torchrun set up: (global rank, local rank)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
+            raise ConfigError(f"backend=torch with {self.processes(plan)} processes: this process was not started by "
+                              "torchrun (RANK, MASTER_ADDR unset); run it through python -m xp, which launches them")
+        dist.init_process_group("nccl" if plan.device_type == "gpu" else "gloo",
+                                timeout=datetime.timedelta(seconds=float(os.environ.get("XP_CONNECT_TIMEOUT_S", 300))))
+        self.world = dist.get_world_size()
+        if self.world != self.processes(plan):
+            raise ConfigError(f"workers={plan.workers} x {len(plan.devices)} devices: torchrun started "
+                              f"{self.world} processes")
+        return dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+
+    def join(self) -> None:
+        """DDP broadcast rank 0's weights when it wrapped the model; check every process holds them."""
+        sums = self.gather(float(sum(v.astype(np.float64).sum() for v in self.get_params().values())))
+        if len(set(sums)) > 1:
+            raise XPError(f"processes start from different weights (parameter sums {sums})")
+
+    def gather(self, value: float) -> list[float]:
+        if self.world == 1:
+            return [value]
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor([value], dtype=torch.float64, device=self.device)
+        out = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(out, mine)
+        return [float(t.item()) for t in out]
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        return {n: v.detach().float().cpu().numpy() for n, v in self.net.state_dict().items()
+                if not n.endswith("num_batches_tracked")}
+
+    def partial(self) -> dict[str, Any] | None:
+        if self.position is None or self.position[1] == 0:
+            return None
+        return {"epoch": self.position[0], "step": self.position[1], "scores": dict(self.scores.__dict__)}
+
+    def save_state(self, folder: Any) -> None:
+        import torch
+
+        torch.save({"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scaler": self.scaler.state_dict()}, folder / "state.pt")
+
+    def load_state(self, folder: Any) -> None:
+        import torch
+
+        state = torch.load(folder / "state.pt", map_location=self.device, weights_only=True)
+        self.net.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+
+    # --- training -----------------------------------------------------------------------------------
+    def _input(self, x: Any) -> Any:
+        import torch
+
+        x = x.to(self.device, non_blocking=True)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def _autocast(self) -> Any:
+        import torch
+
+        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                              enabled=self.amp_dtype is not None)
+
+    def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
+        import torch
+
+        if self.plan.test_io:
+            for i, (x, _) in enumerate(self.train_data.epoch(epoch)):
+                on_batch(i, len(x))  # decoded and in memory: the pipeline's work
+            return {}
+        self.model.train()
+        scores = self.scores = Scores(self.plan.dataset.num_classes)
+        self.position = (epoch, 0)
+        skip = 0
+        if self.resume_at is not None and self.resume_at["epoch"] == epoch:  # resumed mid-epoch
+            skip = self.resume_at["step"]
+            scores.__dict__.update(self.resume_at["scores"])
+            self.resume_at = None
+        first_step = (epoch - 1) * self.plan.steps_per_epoch
+        for i, (x, y) in enumerate(self.train_data.epoch(epoch, skip), start=skip):
+            lr = learning_rate(self.plan, first_step + i)
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr * g["lr_mult"]
+            torch.manual_seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))  # dropout: resumable
+            x, y_dev = self._input(x), y.to(self.device, non_blocking=True)
+            with self._autocast():
+                logits = self.model(x)
+                loss = self.loss(logits.float(), y_dev)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            # .cpu() waits for the step: batch times measure work done
+            scores.update(logits.detach().float().cpu().numpy(), y.numpy())
+            if not np.isfinite(scores.loss_sum):
+                raise Diverged(f"the training loss became {scores.loss_sum} at epoch {epoch}, batch {i + 1} "
+                               f"(lr {lr:.4g}); lower lr or add warmup_epochs")
+            self.position = (epoch, i + 1)
+            on_batch(i, len(x))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return scores.result("train")
+
+    def evaluate(self) -> dict[str, float]:
+        import torch
+
+        scores = Scores(self.plan.dataset.num_classes)
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            for x, y in self.val_data.epoch(0):
+                scores.update(self.model(self._input(x)).float().cpu().numpy(), y.numpy())
+        self.model.train()
+        return scores.result("val")
+
+
+def _autocast_dtype(plan: Plan) -> Any:
+    """The autocast precision of a dtype: None for float32; amp is float16 on GPUs, bfloat16 on CPUs."""
+    import torch
+
+    dtype = plan.dtype
+    if dtype == "amp":
+        dtype = "float16" if plan.device_type == "gpu" else "bfloat16"
+    return {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]

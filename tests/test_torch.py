@@ -1,0 +1,142 @@
+"""backend=torch: PyTorch on the experiments the MXNet backends run, with the same numbers.
+
+Same arithmetic as Gluon (LeNet, SGD with momentum, decay on weights only, the data order), the
+same accuracy on digits, DDP processes over gloo on 127.0.0.1 computing what one process computes,
+RecordIO decoded in DataLoader workers to the pixels MXNet's reader produces, torchvision weights
+from a local file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose_config, mlflow_runs, run_xp
+from xp.experiment import plan_and_backend
+from xp.train import fit
+
+EXACT = ["epochs=1", "dataset.val_fraction=0.89", "lr_schedule=constant"]
+
+
+def trained(backend: str, *overrides: str):
+    plan, cls = plan_and_backend(compose_config(f"backend={backend}", *overrides))
+    b = cls()
+    history = fit(plan, b, [])
+    return b, history
+
+
+def test_torch_learns_digits_within_a_point_of_gluon():
+    """Default schedule (10 epochs, steps at 6 and 9), three seeds each: the initial weights differ
+    (each framework draws its own), the mean accuracy may not."""
+    acc = {}
+    for backend in ("gluon", "torch"):
+        acc[backend] = [trained(backend, f"seed={s}")[1][-1]["val_accuracy"] for s in (1, 2, 3)]
+    assert min(acc["torch"]) > 0.96, acc
+    assert abs(np.mean(acc["torch"]) - np.mean(acc["gluon"])) <= 0.01, acc
+
+
+def test_torch_computes_what_gluon_computes_from_the_same_weights():
+    """Gluon's initial LeNet copied into PyTorch's: after an epoch of SGD (momentum, weight decay on
+    weights only) on the same batches, the same parameters and validation scores."""
+    overrides = ["epochs=1", "lr_schedule=constant", "wd=0.001"]
+    pg, cg = plan_and_backend(compose_config("backend=gluon", *overrides))
+    pt, ct = plan_and_backend(compose_config("backend=torch", *overrides))
+    g, t = cg(), ct()
+    g.setup(pg)
+    t.setup(pt)
+    state = t.net.state_dict()
+    assert len(state) == len(g.get_params())
+    for (name, value), target in zip(g.get_params().items(), state.values()):
+        assert value.shape == tuple(target.shape), name
+        target.copy_(torch.from_numpy(value))
+    g.train_epoch(1, lambda *a: None)
+    t.train_epoch(1, lambda *a: None)
+    for (name, want), got in zip(g.get_params().items(), t.get_params().values()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5, err_msg=name)
+    gv, tv = g.evaluate(), t.evaluate()
+    assert gv["val_accuracy"] == tv["val_accuracy"] and gv["val_loss"] == pytest.approx(tv["val_loss"], rel=1e-4)
+
+
+def test_dtypes_train_through_autocast_on_the_cpu():
+    for dtype in ("bfloat16", "amp"):  # amp on the CPU is bfloat16
+        b, history = trained("torch", f"dtype={dtype}", "epochs=2")
+        assert b.amp_dtype == torch.bfloat16 and not b.scaler.is_enabled()
+        assert history[-1]["val_accuracy"] > 0.85
+    b, history = trained("torch", "dtype=float16", "epochs=2")
+    assert b.amp_dtype == torch.float16 and b.scaler.is_enabled()  # float16 scales the loss
+    assert history[-1]["val_accuracy"] > 0.85
+
+
+@pytest.mark.slow
+def test_ddp_processes_compute_what_one_process_computes(tmp_path, store):
+    """2 processes x 16 (torchrun, gloo on 127.0.0.1) == 1 process x 32, and the run is logged once."""
+    one, _ = trained("torch", *EXACT, "batch=32")
+    want = one.get_params()
+    out = tmp_path / "params.npz"
+    r = run_xp(tmp_path, store, "backend=torch", *EXACT, "batch=16", "cpu_devices=2", f"save_params={out}",
+               timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "2 PyTorch DDP processes (torchrun) on 127.0.0.1" in r.stdout
+    got = dict(np.load(out))
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    _, runs = mlflow_runs(store)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    run = runs[0]
+    assert run.data.tags["xp.engine"] == "torchrun" and run.data.params["version.torch"] == torch.__version__.split("+")[0]
+    m = run.data.metrics
+    assert m["throughput"] == pytest.approx(m["worker0_throughput"] + m["worker1_throughput"])
+
+
+@pytest.mark.slow
+def test_records_decode_to_the_pixels_mxnet_reads(tmp_path, monkeypatch):
+    """The DataLoader's workers decode a .rec file (no MXNet) to the batches MXNet's C++ reader gives."""
+    from images import make_folder
+    from xp.mx.data import make_iters
+    from xp.plan import build_plan
+    from xp.pt.data import make_batches
+
+    monkeypatch.setenv("XP_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "imgs", per_class=16, with_photos=False)
+    plan = build_plan(compose_config("dataset=folder", f"dataset.root={root}", "dataset.image_shape=[3,24,24]",
+                                     "dataset.resize=24", "dataset.store_size=24", "batch=4", "data_nthreads=2"),
+                      visible_gpus=0)
+    _, mx_val = make_iters(plan)
+    _, pt_val = make_batches(plan, 1, 0, pin=False)
+    mx_batches = [(b.data[0].asnumpy(), b.label[0].asnumpy(), b.pad) for b in mx_val]
+    mx_x = np.concatenate([x[: len(x) - pad] for x, _, pad in mx_batches])
+    mx_y = np.concatenate([y[: len(y) - pad] for _, y, pad in mx_batches])
+    batches = list(pt_val.epoch(0))
+    pt_x = np.concatenate([x.numpy() for x, _ in batches])
+    pt_y = np.concatenate([y.numpy() for _, y in batches])
+    assert pt_x.shape == mx_x.shape == (plan.dataset.val_size, 3, 24, 24)
+    np.testing.assert_array_equal(pt_y, mx_y.astype(np.int64))
+    np.testing.assert_allclose(pt_x, mx_x, atol=1e-4)  # the same JPEG decoder, crop and normalisation
+    train, _ = make_batches(plan, 2, 1, pin=False)  # rank 1 of 2: its half of each global batch
+    steps = list(train.epoch(1))
+    assert len(steps) == plan.steps_per_epoch and all(x.shape == (2, 3, 24, 24) for x, _ in steps)
+
+
+@pytest.mark.slow
+def test_torchvision_weights_load_from_the_local_cache(tmp_path, store):
+    """pretrained=resnet18 finds NAME-HASH.pth in $TORCH_HOME/hub/checkpoints; with freeze_backbone only the
+    new classifier trains."""
+    import torchvision
+
+    cache = tmp_path / "torch" / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    weights = torchvision.models.resnet18(num_classes=1000).state_dict()
+    torch.save(weights, cache / "resnet18-f37072fd.pth")
+    out = tmp_path / "params.npz"
+    r = run_xp(tmp_path, store, "backend=torch", "model=resnet18", "pretrained=resnet18", "freeze_backbone=true",
+               "dataset=synthetic", "dataset.num_classes=10", "dataset.image_shape=[3,32,32]", "dataset.train_size=32", "dataset.val_size=16",
+               "batch=16", "epochs=1", f"save_params={out}", env={"TORCH_HOME": str(tmp_path / "torch")}, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = dict(np.load(out))
+    for name, value in weights.items():
+        if name.startswith("fc."):
+            assert got[name].shape[0] == 10  # the data set's classifier, not ImageNet's
+        elif not name.endswith(("running_mean", "running_var", "num_batches_tracked")):
+            np.testing.assert_array_equal(got[name], value.numpy(), err_msg=name)  # frozen: as loaded
