@@ -136,7 +136,7 @@ class TorchBackend(Backend):
         if plan.backend_options.get("compile", False):
             self.model = torch.compile(self.model)
         self.loss = nn.CrossEntropyLoss()
-        self.train_data, self.val_data = make_batches(plan, self.world, rank, pin=gpu)
+        self.train_data, self.val_data = make_batches(plan, self.world, rank, pin=gpu, device=self.device)
         if plan.resume:
             from xp.checkpoint import require
 

@@ -175,7 +175,7 @@ def _nothing_left(started: list[psutil.Process]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["kvstore=dist_sync", "backend=horovod"])
+@pytest.mark.parametrize("engine", ["kvstore=dist_sync", "backend=horovod", "backend=torch"])
 def test_a_killed_worker_fails_the_job_naming_its_rank(tmp_path, store, engine):
     rank, err, took, started = _fail_one_worker(tmp_path, store, signal.SIGKILL, engine)
     last = err.strip().splitlines()[-1]

@@ -7,11 +7,11 @@ from xp import report
 
 
 def make_run(client, exp_id, parent=None, *, devices, throughput, acc, batch=16, lr=0.02, cost=0.01,
-             hardware="p3.8xlarge"):
+             hardware="p3.8xlarge", backend="gluon"):
     tags = {"mlflow.parentRunId": parent} if parent else {}
     run = client.create_run(exp_id, run_name=f"devices={devices}", tags=tags)
     rid = run.info.run_id
-    for k, v in {"model.name": "resnet18", "backend.name": "gluon", "dataset.name": "digits", "dtype.name": "float32",
+    for k, v in {"model.name": "resnet18", "backend.name": backend, "dataset.name": "digits", "dtype.name": "float32",
                  "hardware.name": hardware, "batch": batch, "derived.num_devices": devices, "derived.workers": 1,
                  "derived.global_batch": batch * devices, "derived.effective_lr": lr * devices}.items():
         client.log_param(rid, k, v)
@@ -61,6 +61,22 @@ def test_report_for_a_sweep_writes_tables_plots_and_artifacts(runs, tmp_path):
             assert img.size[0] >= 600 and img.size[1] >= 400
     logged = {a.path for a in client.list_artifacts(parent, "report")}
     assert {"report/report.md", "report/scaling.png"} <= logged
+
+
+def test_backends_side_by_side(runs, tmp_path):
+    """Runs that differ only in their backend are compared: medians, relative to the fastest."""
+    uri, client, exp, parent = runs
+    make_run(client, exp, parent, devices=2, throughput=250.0, acc=0.905, backend="torch")
+    make_run(client, exp, parent, devices=2, throughput=230.0, acc=0.915, backend="torch")
+    make_run(client, exp, parent, devices=8, throughput=900.0, acc=0.9, backend="torch")  # no partner: not compared
+    out = tmp_path / "out"
+    assert report.main(["--tracking-uri", uri, "--parent", parent, "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    section = md.split("## Backends side by side")[1].split("##")[0]
+    assert "| resnet18 | float32 | 16 | 2 | gluon | 1 | 190.0 | 79% | 0.9100 | 5.00 |" in section  # 190 / 240
+    assert "| resnet18 | float32 | 16 | 2 | torch | 2 | 240.0 | 100% | 0.9100 | 5.00 |" in section  # medians of 2
+    assert "| 8 |" not in section and "| 1 | gluon |" not in section and "| 4 | gluon |" not in section
+    assert "![backends](backends.png)" in md and (out / "backends.png").stat().st_size > 5000
 
 
 def test_report_of_an_experiment_logs_a_report_run(runs, tmp_path):

@@ -135,6 +135,36 @@ def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def backends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same experiment on different backends, side by side: groups of runs that differ only in their
+    backend (same model, data, dtype, per-device batch, devices, infrastructure), medians per backend,
+    samples/s relative to the group's fastest backend."""
+    groups: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("backend"):
+            key = (r["model"], r["dataset"], r["dtype"], r["batch"], r["devices"], r["infrastructure"])
+            groups[key][r["backend"]].append(r)
+    out = []
+    for key, by_backend in groups.items():
+        if len(by_backend) < 2:
+            continue
+        group = []
+        for backend, runs in sorted(by_backend.items()):
+            def median(k: str) -> float | None:
+                vals = [r[k] for r in runs if r.get(k) is not None]
+                return statistics.median(vals) if vals else None
+
+            group.append({"model": key[0], "dataset": key[1], "dtype": key[2], "batch": key[3], "devices": key[4],
+                          "infrastructure": key[5], "backend": backend, "runs": len(runs),
+                          "throughput": median("throughput"), "val_accuracy": median("val_accuracy"),
+                          "epoch_time_s": median("epoch_time_s")})
+        fastest = max((g["throughput"] or 0.0) for g in group)
+        for g in group:
+            g["relative"] = g["throughput"] / fastest if g["throughput"] and fastest else None
+        out += group
+    return out
+
+
 def _save(fig: Any, path: Path, files: list[Path]) -> None:
     import matplotlib.pyplot as plt
 
@@ -256,6 +286,29 @@ def _timeline_plot(timeline: list[dict[str, Any]], out: Path, files: list[Path])
     _save(fig, out / "workers.png", files)
 
 
+def _backends_plot(side: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(g["model"], g["dtype"], g["batch"], g["devices"]) for g in side}, key=str)
+    names = sorted({g["backend"] for g in side})
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        heights = [next((g["throughput"] or 0.0 for g in side if (g["model"], g["dtype"], g["batch"], g["devices"]) == k
+                         and g["backend"] == name), 0.0) for k in groups]
+        ax.bar([i + j * width for i in range(len(groups))], heights, width, label=name)
+    ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{m}\n{d}, b{b:g} x{n}" for m, d, b, n in groups], fontsize=8)
+    ax.set_ylabel("samples/s")
+    ax.set_title("Backends side by side", fontsize=11)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, title="backend")
+    _save(fig, out / "backends.png", files)
+
+
 def build_report(runs: list[Any], out: Path, title: str,
                  history: Callable[[str, str], list[Any]] | None = None) -> Path:
     """Write report.md and the plots for these MLflow runs into `out`; return report.md's path.
@@ -263,7 +316,10 @@ def build_report(runs: list[Any], out: Path, title: str,
     out.mkdir(parents=True, exist_ok=True)
     rows = sorted((report_row(r) for r in runs), key=lambda r: (r["model"] or "", r["devices"], r["batch"] or 0))
     scale = scaling(rows)
+    side = backends(rows)
     files = _plots(rows, scale, out)
+    if side:
+        _backends_plot(side, out, files)
     timeline = elastic_timeline(runs, history) if history else []
     if timeline:
         _timeline_plot(timeline, out, files)
@@ -274,6 +330,15 @@ def build_report(runs: list[Any], out: Path, title: str,
                   _md_table(scale, [("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch/device", "{:g}"),
                                     ("devices", "devices", "{}"), ("throughput", "samples/s", "{:.1f}"),
                                     ("ideal", "ideal", "{:.1f}"), ("efficiency", "efficiency", "{:.1%}")]), ""]
+    if side:
+        lines += ["## Backends side by side", "",
+                  "The same model, data, precision, batch and devices on each backend (medians of its runs); "
+                  "relative = samples/s against the fastest backend of the group.", "",
+                  _md_table(side, [("model", "model", "{}"), ("dtype", "dtype", "{}"), ("batch", "batch/device", "{:g}"),
+                                   ("devices", "devices", "{}"), ("backend", "backend", "{}"), ("runs", "runs", "{}"),
+                                   ("throughput", "samples/s", "{:.1f}"), ("relative", "relative", "{:.0%}"),
+                                   ("val_accuracy", "val accuracy", "{:.4f}"), ("epoch_time_s", "s/epoch", "{:.2f}")]),
+                  ""]
     if timeline:
         lines += ["## Elastic runs", "", "Workers per epoch (every worker an instance: worker-hours x price).", "",
                   _md_table([{**t, "workers": " ".join(f"{w:g}" for w in t["workers"])} for t in timeline],
