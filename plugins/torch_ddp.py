@@ -75,7 +75,7 @@ class TorchBackend(Backend):
         net = build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape).cuda()
         try:
             x = torch.zeros(plan.batch, *plan.dataset.image_shape, device="cuda")
-            with torch.autocast("cuda", dtype=_autocast_dtype(plan) or torch.float32, enabled=_autocast_dtype(plan) is not None):
+            with _autocast("cuda", _autocast_dtype(plan)):
                 net(x).float().sum().backward()
             torch.cuda.synchronize()
             return True
@@ -121,7 +121,8 @@ class TorchBackend(Backend):
             for decay in (True, False):
                 ps = [p for p in g["params"] if p.requires_grad and names[id(p)].endswith("weight") == decay]
                 if ps:
-                    param_groups.append({"params": ps, "lr_mult": g["lr_mult"], "weight_decay": plan.wd if decay else 0.0})
+                    param_groups.append({"params": ps, "lr_mult": g["lr_mult"],
+                                         "weight_decay": plan.wd if decay else 0.0})
         self.optimizer = torch.optim.SGD(param_groups, lr=plan.effective_lr, momentum=plan.momentum,
                                          nesterov=plan.optimizer == "nag")
         self.amp_dtype = _autocast_dtype(plan)
@@ -208,12 +209,6 @@ class TorchBackend(Backend):
         x = x.to(self.device, non_blocking=True)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
-    def _autocast(self) -> Any:
-        import torch
-
-        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                              enabled=self.amp_dtype is not None)
-
     def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
         import torch
 
@@ -236,7 +231,7 @@ class TorchBackend(Backend):
                 g["lr"] = lr * g["lr_mult"]
             torch.manual_seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))  # dropout: resumable
             x, y_dev = self._input(x), y.to(self.device, non_blocking=True)
-            with self._autocast():
+            with _autocast(self.device.type, self.amp_dtype):
                 logits = self.model(x)
                 loss = self.loss(logits.float(), y_dev)
             self.optimizer.zero_grad(set_to_none=True)
@@ -259,7 +254,7 @@ class TorchBackend(Backend):
 
         scores = Scores(self.plan.dataset.num_classes)
         self.model.eval()
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), _autocast(self.device.type, self.amp_dtype):
             for x, y in self.val_data.epoch(0):
                 scores.update(self.model(self._input(x)).float().cpu().numpy(), y.numpy())
         self.model.train()
@@ -274,3 +269,10 @@ def _autocast_dtype(plan: Plan) -> Any:
     if dtype == "amp":
         dtype = "float16" if plan.device_type == "gpu" else "bfloat16"
     return {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+def _autocast(device_type: str, dtype: Any) -> Any:
+    """torch.autocast to `dtype` on `device_type`; off (float32) for None."""
+    import torch
+
+    return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None)

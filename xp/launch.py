@@ -2,8 +2,8 @@
 
 Three engines: MXNet's parameter server (kvstore=dist_*: a scheduler, servers and
 workers, told their roles through DMLC_* variables), Horovod (workers started by
-horovodrun over gloo) and PyTorch DDP (processes started by torchrun, gloo or NCCL). `launcher=local` runs every process on this machine on
-127.0.0.1 / lo (what the tests use); `ssh`, `mpi` and `slurm` hand the parameter-server
+horovodrun over gloo) and PyTorch DDP (processes started by torchrun, over gloo or
+NCCL). `launcher=local` runs every process on this machine on 127.0.0.1 / lo (what the tests use); `ssh`, `mpi` and `slurm` hand the parameter-server
 roles to the dmlc tracker that ships inside the mxnet wheel, with a hosts file.
 
 The launching process owns the MLflow run: rank 0 logs into it, and the launcher ends it
@@ -348,13 +348,12 @@ def validate(spec: Spec) -> None:
 def launch(spec: Spec) -> None:
     """Run the job to the end; raise LaunchError (or ConfigError) when it fails."""
     job = Job(spec)
-    if spec.engine == "horovod":
-        role = job.start("horovodrun", horovod_command(spec), {}, worker=True, pipe=True)
-        job.relay = threading.Thread(target=_relay, args=(role.proc, job.exits), daemon=True)
-        job.relay.start()
-    elif spec.engine == "torchrun":
-        env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
-        role = job.start("torchrun", torchrun_command(spec, spec.port or free_port()), env, worker=True, pipe=True)
+    if spec.engine in ("horovod", "torchrun"):  # one runner starts the workers and reports which one failed
+        if spec.engine == "horovod":
+            role = job.start("horovodrun", horovod_command(spec), {}, worker=True, pipe=True)
+        else:
+            role = job.start("torchrun", torchrun_command(spec, spec.port or free_port()),
+                             {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}, worker=True, pipe=True)
         job.relay = threading.Thread(target=_relay, args=(role.proc, job.exits), daemon=True)
         job.relay.start()
     elif spec.launcher == "local":

@@ -38,6 +38,27 @@ def lenet(classes: int, dropout: float = 0.0):
 XP_ZOO = {"lenet": lenet}
 
 
+def _gluoncv_zoo():
+    """gluoncv.model_zoo.get_model. GluonCV 0.10's package import refuses an installed torch >= 2 (its own
+    PyTorch models want torch < 2; xp uses only its MXNet zoo): it is imported with torch hidden."""
+    import sys
+
+    if "gluoncv" not in sys.modules:
+        missing = object()
+        torch = sys.modules.get("torch", missing)
+        sys.modules["torch"] = None  # `import torch` raises ImportError: GluonCV takes MXNet alone
+        try:
+            import gluoncv  # noqa: F401
+        finally:
+            if torch is missing:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = torch
+    from gluoncv.model_zoo import get_model
+
+    return get_model
+
+
 def build_net(model: ModelSpec, classes: int):
     """The network with `classes` outputs (logits), parameters not yet initialised."""
     if model.zoo == "xp":
@@ -46,8 +67,7 @@ def build_net(model: ModelSpec, classes: int):
 
             raise ConfigError(f"model.arch={model.arch!r}: not in xp's zoo; valid: {', '.join(sorted(XP_ZOO))}")
         return XP_ZOO[model.arch](classes, model.dropout)
-    from gluoncv.model_zoo import get_model
-
+    get_model = _gluoncv_zoo()
     try:
         return get_model(model.arch, classes=classes, pretrained=False)
     except ValueError as e:
