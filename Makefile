@@ -15,6 +15,7 @@ bench: setup
 	.venv/bin/python benchmarks/loop_overhead.py --model lenet --size 16 --steps 200
 	.venv/bin/python benchmarks/pruning_study.py --seeds 0 1 2
 	.venv/bin/python benchmarks/comm_overhead.py
+	.venv/bin/python benchmarks/backends_side_by_side.py
 ui: setup
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host $(HOST) --port 5000
 dashboard: setup

@@ -147,6 +147,7 @@ class TorchBackend(Backend):
 
     def connect(self, plan: Plan) -> tuple[int, int]:
         """Join the process group torchrun set up: (global rank, local rank)."""
+        import atexit
         import datetime
 
         import torch.distributed as dist
@@ -154,8 +155,10 @@ class TorchBackend(Backend):
         if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
             raise ConfigError(f"backend=torch with {self.processes(plan)} processes: this process was not started by "
                               "torchrun (RANK, MASTER_ADDR unset); run it through python -m xp, which launches them")
-        dist.init_process_group("nccl" if plan.device_type == "gpu" else "gloo",
-                                timeout=datetime.timedelta(seconds=float(os.environ.get("XP_CONNECT_TIMEOUT_S", 300))))
+        if not dist.is_initialized():  # once per process (diagnose=true sets up several backends)
+            timeout = datetime.timedelta(seconds=float(os.environ.get("XP_CONNECT_TIMEOUT_S", 300)))
+            dist.init_process_group("nccl" if plan.device_type == "gpu" else "gloo", timeout=timeout)
+            atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         self.world = dist.get_world_size()
         if self.world != self.processes(plan):
             raise ConfigError(f"workers={plan.workers} x {len(plan.devices)} devices: torchrun started "
