@@ -47,9 +47,14 @@ class TorchBackend(Backend):
         if plan.kvstore.startswith("dist_") or plan.kvstore == "nccl":
             raise ConfigError(f"kvstore={plan.kvstore}: backend=torch allreduces gradients with DDP (NCCL on GPUs, "
                               "gloo on CPUs) itself; leave kvstore at its default")
+        if plan.device_type == "gpu" and plan.workers > 1:
+            raise ConfigError(f"workers={plan.workers}: backend=torch runs one process per GPU on this machine; "
+                              f"use gpus={len(plan.devices) * plan.workers} (NCCL cannot share a GPU between ranks)")
         if plan.device_type == "gpu" and torch.cuda.device_count() < len(plan.devices):
             raise ConfigError(f"gpus={len(plan.devices)}: the installed torch {torch.__version__} sees "
                               f"{torch.cuda.device_count()} GPUs")
+        if plan.optimizer == "nag" and plan.momentum == 0:
+            raise ConfigError("optimizer=nag: Nesterov momentum needs momentum > 0")
         if plan.pretrained is not None and plan.model.zoo == "xp":
             raise ConfigError(f"pretrained={plan.pretrained.name}: model={plan.model.name} is xp's own; "
                               "torchvision weights fit torchvision models (model=resnet50, ...)")

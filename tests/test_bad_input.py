@@ -58,6 +58,7 @@ CASES = [
     ("backend=horovod backend.api=symbol", "backend.api='symbol': must be one of gluon, module"),
     ("backend=torch kvstore=dist_sync", "kvstore=dist_sync: backend=torch allreduces gradients with DDP"),
     ("backend=torch workers=2 launcher=ssh", "launcher=ssh: backend=torch launches with torchrun on this machine"),
+    ("backend=torch optimizer=nag momentum=0", "optimizer=nag: Nesterov momentum needs momentum > 0"),
     ("dtype=bfloat16", "dtype=bfloat16: the MXNet backends reach bfloat16 through AMP"),
     # plugins and command-line code
     ("+backend._target_=os.system", "setting _target_ from the command line is refused"),

@@ -68,6 +68,22 @@ def test_dtypes_train_through_autocast_on_the_cpu():
     assert history[-1]["val_accuracy"] > 0.85
 
 
+def test_gpu_plans_are_checked_before_anything_starts():
+    from xp.errors import ConfigError
+    from xp.plan import build_plan
+    from xp_plugins.torch_ddp import TorchBackend
+
+    plan = build_plan(compose_config("backend=torch", "gpus=1", "workers=2"), visible_gpus=1)
+    with pytest.raises(ConfigError, match="workers=2: backend=torch runs one process per GPU on this machine; use gpus=2"):
+        TorchBackend.check(plan)
+    plan = build_plan(compose_config("backend=torch", "gpus=1", "dtype=bfloat16"), visible_gpus=1)
+    if torch.cuda.device_count() == 0:
+        with pytest.raises(ConfigError, match="gpus=1: the installed torch .* sees 0 GPUs"):
+            TorchBackend.check(plan)
+    assert TorchBackend.launch(plan) is None
+    assert TorchBackend.launch(build_plan(compose_config("backend=torch", "cpu_devices=2"), visible_gpus=0)) == "torchrun"
+
+
 @pytest.mark.slow
 def test_ddp_processes_compute_what_one_process_computes(tmp_path, store):
     """2 processes x 16 (torchrun, gloo on 127.0.0.1) == 1 process x 32, and the run is logged once."""
