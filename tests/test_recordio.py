@@ -30,6 +30,33 @@ def read_all(rec):
         r.close()
 
 
+def test_recordio_files_are_byte_identical_to_mxnets(tmp_path):
+    """xp's plain-Python writer and reader against MXNet's: records holding the magic number at a 4-byte
+    boundary are split into parts (and joined on reading); image headers pack as IRHeader does."""
+    import struct
+
+    from xp.recordio import MAGIC, RecordFile, pack_image, unpack_image
+
+    magic = struct.pack("<I", MAGIC)
+    records = [b"abc", b"", magic, b"1234" + magic + b"xy", magic + magic + b"z", b"12" + magic + b"345",
+               os.urandom(1001), pack_image(3, 7, b"\xff\xd8jpeg")]
+    theirs = mx.recordio.MXIndexedRecordIO(str(tmp_path / "m.idx"), str(tmp_path / "m.rec"), "w")
+    ours = RecordFile(tmp_path / "o.idx", tmp_path / "o.rec", "w")
+    for i, r in enumerate(records):
+        theirs.write_idx(i, r)
+        ours.write(i, r)
+    theirs.close()
+    ours.close()
+    for ext in (".rec", ".idx"):
+        assert (tmp_path / f"o{ext}").read_bytes() == (tmp_path / f"m{ext}").read_bytes()
+    mine = RecordFile(tmp_path / "m.idx", tmp_path / "m.rec")
+    assert [mine.read(k) for k in mine.keys] == records
+    assert records[-1] == mx.recordio.pack(mx.recordio.IRHeader(0, 3.0, 7, 0), b"\xff\xd8jpeg")
+    assert unpack_image(records[-1]) == (3.0, b"\xff\xd8jpeg")
+    multi = mx.recordio.pack(mx.recordio.IRHeader(0, [5.0, 2.0], 7, 0), b"img")  # a label array: its first value
+    assert unpack_image(multi) == (5.0, b"img")
+
+
 def test_listing_is_stratified_and_fixed(folder):
     a = list_folder(str(folder), val_fraction=0.25)
     assert a.classes == ("bars", "columns", "disc", "photos")
