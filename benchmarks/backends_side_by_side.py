@@ -10,19 +10,11 @@ its "Backends side by side" section from the runs, as a user would.
 
 from __future__ import annotations
 
-import argparse
-
-from common import ROOT, compose, interleave, report, temp_store
+from common import ROOT, interleave, logged_throughput, report, synthetic_args, synthetic_overrides, temp_store
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="resnet18", help="conf/model option")
-    ap.add_argument("--size", type=int, default=32, help="image height and width")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=20, help="steps per epoch")
-    ap.add_argument("--epochs", type=int, default=3, help="epochs per measurement; the median counts")
-    ap.add_argument("--reps", type=int, default=3)
+    ap = synthetic_args(__doc__.splitlines()[0])
     ap.add_argument("--backends", nargs="+", default=["gluon", "module", "torch"])
     args = ap.parse_args()
     uri = temp_store()
@@ -30,21 +22,12 @@ def main() -> int:
     from mlflow.tracking import MlflowClient
 
     from xp import report as xp_report
-    from xp.experiment import run
 
-    overrides = [f"model={args.model}", "dataset=synthetic", f"dataset.image_shape=[3,{args.size},{args.size}]",
-                 "dataset.num_classes=10", f"dataset.train_size={args.batch * args.steps}",
-                 f"dataset.val_size={args.batch}", f"batch={args.batch}", f"epochs={args.epochs}",
-                 "timing_warmup_batches=2", "lr_schedule=constant"]
+    overrides = synthetic_overrides(args)
     client = MlflowClient(uri)
 
     def xp(backend: str):
-        def measure() -> float:
-            run(compose(f"backend={backend}", *overrides))
-            last = client.search_runs([client.get_experiment_by_name("xp").experiment_id],
-                                      order_by=["attributes.start_time DESC"], max_results=1)[0]
-            return last.data.metrics["summary.throughput"]  # median over epochs, as xp logs it
-        return measure
+        return lambda: logged_throughput(f"backend={backend}", *overrides)
 
     results = interleave({b: xp(b) for b in args.backends}, args.reps)
     base = args.backends[0]

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' image-folder generators
@@ -23,11 +24,46 @@ def compose(*overrides: str) -> dict:
         return OmegaConf.to_container(hydra_compose("config", overrides=list(overrides)), resolve=True)
 
 
+def synthetic_args(description: str) -> Any:
+    """Arguments of the benchmarks that train on one random batch in memory (dataset=synthetic)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--model", default="resnet18", help="conf/model option")
+    ap.add_argument("--size", type=int, default=32, help="image height and width")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=20, help="steps per epoch")
+    ap.add_argument("--epochs", type=int, default=3, help="epochs per measurement; the median counts")
+    ap.add_argument("--reps", type=int, default=3)
+    return ap
+
+
+def synthetic_overrides(args: Any, classes: int = 10, warmup: int = 2) -> list[str]:
+    """The experiment of synthetic_args: the model on one random in-memory batch, a constant lr."""
+    return [f"model={args.model}", "dataset=synthetic", f"dataset.image_shape=[3,{args.size},{args.size}]",
+            f"dataset.num_classes={classes}", f"dataset.train_size={args.batch * args.steps}",
+            f"dataset.val_size={args.batch}", f"batch={args.batch}", f"epochs={args.epochs}",
+            f"timing_warmup_batches={warmup}", "lr_schedule=constant"]
+
+
 def temp_store() -> str:
     """Benchmarks log to a throw-away MLflow store, not the user's."""
     uri = f"sqlite:///{tempfile.mkdtemp(prefix='xp-bench-')}/mlflow.db"
     os.environ["MLFLOW_TRACKING_URI"] = uri
     return uri
+
+
+def logged_throughput(*overrides: str) -> float:
+    """Run the experiment through xp (tracking included) and return the throughput it logged (median of its epochs)."""
+    from mlflow.tracking import MlflowClient
+
+    from xp.experiment import run
+
+    run(compose(*overrides))
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    last = client.search_runs([client.get_experiment_by_name("xp").experiment_id],
+                              order_by=["attributes.start_time DESC"], max_results=1)[0]
+    return last.data.metrics["summary.throughput"]
 
 
 def interleave(candidates: dict, reps: int) -> dict[str, list[float]]:

@@ -9,51 +9,32 @@ comparison is about the loop, not the input pipeline. Target: xp / hand >= 0.97.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from common import compose, interleave, report, temp_store
+from common import logged_throughput, compose, interleave, report, synthetic_args, synthetic_overrides, temp_store
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="resnet18", help="conf/model option")
-    ap.add_argument("--size", type=int, default=32, help="image height and width")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=20, help="steps per epoch")
-    ap.add_argument("--epochs", type=int, default=3, help="epochs per measurement; the median counts")
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args()
-    uri = temp_store()
+    args = synthetic_args(__doc__.splitlines()[0]).parse_args()
+    temp_store()
 
     import mxnet as mx
-    from mlflow.tracking import MlflowClient
     from mxnet import autograd, gluon
 
-    from xp.experiment import run
     from xp.mx.models import build_net
     from xp.plan import ModelSpec
 
     classes, warmup = 10, 2
     shape = (args.batch, 3, args.size, args.size)
-    overrides = [f"model={args.model}", "dataset=synthetic", f"dataset.image_shape=[3,{args.size},{args.size}]",
-                 f"dataset.num_classes={classes}", f"dataset.train_size={args.batch * args.steps}",
-                 f"dataset.val_size={args.batch}", f"batch={args.batch}", f"epochs={args.epochs}",
-                 f"timing_warmup_batches={warmup}", "lr_schedule=constant"]
+    overrides = synthetic_overrides(args, classes, warmup)
     spec = compose(*overrides)["model"]
     model = ModelSpec(spec["name"], spec["zoo"], spec["arch"])
     rng = mx.nd.random
     data, label = rng.uniform(-1, 1, shape), mx.nd.array(mx.nd.random.randint(0, classes, (args.batch,)))
 
     def xp(backend: str):
-        def measure() -> float:
-            run(compose(f"backend={backend}", *overrides))
-            client = MlflowClient(uri)
-            last = client.search_runs([client.get_experiment_by_name("xp").experiment_id],
-                                      order_by=["attributes.start_time DESC"], max_results=1)[0]
-            return last.data.metrics["summary.throughput"]  # median over epochs, as xp logs it
-        return measure
+        return lambda: logged_throughput(f"backend={backend}", *overrides)
 
     def timed_epochs(step) -> float:
         rates = []

@@ -56,7 +56,7 @@ def main() -> int:
     from xp.train import fit
 
     gpus = torch.cuda.device_count()
-    overrides = [f"backend=torch", f"model={args.model}", "dataset=synthetic", "dataset.num_classes=1000",
+    overrides = ["backend=torch", f"model={args.model}", "dataset=synthetic", "dataset.num_classes=1000",
                  f"dataset.image_shape=[3,{args.image},{args.image}]", f"dataset.train_size={args.steps * args.batch}",
                  f"dataset.val_size={args.batch}", f"batch={args.batch}", f"gpus={1 if gpus else 0}",
                  f"dtype={args.dtype}", f"epochs={args.epochs}", "lr_schedule=constant", "lr=0.1", "lr_ref_batch=256",

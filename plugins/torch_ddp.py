@@ -26,9 +26,6 @@ from xp.plan import Plan, learning_rate
 class TorchBackend(Backend):
     name = "torch"
     requires = ("torch", "torchvision", "numpy")
-    position: tuple[int, int] | None = None  # (epoch, batches of it trained)
-    resume_at: dict[str, Any] | None = None
-    scores: Scores | None = None
 
     @classmethod
     def processes(cls, plan: Plan) -> int:
@@ -117,6 +114,9 @@ class TorchBackend(Backend):
         if plan.pretrained is not None:
             groups = load_pretrained(self.net, plan.pretrained.params, plan.pretrained.freeze_backbone,
                                      plan.pretrained.backbone_lr_mult)
+        # random layers (dropout, stochastic depth): the generator is reseeded per step for them (about 80 us)
+        self.draws = any("Dropout" in type(m).__name__ or "StochasticDepth" in type(m).__name__
+                         for m in self.net.modules())
         self.channels_last = gpu and bool(plan.backend_options.get("channels_last", True))
         self.net.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
         # MXNet's convention: weight decay on weights (and BatchNorm's gamma), none on biases (and beta)
@@ -191,11 +191,6 @@ class TorchBackend(Backend):
         return {n: v.detach().float().cpu().numpy() for n, v in self.net.state_dict().items()
                 if not n.endswith("num_batches_tracked")}
 
-    def partial(self) -> dict[str, Any] | None:
-        if self.position is None or self.position[1] == 0:
-            return None
-        return {"epoch": self.position[0], "step": self.position[1], "scores": dict(self.scores.__dict__)}
-
     def save_state(self, folder: Any) -> None:
         import torch
 
@@ -225,19 +220,14 @@ class TorchBackend(Backend):
                 on_batch(i, len(x))  # decoded and in memory: the pipeline's work
             return {}
         self.model.train()
-        scores = self.scores = Scores(self.plan.dataset.num_classes)
-        self.position = (epoch, 0)
-        skip = 0
-        if self.resume_at is not None and self.resume_at["epoch"] == epoch:  # resumed mid-epoch
-            skip = self.resume_at["step"]
-            scores.__dict__.update(self.resume_at["scores"])
-            self.resume_at = None
+        scores, skip = self.begin_epoch(epoch)
         first_step = (epoch - 1) * self.plan.steps_per_epoch
         for i, (x, y) in enumerate(self.train_data.epoch(epoch, skip), start=skip):
             lr = learning_rate(self.plan, first_step + i)
             for g in self.optimizer.param_groups:
                 g["lr"] = lr * g["lr_mult"]
-            torch.manual_seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))  # dropout: resumable
+            if self.draws:  # dropout: masks a function of (seed, rank, step), so a resumed run draws the same
+                torch.manual_seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))
             x, y_dev = self._input(x), y.to(self.device, non_blocking=True)
             with _autocast(self.device.type, self.amp_dtype):
                 logits = self.model(x)

@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# Several backends train in this one process. Horovod's library bundles its own gloo: loaded before torch's,
+# the two clash and importing torch crashes the process. Torch first, as any single-backend process is fine.
+import torch  # noqa: E402,F401
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 

@@ -62,10 +62,31 @@ class Backend(ABC):
         rank in self.plan; the core reads self.plan.rank afterwards.
         """
 
+    position: tuple[int, int] | None = None  # (epoch, batches of it trained): what a mid-epoch commit holds
+    resume_at: dict[str, Any] | None = None  # a mid-epoch commit's position, set by the core before training resumes
+    scores: Any = None  # the running training scores of the epoch (xp.metrics.Scores)
+
+    def begin_epoch(self, epoch: int) -> tuple[Any, int]:
+        """For a backend's train_epoch: fresh training scores, and how many of the epoch's batches to skip
+        (those trained before an interruption, when the run resumes inside this epoch, with their scores).
+        The backend then sets self.position = (epoch, batches trained) after each batch."""
+        from xp.metrics import Scores
+
+        self.scores = Scores(self.plan.dataset.num_classes)
+        self.position = (epoch, 0)
+        if self.resume_at is None or self.resume_at["epoch"] != epoch:
+            return self.scores, 0
+        skip = self.resume_at["step"]
+        self.scores.__dict__.update(self.resume_at["scores"])
+        self.resume_at = None
+        return self.scores, skip
+
     def partial(self) -> dict[str, Any] | None:
         """Where an interrupted epoch stands (JSON-able), for a mid-epoch commit; None: at an epoch boundary.
-        A backend that returns one resumes from it when its `resume_at` is set to it."""
-        return None
+        A backend that uses begin_epoch resumes from it when its `resume_at` is set to it."""
+        if self.position is None or self.position[1] == 0:
+            return None
+        return {"epoch": self.position[0], "step": self.position[1], "scores": dict(self.scores.__dict__)}
 
     def save_state(self, folder: Path) -> None:
         """Write what training needs to continue (parameters, optimizer state) into `folder`."""

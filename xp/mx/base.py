@@ -80,15 +80,6 @@ class MXNetBackend(Backend):
     requires = ("mxnet", "gluoncv", "numpy")
     # a kvstore refuses mixed key types: the gather key has the type of the backend's parameter keys
     gather_key: int | str = 1 << 30
-    position: tuple[int, int] | None = None  # (epoch, batches of it trained)
-    resume_at: dict[str, Any] | None = None  # a mid-epoch commit's position, set before training resumes
-    scores: Any = None
-
-    def partial(self) -> dict[str, Any] | None:
-        """Where an interrupted epoch stands: its number, the batches trained, their running scores."""
-        if self.position is None or self.position[1] == 0:
-            return None
-        return {"epoch": self.position[0], "step": self.position[1], "scores": dict(self.scores.__dict__)}
 
     @classmethod
     def launch(cls, plan: Plan) -> str | None:
@@ -206,6 +197,7 @@ class MXNetBackend(Backend):
         else:
             self.net = build_net(plan.model, plan.dataset.num_classes)
         initialize(self.net, self.contexts, plan.seed, plan.dataset.image_shape)
+        self.draws = '"Dropout"' in self.net(mx.sym.var("data")).tojson()  # random layers in the graph
         if self.backbone is not None:
             for p in self.backbone.collect_params().values():
                 if plan.pretrained.freeze_backbone:
@@ -332,8 +324,6 @@ class MXNetBackend(Backend):
     def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
         import mxnet as mx
 
-        from xp.metrics import Scores
-
         self.train_iter.set_epoch(epoch)
         if self.plan.test_io:
             for i, batch in enumerate(self.train_iter):
@@ -342,13 +332,7 @@ class MXNetBackend(Backend):
                 batch.data[0].wait_to_read()  # decoded and in memory: the work the pipeline must do
                 on_batch(i, batch.data[0].shape[0])
             return {}
-        scores = self.scores = Scores(self.plan.dataset.num_classes)
-        self.position = (epoch, 0)  # batches of this epoch trained so far: what a mid-epoch checkpoint holds
-        skip = 0
-        if self.resume_at is not None and self.resume_at["epoch"] == epoch:  # resumed mid-epoch
-            skip = self.resume_at["step"]
-            scores.__dict__.update(self.resume_at["scores"])
-            self.resume_at = None
+        scores, skip = self.begin_epoch(epoch)
         first_step = (epoch - 1) * self.plan.steps_per_epoch
         for i, batch in enumerate(self.train_iter):
             if i == self.plan.steps_per_epoch:  # the plan's epoch, also when it is shorter than the data
@@ -356,9 +340,11 @@ class MXNetBackend(Backend):
             if i < skip:
                 continue  # trained before the interruption; reading it keeps the epoch's data order
             lr = learning_rate(self.plan, first_step + i)
-            # random layers (dropout) draw from a generator seeded by (seed, rank, step): a run resumed at any
-            # batch draws what the uninterrupted run drew (MXNet cannot save a generator's state; this costs ~2 us)
-            mx.random.seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))
+            if self.draws:
+                # random layers (dropout) draw from a generator seeded by (seed, rank, step): a run resumed at any
+                # batch draws what the uninterrupted run drew (MXNet cannot save a generator's state; reseeding
+                # costs about 1 ms, so only networks that draw pay it)
+                mx.random.seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))
             logits = self.step(batch, lr)
             # asnumpy() waits for the step's forward pass, so batch times measure work done
             scores.update(np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy())
