@@ -31,8 +31,10 @@ class Horovod:
         return HorovodModuleBackend if api == "module" else HorovodBackend
 
     @classmethod
-    def launch(cls, plan: Any) -> str | None:
-        return "horovod"
+    def launch(cls, plan: Any) -> Any:
+        from xp.mx.horovodrun import Horovod
+
+        return Horovod
 
     @classmethod
     def check(cls, plan: Any) -> None:

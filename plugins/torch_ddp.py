@@ -32,8 +32,12 @@ class TorchBackend(Backend):
         return len(plan.devices) * plan.workers
 
     @classmethod
-    def launch(cls, plan: Plan) -> str | None:
-        return "torchrun" if cls.processes(plan) > 1 else None
+    def launch(cls, plan: Plan) -> Any:
+        if cls.processes(plan) == 1:
+            return None
+        from xp.pt.torchrun import Torchrun
+
+        return Torchrun
 
     @classmethod
     def check(cls, plan: Plan) -> None:
@@ -44,7 +48,7 @@ class TorchBackend(Backend):
         if plan.kvstore.startswith("dist_") or plan.kvstore == "nccl":
             raise ConfigError(f"kvstore={plan.kvstore}: backend=torch allreduces gradients with DDP (NCCL on GPUs, "
                               "gloo on CPUs) itself; leave kvstore at its default")
-        if plan.device_type == "gpu" and plan.workers > 1:
+        if plan.device_type == "gpu" and plan.workers > 1 and plan.launch.launcher == "local":
             raise ConfigError(f"workers={plan.workers}: backend=torch runs one process per GPU on this machine; "
                               f"use gpus={len(plan.devices) * plan.workers} (NCCL cannot share a GPU between ranks)")
         if plan.device_type == "gpu" and torch.cuda.device_count() < len(plan.devices):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 if TYPE_CHECKING:
+    from xp.launch import Engine
     from xp.plan import Plan
 
 # on_batch(step_in_epoch, samples): call once per step, after the step's outputs
@@ -38,8 +39,9 @@ class Backend(ABC):
         """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
 
     @classmethod
-    def launch(cls, plan: Plan) -> str | None:
-        """How the run's processes start: None (this process trains), "ps-lite" or "horovod"."""
+    def launch(cls, plan: Plan) -> type[Engine] | None:
+        """The engine that starts the run's processes (an xp.launch.Engine beside the framework), or None:
+        this process trains."""
         return None
 
     @classmethod

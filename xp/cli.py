@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         plan, engine = _engine(configs[0]) if configs and not os.environ.get(WORKER_ENV) else (None, None)
         if engine:
             if "-m" in argv or "--multirun" in argv:
-                raise ConfigError(f"{engine} runs are launched one at a time; run each configuration as its own "
+                raise ConfigError(f"{engine.name} runs are launched one at a time; run each configuration as its own "
                                   "command")
             return _launch(argv, configs[0], plan, engine)
         if "-m" in argv or "--multirun" in argv:
@@ -265,7 +265,7 @@ def _task(cfg: Any) -> float:
     raise SystemExit(code)
 
 
-def _engine(config: dict[str, Any]) -> tuple[Any, str | None]:
+def _engine(config: dict[str, Any]) -> tuple[Any, Any]:
     """The run's plan and the distributed engine it needs (its backend decides), or None for one process."""
     from xp.experiment import plan_and_backend
 
@@ -273,37 +273,41 @@ def _engine(config: dict[str, Any]) -> tuple[Any, str | None]:
     return plan, backend_cls.launch(plan)
 
 
-def _launch(argv: list[str], config: dict[str, Any], plan: Any, engine: str) -> int:
+def _launch(argv: list[str], config: dict[str, Any], plan: Any, engine_cls: Any) -> int:
     """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
-    from xp.launch import LaunchError, Spec, describe, launch, validate
-    from xp.tracking import Tracker, resolve_uri, run_name
+    from xp.launch import HOSTS_ENV, LaunchError, launch, prepare, spec_for
+    from xp.tracking import Tracker, check_reachable, resolve_uri, run_name
 
     uri = resolve_uri(config.get("tracking_uri"))
     if config.get("resume") is not None and not Path(str(config["resume"])).expanduser().is_dir():
         raise ConfigError(f"resume={config['resume']}: a distributed run resumes from a folder "
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
     overrides = [a for a in argv if not a.startswith("-")]
-    # torchrun starts a process per device and worker; the other engines a process per worker
-    processes = len(plan.devices) * plan.workers if engine == "torchrun" else config["workers"]
-    spec = Spec(engine, argv, workers=processes, servers=config["servers"], launcher=config["launcher"],
-                port=config.get("port"), hosts_file=config.get("hosts_file"), host_ip=config.get("host_ip"),
-                timeout_s=float(config["dist_timeout_s"]), env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri})
-    if engine == "ps-lite":  # whether MXNet's Module updates on the servers (Gluon is told directly)
-        spec.env["MXNET_UPDATE_ON_KVSTORE"] = "1" if config["kvstore"]["name"] == "dist_async" else "0"
-    validate(spec)
+    elastic_on = (config.get("elastic") or {}).get("enabled")
+    spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri,
+                                                  HOSTS_ENV: str(plan.hosts)}, elastic=bool(elastic_on))
+    engine = engine_cls(spec)
+    if elastic_on and spec.remote:
+        from xp.elastic import discovered_hosts
+
+        spec.hosts = discovered_hosts(config["elastic"]["discovery"])
+    prepare(engine, [h.name for h in spec.hosts] if elastic_on else None)
+    if spec.remote:
+        check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip)
     tracker = Tracker(uri, config.get("experiment") or "xp", config.get("run_name") or run_name(overrides),
-                      tags={"xp.launcher": spec.launcher, "xp.engine": engine, "xp.workers": str(spec.workers)})
+                      tags={"xp.launcher": spec.launcher, "xp.engine": engine.name, "xp.workers": str(spec.workers),
+                            **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
     tracker.start()
     spec.env[RUN_ENV] = tracker.run_id
-    print(f"xp: launching {describe(spec)}; MLflow run {tracker.run_id}", flush=True)
+    print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
     status = "FAILED"
     try:
-        if (config.get("elastic") or {}).get("enabled"):
+        if elastic_on:
             from xp import elastic
 
-            elastic.run(spec, config, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
+            elastic.run(engine, config, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
         else:
-            launch(spec)
+            launch(engine)
         status = "FINISHED"
         return 0
     except LaunchError as e:

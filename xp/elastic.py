@@ -24,15 +24,15 @@ from typing import Any, Callable
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError
-from xp.launch import LaunchError, Spec, launch
+from xp.launch import Engine, HostSlots, LaunchError, launch, parse_hosts
 
 STOP_ENV = "XP_ELASTIC_STOP"  # the flag file: stop after this epoch, the workers change
 RESUMED_ENV = "XP_ELASTIC_RESUMED"  # set for relaunched jobs: the run's params are logged already
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
-def read_slots(source: str, timeout_s: float = 10.0) -> int:
-    """Slots the discovery source lists now. Only this machine's hosts: elastic jobs launch locally."""
+def discovered_hosts(source: str, timeout_s: float = 10.0) -> list[HostSlots]:
+    """The hosts and slots the discovery source lists now."""
     path = Path(source).expanduser()
     if os.access(path, os.X_OK) and path.is_file():
         try:
@@ -44,19 +44,17 @@ def read_slots(source: str, timeout_s: float = 10.0) -> int:
             out = path.read_text()
         except OSError as e:
             raise ConfigError(f"elastic.discovery={source}: cannot read it ({e.strerror})") from None
-    slots = 0
-    for line in out.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        host, _, n = line.partition(":")
-        if host not in LOCAL_HOSTS:
-            raise ConfigError(f"elastic.discovery={source}: host {host!r} is not this machine; elastic jobs "
-                              f"launch their workers locally ({', '.join(LOCAL_HOSTS)})")
-        if n and not n.isdigit():
-            raise ConfigError(f"elastic.discovery={source}: {line!r} is not host:slots")
-        slots += int(n or 1)
-    return slots
+    return parse_hosts(out, f"elastic.discovery={source}")
+
+
+def read_slots(source: str) -> int:
+    """Slots the discovery source lists now, all on this machine (launcher=local)."""
+    hosts = discovered_hosts(source)
+    for h in hosts:
+        if h.name not in LOCAL_HOSTS:
+            raise ConfigError(f"elastic.discovery={source}: host {h.name!r} is not this machine; with launcher=local "
+                              f"the workers run here ({', '.join(LOCAL_HOSTS)}); across hosts use launcher=ssh")
+    return sum(h.slots for h in hosts)
 
 
 def usable(available: int, lo: int, hi: int, global_batch: int, devices: int) -> int | None:
@@ -112,39 +110,51 @@ def _override(argv: list[str], **values: Any) -> list[str]:
     return [*kept, *(f"{k}={v}" for k, v in values.items())]
 
 
-def run(spec: Spec, config: dict[str, Any], plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
+def run(engine: Engine, config: dict[str, Any], plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
     """Run the elastic job (`plan`: its plan as launched) to its last epoch; raise LaunchError when it
-    cannot go on."""
+    cannot go on. launcher=local: the slots of this machine; launcher=ssh: the hosts the discovery source
+    lists, less a host whose worker failed (until the source lists a new membership)."""
     from xp import checkpoint
 
+    spec = engine.spec
     e = config["elastic"]
     global_batch, devices, epochs = plan.global_batch, len(plan.devices), plan.epochs
     keep = bool(config.get("checkpoint_dir"))
     root = Path(config["checkpoint_dir"]).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
     flag = root / "stop-after-epoch"
 
-    def available() -> int:
-        return read_slots(e["discovery"]) if e.get("discovery") else int(config["workers"])
+    def hosts() -> list[HostSlots]:
+        if not spec.remote:
+            return [HostSlots("127.0.0.1", read_slots(e["discovery"]) if e.get("discovery") else int(config["workers"]))]
+        return discovered_hosts(e["discovery"])
 
-    lost, lost_at, restarts, first = 0, 0, 0, True
+    def alive(listed: list[HostSlots]) -> list[HostSlots]:
+        if spec.remote:
+            return [h for h in listed if h.name not in lost_hosts]
+        return [HostSlots(h.name, h.slots - lost) for h in listed]
+
+    lost, lost_at, restarts, first = 0, [], 0, True
+    lost_hosts: set[str] = set()
     try:
         while True:
             done = checkpoint.latest(root)
             committed = done.epoch if done else 0
             if committed >= epochs:
                 return
-            seen = available()
-            if lost and seen != lost_at:
-                lost = 0  # a new membership: the discovery source speaks for every worker again
-            n = _wait_for_workers(lambda: usable(available() - lost, e["min_workers"], e["max_workers"],
-                                                 global_batch, devices), e["wait_s"], e["poll_s"], e["min_workers"])
+            listed = hosts()
+            if (lost or lost_hosts) and listed != lost_at:
+                lost, lost_hosts = 0, set()  # a new membership: the discovery source speaks for every worker again
+            n = _wait_for_workers(lambda: usable(sum(h.slots for h in alive(hosts())), e["min_workers"],
+                                                 e["max_workers"], global_batch, devices),
+                                  e["wait_s"], e["poll_s"], e["min_workers"])
+            placed = alive(hosts())
             flag.unlink(missing_ok=True)
             argv = _override(spec.worker_argv, workers=n, batch=global_batch // (devices * n),
                              checkpoint_dir=str(root), checkpoint_every=1, resume=str(root) if done else "null")
             env = {**spec.env, STOP_ENV: str(flag), **({} if first else {RESUMED_ENV: "1"})}
 
-            def poll(seen: int = seen) -> None:
-                if not flag.exists() and available() != seen:
+            def poll(seen: list[HostSlots] = listed) -> None:
+                if not flag.exists() and hosts() != seen:
                     flag.touch()  # the workers finish this epoch, commit it, and exit
 
             print(f"xp: elastic: epoch {committed + 1}/{epochs} on {n} workers "
@@ -152,16 +162,22 @@ def run(spec: Spec, config: dict[str, Any], plan: Any, log: Callable[[dict[str, 
             log({"elastic.launch_workers": n}, committed)
             first = False
             try:
-                launch(replace(spec, workers=n, worker_argv=argv, env=env, on_poll=poll, poll_s=e["poll_s"]))
+                launch(type(engine)(replace(spec, workers=n, worker_argv=argv, env=env, on_poll=poll,
+                                            poll_s=e["poll_s"], hosts=placed if spec.remote else spec.hosts)))
             except LaunchError as err:
                 restarts += 1
                 if restarts > e["max_restarts"]:
                     raise LaunchError(f"{err} (elastic: {restarts - 1} restarts already, elastic.max_restarts="
                                       f"{e['max_restarts']})") from None
-                lost, lost_at = lost + 1, seen
+                lost_at = listed
+                if spec.remote and err.host:
+                    lost_hosts.add(err.host)
+                else:
+                    lost += 1
                 back = checkpoint.latest(root)
+                what = f"host {err.host}" if spec.remote and err.host else "worker"
                 print(f"xp: elastic: {err}; rolling back to epoch {back.epoch if back else 0} and going on "
-                      f"without the lost worker", flush=True)
+                      f"without the lost {what}", flush=True)
                 log({"elastic.restarts": restarts}, back.epoch if back else 0)
     finally:
         if not keep:

@@ -17,6 +17,7 @@ from xp.callbacks import (Callback, CostMeter, Progress, ProgressBar, ProgressPr
                           WorkerMetrics)
 from xp.errors import Terminated
 from xp.gpu import visible_gpus
+from xp.launch import HOSTS_ENV
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
 from xp.telemetry import telemetry
@@ -45,7 +46,8 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     """
     auto = config.get("batch") == "auto"
     gpus = visible_gpus()
-    plan = build_plan({**config, "batch": 1} if auto else config, visible_gpus=gpus)
+    hosts = int(os.environ.get(HOSTS_ENV) or 0) or None  # a launched worker: the launcher counted the hosts
+    plan = build_plan({**config, "batch": 1} if auto else config, visible_gpus=gpus, hosts=hosts)
     backend_cls = Registry().load(plan.backend).for_plan(plan)
     backend_cls.check(plan)
     if auto and resolve_auto:
@@ -53,14 +55,15 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
 
         devices_workers = len(plan.devices) * plan.workers
         limit = min(65536, plan.dataset.train_size // devices_workers)
-        batch, tried = largest_fitting(lambda b: backend_cls.fits(build_plan({**config, "batch": b}, visible_gpus=gpus)),
+        batch, tried = largest_fitting(lambda b: backend_cls.fits(build_plan({**config, "batch": b}, visible_gpus=gpus,
+                                                                             hosts=hosts)),
                                        limit)
         log.info(f"batch=auto: {batch} per device (tried {', '.join(map(str, tried))}; "
                  + ("the data set's size bounds it" if batch == limit else
                     "GPU memory" if plan.device_type == "gpu" else
                     f"auto_batch_memory_mb={plan.auto_batch_memory_mb:g}") + ")")
         config["batch"] = batch
-        plan = build_plan(config, visible_gpus=gpus)
+        plan = build_plan(config, visible_gpus=gpus, hosts=hosts)
     return plan, backend_cls
 
 

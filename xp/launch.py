@@ -1,32 +1,45 @@
-"""Starting the processes of a distributed run and watching them until they end.
+"""Starting the processes of a distributed run, on this machine or on other hosts, and watching them.
 
-Three engines: MXNet's parameter server (kvstore=dist_*: a scheduler, servers and
-workers, told their roles through DMLC_* variables), Horovod (workers started by
-horovodrun over gloo) and PyTorch DDP (processes started by torchrun, over gloo or
-NCCL). `launcher=local` runs every process on this machine on 127.0.0.1 / lo (what the tests use); `ssh`, `mpi` and `slurm` hand the parameter-server
-roles to the dmlc tracker that ships inside the mxnet wheel, with a hosts file.
+Framework-neutral: an *engine* (xp/mx/pslite.py, xp/mx/horovodrun.py, xp/pt/torchrun.py) says which
+processes a job needs, where and with what command (`Engine.roles`); the `Job` here starts them (locally,
+or over ssh on the hosts of a hosts file), watches them and ends them.
 
-The launching process owns the MLflow run: rank 0 logs into it, and the launcher ends it
-FINISHED, or FAILED as soon as a worker dies or stops making progress. A worker blocked
-in a collective cannot end the run itself. Workers report progress by touching a file
-named by their pid (it holds their rank) in a folder the launcher gives them. Every wait
-is bounded; the launcher ends only the processes it started and their descendants.
+- launcher=local: every process on this machine, every socket on 127.0.0.1.
+- launcher=ssh: the processes on the hosts of `hosts_file` (HOST or HOST:SLOTS a line), started over ssh
+  with the same command paths (the checkout and its .venv are at the same path on every host). Before
+  anything starts every host is probed (reachable, key accepted, checkout present, network_interface
+  there) and host_ip must be an address of this machine: each fails with one line.
+
+Liveness crosses hosts: workers send progress datagrams (UDP: rank, host, pid, role) to a socket the
+launcher binds on host_ip (127.0.0.1 locally), at most one a second. A worker that exits non-zero, whose
+ssh connection drops, or that stays silent for dist_timeout_s fails the job, naming its rank and host.
+
+Ending: local processes by the process groups the job created (and descendants seen); on every host, the
+ssh sessions' wrappers (xp.remote run) end their process group when the launcher closes the session or
+dies, and a last `xp.remote reap JOB` over ssh ends whatever carries the job's id (what horovodrun started
+itself included). The launching process owns the MLflow run; rank 0 logs into it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
+import shutil
 import sys
 import tempfile
 import threading
 import time
+import uuid
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
 import psutil
 
@@ -35,29 +48,164 @@ from xp.errors import ConfigError, XPError
 LOOPBACK = "127.0.0.1"
 WORKER_ENV = "XP_DIST_WORKER"  # set in workers: run as a worker, do not launch again
 RUN_ENV = "XP_RUN_ID"  # the MLflow run the launcher created; rank 0 logs into it
-HEARTBEAT_ENV = "XP_HEARTBEAT_DIR"  # where workers report progress
+PROGRESS_ENV = "XP_PROGRESS"  # ADDRESS:PORT of the launcher's progress socket (UDP)
+JOB_ENV = "XP_JOB"  # the job's id: every process it starts, on any host, carries it
+HOST_ENV = "XP_HOST"  # the host a process runs on, as the hosts file names it
+ROLE_ENV = "XP_ROLE"  # the index of the role (process) the launcher started
+HOSTS_ENV = "XP_HOSTS"  # the hosts the job occupies (its cost), counted by the launcher
 CONNECT_ENV = "XP_CONNECT_TIMEOUT_S"  # how long a worker tries to reach the scheduler
+NO_CHECKOUT = 97  # exit code of the remote probe command when the checkout or its Python is missing
+# variables a remote process gets from the launcher's environment (the rest is the host's own)
+FORWARDED = ("XP_", "MLFLOW_", "OMP_", "MXNET_", "PYTHON", "TORCH", "NCCL_", "GLOO_", "HOROVOD_", "DMLC_")
 
 
 class LaunchError(XPError):
     exit_code = 1
+    host: str | None = None  # the host whose process failed, where known
+
+
+# --- settings ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostSlots:
+    name: str  # an address or a name ssh resolves
+    slots: int  # processes it takes
+
+
+def parse_hosts(text: str, what: str) -> list[HostSlots]:
+    """`HOST`, `HOST:SLOTS` or `HOST slots=N` a line (# comments); a host listed twice adds its slots."""
+    hosts: dict[str, int] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([^\s:]+)(?::(\d+)|\s+slots=(\d+))?", line)
+        if not m or int(m.group(2) or m.group(3) or 1) < 1:
+            raise ConfigError(f"{what}: {line!r} is not HOST, HOST:SLOTS or 'HOST slots=N' (slots >= 1)")
+        hosts[m.group(1)] = hosts.get(m.group(1), 0) + int(m.group(2) or m.group(3) or 1)
+    return [HostSlots(h, n) for h, n in hosts.items()]
+
+
+def read_hosts(path: str) -> list[HostSlots]:
+    try:
+        hosts = parse_hosts(Path(path).expanduser().read_text(), f"hosts_file={path}")
+    except OSError as e:
+        raise ConfigError(f"hosts_file={path}: cannot read it ({e.strerror})") from None
+    if not hosts:
+        raise ConfigError(f"hosts_file={path}: lists no hosts (HOST or HOST:SLOTS a line)")
+    return hosts
+
+
+@dataclass(frozen=True)
+class SSH:
+    config: str | None = None  # ssh_config file (ssh -F)
+    identity: str | None = None  # private key (ssh -i)
+    connect_timeout_s: float = 10.0
+
+    def options(self) -> list[str]:
+        opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(self.connect_timeout_s))}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+        if self.config:
+            opts[:0] = ["-F", self.config]
+        if self.identity:
+            opts += ["-i", self.identity, "-o", "IdentitiesOnly=yes"]
+        return opts
+
+    def argv(self, host: str, command: str) -> list[str]:
+        return ["ssh", *self.options(), host, command]
 
 
 @dataclass
 class Spec:
-    """What to launch; built from the run's config by the CLI."""
-    engine: str  # "ps-lite", "horovod" or "torchrun"
+    """What to launch; built from the run's plan by the CLI."""
     worker_argv: list[str]  # python -m xp arguments for every worker
-    workers: int
+    workers: int  # worker processes (torchrun: one per device and worker)
     servers: int = 1
-    launcher: str = "local"
-    port: int | None = None  # the scheduler's port (ps-lite), None: a free one
-    hosts_file: str | None = None  # ssh/mpi: one host per line (host[:ssh port] or "host slots=N")
-    host_ip: str | None = None  # cluster launchers: the address workers reach the scheduler at
+    launcher: str = "local"  # local | ssh
+    port: int | None = None  # the scheduler's / rendezvous port, None: a free one
+    hosts: list[HostSlots] = field(default_factory=list)  # launcher=ssh
+    host_ip: str | None = None  # launcher=ssh: this machine's address as the hosts reach it
+    interface: str | None = None  # launcher=ssh: the network interface workers talk over
+    ssh: SSH = field(default_factory=SSH)
     timeout_s: float = 300.0  # a worker without progress for this long fails the job
     env: dict[str, str] = field(default_factory=dict)  # extra variables for every worker
     on_poll: Callable[[], None] | None = None  # called every poll_s while the job runs (elastic discovery)
     poll_s: float = 1.0
+
+    @property
+    def remote(self) -> bool:
+        return self.launcher == "ssh"
+
+    @property
+    def bind(self) -> str:
+        """The address this machine's servers (scheduler, rendezvous, progress) listen on."""
+        return self.host_ip if self.remote and self.host_ip else LOOPBACK
+
+    def placement(self, n: int | None = None) -> list[tuple[str, int]]:
+        """(host, processes) for n processes (default: workers), filling each host's slots in order."""
+        left, out = self.workers if n is None else n, []
+        for h in self.hosts:
+            take = min(left, h.slots)
+            if take:
+                out.append((h.name, take))
+            left -= take
+        if left > 0:
+            have = sum(h.slots for h in self.hosts)
+            raise ConfigError(f"workers: {self.workers} processes need {self.workers} slots; the hosts list "
+                              f"{have} ({', '.join(f'{h.name}:{h.slots}' for h in self.hosts)})")
+        return out
+
+
+# --- engines -------------------------------------------------------------------------------------
+@dataclass
+class Role:
+    """One process the job starts."""
+    name: str  # "scheduler", "worker 1", "torchrun on 10.0.0.2", ...
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    host: str | None = None  # None: this machine
+    worker: bool = True  # the job has succeeded when every worker role exited 0
+    runner: bool = False  # a runner (horovodrun, torchrun) that reports which of its processes failed
+    service: bool = False  # serves the others until the workers finish (then ended, not waited for)
+
+
+class Engine(ABC):
+    """How one distributed engine starts its processes; one small object per engine, beside its framework."""
+    name: ClassVar[str]
+    interface_here: ClassVar[bool] = False  # launcher=ssh: network_interface must exist on this machine too
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+
+    @abstractmethod
+    def roles(self, job: Job) -> list[Role]:
+        """The processes to start, in order."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line: what runs where."""
+
+    @classmethod
+    def env_for(cls, plan: Any) -> dict[str, str]:
+        """Variables every process of a job of this plan gets."""
+        return {}
+
+    def check(self) -> None:
+        """Refuse, before anything starts, what this engine cannot launch (ConfigError)."""
+
+    def hosts(self) -> list[str]:
+        """The hosts this job starts processes on (launcher=ssh)."""
+        return [h for h, _ in self.spec.placement()] if self.spec.remote else []
+
+    def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
+        """Note in `exits` (rank -> exit code) what a runner's output line says failed."""
+
+
+def python() -> str:
+    return sys.executable
+
+
+def xp_command(argv: list[str]) -> list[str]:
+    return [python(), "-m", "xp", *argv]
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -75,6 +223,7 @@ def check_port(port: int, host: str = LOOPBACK) -> None:
                               "choose another port or leave port=null for a free one") from e
 
 
+# --- worker side ---------------------------------------------------------------------------------
 def check_scheduler() -> None:
     """In a ps-lite worker: fail with a clear error when the scheduler cannot be reached (MXNet would wait forever)."""
     role = os.environ.get("DMLC_ROLE")
@@ -97,209 +246,240 @@ def check_scheduler() -> None:
 
 
 _last_report = -1e9
+_reporter: socket.socket | None = None
 
 
 def report_progress(rank: int) -> None:
-    """Worker side: record that this worker is alive and moving (called per batch; writes at most once a second)."""
-    global _last_report
-    folder = os.environ.get(HEARTBEAT_ENV)
+    """Worker side: tell the launcher this worker is alive and moving (called per batch; sends at most one
+    datagram a second; advisory: a lost datagram only delays the next)."""
+    global _last_report, _reporter
+    target = os.environ.get(PROGRESS_ENV)
     now = time.monotonic()
-    if not folder or now - _last_report < 1.0:
+    if not target or now - _last_report < 1.0:
         return
     _last_report = now
+    address, _, port = target.rpartition(":")
+    msg = json.dumps({"rank": rank, "pid": os.getpid(), "host": os.environ.get(HOST_ENV) or socket.gethostname(),
+                      "role": os.environ.get(ROLE_ENV)}).encode()
     try:
-        (Path(folder) / str(os.getpid())).write_text(str(rank))
-    except OSError:
-        pass  # progress reports are advisory; training goes on
+        if _reporter is None:
+            _reporter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        _reporter.sendto(msg, (address, int(port)))
+    except (OSError, ValueError):
+        pass
 
 
-# --- commands ------------------------------------------------------------------------------------
-def worker_command(spec: Spec) -> list[str]:
-    return [sys.executable, "-m", "xp", *spec.worker_argv]
-
-
-def dmlc_env(role: str, port: int, spec: Spec) -> dict[str, str]:
-    return {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": LOOPBACK, "DMLC_PS_ROOT_PORT": str(port),
-            "DMLC_NODE_HOST": LOOPBACK, "DMLC_NUM_SERVER": str(spec.servers), "DMLC_NUM_WORKER": str(spec.workers),
-            "DMLC_INTERFACE": "lo"}
-
-
-def horovod_command(spec: Spec) -> list[str]:
-    # horovodrun, with its rendezvous server on 127.0.0.1 (xp/horovodrun.py)
-    return [sys.executable, "-m", "xp.horovodrun", "--gloo", "-np", str(spec.workers), "-H", f"{LOOPBACK}:{spec.workers}",
-            "--network-interfaces", "lo", "--start-timeout", str(int(spec.timeout_s)), "--disable-cache",
-            *worker_command(spec)]
-
-
-def torchrun_command(spec: Spec, port: int) -> list[str]:
-    # torchrun, with its rendezvous store on 127.0.0.1 (xp/torchrun.py); a failed process ends the job
-    return [sys.executable, "-m", "xp.torchrun", "--nnodes=1", f"--nproc-per-node={spec.workers}",
-            f"--master-addr={LOOPBACK}", f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5",
-            "-m", "xp", *spec.worker_argv]
-
-
-def cluster_command(spec: Spec) -> list[str]:
-    """The dmlc tracker command for launcher=ssh/mpi/slurm: it runs the scheduler here and the servers
-    and workers on the cluster (ssh to each host, mpirun --hostfile, or srun)."""
-    if spec.launcher in ("ssh", "mpi") and not spec.hosts_file:
-        raise ConfigError(f"launcher={spec.launcher}: needs hosts_file=PATH (one host per line)")
-    if spec.hosts_file:
-        hosts = Path(spec.hosts_file).expanduser()
-        if not hosts.is_file() or not any(line.strip() for line in hosts.read_text().splitlines()):
-            raise ConfigError(f"hosts_file={spec.hosts_file}: no such file, or it lists no hosts")
-    # xp's own variables travel in the command: the ssh launcher forwards only DMLC_* and a few others
-    env = {WORKER_ENV: "1", **spec.env}
-    inner = ["env", *(f"{k}={v}" for k, v in env.items()), *worker_command(spec)]
-    code = (f"import sys, dmlc_tracker.opts as o, dmlc_tracker.{spec.launcher} as m; "
-            "m.submit(o.get_opts(sys.argv[1:]))")
-    cmd = [sys.executable, "-c", code, "--cluster", spec.launcher, "--num-workers", str(spec.workers),
-           "--num-servers", str(spec.servers)]
-    if spec.hosts_file:
-        cmd += ["--host-file", str(Path(spec.hosts_file).expanduser())]
-    if spec.host_ip:
-        cmd += ["--host-ip", spec.host_ip]
-    return [*cmd, *inner]
-
-
-# --- running -------------------------------------------------------------------------------------
+# --- the job -------------------------------------------------------------------------------------
 @dataclass
-class Role:
-    name: str
+class Started:
+    role: Role
     proc: subprocess.Popen
+    relay: threading.Thread | None = None
+
+
+@dataclass
+class Beat:
+    at: float  # time.monotonic() of the last datagram
+    host: str
+    pid: int
+    role: str | None
 
 
 class Job:
     """Started processes, watched until every worker succeeded, one failed, or progress stopped."""
 
-    def __init__(self, spec: Spec):
-        self.spec = spec
-        self.roles: list[Role] = []
-        self.workers: list[Role] = []
-        self.beats = Path(tempfile.mkdtemp(prefix="xp-progress-"))
-        self.base = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-        self.base.update({HEARTBEAT_ENV: str(self.beats), WORKER_ENV: "1", **spec.env})
-        if spec.launcher == "local" and "OMP_NUM_THREADS" not in os.environ:
+    def __init__(self, engine: Engine):
+        self.engine, self.spec = engine, engine.spec
+        self.id = uuid.uuid4().hex[:12]
+        self.folder = tempfile.mkdtemp(prefix="xp-job-")  # the job's files on this machine (removed at the end)
+        self.started: list[Started] = []
+        self.progress = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.progress.bind((self.spec.bind, 0))
+        self.progress.setblocking(False)
+        self.beats: dict[int, Beat] = {}  # rank -> its last progress
+        self.env = {WORKER_ENV: "1", JOB_ENV: self.id, **self.spec.env,
+                    PROGRESS_ENV: f"{self.spec.bind}:{self.progress.getsockname()[1]}"}
+        if not self.spec.remote and "OMP_NUM_THREADS" not in os.environ:
             # workers on one machine share its cores: N workers x all cores each would oversubscribe them
-            self.base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.workers))
-        self.seen: dict[int, float] = {}  # descendants: pid -> create time (ended too, if left over)
-        self.exits: dict[int, int] = {}  # horovod, torchrun: rank -> exit code, from the runner's report
-        self.started = time.monotonic()
-        self.relay: threading.Thread | None = None  # horovod, torchrun: the thread reading the runner's output
+            self.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.spec.workers))
+        self.seen: dict[int, float] = {}  # local descendants: pid -> create time (ended too, if left over)
+        self.exits: dict[int, int] = {}  # runners: rank -> exit code, from their reports
+        self.runner_state: dict[str, Any] = {}
+        self.began = time.monotonic()
 
-    def start(self, name: str, argv: list[str], env: dict[str, str], worker: bool, pipe: bool = False) -> Role:
-        proc = subprocess.Popen(argv, env={**self.base, **env}, start_new_session=True,  # its own process group
-                                stdout=subprocess.PIPE if pipe else None, stderr=subprocess.STDOUT if pipe else None,
-                                text=pipe)
-        role = Role(name, proc)
-        self.roles.append(role)
-        if worker:
-            self.workers.append(role)
-        return role
+    # --- starting ---
+    def start(self, role: Role) -> Started:
+        index = str(len(self.started))
+        env = {**self.env, **role.env, ROLE_ENV: index, **({HOST_ENV: role.host} if role.host else {})}
+        piped = role.host is not None or role.runner
+        if role.host is None:
+            proc = subprocess.Popen(role.argv, env={**os.environ, **env}, start_new_session=True,
+                                    stdout=subprocess.PIPE if piped else None,
+                                    stderr=subprocess.STDOUT if piped else None, text=piped)
+        else:
+            forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED) and k not in env}
+            inner = ["env", *(f"{k}={v}" for k, v in {**forwarded, **env}.items()), python(), "-m", "xp.remote",
+                     "run", "--", *role.argv]
+            command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(inner)} 2>&1"
+            # stdin stays open: when it closes (the job ends, or this process dies) the host ends the process
+            proc = subprocess.Popen(self.spec.ssh.argv(role.host, command), start_new_session=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        s = Started(role, proc)
+        if piped:
+            s.relay = threading.Thread(target=self._relay, args=(s,), daemon=True)
+            s.relay.start()
+        self.started.append(s)
+        return s
+
+    def _relay(self, s: Started) -> None:
+        """The process's output to ours (prefixed with its host when remote), noting what a runner reports."""
+        prefix = f"[{s.role.host}] " if s.role.host else ""
+        for line in s.proc.stdout:
+            sys.stdout.write(prefix + line)
+            if s.role.runner:
+                self.engine.failed(line, self.exits, self.runner_state)
+        sys.stdout.flush()
 
     def run(self) -> None:
         done = False
         try:
+            for role in self.engine.roles(self):
+                self.start(role)
             self._watch()
             done = True
         finally:
             self._end(grace_s=10.0 if done else 0.0)  # after a failure, nothing is worth waiting for
 
-    # a worker's rank, as it reported it (ps-lite assigns ranks in the order workers reach the scheduler)
-    def _rank(self, pid: int) -> str | None:
-        try:
-            return (self.beats / str(pid)).read_text().strip() or None
-        except OSError:
-            return None
-
+    # --- watching ---
     def _watch(self) -> None:
         polled = time.monotonic()
         while True:
             if self.spec.on_poll is not None and time.monotonic() - polled >= self.spec.poll_s:
                 polled = time.monotonic()
                 self.spec.on_poll()
+            self._receive()
             self._remember_descendants()
-            for r in self.roles:
-                code = r.proc.poll()
+            for s in self.started:
+                code = s.proc.poll()
                 if code not in (None, 0):
-                    raise self._failure(r, code)
-            if all(w.proc.poll() == 0 for w in self.workers):
+                    raise self._failure(s, code)
+            if all(s.proc.poll() == 0 for s in self.started if s.role.worker):
                 return
             self._check_progress()
             time.sleep(0.2)
 
-    def _failure(self, role: Role, code: int) -> LaunchError:
-        what = role.name
-        rank = self._rank(role.proc.pid)
-        if self.relay is not None:
-            self.relay.join(timeout=5)  # the runner reported which worker failed first: read all it said
-            failed = [(r, c) for r, c in self.exits.items() if c != 0]
-            if failed:
-                rank, code = str(failed[0][0]), failed[0][1]
-                if code > 128:
-                    code = 128 - code  # horovodrun runs workers through a shell: 128+N means signal N
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        who = f"worker rank {rank}" if rank is not None else what
-        e = LaunchError(f"{who} {how}; the other processes were stopped (its error is in the log above)")
+    def _receive(self) -> None:
+        while True:
+            try:
+                data = self.progress.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            try:
+                m = json.loads(data)
+                self.beats[int(m["rank"])] = Beat(time.monotonic(), str(m["host"]), int(m["pid"]), m.get("role"))
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def _rank_of(self, s: Started) -> tuple[int | None, str | None]:
+        index = str(self.started.index(s))
+        for rank, b in self.beats.items():
+            if b.role == index:
+                return rank, b.host
+        return None, s.role.host
+
+    def _failure(self, s: Started, code: int) -> LaunchError:
+        rank, host = self._rank_of(s)
+        if s.relay is not None:
+            s.relay.join(timeout=5)  # a runner reports which process failed first: read all it said
+        failed = [(r, c) for r, c in self.exits.items() if c != 0] if s.role.runner else []
+        if failed:
+            rank, code = failed[0]
+            host = self.beats[rank].host if rank in self.beats else host
+        lost = s.role.host is not None and code == 255 and not failed
+        if code > 128:
+            code = 128 - code  # xp.remote run and the runners' shells: 128+N means signal N
+        who = f"worker rank {rank}" if rank is not None else s.role.name
+        where = f" on host {host}" if host and self.spec.remote else ""
+        if lost:
+            how = "lost its ssh connection (the host went down or became unreachable)"
+        else:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        e = LaunchError(f"{who}{where} {how}; the other processes were stopped (its error is in the log above)")
+        e.host = host
         if code == 2:
             e.exit_code = 2  # a configuration error, found by the worker
         return e
 
     def _check_progress(self) -> None:
-        now_wall, age_limit = time.time(), self.spec.timeout_s
-        beats = {}  # rank -> (seconds since its last progress, pid)
-        for f in self.beats.iterdir():
-            try:
-                beats[f.read_text().strip()] = (now_wall - f.stat().st_mtime, int(f.name))
-            except (OSError, ValueError):
-                continue
-        waited = time.monotonic() - self.started
-        if len(beats) < self.spec.workers and waited > age_limit:
-            raise LaunchError(f"only {len(beats)} of {self.spec.workers} workers started within {age_limit:g} s "
-                              "(dist_timeout_s); the job was stopped")
-        stale = {rank: age_pid for rank, age_pid in beats.items() if age_pid[0] > age_limit}
+        now, limit = time.monotonic(), self.spec.timeout_s
+        if len(self.beats) < self.spec.workers and now - self.began > limit:
+            missing = ""
+            if self.spec.remote:
+                seen = {b.host for b in self.beats.values()}
+                silent = [h for h in self.engine.hosts() if h not in seen]
+                missing = f"; nothing heard from {', '.join(silent)}" if silent else ""
+            e = LaunchError(f"only {len(self.beats)} of {self.spec.workers} workers started within {limit:g} s "
+                            f"(dist_timeout_s){missing}; the job was stopped")
+            if self.spec.remote and len(silent) == 1:
+                e.host = silent[0]
+            raise e
+        stale = {rank: now - b.at for rank, b in self.beats.items() if now - b.at > limit}
         if stale:
             # the others wait for it in a collective and may have gone silent first (reports are at most one a
-            # second): name a worker the system stopped, stale or not yet, else the longest silent
-            stopped = [rank for rank, (_, pid) in beats.items() if _is_stopped(pid)]
-            rank = stopped[0] if stopped else max(stale, key=lambda r: stale[r][0])
-            silent = max(age for age, _ in stale.values())
-            raise LaunchError(f"worker rank {rank} made no progress for {silent:.0f} s (dist_timeout_s={age_limit:g}); "
-                              "the job was stopped")
+            # second): name a worker the system stopped (this machine's), else the longest silent
+            local = socket.gethostname()
+            stopped = [r for r, b in self.beats.items() if b.host in (local, LOOPBACK) and _is_stopped(b.pid)]
+            rank = stopped[0] if stopped else max(stale, key=lambda r: stale[r])
+            where = f" on host {self.beats[rank].host}" if self.spec.remote else ""
+            e = LaunchError(f"worker rank {rank}{where} made no progress for {max(stale.values()):.0f} s "
+                            f"(dist_timeout_s={limit:g}); the job was stopped")
+            e.host = self.beats[rank].host
+            raise e
 
     def _remember_descendants(self) -> None:
-        for r in self.roles:
+        for s in self.started:
+            if s.role.host is not None:
+                continue
             try:
-                for c in psutil.Process(r.proc.pid).children(recursive=True):
+                for c in psutil.Process(s.proc.pid).children(recursive=True):
                     self.seen.setdefault(c.pid, c.create_time())
             except psutil.Error:
                 continue
 
+    # --- ending ---
     def _end(self, grace_s: float) -> None:
-        """Whatever is left is ended: each role's process group, then any descendant seen running."""
+        """Whatever is left is ended: on the hosts first (sessions closed, then the job's id reaped), then
+        each local role's process group and any descendant seen running."""
         deadline = time.monotonic() + grace_s
-        for r in self.roles:
-            if r in self.workers:
-                continue  # scheduler and servers exit by themselves once the workers finished
-            try:
-                r.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = [r for r in self.roles if r.proc.poll() is None]
-            for r in alive:
+        for s in self.started:
+            if not s.role.worker and not s.role.service:
+                try:  # scheduler, servers, stores exit by themselves once the workers finished
+                    s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        for s in self.started:
+            if s.role.host is not None and s.proc.stdin is not None:
                 try:
-                    os.killpg(r.proc.pid, sig)  # the group we created for it, nothing else
+                    s.proc.stdin.close()  # the host's wrapper ends its process group
+                except OSError:
+                    pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            alive = [s for s in self.started if s.proc.poll() is None]
+            for s in alive:
+                try:
+                    os.killpg(s.proc.pid, sig)  # the group we created for it, nothing else
                 except ProcessLookupError:
                     pass
-            for r in alive:
+            for s in alive:
                 try:
-                    r.proc.wait(timeout=3)
+                    s.proc.wait(timeout=3)
                 except subprocess.TimeoutExpired:
                     pass
         self._end_descendants()
-        for f in self.beats.iterdir():
-            f.unlink(missing_ok=True)
-        self.beats.rmdir()
+        if self.spec.remote:
+            reap(self.spec.ssh, self.engine.hosts(), self.id)
+        self.progress.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def _end_descendants(self) -> None:
         left = []
@@ -317,89 +497,100 @@ class Job:
 def _is_stopped(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except psutil.Error:  # gone: nothing to tell
+    except psutil.Error:  # gone, or not on this machine: nothing to tell
         return False
 
 
-def validate(spec: Spec) -> None:
-    """Refuse, before anything starts, what cannot launch: a taken port, a missing hosts file or horovodrun."""
-    if spec.engine == "torchrun":
-        if spec.launcher != "local":
-            raise ConfigError(f"launcher={spec.launcher}: backend=torch launches with torchrun on this machine "
-                              "(launcher=local); across hosts run torchrun on each host yourself with XP_DIST_WORKER=1")
-        if spec.port:
-            check_port(spec.port)
-    elif spec.engine == "horovod":
-        if spec.launcher != "local":
-            raise ConfigError(f"launcher={spec.launcher}: backend=horovod launches with horovodrun on this machine "
-                              "(launcher=local); across hosts run horovodrun -H yourself with XP_DIST_WORKER=1")
-        import importlib.util
+# --- hosts ---------------------------------------------------------------------------------------
+def on_hosts(ssh: SSH, hosts: list[str], command: str, timeout: float) -> dict[str, subprocess.CompletedProcess]:
+    """Run `command` on every host at once over ssh; a host that does not answer in time gets code 255."""
+    def one(host: str) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(ssh.argv(host, command), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess([], 255, "", f"no answer within {timeout:g} s")
 
-        if importlib.util.find_spec("horovod.runner") is None:
-            raise ConfigError("backend=horovod: horovodrun (horovod.runner) is not installed; ./dev.sh setup "
-                              "builds Horovod against the installed mxnet")
-    elif spec.launcher == "local":
-        if spec.port:
-            check_port(spec.port)
-    else:
-        cluster_command(spec)
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        return dict(zip(hosts, pool.map(one, hosts)))
 
 
-def launch(spec: Spec) -> None:
+def reap(ssh: SSH, hosts: list[str], job: str) -> None:
+    """End, on every host, whatever carries the job's id; a host that cannot be reached is noted."""
+    command = f"{shlex.quote(python())} -m xp.remote reap {job}"
+    for host, r in on_hosts(ssh, hosts, command, ssh.connect_timeout_s + 20).items():
+        if r.returncode != 0:
+            print(f"xp: could not reach {host} to end the job's processes there ({_ssh_error(r)})", flush=True)
+
+
+def _ssh_error(r: subprocess.CompletedProcess) -> str:
+    lines = [ln.strip() for ln in (r.stderr or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit code {r.returncode}"
+
+
+def local_addresses() -> dict[str, list[str]]:
+    return {name: [a.address for a in addrs if a.family == socket.AF_INET]
+            for name, addrs in psutil.net_if_addrs().items()}
+
+
+def preflight(spec: Spec, hosts: list[str], interface_here: bool = False) -> None:
+    """launcher=ssh: refuse, before anything starts, an address or interface that is not there, a host that
+    cannot be reached, refuses the key, or lacks the checkout. One line each (ConfigError)."""
+    here = local_addresses()
+    if not spec.host_ip:
+        raise ConfigError("launcher=ssh: needs host_ip=ADDRESS, this machine's address as the hosts reach it "
+                          f"(its addresses: {', '.join(a for v in here.values() for a in v)})")
+    if not any(spec.host_ip in v for v in here.values()):
+        raise ConfigError(f"host_ip={spec.host_ip}: not an address of this machine (its addresses: "
+                          f"{', '.join(a for v in here.values() for a in v)})")
+    if spec.interface and interface_here and spec.interface not in here:
+        raise ConfigError(f"network_interface={spec.interface}: this machine has no such interface "
+                          f"(it has: {', '.join(sorted(here))})")
+    py, cwd = shlex.quote(python()), shlex.quote(os.getcwd())
+    command = f"cd {cwd} 2>/dev/null && test -x {py} && exec {py} -m xp.remote probe; exit {NO_CHECKOUT}"
+    for host, r in on_hosts(spec.ssh, hosts, command, spec.ssh.connect_timeout_s + 20).items():
+        if r.returncode == NO_CHECKOUT or (r.returncode == 1 and "No module named" in r.stderr):
+            raise ConfigError(f"host {host}: no xp checkout at {os.getcwd()} with its Python {python()} (the "
+                              "checkout and its .venv must be at the same path on every host)")
+        if r.returncode == 255:
+            why = _ssh_error(r)
+            hint = ("check ssh.identity / ssh.config" if "denied" in why.lower()
+                    else "check the hosts file and that sshd runs there")
+            raise ConfigError(f"host {host}: ssh failed ({why}); {hint}")
+        if r.returncode != 0:
+            raise ConfigError(f"host {host}: the probe failed ({_ssh_error(r)})")
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+        if spec.interface and spec.interface not in info["interfaces"]:
+            raise ConfigError(f"network_interface={spec.interface}: host {host} has no such interface (it has: "
+                              f"{', '.join(sorted(info['interfaces']))})")
+
+
+def spec_for(plan: Any, argv: list[str], engine_cls: type[Engine], env: dict[str, str], elastic: bool = False) -> Spec:
+    """The launch spec of a plan (its launch settings): hosts file read, ssh files checked."""
+    ls = plan.launch
+    for key, path in (("ssh.config", ls.ssh_config), ("ssh.identity", ls.ssh_identity)):
+        if path and not Path(path).expanduser().is_file():
+            raise ConfigError(f"{key}={path}: no such file")
+    ssh = SSH(*(str(Path(p).expanduser()) if p else None for p in (ls.ssh_config, ls.ssh_identity)),
+              ls.ssh_connect_timeout_s)
+    hosts = read_hosts(ls.hosts_file) if ls.launcher == "ssh" and ls.hosts_file else []
+    # torchrun starts a process per device and worker; the other engines a process per worker
+    processes = len(plan.devices) * plan.workers if engine_cls.name == "torchrun" else plan.workers
+    spec = Spec(argv, processes, plan.servers, ls.launcher, ls.port, hosts, ls.host_ip, ls.interface, ssh,
+                ls.timeout_s, {**engine_cls.env_for(plan), **env})
+    if spec.remote and not elastic:
+        spec.placement()  # enough slots
+    return spec
+
+
+def prepare(engine: Engine, hosts: list[str] | None = None) -> None:
+    """Everything checked before anything starts: the engine's own checks, then (launcher=ssh) the address,
+    the interface and every host (default: those the job uses)."""
+    engine.check()
+    if engine.spec.remote:
+        preflight(engine.spec, engine.hosts() if hosts is None else hosts, interface_here=engine.interface_here)
+
+
+def launch(engine: Engine) -> None:
     """Run the job to the end; raise LaunchError (or ConfigError) when it fails."""
-    job = Job(spec)
-    if spec.engine in ("horovod", "torchrun"):  # one runner starts the workers and reports which one failed
-        if spec.engine == "horovod":
-            role = job.start("horovodrun", horovod_command(spec), {}, worker=True, pipe=True)
-        else:
-            role = job.start("torchrun", torchrun_command(spec, spec.port or free_port()),
-                             {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}, worker=True, pipe=True)
-        job.relay = threading.Thread(target=_relay, args=(role.proc, job.exits), daemon=True)
-        job.relay.start()
-    elif spec.launcher == "local":
-        port = spec.port or free_port()
-        if spec.port:
-            check_port(port)
-        # importing mxnet with DMLC_ROLE=scheduler/server runs that role until the job ends
-        job.start("scheduler", [sys.executable, "-c", "import mxnet"], dmlc_env("scheduler", port, spec), worker=False)
-        for i in range(spec.servers):
-            job.start(f"server {i}", [sys.executable, "-c", "import mxnet"], dmlc_env("server", port, spec),
-                      worker=False)
-        for i in range(spec.workers):
-            job.start(f"worker {i}", worker_command(spec), dmlc_env("worker", port, spec), worker=True)
-    else:
-        job.start(f"dmlc tracker ({spec.launcher})", cluster_command(spec), {}, worker=True)
-    job.run()
-
-
-_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")  # horovodrun
-_TORCH_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's failure summary: rank, then exitcode
-_TORCH_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-
-
-def _relay(proc: subprocess.Popen, exits: dict[int, int]) -> None:
-    """The runner's output to ours, noting which worker process failed (first) and how."""
-    rank = None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        m = _EXIT.search(line)
-        if m:
-            exits.setdefault(int(m.group(1)), int(m.group(2)))
-        if "Root Cause" in line:  # torchrun names the first failure here, the others before it
-            exits.clear()
-        m = _TORCH_RANK.match(line)
-        if m:
-            rank = int(m.group(1))
-        m = _TORCH_EXIT.match(line)
-        if m and rank is not None:
-            exits.setdefault(rank, int(m.group(1)))
-    sys.stdout.flush()
-
-
-def describe(spec: Spec) -> str:
-    if spec.engine == "torchrun":
-        return f"{spec.workers} PyTorch DDP processes (torchrun) on {LOOPBACK}"
-    if spec.engine == "horovod":
-        return f"{spec.workers} Horovod workers (gloo) on {LOOPBACK}"
-    where = f"on {LOOPBACK}" if spec.launcher == "local" else f"through the dmlc tracker ({spec.launcher})"
-    return f"{spec.workers} workers and {spec.servers} servers {where}"
+    Job(engine).run()

@@ -24,7 +24,7 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 
 KVSTORES = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_async")
 DTYPES = ("float32", "float16", "bfloat16", "amp")
-LAUNCHERS = ("local", "ssh", "mpi", "slurm")  # local: every process on this machine; others: dmlc tracker
+LAUNCHERS = ("local", "ssh")  # local: every process on this machine; ssh: on the hosts of a hosts file
 OPTIMIZERS = ("sgd", "nag")
 LR_SCHEDULES = ("constant", "step", "cosine")
 MODEL_ZOOS = ("xp", "gluoncv")
@@ -53,6 +53,20 @@ class HardwareSpec:
     @property
     def hourly(self) -> float:
         return self.spot_price_per_hour if self.pricing == "spot" else self.price_per_hour
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How a distributed run's processes start (xp.launch)."""
+    launcher: str = "local"  # local | ssh
+    hosts_file: str | None = None  # launcher=ssh: HOST or HOST:SLOTS a line
+    host_ip: str | None = None  # launcher=ssh: this machine's address as the hosts reach it
+    interface: str | None = None  # launcher=ssh: the network interface the workers talk over
+    port: int | None = None  # scheduler / rendezvous port; None: a free one
+    timeout_s: float = 300.0  # a worker without progress for this long fails the job
+    ssh_config: str | None = None  # ssh -F
+    ssh_identity: str | None = None  # ssh -i
+    ssh_connect_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,7 @@ class Plan:
     experiment: str
     tracking_uri: str | None
     run_name: str | None
+    launch: LaunchSettings = LaunchSettings()
 
     @property
     def cost_per_hour(self) -> float:
@@ -185,15 +200,66 @@ def _group(cfg: dict, key: str) -> dict:
     return v
 
 
-def _elastic(e: dict, kvstore: str, launcher: str) -> None:
+def _text(cfg: dict, key: str) -> str | None:
+    v = cfg.get(key)
+    if v is not None and (not isinstance(v, str) or not v.strip()):
+        raise ConfigError(f"{key}={v!r}: must be a non-empty string, or null")
+    return v
+
+
+def _launch(cfg: dict) -> LaunchSettings:
+    launcher = _choice(cfg.get("launcher", "local"), "launcher", LAUNCHERS)
+    ssh = cfg.get("ssh") or {}
+    if not isinstance(ssh, dict):
+        raise ConfigError(f"ssh={ssh!r}: must be the ssh group (ssh.config, ssh.identity, ssh.connect_timeout_s)")
+    flat = {f"ssh.{k}": v for k, v in ssh.items()}
+    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the launcher (xp.launch.preflight)
+        _text(flat, key)
+    settings = LaunchSettings(
+        launcher=launcher, hosts_file=_text(cfg, "hosts_file"), host_ip=_text(cfg, "host_ip"),
+        interface=_text(cfg, "network_interface"),
+        port=None if cfg.get("port") is None else _int(cfg, "port", 1024, 65535),
+        timeout_s=300.0 if cfg.get("dist_timeout_s") is None else _float(cfg, "dist_timeout_s", 1, 86400),
+        ssh_config=flat.get("ssh.config"), ssh_identity=flat.get("ssh.identity"),
+        ssh_connect_timeout_s=(_float(flat, "ssh.connect_timeout_s", 1, 3600)
+                               if flat.get("ssh.connect_timeout_s") is not None else 10.0))
+    if launcher == "ssh" and not settings.hosts_file and not (cfg.get("elastic") or {}).get("enabled"):
+        raise ConfigError("launcher=ssh: needs hosts_file=PATH (HOST or HOST:SLOTS a line)")
+    if launcher == "ssh" and settings.host_ip:
+        import ipaddress
+
+        try:
+            ipaddress.IPv4Address(settings.host_ip)
+        except ValueError:
+            raise ConfigError(f"host_ip={settings.host_ip}: must be an IPv4 address of this machine") from None
+    return settings
+
+
+def _hosts_used(launch: LaunchSettings, workers: int) -> int:
+    """Instances the run occupies (its cost): the hosts its workers fill, or this machine."""
+    if launch.launcher != "ssh" or not launch.hosts_file:
+        return 1
+    from xp.launch import read_hosts
+
+    left, used = workers, 0
+    for h in read_hosts(launch.hosts_file):
+        if left > 0:
+            used, left = used + 1, left - h.slots
+    return max(1, used)
+
+
+def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str | None) -> None:
     if not e.get("enabled"):
         return
     if kvstore not in ("dist_sync", "dist_device_sync"):
         raise ConfigError(f"elastic.enabled=true: needs kvstore=dist_sync (or dist_device_sync), not {kvstore}; "
                           "xp relaunches the parameter-server job when the workers change")
-    if launcher != "local":
-        raise ConfigError(f"elastic.enabled=true: launcher={launcher} is not supported; elastic jobs run with "
-                          "launcher=local")
+    if launch.launcher == "ssh" and not e.get("discovery"):
+        raise ConfigError("elastic.enabled=true launcher=ssh: needs elastic.discovery=FILE|SCRIPT listing the "
+                          "hosts (HOST:SLOTS a line)")
+    if launch.launcher == "ssh" and not checkpoint_dir:
+        raise ConfigError("elastic.enabled=true launcher=ssh: needs checkpoint_dir=PATH on storage every host and "
+                          "this machine share (rank 0 commits there; a relaunch resumes from it)")
     lo, hi = e.get("min_workers"), e.get("max_workers")
     if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi):
         raise ConfigError(f"elastic.min_workers={lo!r}, elastic.max_workers={hi!r}: need integers with "
@@ -206,10 +272,13 @@ def _elastic(e: dict, kvstore: str, launcher: str) -> None:
         raise ConfigError(f"elastic.max_restarts={e.get('max_restarts')!r}: must be an integer >= 0")
 
 
-def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0) -> Plan:
+def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0,
+               hosts: int | None = None) -> Plan:
     """Validate a resolved config (plain dict) and derive the plan.
 
     visible_gpus: GPUs this process can see (NVML); injected so it can be tested.
+    hosts: instances the run occupies, when the launcher has counted them (workers on other hosts cannot
+    read the launcher's hosts file); None: counted from the hosts file.
     """
     backend = _group(cfg, "backend")
     model_cfg = _group(cfg, "model")
@@ -275,12 +344,8 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     if workers is None:
         workers = _int(cfg, "workers", 1, 4096)
     servers = _int(cfg, "servers", 1, 1024)
-    _choice(cfg.get("launcher", "local"), "launcher", LAUNCHERS)
-    _elastic(cfg.get("elastic") or {}, kvstore, cfg.get("launcher", "local"))
-    if cfg.get("port") is not None:
-        _int(cfg, "port", 1024, 65535)
-    if cfg.get("dist_timeout_s") is not None:
-        _float(cfg, "dist_timeout_s", 1, 86400)
+    launch = _launch(cfg)
+    _elastic(cfg.get("elastic") or {}, kvstore, launch, cfg.get("checkpoint_dir"))
 
     # --- batch ---------------------------------------------------------------
     batch = _int(cfg, "batch", 1, 65536)
@@ -315,7 +380,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         devices=devices,
         workers=workers,
         rank=rank,
-        hosts=1,
+        hosts=hosts or _hosts_used(launch, workers),
         servers=servers,
         save_params=cfg.get("save_params"),
         checkpoint_dir=cfg.get("checkpoint_dir"),
@@ -352,6 +417,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         experiment=str(cfg.get("experiment") or "xp"),
         tracking_uri=cfg.get("tracking_uri"),
         run_name=cfg.get("run_name"),
+        launch=launch,
     )
 
 

@@ -82,8 +82,12 @@ class MXNetBackend(Backend):
     gather_key: int | str = 1 << 30
 
     @classmethod
-    def launch(cls, plan: Plan) -> str | None:
-        return "ps-lite" if plan.kvstore.startswith("dist_") else None
+    def launch(cls, plan: Plan) -> Any:
+        if not plan.kvstore.startswith("dist_"):
+            return None
+        from xp.mx.pslite import PsLite
+
+        return PsLite
 
     @classmethod
     def check(cls, plan: Plan) -> None:

@@ -1,0 +1,87 @@
+"""Horovod (gloo) as a launch engine, and `python -m xp.mx.horovodrun ARGS` = `horovodrun ARGS` with its
+rendezvous server bound to one address.
+
+Horovod 0.28's HTTP rendezvous server listens on every interface; xp binds it to the address the workers
+reach (XP_BIND: 127.0.0.1 for launcher=local, host_ip for launcher=ssh). Across hosts horovodrun starts the
+remote workers itself over ssh: xp puts an `ssh` first on its PATH that adds xp's ssh options (ssh.config,
+ssh.identity), and the job's id travels in the environment horovodrun exports, so xp ends them all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Callable
+
+from xp.launch import LOOPBACK, Engine, Job, Role, free_port, python, xp_command
+
+BIND_ENV = "XP_BIND"
+_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+
+
+class Horovod(Engine):
+    name = "horovod"
+    interface_here = True  # horovodrun takes its rendezvous address from the interface here
+
+    def check(self) -> None:
+        import importlib.util
+
+        from xp.errors import ConfigError
+
+        if importlib.util.find_spec("horovod.runner") is None:
+            raise ConfigError("backend=horovod: horovodrun (horovod.runner) is not installed; ./dev.sh setup "
+                              "builds Horovod against the installed mxnet")
+
+    def roles(self, job: Job) -> list[Role]:
+        s = self.spec
+        env = {BIND_ENV: s.bind}
+        if s.remote:
+            hosts = ",".join(f"{h}:{n}" for h, n in s.placement())
+            nic = s.interface or "eth0"
+            shim = Path(job.folder) / "bin"
+            shim.mkdir()
+            (shim / "ssh").write_text("#!/bin/sh\nexec ssh " + shlex.join(s.ssh.options()) + ' "$@"\n')
+            (shim / "ssh").chmod(0o755)
+            env["PATH"] = f"{shim}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        else:
+            hosts, nic = f"{LOOPBACK}:{s.workers}", "lo"
+        argv = [python(), "-m", "xp.mx.horovodrun", "--gloo", "-np", str(s.workers), "-H", hosts,
+                "--network-interfaces", nic, "--start-timeout", str(int(s.timeout_s)), "--disable-cache",
+                *xp_command(s.worker_argv)]
+        return [Role("horovodrun", argv, env, runner=True)]
+
+    def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
+        m = _EXIT.search(line)
+        if m:
+            exits.setdefault(int(m.group(1)), int(m.group(2)))
+
+    def describe(self) -> str:
+        if self.spec.remote:
+            return f"{self.spec.workers} Horovod workers (gloo) on {', '.join(self.hosts())} (horovodrun here)"
+        return f"{self.spec.workers} Horovod workers (gloo) on {LOOPBACK}"
+
+
+def bound_port(address: str) -> Callable[[Callable[[tuple[str, int]], Any]], tuple[Any, int]]:
+    def find_port(server_factory: Callable[[tuple[str, int]], Any]) -> tuple[Any, int]:
+        for _ in range(100):
+            port = free_port(address)
+            try:
+                return server_factory((address, port)), port
+            except OSError:
+                continue  # taken between the probe and the bind: another one
+        raise RuntimeError(f"no free port on {address} for Horovod's rendezvous server")
+    return find_port
+
+
+def main() -> None:
+    import horovod.runner.http.http_server as http_server
+    from horovod.runner.launch import run_commandline
+
+    http_server.find_port = bound_port(os.environ.get(BIND_ENV, LOOPBACK))
+    run_commandline()
+
+
+if __name__ == "__main__":
+    main()

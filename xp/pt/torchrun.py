@@ -1,0 +1,103 @@
+"""PyTorch DDP's torchrun as a launch engine, and `python -m xp.pt.torchrun ARGS` = `torchrun ARGS` with its
+rendezvous store bound to one address.
+
+launcher=local: one torchrun here, static rendezvous; its TCPStore server (which would listen on every
+interface) gets a socket bound to --master-addr (127.0.0.1). launcher=ssh: the rendezvous store runs here
+on host_ip (`python -m xp.pt.torchrun --xp-store ADDRESS:PORT`), one torchrun per host joins it (c10d
+rendezvous) with --local-addr its own address, so the process group's store is on rank 0's host.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import time
+from typing import Any
+
+from xp.launch import LOOPBACK, Engine, Job, Role, check_port, free_port, python
+
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's failure summary: rank, then exitcode
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+class Torchrun(Engine):
+    name = "torchrun"
+
+    def check(self) -> None:
+        if self.spec.port:
+            check_port(self.spec.port, self.spec.bind)
+
+    def roles(self, job: Job) -> list[Role]:
+        s = self.spec
+        port = s.port or free_port(s.bind)
+        common = ["--max-restarts=0", "--monitor-interval=0.5"]
+        if not s.remote:
+            argv = [python(), "-m", "xp.pt.torchrun", "--nnodes=1", f"--nproc-per-node={s.workers}",
+                    f"--master-addr={LOOPBACK}", f"--master-port={port}", *common, "-m", "xp", *s.worker_argv]
+            return [Role("torchrun", argv, {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}, runner=True)]
+        roles = [Role("rendezvous store", [python(), "-m", "xp.pt.torchrun", f"--xp-store={s.bind}:{port}"],
+                      worker=False, service=True)]
+        placement = s.placement()
+        env = {"GLOO_SOCKET_IFNAME": s.interface, "NCCL_SOCKET_IFNAME": s.interface} if s.interface else {}
+        for host, n in placement:
+            argv = [python(), "-m", "xp.pt.torchrun", f"--nnodes={len(placement)}", f"--nproc-per-node={n}",
+                    "--rdzv-backend=c10d", f"--rdzv-endpoint={s.bind}:{port}", f"--rdzv-id={job.id}",
+                    f"--rdzv-conf=join_timeout={int(s.timeout_s)}", f"--local-addr={host}", *common,
+                    "-m", "xp", *s.worker_argv]
+            roles.append(Role(f"torchrun on {host}", argv, env, host=host, runner=True))
+        return roles
+
+    def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
+        if "Root Cause" in line:  # torchrun names the first failure here, the others before it
+            exits.clear()
+        m = _RANK.match(line)
+        if m:
+            state["rank"] = int(m.group(1))
+        m = _EXIT.match(line)
+        if m and state.get("rank") is not None:
+            exits.setdefault(state["rank"], int(m.group(1)))
+
+    def describe(self) -> str:
+        if self.spec.remote:
+            return (f"{self.spec.workers} PyTorch DDP processes (one torchrun per host) on {', '.join(self.hosts())},"
+                    f" rendezvous here on {self.spec.bind}")
+        return f"{self.spec.workers} PyTorch DDP processes (torchrun) on {LOOPBACK}"
+
+
+def bound_store(host: str, port: int, world_size: int | None = None, is_master: bool = False,
+                timeout: Any = None, **kwargs: Any) -> Any:
+    from torch.distributed import TCPStore
+
+    if is_master:  # the server listens on a socket bound to `host` only (TCPStore would bind all interfaces)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen(128)
+        kwargs["master_listen_fd"] = s.detach()
+    return TCPStore(host, port, world_size, is_master, timeout, **kwargs)
+
+
+def serve_store(address: str) -> None:
+    """Host the c10d rendezvous store on ADDRESS:PORT until ended."""
+    import datetime
+
+    host, _, port = address.rpartition(":")
+    store = bound_store(host, int(port), None, True, datetime.timedelta(seconds=3600), wait_for_workers=False,
+                        multi_tenant=True)
+    while store is not None:
+        time.sleep(3600)
+
+
+def main() -> None:
+    if len(sys.argv) == 2 and sys.argv[1].startswith("--xp-store="):
+        return serve_store(sys.argv[1].split("=", 1)[1])
+    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous as static
+    from torch.distributed.run import main as torchrun
+
+    static.TCPStore = bound_store
+    sys.exit(torchrun())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The host side of a job launched over ssh: `python -m xp.remote probe|run|reap`.
+
+- `probe`: what the launcher checks before anything starts: this host's name, Python and interfaces (JSON).
+- `run -- ARGV`: run ARGV in its own process group and end that group when the launcher goes away
+  (the ssh session's stdin closes: the launcher ended the job, died, or lost the host) or on SIGTERM/SIGHUP.
+  Exits with ARGV's exit code (128+N for a signal N, as a shell does).
+- `reap JOB`: end every process of this host that carries XP_JOB=JOB in its environment (the launcher's job
+  id: every process the job started here, also those a runner such as horovodrun started itself), and print
+  what was ended. Only processes whose environment this user can read; never this process.
+
+Imports only the standard library: it runs before anything else is known to work on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+JOB_ENV = "XP_JOB"
+
+
+def probe() -> int:
+    addresses: dict[str, list[str]] = {}
+    for _, name in socket.if_nameindex():
+        addresses[name] = []
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            addresses[name] = [a.address for a in addrs if a.family == socket.AF_INET]
+    except ImportError:
+        pass
+    print(json.dumps({"hostname": socket.gethostname(), "python": sys.version.split()[0],
+                      "interfaces": addresses}))
+    return 0
+
+
+def run(argv: list[str]) -> None:
+    child = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL)
+
+    def end(*_: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(child.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                child.wait(timeout=5)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def watch_stdin() -> None:
+        try:
+            while sys.stdin.buffer.read1(1024):
+                pass
+        except (OSError, ValueError):
+            pass
+        end()  # the launcher is gone: so is the job
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: (end(), os._exit(143)))
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    code = child.wait()
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # whatever it left in its group
+    except ProcessLookupError:
+        pass
+    sys.stdout.flush()
+    os._exit(128 - code if code < 0 else code)  # at once: the thread reading stdin must not hold up the exit
+
+
+def reap(job: str) -> int:
+    marker = f"{JOB_ENV}={job}".encode()
+    me = os.getpid()
+
+    def mine() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in (me, os.getppid()):
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+        return found
+
+    ended = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = mine()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                ended.append(pid)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = mine()
+        if not pids:
+            break
+    print(json.dumps({"ended": sorted(set(ended)), "left": mine()}))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["probe"]:
+        return probe()
+    if argv[:1] == ["reap"] and len(argv) == 2:
+        return reap(argv[1])
+    if argv[:2] == ["run", "--"] and len(argv) > 2:
+        return run(argv[2:])
+    print("usage: python -m xp.remote probe | run -- ARGV | reap JOB", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
