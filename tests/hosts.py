@@ -130,6 +130,7 @@ class Cluster:
             "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
             "  ConnectTimeout 5\n".format(key=self.key))
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation folder
+        (self.etc / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts))
         for h in self.hosts[1:]:
             self._start_host(h)
         self._wait_for_sshd()
@@ -144,6 +145,7 @@ class Cluster:
                 mounts.append(f"mount --bind {folder} {inner}")
         tmp.chmod(0o1777)
         mounts.append(f"mount --rbind {tmp} /tmp")
+        mounts.append(f"mount --bind {self.etc / 'hosts'} /etc/hosts")  # every host resolves the others' names
         if h.name in self.no_checkout:
             mounts.append(f"mount -t tmpfs none {ROOT}")  # this host lacks the checkout
         script = " && ".join([*mounts, f"hostname {h.name}", "echo ready", "exec sleep 86400"])

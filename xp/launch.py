@@ -560,6 +560,9 @@ def preflight(spec: Spec, hosts: list[str], interface_here: bool = False) -> Non
         if r.returncode != 0:
             raise ConfigError(f"host {host}: the probe failed ({_ssh_error(r)})")
         info = json.loads(r.stdout.strip().splitlines()[-1])
+        if not info.get("resolves", True):
+            raise ConfigError(f"host {host}: its own name {info['hostname']!r} does not resolve there (gloo and "
+                              "ps-lite look it up); add the hosts' names to DNS or /etc/hosts")
         if spec.interface and spec.interface not in info["interfaces"]:
             raise ConfigError(f"network_interface={spec.interface}: host {host} has no such interface (it has: "
                               f"{', '.join(sorted(info['interfaces']))})")

@@ -36,8 +36,13 @@ def probe() -> int:
             addresses[name] = [a.address for a in addrs if a.family == socket.AF_INET]
     except ImportError:
         pass
+    try:
+        socket.gethostbyname(socket.gethostname())
+        resolves = True
+    except OSError:
+        resolves = False
     print(json.dumps({"hostname": socket.gethostname(), "python": sys.version.split()[0],
-                      "interfaces": addresses}))
+                      "interfaces": addresses, "resolves": resolves}))
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,7 +43,8 @@ class Horovod(Engine):
             nic = s.interface or "eth0"
             shim = Path(job.folder) / "bin"
             shim.mkdir()
-            (shim / "ssh").write_text("#!/bin/sh\nexec ssh " + shlex.join(s.ssh.options()) + ' "$@"\n')
+            real = shutil.which("ssh") or "/usr/bin/ssh"  # the shim must not find itself
+            (shim / "ssh").write_text(f"#!/bin/sh\nexec {shlex.quote(real)} {shlex.join(s.ssh.options())} \"$@\"\n")
             (shim / "ssh").chmod(0o755)
             env["PATH"] = f"{shim}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         else:
