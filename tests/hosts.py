@@ -14,8 +14,7 @@ Layout (all of it made here, all of it removed at the end, on failure too):
   host, bind-mounted in). Daemons are entered into the holder with nsenter, so they share both.
 - Debian's sshd per worker host (own config, host key and client key made per run, `UsePAM no`), listening
   on the host's address only. The checkout and its .venv are at the same path (the hosts share this
-  machine's root file system), except on a host made with `checkout=False`, which gets an empty folder
-  mounted over it.
+  machine's root file system); `hide_checkout` mounts an empty folder over it on one host.
 Every wait is bounded. Namespaces need root: without it `Cluster` raises with one line saying so.
 """
 
@@ -79,7 +78,7 @@ class Host:
 
 
 class Cluster:
-    def __init__(self, hosts: int = 3, no_checkout: tuple[str, ...] = ()):
+    def __init__(self, hosts: int = 3):
         why = requirements()
         if why:
             raise Unavailable(why)
@@ -90,7 +89,6 @@ class Cluster:
         self.etc = self.dir / "etc"  # keys and daemons' configs, at the same path on every host
         self.bridge_ns = f"{self.id}-br"
         self.hosts = [Host(f"h{i}", f"{self.subnet}.{i}", f"{self.id}-h{i}") for i in range(1, hosts + 1)]
-        self.no_checkout = set(no_checkout)
         self.key = self.etc / "id_ed25519"
         self.ssh_config = self.etc / "ssh_config"
 
@@ -146,8 +144,6 @@ class Cluster:
         tmp.chmod(0o1777)
         mounts.append(f"mount --rbind {tmp} /tmp")
         mounts.append(f"mount --bind {self.etc / 'hosts'} /etc/hosts")  # every host resolves the others' names
-        if h.name in self.no_checkout:
-            mounts.append(f"mount -t tmpfs none {ROOT}")  # this host lacks the checkout
         script = " && ".join([*mounts, f"hostname {h.name}", "echo ready", "exec sleep 86400"])
         h.holder = subprocess.Popen(["ip", "netns", "exec", h.netns, "unshare", "--mount", "--uts",
                                      "--propagation", "private", "sh", "-c", script],
@@ -239,6 +235,13 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def hide_checkout(self, h: Host) -> None:
+        """The host loses the checkout (an empty folder mounted over it, in its mount namespace only)."""
+        _sh("nsenter", "-t", str(h.holder.pid), "-m", "mount", "-t", "tmpfs", "none", str(ROOT))
+
+    def show_checkout(self, h: Host) -> None:
+        _sh("nsenter", "-t", str(h.holder.pid), "-m", "umount", str(ROOT), check=False)
 
     def hosts_file(self, path: Path, names: list[str], slots: int = 1) -> Path:
         path.write_text("".join(f"{self.host(n).address}:{slots}\n" for n in names))

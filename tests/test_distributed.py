@@ -8,6 +8,7 @@ FAILED and leaves no process behind. Bad setups fail before anything starts, wit
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 from conftest import ROOT, compose_config, metric_by_step, mlflow_runs, run_xp, wait_for_line, xp_process
 from xp.errors import ConfigError
 from xp.experiment import plan_and_backend
-from xp.launch import Spec, cluster_command, free_port
+from xp.launch import Spec, free_port
 from xp.train import fit
 
 # 198 training images: 6 steps of a global batch of 32
@@ -121,39 +122,28 @@ def test_the_learning_rate_follows_the_global_batch():
 
 
 # --- failures ---------------------------------------------------------------------------------
-def _workers(launcher: psutil.Process, timeout: float = 60) -> list[psutil.Process]:
-    """The launcher's worker processes (python -m xp with a progress folder), once they report progress."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = []
-        for c in launcher.children(recursive=True):
-            try:
-                env, cmd = c.environ(), c.cmdline()
-            except psutil.Error:
-                continue
-            folder = env.get("XP_HEARTBEAT_DIR")
-            if "xp" in cmd and folder and (Path(folder) / str(c.pid)).exists():
-                found.append(c)
-        if len(found) == 2:
-            return found
-        time.sleep(0.2)
-    raise AssertionError("the workers never reported progress")
-
-
-def _rank(p: psutil.Process) -> str:
-    return (Path(p.environ()["XP_HEARTBEAT_DIR"]) / str(p.pid)).read_text()
+def _ranks_until(proc: subprocess.Popen, needle: str, n: int, timeout: float = 120) -> dict[int, str]:
+    """Read the job's output until `needle`, collecting the workers' "worker rank R is pid P" lines."""
+    ranks: dict[int, str] = {}
+    while True:
+        line = wait_for_line(proc, "", timeout=timeout)  # any line
+        m = re.search(r"xp: worker rank (\d+) is pid (\d+)", line)
+        if m:
+            ranks[int(m.group(2))] = m.group(1)
+        if needle in line:
+            assert len(ranks) == n, ranks
+            return ranks
 
 
 def _fail_one_worker(tmp_path, store, how: signal.Signals, *args: str) -> tuple[str, str, float, list]:
     with xp_process(tmp_path, store, "epochs=400", "batch=16", "workers=2", *args) as proc:
-        wait_for_line(proc, "epoch   1/400", timeout=120)
+        ranks = _ranks_until(proc, "epoch   1/400", 2)
         launcher = psutil.Process(proc.pid)
-        victim = _workers(launcher)[1]
-        rank = _rank(victim)
+        victim, rank = sorted(ranks.items())[1]
         started = [launcher, *launcher.children(recursive=True)]
         listening = [c.laddr.ip for p in started for c in _connections(p) if c.status == psutil.CONN_LISTEN]
         assert listening and set(listening) == {"127.0.0.1"}, listening  # every server xp started: loopback only
-        os.kill(victim.pid, how)
+        os.kill(victim, how)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=120)
         took = time.monotonic() - t0
@@ -253,51 +243,45 @@ def test_distributed_settings_are_validated(overrides, message):
         plan_and_backend(compose_config(*overrides))
 
 
-@pytest.mark.parametrize("launcher", ["ssh", "mpi", "slurm"])
-def test_cluster_launchers_build_the_dmlc_tracker_command(tmp_path, launcher):
-    from dmlc_tracker import opts
+def test_hosts_files_and_placement():
+    from xp.launch import HostSlots, parse_hosts
 
-    hosts = tmp_path / "hosts"
-    hosts.write_text("10.0.0.1\n10.0.0.2:2222\n")
-    spec = Spec("ps-lite", ["kvstore=dist_sync", "workers=4"], workers=4, servers=2, launcher=launcher,
-                hosts_file=str(hosts), host_ip="10.0.0.9", env={"XP_RUN_ID": "abc"})
-    cmd = cluster_command(spec)
-    assert cmd[:2] == [sys.executable, "-c"] and f"dmlc_tracker.{launcher} as m" in cmd[2]
-    args = opts.get_opts(cmd[3:])  # the tracker's own parser reads what we built
-    assert (args.cluster, args.num_workers, args.num_servers) == (launcher, 4, 2)
-    assert (args.host_file, args.host_ip) == (str(hosts), "10.0.0.9")
-    # xp's variables travel in the command itself: the ssh launcher forwards only DMLC_* ones
-    assert args.command == ["env", "XP_DIST_WORKER=1", "XP_RUN_ID=abc",
-                            sys.executable, "-m", "xp", "kvstore=dist_sync", "workers=4"]
+    hosts = parse_hosts("10.0.0.1\n# a comment\n10.0.0.2:2\nnode3 slots=3\n\n10.0.0.1:1\n", "hosts_file=f")
+    assert hosts == [HostSlots("10.0.0.1", 2), HostSlots("10.0.0.2", 2), HostSlots("node3", 3)]
+    spec = Spec(["kvstore=dist_sync"], workers=5, servers=2, launcher="ssh", hosts=hosts, host_ip="10.0.0.9")
+    assert spec.placement() == [("10.0.0.1", 2), ("10.0.0.2", 2), ("node3", 1)]  # slots filled in order
+    with pytest.raises(ConfigError, match=r"workers: 8 processes need 8 slots; the hosts list 7"):
+        Spec([], workers=8, launcher="ssh", hosts=hosts).placement()
+    with pytest.raises(ConfigError, match=r"'10.0.0.4:x' is not HOST, HOST:SLOTS"):
+        parse_hosts("10.0.0.4:x\n", "hosts_file=f")
 
 
-def test_cluster_launchers_need_a_hosts_file(tmp_path):
-    with pytest.raises(ConfigError, match="launcher=ssh: needs hosts_file=PATH"):
-        cluster_command(Spec("ps-lite", [], workers=2, launcher="ssh"))
-    empty = tmp_path / "hosts"
-    empty.write_text("\n")
-    with pytest.raises(ConfigError, match="no such file, or it lists no hosts"):
-        cluster_command(Spec("ps-lite", [], workers=2, launcher="mpi", hosts_file=str(empty)))
+def test_the_parameter_server_roles_across_hosts():
+    """The scheduler here on host_ip; servers round robin over the hosts; workers fill the hosts' slots."""
+    from xp.launch import HostSlots, Job
+    from xp.mx.pslite import PsLite
+
+    hosts = [HostSlots("10.0.0.1", 1), HostSlots("10.0.0.2", 2)]
+    spec = Spec(["kvstore=dist_sync", "workers=3"], workers=3, servers=2, launcher="ssh", hosts=hosts,
+                host_ip="127.0.0.1", interface="eth0", port=9000)
+    engine = PsLite(spec)
+    roles = engine.roles(Job(engine))
+    assert [(r.name, r.host) for r in roles] == [("scheduler", None), ("server 0", "10.0.0.1"),
+                                                 ("server 1", "10.0.0.2"), ("worker 0", "10.0.0.1"),
+                                                 ("worker 1", "10.0.0.2"), ("worker 2", "10.0.0.2")]
+    assert roles[0].env["DMLC_NODE_HOST"] == "127.0.0.1" and roles[0].env["DMLC_PS_ROOT_PORT"] == "9000"
+    assert all(r.env["DMLC_PS_ROOT_URI"] == "127.0.0.1" and r.env["DMLC_INTERFACE"] == "eth0" for r in roles[1:])
+    assert roles[3].argv[-2:] == ["kvstore=dist_sync", "workers=3"] and roles[3].worker
+    assert not roles[1].worker and engine.hosts() == ["10.0.0.1", "10.0.0.2"]
 
 
-def test_a_scheduler_or_server_role_runs_mxnet_and_nothing_else(tmp_path):
-    """The dmlc tracker starts every role with the worker's command; xp hands those roles to mxnet."""
-    port = free_port()
-    env = dict(os.environ, DMLC_ROLE="scheduler", DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port),
-               DMLC_NUM_WORKER="1", DMLC_NUM_SERVER="1", DMLC_NODE_HOST="127.0.0.1", DMLC_INTERFACE="lo")
-    p = subprocess.Popen([sys.executable, "-m", "xp", "this=is-not-parsed"], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and p.poll() is None:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break  # the scheduler listens: mxnet runs the role (and waits for its nodes)
-            time.sleep(0.2)
-        assert p.poll() is None, p.communicate()[1][-2000:]
-    finally:
-        p.kill()
-        p.wait(timeout=30)
+def test_every_ssh_xp_makes_takes_the_ssh_settings(tmp_path):
+    from xp.launch import SSH
+
+    ssh = SSH(config=str(tmp_path / "cfg"), identity=None, connect_timeout_s=3)
+    argv = ssh.argv("10.0.0.2", "true")
+    assert argv[:3] == ["ssh", "-F", str(tmp_path / "cfg")] and "ConnectTimeout=3" in argv and "BatchMode=yes" in argv
+    assert argv[-2:] == ["10.0.0.2", "true"]
 
 
 # --- elastic: workers join and leave, the global batch stays fixed -----------------------------------

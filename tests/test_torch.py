@@ -81,7 +81,7 @@ def test_gpu_plans_are_checked_before_anything_starts():
         with pytest.raises(ConfigError, match="gpus=1: the installed torch .* sees 0 GPUs"):
             TorchBackend.check(plan)
     assert TorchBackend.launch(plan) is None
-    assert TorchBackend.launch(build_plan(compose_config("backend=torch", "cpu_devices=2"), visible_gpus=0)) == "torchrun"
+    assert TorchBackend.launch(build_plan(compose_config("backend=torch", "cpu_devices=2"), visible_gpus=0)).name == "torchrun"
 
 
 @pytest.mark.slow

@@ -63,12 +63,6 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if os.environ.get("DMLC_ROLE") in ("scheduler", "server"):
-        # a cluster launcher (dmlc tracker) starts every role with the worker's command:
-        # importing mxnet runs this process's parameter-server role until the job ends
-        import mxnet  # noqa: F401
-
-        return 0
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         return _hydra(argv)

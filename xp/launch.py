@@ -257,9 +257,13 @@ def report_progress(rank: int) -> None:
     now = time.monotonic()
     if not target or now - _last_report < 1.0:
         return
+    # the host as the launcher names it: xp's remote roles are told; horovodrun tells the processes it starts
+    host = os.environ.get(HOST_ENV) or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    if _last_report < 0:
+        print(f"xp: worker rank {rank} is pid {os.getpid()} on {host}", flush=True)
     _last_report = now
     address, _, port = target.rpartition(":")
-    msg = json.dumps({"rank": rank, "pid": os.getpid(), "host": os.environ.get(HOST_ENV) or socket.gethostname(),
+    msg = json.dumps({"rank": rank, "pid": os.getpid(), "host": host,
                       "role": os.environ.get(ROLE_ENV)}).encode()
     try:
         if _reporter is None:
@@ -426,15 +430,35 @@ class Job:
         stale = {rank: now - b.at for rank, b in self.beats.items() if now - b.at > limit}
         if stale:
             # the others wait for it in a collective and may have gone silent first (reports are at most one a
-            # second): name a worker the system stopped (this machine's), else the longest silent
-            local = socket.gethostname()
-            stopped = [r for r, b in self.beats.items() if b.host in (local, LOOPBACK) and _is_stopped(b.pid)]
-            rank = stopped[0] if stopped else max(stale, key=lambda r: stale[r])
+            # second): name a worker the system stopped, else one on a host that no longer answers, else the
+            # longest silent
+            stopped, unreachable = self._stalled()
+            rank = (stopped or unreachable or [max(stale, key=lambda r: stale[r])])[0]
             where = f" on host {self.beats[rank].host}" if self.spec.remote else ""
             e = LaunchError(f"worker rank {rank}{where} made no progress for {max(stale.values()):.0f} s "
                             f"(dist_timeout_s={limit:g}); the job was stopped")
             e.host = self.beats[rank].host
             raise e
+
+    def _stalled(self) -> tuple[list[int], list[int]]:
+        """Ranks whose process is stopped (asking each host), and ranks on hosts that do not answer."""
+        local = {socket.gethostname(), LOOPBACK}
+        stopped = [r for r, b in self.beats.items() if b.host in local and _is_stopped(b.pid)]
+        remote = {b.host for b in self.beats.values() if b.host not in local}
+        if not self.spec.remote or not remote:
+            return stopped, []
+        unreachable = []
+        py = shlex.quote(python())
+        answers = on_hosts(self.spec.ssh, sorted(remote), "", self.spec.ssh.connect_timeout_s + 5, command_for=lambda h: (
+            f"{py} -m xp.remote state " + " ".join(str(b.pid) for b in self.beats.values() if b.host == h)))
+        for host, r in answers.items():
+            ranks = [rank for rank, b in self.beats.items() if b.host == host]
+            if r.returncode != 0:
+                unreachable += ranks
+                continue
+            states = json.loads(r.stdout.strip().splitlines()[-1])
+            stopped += [rank for rank in ranks if states.get(str(self.beats[rank].pid)) == "T"]
+        return stopped, unreachable
 
     def _remember_descendants(self) -> None:
         for s in self.started:
@@ -502,12 +526,14 @@ def _is_stopped(pid: int) -> bool:
 
 
 # --- hosts ---------------------------------------------------------------------------------------
-def on_hosts(ssh: SSH, hosts: list[str], command: str, timeout: float) -> dict[str, subprocess.CompletedProcess]:
-    """Run `command` on every host at once over ssh; a host that does not answer in time gets code 255."""
+def on_hosts(ssh: SSH, hosts: list[str], command: str, timeout: float,
+             command_for: Callable[[str], str] | None = None) -> dict[str, subprocess.CompletedProcess]:
+    """Run `command` (or command_for(host)) on every host at once over ssh; a host that does not answer in
+    time gets code 255."""
     def one(host: str) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run(ssh.argv(host, command), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=timeout)
+            return subprocess.run(ssh.argv(host, command_for(host) if command_for else command),
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess([], 255, "", f"no answer within {timeout:g} s")
 

@@ -4,6 +4,7 @@
 - `run -- ARGV`: run ARGV in its own process group and end that group when the launcher goes away
   (the ssh session's stdin closes: the launcher ended the job, died, or lost the host) or on SIGTERM/SIGHUP.
   Exits with ARGV's exit code (128+N for a signal N, as a shell does).
+- `state PID...`: each process's state letter (T: stopped), to name which worker of a stalled job stalled.
 - `reap JOB`: end every process of this host that carries XP_JOB=JOB in its environment (the launcher's job
   id: every process the job started here, also those a runner such as horovodrun started itself), and print
   what was ended. Only processes whose environment this user can read; never this process.
@@ -117,14 +118,29 @@ def reap(job: str) -> int:
     return 0
 
 
+def state(pids: list[str]) -> int:
+    """Each pid's state letter as /proc tells it (T: stopped), or "gone"."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{int(pid)}/stat") as f:
+                out[pid] = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            out[pid] = "gone"
+    print(json.dumps(out))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["probe"]:
         return probe()
+    if argv[:1] == ["state"]:
+        return state(argv[1:])
     if argv[:1] == ["reap"] and len(argv) == 2:
         return reap(argv[1])
     if argv[:2] == ["run", "--"] and len(argv) > 2:
         return run(argv[2:])
-    print("usage: python -m xp.remote probe | run -- ARGV | reap JOB", file=sys.stderr)
+    print("usage: python -m xp.remote probe | run -- ARGV | state PID... | reap JOB", file=sys.stderr)
     return 2
 
 
