@@ -1,5 +1,5 @@
 # Thin aliases for ./dev.sh, which creates and reuses .venv.
-.PHONY: setup run test test-fast bench ui dashboard
+.PHONY: setup run test test-fast bench ui dashboard server
 HOST ?= 127.0.0.1
 setup:
 	./dev.sh setup
@@ -20,3 +20,7 @@ ui: setup
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host $(HOST) --port 5000
 dashboard: setup
 	.venv/bin/optuna-dashboard sqlite:///mlruns/optuna.db --host $(HOST) --port 8080
+# An MLflow tracking server for runs across hosts (launcher=ssh): bind it to an address the hosts reach,
+# e.g. make server HOST=10.0.0.1, then tracking_uri=http://10.0.0.1:5000. Runs and artifacts stay in mlruns/.
+server: setup
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false .venv/bin/mlflow server --backend-store-uri sqlite:///mlruns/mlflow.db --artifacts-destination mlruns/artifacts --host $(HOST) --port 5000

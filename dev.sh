@@ -62,17 +62,22 @@ install_horovod() {
     "$py" -c "import horovod.mxnet" || { echo "dev.sh: $wheel has no MXNet support; delete it to rebuild" >&2; exit 2; }
 }
 
-# The tests start a throwaway PostgreSQL server (tests/pg.py): Debian's package provides it.
-ensure_postgres() {
-    if command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
-        return
-    fi
+# The tests start a throwaway PostgreSQL server (tests/pg.py) and emulate hosts with network namespaces,
+# each with its own sshd (tests/hosts.py): Debian's packages provide them.
+ensure_test_packages() {
+    local missing=()
+    command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+    [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
+    command -v ssh >/dev/null || missing+=(openssh-client)
+    command -v ip >/dev/null || missing+=(iproute2)
+    command -v nsenter >/dev/null || missing+=(util-linux)
+    [[ ${#missing[@]} -eq 0 ]] && return
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
-        echo "dev.sh: installing PostgreSQL's server for the tests (apt-get install postgresql)" >&2
+        echo "dev.sh: installing what the tests need (apt-get install ${missing[*]})" >&2
         DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
     else
-        echo "dev.sh: the tests need PostgreSQL's server binaries (on Debian: sudo apt-get install postgresql)" >&2
+        echo "dev.sh: the tests need ${missing[*]} (on Debian: sudo apt-get install ${missing[*]})" >&2
         exit 2
     fi
 }
@@ -81,7 +86,7 @@ cmd=${1:-}
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
     run)   ensure_venv; exec "$VENV/bin/python" -m xp "$@" ;;
-    test)  ensure_venv; ensure_postgres; exec "$VENV/bin/python" -m pytest "$@" ;;
+    test)  ensure_venv; ensure_test_packages; exec "$VENV/bin/python" -m pytest "$@" ;;
     setup) ensure_venv ;;
     *)     sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

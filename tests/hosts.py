@@ -33,6 +33,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SSHD = "/usr/sbin/sshd"
 
 
+def _descendants(pids: set[int]) -> set[int]:
+    """pids and all their descendants (from /proc's parent links)."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, grew = set(pids), True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in found and p not in found}
+        found |= more
+        grew = bool(more)
+    return found
+
+
 class Unavailable(RuntimeError):
     pass
 
@@ -217,7 +234,7 @@ class Cluster:
     def processes(self, h: Host) -> list[str]:
         """Command lines of the processes on host h, less the host's own (holder, sshd listener)."""
         own = {p.pid for p in (h.holder, h.sshd) if p is not None}
-        own |= {p.pid for p in h.daemons}
+        own |= _descendants({p.pid for p in h.daemons})  # servers the tests started there (MLflow's workers too)
         found = []
         for pid in sorted(h.pids() - own):
             try:
@@ -268,7 +285,8 @@ class Cluster:
                                                f"sqlite:///{db}", "--artifacts-destination", str(artifacts),
                                                "--host", self.launcher.address, "--port", str(port),
                                                "--workers", "1"]),
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # no job runners
         self.launcher.daemons.append(p)
         uri = f"http://{self.launcher.address}:{port}"
         deadline = time.monotonic() + timeout

@@ -117,7 +117,7 @@ class SSH:
 @dataclass
 class Spec:
     """What to launch; built from the run's plan by the CLI."""
-    worker_argv: list[str]  # python -m xp arguments for every worker
+    worker_argv: list[str]  # python -m MODULE arguments for every worker
     workers: int  # worker processes (torchrun: one per device and worker)
     servers: int = 1
     launcher: str = "local"  # local | ssh
@@ -130,6 +130,7 @@ class Spec:
     env: dict[str, str] = field(default_factory=dict)  # extra variables for every worker
     on_poll: Callable[[], None] | None = None  # called every poll_s while the job runs (elastic discovery)
     poll_s: float = 1.0
+    module: str = "xp"  # what the workers run (python -m MODULE): xp, or a benchmark's program
 
     @property
     def remote(self) -> bool:
@@ -204,8 +205,8 @@ def python() -> str:
     return sys.executable
 
 
-def xp_command(argv: list[str]) -> list[str]:
-    return [python(), "-m", "xp", *argv]
+def worker_command(spec: Spec) -> list[str]:
+    return [python(), "-m", spec.module, *spec.worker_argv]
 
 
 def free_port(host: str = LOOPBACK) -> int:

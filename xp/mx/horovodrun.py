@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.launch import LOOPBACK, Engine, Job, Role, free_port, python, xp_command
+from xp.launch import LOOPBACK, Engine, Job, Role, free_port, python, worker_command
 
 BIND_ENV = "XP_BIND"
 _EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
@@ -51,7 +51,7 @@ class Horovod(Engine):
             hosts, nic = f"{LOOPBACK}:{s.workers}", "lo"
         argv = [python(), "-m", "xp.mx.horovodrun", "--gloo", "-np", str(s.workers), "-H", hosts,
                 "--network-interfaces", nic, "--start-timeout", str(int(s.timeout_s)), "--disable-cache",
-                *xp_command(s.worker_argv)]
+                *worker_command(s)]
         return [Role("horovodrun", argv, env, runner=True)]
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xp.launch import LOOPBACK, Engine, Job, Role, check_port, free_port, python, xp_command
+from xp.launch import LOOPBACK, Engine, Job, Role, check_port, free_port, python, worker_command
 
 
 class PsLite(Engine):
@@ -61,7 +61,7 @@ class PsLite(Engine):
             roles.append(Role(f"server {i}", role_cmd, self.env("server", port, host), host=host, worker=False))
         workers = [h for h, n in s.placement() for _ in range(n)] if s.remote else [None] * s.workers
         for i, host in enumerate(workers):
-            roles.append(Role(f"worker {i}", xp_command(s.worker_argv), self.env("worker", port, host), host=host))
+            roles.append(Role(f"worker {i}", worker_command(s), self.env("worker", port, host), host=host))
         return roles
 
     def describe(self) -> str:

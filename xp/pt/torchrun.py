@@ -34,7 +34,7 @@ class Torchrun(Engine):
         common = ["--max-restarts=0", "--monitor-interval=0.5"]
         if not s.remote:
             argv = [python(), "-m", "xp.pt.torchrun", "--nnodes=1", f"--nproc-per-node={s.workers}",
-                    f"--master-addr={LOOPBACK}", f"--master-port={port}", *common, "-m", "xp", *s.worker_argv]
+                    f"--master-addr={LOOPBACK}", f"--master-port={port}", *common, "-m", s.module, *s.worker_argv]
             return [Role("torchrun", argv, {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}, runner=True)]
         roles = [Role("rendezvous store", [python(), "-m", "xp.pt.torchrun", f"--xp-store={s.bind}:{port}"],
                       worker=False, service=True)]
@@ -44,7 +44,7 @@ class Torchrun(Engine):
             argv = [python(), "-m", "xp.pt.torchrun", f"--nnodes={len(placement)}", f"--nproc-per-node={n}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint={s.bind}:{port}", f"--rdzv-id={job.id}",
                     f"--rdzv-conf=join_timeout={int(s.timeout_s)}", f"--local-addr={host}", *common,
-                    "-m", "xp", *s.worker_argv]
+                    "-m", s.module, *s.worker_argv]
             roles.append(Role(f"torchrun on {host}", argv, env, host=host, runner=True))
         return roles
 
