@@ -52,8 +52,10 @@ CASES = [
     ("kvstore=dist_sync workers=2 launcher=ssh", "launcher=ssh: needs hosts_file=PATH"),
     ("kvstore=dist_sync workers=2 launcher=mpi", "launcher='mpi': not supported; valid: local, ssh"),
     ("kvstore=dist_sync workers=2 launcher=ssh hosts_file={tmp}/no-hosts", "no-hosts: cannot read it"),
-    ("kvstore=dist_sync workers=2 launcher=ssh hosts_file={tmp}/no-hosts host_ip=h1", "host_ip=h1: must be an IPv4"),
-    ("kvstore=dist_sync workers=2 launcher=ssh hosts_file={tmp}/no-hosts ssh.identity={tmp}/no-key",
+    ("kvstore=dist_sync workers=2 launcher=ssh hosts_file={tmp}/hosts host_ip=h1", "host_ip=h1: must be an IPv4"),
+    ("kvstore=dist_sync workers=3 launcher=ssh hosts_file={tmp}/hosts", "workers: 3 processes need 3 slots"),
+    ("kvstore=dist_sync workers=2 launcher=ssh hosts_file={tmp}/hosts", "launcher=ssh: needs host_ip=ADDRESS"),
+    ("kvstore=dist_sync workers=2 launcher=ssh hosts_file={tmp}/hosts ssh.identity={tmp}/no-key",
      "no-key: no such file"),
     ("kvstore=dist_sync elastic.enabled=true launcher=ssh elastic.discovery={tmp}/d",
      "elastic.enabled=true launcher=ssh: needs checkpoint_dir=PATH on storage every host"),
@@ -95,6 +97,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, store, args, fragment):
     (bad / "epoch-1").mkdir(parents=True)
     (bad / "latest").write_text("epoch-1")
     (bad / "epoch-1" / "meta.json").write_text("{not json")
+    (tmp_path / "hosts").write_text("10.0.0.2:1\n10.0.0.3:1\n")  # never reached: each case fails before
     r = run_xp(tmp_path, store, *args.format(tmp=tmp_path).split(), timeout=120)
     assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-1000:]
     lines = r.stderr.strip().splitlines()

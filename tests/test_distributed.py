@@ -127,8 +127,7 @@ def _ranks_until(proc: subprocess.Popen, needle: str, n: int, timeout: float = 1
     ranks: dict[int, str] = {}
     while True:
         line = wait_for_line(proc, "", timeout=timeout)  # any line
-        m = re.search(r"xp: worker rank (\d+) is pid (\d+)", line)
-        if m:
+        for m in re.finditer(r"xp: worker rank (\d+) is pid (\d+)", line):
             ranks[int(m.group(2))] = m.group(1)
         if needle in line:
             assert len(ranks) == n, ranks

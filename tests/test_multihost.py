@@ -82,7 +82,8 @@ ENGINES = {
 }
 
 
-@pytest.mark.parametrize("engine, n_hosts", [("ps-lite", 2), ("ps-lite", 3), ("horovod", 3), ("torchrun", 2)])
+@pytest.mark.parametrize("engine, n_hosts", [("ps-lite", 2), ("ps-lite", 3), ("horovod", 2), ("horovod", 3),
+                                             ("torchrun", 2), ("torchrun", 3)])
 def test_workers_on_other_hosts_compute_what_one_process_computes(cluster, tmp_path, engine, n_hosts):
     c = cluster
     backend = ENGINES[engine][0].split("=")[1]

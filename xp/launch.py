@@ -261,7 +261,8 @@ def report_progress(rank: int) -> None:
     # the host as the launcher names it: xp's remote roles are told; horovodrun tells the processes it starts
     host = os.environ.get(HOST_ENV) or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
     if _last_report < 0:
-        print(f"xp: worker rank {rank} is pid {os.getpid()} on {host}", flush=True)
+        sys.stdout.write(f"xp: worker rank {rank} is pid {os.getpid()} on {host}\n")  # one write: workers share a pipe
+        sys.stdout.flush()
     _last_report = now
     address, _, port = target.rpartition(":")
     msg = json.dumps({"rank": rank, "pid": os.getpid(), "host": host,
@@ -318,17 +319,19 @@ class Job:
         env = {**self.env, **role.env, ROLE_ENV: index, **({HOST_ENV: role.host} if role.host else {})}
         piped = role.host is not None or role.runner
         if role.host is None:
-            proc = subprocess.Popen(role.argv, env={**os.environ, **env}, start_new_session=True,
+            inherited = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+            proc = subprocess.Popen(role.argv, env={**inherited, **env}, start_new_session=True,
                                     stdout=subprocess.PIPE if piped else None,
                                     stderr=subprocess.STDOUT if piped else None, text=piped)
         else:
             forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED) and k not in env}
-            inner = ["env", *(f"{k}={v}" for k, v in {**forwarded, **env}.items()), python(), "-m", "xp.remote",
-                     "run", "--", *role.argv]
-            command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(inner)} 2>&1"
-            # stdin stays open: when it closes (the job ends, or this process dies) the host ends the process
+            command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(python())} -m xp.remote run 2>&1"
             proc = subprocess.Popen(self.spec.ssh.argv(role.host, command), start_new_session=True,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            # what to run goes through the session, not a command line (the environment may hold a password);
+            # stdin then stays open: when it closes (the job ends, or this process dies) the host ends the process
+            proc.stdin.write(json.dumps({"argv": role.argv, "env": {**forwarded, **env}}) + "\n")
+            proc.stdin.flush()
         s = Started(role, proc)
         if piped:
             s.relay = threading.Thread(target=self._relay, args=(s,), daemon=True)

@@ -1,9 +1,10 @@
 """The host side of a job launched over ssh: `python -m xp.remote probe|run|reap`.
 
 - `probe`: what the launcher checks before anything starts: this host's name, Python and interfaces (JSON).
-- `run -- ARGV`: run ARGV in its own process group and end that group when the launcher goes away
-  (the ssh session's stdin closes: the launcher ended the job, died, or lost the host) or on SIGTERM/SIGHUP.
-  Exits with ARGV's exit code (128+N for a signal N, as a shell does).
+- `run`: read one line of JSON from stdin ({"argv": [...], "env": {...}}: what to run, and the launcher's
+  variables, kept off any command line), run argv in its own process group, and end that group when the
+  launcher goes away (the ssh session's stdin closes: the launcher ended the job, died, or lost the host) or
+  on SIGTERM/SIGHUP. Exits with argv's exit code (128+N for a signal N, as a shell does).
 - `state PID...`: each process's state letter (T: stopped), to name which worker of a stalled job stalled.
 - `reap JOB`: end every process of this host that carries XP_JOB=JOB in its environment (the launcher's job
   id: every process the job started here, also those a runner such as horovodrun started itself), and print
@@ -47,8 +48,13 @@ def probe() -> int:
     return 0
 
 
-def run(argv: list[str]) -> None:
-    child = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL)
+def run() -> None:
+    spec = json.loads(sys.stdin.buffer.readline() or b"{}")
+    if not spec.get("argv"):
+        print("xp.remote run: expected a line of JSON on stdin: {\"argv\": [...], \"env\": {...}}", file=sys.stderr)
+        os._exit(2)
+    child = subprocess.Popen(spec["argv"], env={**os.environ, **spec.get("env", {})}, start_new_session=True,
+                             stdin=subprocess.DEVNULL)
 
     def end(*_: object) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -138,9 +144,9 @@ def main(argv: list[str]) -> int:
         return state(argv[1:])
     if argv[:1] == ["reap"] and len(argv) == 2:
         return reap(argv[1])
-    if argv[:2] == ["run", "--"] and len(argv) > 2:
-        return run(argv[2:])
-    print("usage: python -m xp.remote probe | run -- ARGV | state PID... | reap JOB", file=sys.stderr)
+    if argv == ["run"]:
+        run()
+    print("usage: python -m xp.remote probe | run | state PID... | reap JOB", file=sys.stderr)
     return 2
 
 
