@@ -3,7 +3,8 @@
     sudo .venv/bin/python benchmarks/comm_hosts.py [--hosts 2 3] [--rates 1gbit 10gbit] [--delay 0.2ms]
 
 Hosts are network namespaces (tests/hosts.py, root needed); every link (both ways) is shaped with tc netem
-(rate + delay). For each link, host count and engine, xp's own launch engine starts one worker per host over
+(rate + delay), or with a token bucket (tbf: rate only) where the kernel has no netem (as on the machines
+xp is developed on; the run says which). For each link, host count and engine, xp's own launch engine starts one worker per host over
 ssh (benchmarks/comm_worker.py) and the worker times one exchange of a ResNet-18-sized gradient (11.69 M
 float32 values, 46.8 MB) with the engine's primitive: ps-lite push+pull (one server per host), Horovod
 allreduce, torch.distributed all_reduce (gloo). Printed beside it: the ring-allreduce estimate
@@ -76,7 +77,8 @@ def main() -> int:
     rows = []
     with hosts.Cluster(max(args.hosts) + 1) as c:
         for rate in args.rates:
-            c.shape(rate, args.delay)
+            link = c.shape(rate, args.delay)
+            print(f"links shaped: {link}", flush=True)
             for n in args.hosts:
                 addresses = ",".join(h.address for h in c.workers[:n])
                 for engine in ENGINES:
@@ -89,13 +91,13 @@ def main() -> int:
                     if not m:
                         print(f"{engine} on {n} hosts failed:\n{r.stdout[-1500:]}{r.stderr[-1500:]}", file=sys.stderr)
                     est = ring_ms(n, nbytes, rate)
-                    rows.append((rate, n, engine, ms, est))
-                    print(f"{rate:>7} {args.delay} | {n} hosts | {engine:9} | {ms:8.1f} ms/step | ring estimate "
+                    rows.append((link, n, engine, ms, est))
+                    print(f"{link} | {n} hosts | {engine:9} | {ms:8.1f} ms/step | ring estimate "
                           f"{est:7.1f} ms | measured/estimate {ms / est:5.2f}", flush=True)
     print(f"\n| link | hosts | engine | ms/step (median of {args.steps}) | ring estimate, ms | measured / estimate |")
     print("|---|---|---|---|---|---|")
-    for rate, n, engine, ms, est in rows:
-        print(f"| {rate}, {args.delay} | {n} | {engine} | {ms:.1f} | {est:.1f} | {ms / est:.2f} |")
+    for link, n, engine, ms, est in rows:
+        print(f"| {link} | {n} | {engine} | {ms:.1f} | {est:.1f} | {ms / est:.2f} |")
     return 0
 
 
