@@ -283,3 +283,32 @@ class Cluster:
                 _sh(*tc, "tbf", "rate", rate, "burst", str(burst), "latency", "50ms")
                 applied = "tbf"
         return f"tbf {rate} (no netem in this kernel: no added delay)" if applied == "tbf" else applied
+
+    def mlflow_server(self, db: Path, timeout: float = 90) -> str:
+        """An MLflow tracking server on the launcher's address (what every host reaches), its runs in the SQLite
+        file `db`; returns its URI. Ended with the cluster."""
+        import sys
+        import urllib.request
+
+        port = 5000
+        artifacts = db.parent / "artifacts"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        log = open(self.dir / "mlflow-server.log", "w")
+        p = subprocess.Popen(self.on_launcher([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                                               f"sqlite:///{db}", "--artifacts-destination", str(artifacts),
+                                               "--host", self.launcher.address, "--port", str(port),
+                                               "--workers", "1"]),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # no job runners
+        self.launcher.daemons.append(p)
+        uri = f"http://{self.launcher.address}:{port}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.dir / 'mlflow-server.log').read_text()[-800:]}")
+            r = _sh(*self.launcher.enter(), sys.executable, "-c",
+                    f"import urllib.request; urllib.request.urlopen('{uri}/health', timeout=2)", check=False)
+            if r.returncode == 0:
+                return uri
+            time.sleep(0.5)
+        raise RuntimeError(f"mlflow server did not answer within {timeout} s")
