@@ -163,6 +163,26 @@ def test_a_remote_worker_that_dies_or_stalls_fails_the_job_naming_rank_and_host(
     nothing_left(c)
 
 
+def test_the_hosts_end_the_job_when_the_launcher_dies(cluster, tmp_path):
+    """SIGKILL the launching process: its ssh sessions close, and every host ends what the job started there;
+    its local roles (the scheduler) end with it."""
+    c = cluster
+    hosts_file = c.hosts_file(tmp_path / "hosts", ["h2", "h3"])
+    proc = subprocess.Popen(xp_on_launcher(c, tmp_path, "kvstore=dist_sync", "workers=2", "batch=16", "epochs=400",
+                                           f"hosts_file={hosts_file}", experiment="launcher-killed"),
+                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "epoch   2/400", timeout=120)
+        assert all(_remote_workers(c, c.host(n)) for n in ("h2", "h3"))
+        proc.kill()  # ip netns exec runs python in its place: this is the launcher
+        proc.wait(timeout=30)
+        nothing_left(c)  # the hosts' processes and the scheduler here (the kernel ends it with its launcher)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 # --- bad input: one line, exit 2, nothing started, no run left RUNNING -------------------------------------
 @pytest.mark.parametrize("case", ["unreachable", "wrong key", "no checkout", "foreign address", "local store",
                                   "no interface"])

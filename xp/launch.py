@@ -320,7 +320,7 @@ class Job:
         piped = role.host is not None or role.runner
         if role.host is None:
             inherited = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-            proc = subprocess.Popen(role.argv, env={**inherited, **env}, start_new_session=True,
+            proc = subprocess.Popen(role.argv, env={**inherited, **env}, start_new_session=True, preexec_fn=_die_with_us,
                                     stdout=subprocess.PIPE if piped else None,
                                     stderr=subprocess.STDOUT if piped else None, text=piped)
         else:
@@ -520,6 +520,14 @@ class Job:
             except psutil.Error:
                 continue
         psutil.wait_procs(left, timeout=5)
+
+
+def _die_with_us() -> None:
+    """In a local role's process, before it runs: the kernel ends it if the launcher dies (even by SIGKILL)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _is_stopped(pid: int) -> bool:

@@ -115,7 +115,9 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 MAX_RUN_NAME = 250  # MLflow's column; PostgreSQL enforces it, SQLite does not
-UNNAMING = ("tracking_uri=", "experiment=", "run_name=", "optuna.", "hydra.")  # overrides that say nothing of the run
+# overrides that say nothing of the run: where it is tracked, and how its processes reach the hosts
+UNNAMING = ("tracking_uri=", "experiment=", "run_name=", "optuna.", "hydra.", "hosts_file=", "host_ip=",
+            "network_interface=", "ssh.", "port=", "dist_timeout_s=")
 
 
 def run_name(overrides: list[str] | tuple[str, ...]) -> str:
