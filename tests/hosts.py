@@ -153,7 +153,8 @@ class Cluster:
     def _start_host(self, h: Host) -> None:
         tmp = self.dir / h.name / "tmp"
         mounts = []
-        for folder in (self.shared, self.etc):  # seen at the same path inside the host's private /tmp
+        # seen at the same path inside the host's private /tmp (the checkout too, when it is a clone in /tmp)
+        for folder in (self.shared, self.etc, ROOT):
             if folder.is_relative_to("/tmp"):
                 inner = tmp / folder.relative_to("/tmp")
                 inner.mkdir(parents=True)
