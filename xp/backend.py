@@ -64,6 +64,7 @@ class Backend(ABC):
         rank in self.plan; the core reads self.plan.rank afterwards.
         """
 
+    plan: Plan  # set by setup: the plan with this worker's rank (the core reads plan.rank from it)
     position: tuple[int, int] | None = None  # (epoch, batches of it trained): what a mid-epoch commit holds
     resume_at: dict[str, Any] | None = None  # a mid-epoch commit's position, set by the core before training resumes
     scores: Any = None  # the running training scores of the epoch (xp.metrics.Scores)
@@ -101,6 +102,12 @@ class Backend(ABC):
         from xp.errors import ConfigError
 
         raise ConfigError(f"resume: backend={self.name} cannot restore a training state")
+
+    def get_params(self) -> dict[str, Any]:
+        """The current parameters by name, as numpy arrays (save_params writes them; tests compare them)."""
+        from xp.errors import ConfigError
+
+        raise ConfigError(f"save_params: backend={self.name} cannot export its parameters")
 
     def gather(self, value: float) -> list[float]:
         """Every worker's value (a collective: all workers call it), indexed by rank."""

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             if "-m" in argv or "--multirun" in argv:
                 raise ConfigError(f"{engine.name} runs are launched one at a time; run each configuration as its own "
                                   "command")
-            return _launch(argv, configs[0], plan, engine)
+            return _launch(argv, plan, engine)
         if "-m" in argv or "--multirun" in argv:
             if configs and configs[0].get("sweep"):
                 _register_study_sweeper()
@@ -267,28 +267,28 @@ def _engine(config: dict[str, Any]) -> tuple[Any, Any]:
     return plan, backend_cls.launch(plan)
 
 
-def _launch(argv: list[str], config: dict[str, Any], plan: Any, engine_cls: Any) -> int:
+def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
     """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
     from xp.launch import HOSTS_ENV, LaunchError, launch, prepare, spec_for
     from xp.tracking import Tracker, check_reachable, resolve_uri, run_name
 
-    uri = resolve_uri(config.get("tracking_uri"))
-    if config.get("resume") is not None and not Path(str(config["resume"])).expanduser().is_dir():
-        raise ConfigError(f"resume={config['resume']}: a distributed run resumes from a folder "
+    uri = resolve_uri(plan.tracking_uri)
+    if plan.resume is not None and not Path(str(plan.resume)).expanduser().is_dir():
+        raise ConfigError(f"resume={plan.resume}: a distributed run resumes from a folder "
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
     overrides = [a for a in argv if not a.startswith("-")]
-    elastic_on = (config.get("elastic") or {}).get("enabled")
+    elastic_on = plan.elastic.enabled
     spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri,
-                                                  HOSTS_ENV: str(plan.hosts)}, elastic=bool(elastic_on))
+                                                  HOSTS_ENV: str(plan.hosts)}, elastic=elastic_on)
     engine = engine_cls(spec)
     if elastic_on and spec.remote:
         from xp.elastic import discovered_hosts
 
-        spec.hosts = discovered_hosts(config["elastic"]["discovery"])
+        spec.hosts = discovered_hosts(plan.elastic.discovery)
     prepare(engine, [h.name for h in spec.hosts] if elastic_on else None)
     if spec.remote:
         check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip)
-    tracker = Tracker(uri, config.get("experiment") or "xp", config.get("run_name") or run_name(overrides),
+    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides),
                       tags={"xp.launcher": spec.launcher, "xp.engine": engine.name, "xp.workers": str(spec.workers),
                             **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
     tracker.start()
@@ -299,7 +299,7 @@ def _launch(argv: list[str], config: dict[str, Any], plan: Any, engine_cls: Any)
         if elastic_on:
             from xp import elastic
 
-            elastic.run(engine, config, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
+            elastic.run(engine, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
         else:
             launch(engine)
         status = "FINISHED"

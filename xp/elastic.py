@@ -110,23 +110,22 @@ def _override(argv: list[str], **values: Any) -> list[str]:
     return [*kept, *(f"{k}={v}" for k, v in values.items())]
 
 
-def run(engine: Engine, config: dict[str, Any], plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
+def run(engine: Engine, plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
     """Run the elastic job (`plan`: its plan as launched) to its last epoch; raise LaunchError when it
     cannot go on. launcher=local: the slots of this machine; launcher=ssh: the hosts the discovery source
     lists, less a host whose worker failed (until the source lists a new membership)."""
     from xp import checkpoint
 
-    spec = engine.spec
-    e = config["elastic"]
+    spec, e = engine.spec, plan.elastic
     global_batch, devices, epochs = plan.global_batch, len(plan.devices), plan.epochs
-    keep = bool(config.get("checkpoint_dir"))
-    root = Path(config["checkpoint_dir"]).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
+    keep = bool(plan.checkpoint_dir)
+    root = Path(plan.checkpoint_dir).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
     flag = root / "stop-after-epoch"
 
     def hosts() -> list[HostSlots]:
         if not spec.remote:
-            return [HostSlots("127.0.0.1", read_slots(e["discovery"]) if e.get("discovery") else int(config["workers"]))]
-        return discovered_hosts(e["discovery"])
+            return [HostSlots("127.0.0.1", read_slots(e.discovery) if e.discovery else plan.workers)]
+        return discovered_hosts(e.discovery)
 
     def alive(listed: list[HostSlots]) -> list[HostSlots]:
         if spec.remote:
@@ -144,9 +143,9 @@ def run(engine: Engine, config: dict[str, Any], plan: Any, log: Callable[[dict[s
             listed = hosts()
             if (lost or lost_hosts) and listed != lost_at:
                 lost, lost_hosts = 0, set()  # a new membership: the discovery source speaks for every worker again
-            n = _wait_for_workers(lambda: usable(sum(h.slots for h in alive(hosts())), e["min_workers"],
-                                                 e["max_workers"], global_batch, devices),
-                                  e["wait_s"], e["poll_s"], e["min_workers"])
+            n = _wait_for_workers(lambda: usable(sum(h.slots for h in alive(hosts())), e.min_workers,
+                                                 e.max_workers, global_batch, devices),
+                                  e.wait_s, e.poll_s, e.min_workers)
             placed = alive(hosts())
             flag.unlink(missing_ok=True)
             argv = _override(spec.worker_argv, workers=n, batch=global_batch // (devices * n),
@@ -163,12 +162,12 @@ def run(engine: Engine, config: dict[str, Any], plan: Any, log: Callable[[dict[s
             first = False
             try:
                 launch(type(engine)(replace(spec, workers=n, worker_argv=argv, env=env, on_poll=poll,
-                                            poll_s=e["poll_s"], hosts=placed if spec.remote else spec.hosts)))
+                                            poll_s=e.poll_s, hosts=placed if spec.remote else spec.hosts)))
             except LaunchError as err:
                 restarts += 1
-                if restarts > e["max_restarts"]:
+                if restarts > e.max_restarts:
                     raise LaunchError(f"{err} (elastic: {restarts - 1} restarts already, elastic.max_restarts="
-                                      f"{e['max_restarts']})") from None
+                                      f"{e.max_restarts})") from None
                 lost_at = listed
                 if spec.remote and err.host:
                     lost_hosts.add(err.host)

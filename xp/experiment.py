@@ -157,7 +157,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
         meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
         history = History(done)
-        elastic_run = bool(config.get("elastic", {}).get("enabled"))
+        elastic_run = plan.elastic.enabled
         callbacks = [Progress(plan.rank), meter, WorkerMetrics(backend.gather, meter.name),
                      CostMeter(plan.cost_per_hour, plan.target_accuracy, done, plan.workers if elastic_run else 1)]
         if elastic_run:

@@ -70,6 +70,18 @@ class LaunchSettings:
 
 
 @dataclass(frozen=True)
+class ElasticSettings:
+    """Workers joining and leaving at epoch boundaries (xp.elastic)."""
+    enabled: bool = False
+    discovery: str | None = None  # file of HOST:SLOTS lines, or an executable printing them
+    min_workers: int = 1
+    max_workers: int = 64
+    poll_s: float = 1.0  # how often the discovery source is read
+    wait_s: float = 300.0  # how long to wait for min_workers
+    max_restarts: int = 10  # lost workers the job survives
+
+
+@dataclass(frozen=True)
 class Plan:
     backend: str
     backend_options: dict[str, Any]
@@ -124,6 +136,7 @@ class Plan:
     tracking_uri: str | None
     run_name: str | None
     launch: LaunchSettings = LaunchSettings()
+    elastic: ElasticSettings = ElasticSettings()
 
     @property
     def cost_per_hour(self) -> float:
@@ -248,9 +261,9 @@ def _hosts_used(launch: LaunchSettings, workers: int) -> int:
     return max(1, used)
 
 
-def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str | None) -> None:
+def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str | None) -> ElasticSettings:
     if not e.get("enabled"):
-        return
+        return ElasticSettings()
     if kvstore not in ("dist_sync", "dist_device_sync"):
         raise ConfigError(f"elastic.enabled=true: needs kvstore=dist_sync (or dist_device_sync), not {kvstore}; "
                           "xp relaunches the parameter-server job when the workers change")
@@ -270,6 +283,8 @@ def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str 
             raise ConfigError(f"elastic.{key}={v!r}: must be a number of seconds in [0.05, {top}]")
     if not _is_int(e.get("max_restarts")) or e["max_restarts"] < 0:
         raise ConfigError(f"elastic.max_restarts={e.get('max_restarts')!r}: must be an integer >= 0")
+    return ElasticSettings(True, _text({"elastic.discovery": e.get("discovery")}, "elastic.discovery"), lo, hi,
+                           float(e["poll_s"]), float(e["wait_s"]), e["max_restarts"])
 
 
 def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0,
@@ -345,7 +360,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         workers = _int(cfg, "workers", 1, 4096)
     servers = _int(cfg, "servers", 1, 1024)
     launch = _launch(cfg)
-    _elastic(cfg.get("elastic") or {}, kvstore, launch, cfg.get("checkpoint_dir"))
+    elastic = _elastic(cfg.get("elastic") or {}, kvstore, launch, cfg.get("checkpoint_dir"))
 
     # --- batch ---------------------------------------------------------------
     batch = _int(cfg, "batch", 1, 65536)
@@ -418,6 +433,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         tracking_uri=cfg.get("tracking_uri"),
         run_name=cfg.get("run_name"),
         launch=launch,
+        elastic=elastic,
     )
 
 
