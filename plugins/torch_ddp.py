@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from xp.backend import Backend, BatchHook
-from xp.errors import ConfigError, Diverged, XPError
-from xp.metrics import Scores, step_seed
-from xp.plan import Plan, learning_rate
+from xp.backend import Backend
+from xp.errors import ConfigError, XPError
+from xp.metrics import Scores
+from xp.plan import Plan
 
 
 class TorchBackend(Backend):
@@ -216,40 +216,37 @@ class TorchBackend(Backend):
         x = x.to(self.device, non_blocking=True)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
-    def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
+    def batches(self, epoch: int, skip: int) -> Any:
+        self.model.train()
+        return self.train_data.epoch(epoch, skip)
+
+    def batch_size(self, batch: Any) -> int:
+        return len(batch[0])
+
+    def train_step(self, batch: Any, lr: float) -> tuple[Any, Any]:
+        x, y = batch
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr * g["lr_mult"]
+        x, y_dev = self._input(x), y.to(self.device, non_blocking=True)
+        with _autocast(self.device.type, self.amp_dtype):
+            logits = self.model(x)
+            loss = self.loss(logits.float(), y_dev)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return logits.detach().float().cpu().numpy(), y.numpy()  # .cpu() waits for the step
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def reseed(self, seed: int) -> None:
         import torch
 
-        if self.plan.test_io:
-            for i, (x, _) in enumerate(self.train_data.epoch(epoch)):
-                on_batch(i, len(x))  # decoded and in memory: the pipeline's work
-            return {}
-        self.model.train()
-        scores, skip = self.begin_epoch(epoch)
-        first_step = (epoch - 1) * self.plan.steps_per_epoch
-        for i, (x, y) in enumerate(self.train_data.epoch(epoch, skip), start=skip):
-            lr = learning_rate(self.plan, first_step + i)
-            for g in self.optimizer.param_groups:
-                g["lr"] = lr * g["lr_mult"]
-            if self.draws:  # dropout: masks a function of (seed, rank, step), so a resumed run draws the same
-                torch.manual_seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))
-            x, y_dev = self._input(x), y.to(self.device, non_blocking=True)
-            with _autocast(self.device.type, self.amp_dtype):
-                logits = self.model(x)
-                loss = self.loss(logits.float(), y_dev)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            # .cpu() waits for the step: batch times measure work done
-            scores.update(logits.detach().float().cpu().numpy(), y.numpy())
-            if not np.isfinite(scores.loss_sum):
-                raise Diverged(f"the training loss became {scores.loss_sum} at epoch {epoch}, batch {i + 1} "
-                               f"(lr {lr:.4g}); lower lr or add warmup_epochs")
-            self.position = (epoch, i + 1)
-            on_batch(i, len(x))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        return scores.result("train")
+        torch.manual_seed(seed)
 
     def evaluate(self) -> dict[str, float]:
         import torch

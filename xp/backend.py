@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
     from xp.launch import Engine
@@ -113,15 +113,37 @@ class Backend(ABC):
         """Every worker's value (a collective: all workers call it), indexed by rank."""
         return [value]
 
-    @abstractmethod
-    def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
-        """Run one training epoch (1-based) and return train_loss and train_accuracy.
+    # --- what the core's batch loop (xp.train.train_epoch) asks of a backend -----------------------------
+    draws: bool = False  # the network has random layers (dropout): the core reseeds them per step
 
-        Return only once all work of the epoch has finished (for asynchronous
-        engines: after synchronising), so the epoch can be timed. With
-        plan.test_io, only read the epoch's batches (into memory, decoded) and
-        return no metrics: that measures the input pipeline.
-        """
+    @abstractmethod
+    def batches(self, epoch: int, skip: int) -> Iterable[Any]:
+        """The training batches of `epoch` (1-based) in the epoch's order, less the first `skip` (trained before
+        an interruption). The core stops after plan.steps_per_epoch."""
+
+    @abstractmethod
+    def batch_size(self, batch: Any) -> int:
+        """Samples in `batch` (all devices)."""
+
+    def read(self, batch: Any) -> None:
+        """test_io: make sure `batch` is decoded and in memory (the work the input pipeline must do)."""
+
+    @abstractmethod
+    def train_step(self, batch: Any, lr: float) -> tuple[Any, Any]:
+        """One training step at learning rate `lr`: forward, backward, update. Returns the batch's logits and
+        labels as numpy arrays, which waits for the step's forward pass (batch times measure work done)."""
+
+    def sync(self) -> None:
+        """Wait until every step given so far has finished (asynchronous engines: the updates too)."""
+
+    def reseed(self, seed: int) -> None:
+        """Seed the generator the network's random layers draw from (called per step when `draws`)."""
+
+    def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
+        """One training epoch through the core's loop (xp.train.train_epoch)."""
+        from xp.train import train_epoch
+
+        return train_epoch(self.plan, self, epoch, on_batch)
 
     @abstractmethod
     def evaluate(self) -> dict[str, float]:

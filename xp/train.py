@@ -7,9 +7,12 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from xp.backend import Backend
+import numpy as np
+
+from xp.backend import Backend, BatchHook
 from xp.callbacks import Callback, fire
-from xp.errors import Terminated
+from xp.errors import Diverged, Terminated
+from xp.metrics import step_seed
 from xp.plan import Plan, learning_rate
 
 
@@ -50,6 +53,42 @@ def deferred_interrupts() -> Iterator[list[BaseException]]:
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def train_epoch(plan: Plan, backend: Backend, epoch: int, on_batch: BatchHook) -> dict[str, float]:
+    """One training epoch (1-based), the same for every backend: the learning rate per step, random layers
+    reseeded per step, the divergence stop, the resume position, the warm-up timing sync. Returns
+    train_loss and train_accuracy once all the epoch's work has finished (so it can be timed). With
+    plan.test_io only the input pipeline runs (batches read, decoded, nothing trained; no metrics)."""
+    if plan.test_io:
+        for i, batch in enumerate(backend.batches(epoch, 0)):
+            if i == plan.steps_per_epoch:
+                break
+            backend.read(batch)
+            on_batch(i, backend.batch_size(batch))
+        return {}
+    scores, skip = backend.begin_epoch(epoch)
+    first_step = (epoch - 1) * plan.steps_per_epoch
+    for i, batch in enumerate(backend.batches(epoch, skip), start=skip):
+        if i == plan.steps_per_epoch:  # the plan's epoch, also when it is shorter than the data
+            break
+        lr = learning_rate(plan, first_step + i)
+        if backend.draws:
+            # random layers draw from a generator seeded by (seed, rank, step): a run resumed at any batch draws
+            # what the uninterrupted run drew (MXNet cannot save a generator's state; reseeding costs about 1 ms
+            # in MXNet, so only networks that draw pay it)
+            backend.reseed(step_seed(plan.seed, plan.rank, first_step + i))
+        logits, labels = backend.train_step(batch, lr)
+        scores.update(logits, labels)
+        if not np.isfinite(scores.loss_sum):
+            raise Diverged(f"the training loss became {scores.loss_sum} at epoch {epoch}, batch {i + 1} "
+                           f"(lr {lr:.4g}); lower lr or add warmup_epochs")
+        if i == plan.timing_warmup_batches - 1:
+            backend.sync()  # throughput is timed from here: the warm-up's backward and update must be done
+        backend.position = (epoch, i + 1)
+        on_batch(i, backend.batch_size(batch))
+    backend.sync()  # the last parameter update, too
+    return scores.result("train")
 
 
 def _check(pending: list[BaseException]) -> None:

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from xp.backend import Backend, BatchHook
-from xp.errors import ConfigError, Diverged, XPError
-from xp.metrics import step_seed
-from xp.plan import Plan, learning_rate
+from xp.backend import Backend
+from xp.errors import ConfigError, XPError
+from xp.plan import Plan
 
 
 _amp_target: str | None = None  # MXNet's AMP, once initialised, stays on for the whole process
@@ -325,42 +324,32 @@ class MXNetBackend(Backend):
         return {name: to_numpy(p.data(self.contexts[0])) for name, p in self.net.collect_params().items()}
 
 
-    def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
+    # --- what the core's loop asks (xp.train.train_epoch) --------------------------------------------------
+    def batches(self, epoch: int, skip: int) -> Any:
+        self.train_iter.set_epoch(epoch)
+        for i, batch in enumerate(self.train_iter):
+            if i >= skip:  # the skipped batches are read all the same: that keeps the epoch's data order
+                yield batch
+
+    def batch_size(self, batch: Any) -> int:
+        return batch.data[0].shape[0]
+
+    def read(self, batch: Any) -> None:
+        batch.data[0].wait_to_read()
+
+    def train_step(self, batch: Any, lr: float) -> tuple[Any, Any]:
+        logits = self.step(batch, lr)
+        return np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy()
+
+    def sync(self) -> None:
         import mxnet as mx
 
-        self.train_iter.set_epoch(epoch)
-        if self.plan.test_io:
-            for i, batch in enumerate(self.train_iter):
-                if i == self.plan.steps_per_epoch:
-                    break
-                batch.data[0].wait_to_read()  # decoded and in memory: the work the pipeline must do
-                on_batch(i, batch.data[0].shape[0])
-            return {}
-        scores, skip = self.begin_epoch(epoch)
-        first_step = (epoch - 1) * self.plan.steps_per_epoch
-        for i, batch in enumerate(self.train_iter):
-            if i == self.plan.steps_per_epoch:  # the plan's epoch, also when it is shorter than the data
-                break
-            if i < skip:
-                continue  # trained before the interruption; reading it keeps the epoch's data order
-            lr = learning_rate(self.plan, first_step + i)
-            if self.draws:
-                # random layers (dropout) draw from a generator seeded by (seed, rank, step): a run resumed at any
-                # batch draws what the uninterrupted run drew (MXNet cannot save a generator's state; reseeding
-                # costs about 1 ms, so only networks that draw pay it)
-                mx.random.seed(step_seed(self.plan.seed, self.plan.rank, first_step + i))
-            logits = self.step(batch, lr)
-            # asnumpy() waits for the step's forward pass, so batch times measure work done
-            scores.update(np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy())
-            if not np.isfinite(scores.loss_sum):
-                raise Diverged(f"the training loss became {scores.loss_sum} at epoch {epoch}, batch {i + 1} "
-                               f"(lr {lr:.4g}); lower lr or add warmup_epochs")
-            if i == self.plan.timing_warmup_batches - 1:
-                mx.nd.waitall()  # throughput is timed from here: the warm-up's backward and update must be done
-            self.position = (epoch, i + 1)
-            on_batch(i, batch.data[0].shape[0])
-        mx.nd.waitall()  # the last parameter update, too
-        return scores.result("train")
+        mx.nd.waitall()
+
+    def reseed(self, seed: int) -> None:
+        import mxnet as mx
+
+        mx.random.seed(seed)
 
     def evaluate(self) -> dict[str, float]:
         from xp.metrics import Scores
