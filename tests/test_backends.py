@@ -1,7 +1,8 @@
-"""Conformance suite: every MXNet backend trains the same experiment to the same result.
+"""Conformance suite: every backend trains the same experiment to the same result.
 
-Parametrised over the registered backends; a new backend is tested by adding
-its name to BACKENDS (test_config.py fails if a registered one is missing).
+Parametrised over the registered backends and a backend written as a test fixture in pure NumPy
+(tests/numpy_backend.py, registered through an entry point like any plugin); a registered backend with no
+entry in BACKENDS fails test_every_registered_backend_is_in_this_suite.
 """
 
 import numpy as np
@@ -13,13 +14,23 @@ from xp.registry import Registry
 from xp.train import fit
 
 BACKENDS = ["gluon", "module", "horovod", "torch"]
+SUITE = [*BACKENDS, "numpy"]  # numpy: the fixture plugin (tests/numpy_backend.py)
 # every way a backend aggregates and updates, compared with Gluon's arithmetic (horovod: one device per process)
 VARIANTS = [("module", 1), ("module", 2), ("horovod", 1), ("horovod backend.api=module", 1)]
 
 
+@pytest.fixture(autouse=True)
+def numpy_plugin(tmp_path, monkeypatch):
+    """The fixture plugin, installed (a distribution with its entry point) on sys.path for every test here."""
+    import numpy_backend
+
+    monkeypatch.syspath_prepend(str(numpy_backend.install(tmp_path / "site")))
+
+
 def train(backend, *overrides):
     backend, *options = backend.split()
-    plan = build_plan(compose_config(f"backend={backend}", *options, *overrides), visible_gpus=0)
+    group = ["backend=gluon", f"backend.name={backend}"] if backend == "numpy" else [f"backend={backend}"]
+    plan = build_plan(compose_config(*group, *options, *overrides), visible_gpus=0)
     b = Registry().load(backend).for_plan(plan)()
     history = fit(plan, b, [])
     return b, history
@@ -27,10 +38,11 @@ def train(backend, *overrides):
 
 def test_every_registered_backend_is_in_this_suite():
     """A backend registered under xp.backends with no entry here fails: every engine passes the same suite."""
-    assert set(Registry().names()) <= set(BACKENDS)
+    assert set(Registry().names()) <= set(SUITE)
+    assert "numpy" in Registry().names()  # the fixture plugin is found like any installed one
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SUITE)
 def test_backend_learns_digits_and_logs_the_standard_metrics(backend):
     _, history = train(backend, "epochs=5")
     assert history[-1]["val_accuracy"] > 0.93
@@ -57,3 +69,33 @@ def test_backend_computes_the_same_parameters_as_gluon(backend, devices):
         np.testing.assert_allclose(p_other[name], p_ref[name], rtol=1e-4, atol=1e-6, err_msg=name)
     assert h_other[0]["val_accuracy"] == pytest.approx(h_ref[0]["val_accuracy"], abs=0.01)
     assert len(h_ref) == 1 and ref.plan.steps_per_epoch == 6
+
+
+@pytest.mark.parametrize("backend", SUITE)
+def test_test_io_reads_every_batch_and_trains_nothing(backend):
+    """test_io through the core's loop: steps_per_epoch batches read, no metrics, parameters untouched."""
+    plan = build_plan(compose_config(*(["backend=gluon", "backend.name=numpy"] if backend == "numpy"
+                                       else [f"backend={backend}"]), "test_io=true"), visible_gpus=0)
+    b = Registry().load(backend).for_plan(plan)()
+    b.setup(plan)
+    before = b.get_params()
+    seen = []
+    assert b.train_epoch(1, lambda step, n: seen.append(n)) == {}
+    assert len(seen) == plan.steps_per_epoch and set(seen) == {plan.global_batch}
+    after = b.get_params()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_the_fixture_backend_resumes_from_a_commit_exactly(tmp_path):
+    """State out and in through the interface: 1 epoch, committed, resumed for the 2nd == 2 epochs in one go."""
+    from xp.checkpoint import commit
+
+    whole, _ = train("numpy", "epochs=2")
+    part, history = train("numpy", "epochs=1")
+    commit(tmp_path, 1, history, part.save_state)
+    plan = build_plan(compose_config("backend=gluon", "backend.name=numpy", "epochs=2", f"resume={tmp_path}"),
+                      visible_gpus=0)
+    resumed = Registry().load("numpy")()
+    fit(plan, resumed, [], start_epoch=1)
+    for k, v in whole.get_params().items():
+        np.testing.assert_array_equal(resumed.get_params()[k], v)
