@@ -123,16 +123,8 @@ class TorchBackend(Backend):
                          for m in self.net.modules())
         self.channels_last = gpu and bool(plan.backend_options.get("channels_last", True))
         self.net.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
-        # MXNet's convention: weight decay on weights (and BatchNorm's gamma), none on biases (and beta)
-        names = {id(p): n for n, p in self.net.named_parameters()}
-        param_groups = []
-        for g in groups:
-            for decay in (True, False):
-                ps = [p for p in g["params"] if p.requires_grad and names[id(p)].endswith("weight") == decay]
-                if ps:
-                    param_groups.append({"params": ps, "lr_mult": g["lr_mult"],
-                                         "weight_decay": plan.wd if decay else 0.0})
-        self.optimizer = torch.optim.SGD(param_groups, lr=plan.effective_lr, momentum=plan.momentum,
+        self.optimizer = torch.optim.SGD(_decay_groups(self.net, groups, plan.wd), lr=plan.effective_lr,
+                                         momentum=plan.momentum,
                                          nesterov=plan.optimizer == "nag")
         self.amp_dtype = _autocast_dtype(plan)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
@@ -258,6 +250,18 @@ class TorchBackend(Backend):
                 scores.update(self.model(self._input(x)).float().cpu().numpy(), y.numpy())
         self.model.train()
         return scores.result("val")
+
+
+def _decay_groups(net: Any, groups: list[dict[str, Any]], wd: float) -> list[dict[str, Any]]:
+    """MXNet's convention: weight decay on weights (and BatchNorm's gamma), none on biases (and beta)."""
+    names = {id(p): n for n, p in net.named_parameters()}
+    out = []
+    for g in groups:
+        for decay in (True, False):
+            ps = [p for p in g["params"] if p.requires_grad and names[id(p)].endswith("weight") == decay]
+            if ps:
+                out.append({"params": ps, "lr_mult": g["lr_mult"], "weight_decay": wd if decay else 0.0})
+    return out
 
 
 def _autocast_dtype(plan: Plan) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from xp import checkpoint
 METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
 
 
-def reference_and_interrupted(tmp_path, store, common: list[str], line: str, sig: signal.Signals):
+def reference_and_interrupted(tmp_path, store, common: list[str], line: str, sig: signal.Signals,
+                              settle_s: float = 0.0):
     """An uninterrupted run (its own store), then the same run with checkpoints, sent `sig` once `line`
     is printed. Returns (the interrupted process's exit code and stderr, its checkpoint folder, the
     arguments to run it again, the reference store)."""
@@ -26,6 +28,7 @@ def reference_and_interrupted(tmp_path, store, common: list[str], line: str, sig
     args = [*common, f"checkpoint_dir={ckpt}", f"save_params={tmp_path / 'resumed.npz'}"]
     with xp_process(tmp_path / "a", store, *args) as proc:
         wait_for_line(proc, line, timeout=120)
+        time.sleep(settle_s)  # past the line's own moment (an epoch boundary) into the next epoch's batches
         os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=60)
     return proc.returncode, err, ckpt, args, ref_store
@@ -79,7 +82,7 @@ def test_sigterm_commits_mid_epoch_ends_killed_and_resumes_exactly(tmp_path, sto
     position, the run ends KILLED (exit 143); resume=true goes on from that batch."""
     common = ["epochs=4", "batch=4", "lr=0.005"]  # 359 batches an epoch: the signal lands inside one
     code, err, ckpt, args, ref_store = reference_and_interrupted(tmp_path, store, common, "epoch 1/4",
-                                                                 signal.SIGTERM)
+                                                                 signal.SIGTERM, settle_s=0.2)
     assert code == 143, err
     assert [r.info.status for r in mlflow_runs(store)[1]] == ["KILLED"]
     done = checkpoint.latest(ckpt)

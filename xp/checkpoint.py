@@ -10,6 +10,7 @@ what its state files are (Backend.save_state / load_state).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -21,6 +22,8 @@ import numpy as np
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError
+
+log = logging.getLogger("xp")
 
 
 
@@ -153,3 +156,15 @@ def resolve_resume(config: dict[str, Any], uri: str) -> tuple[dict[str, Any], st
         return {**config, "resume": folder, "checkpoint_dir": folder}, run.info.run_id
     require(value)
     return config, None
+
+
+def commit_interrupted(plan: Any, backend: Any, history: list[dict[str, float]]) -> None:
+    """A spot notice or Ctrl-C during training: rank 0 commits what was trained, mid-epoch position included,
+    so `resume=true` goes on from that batch."""
+    if not plan.checkpoint_dir or plan.rank != 0:
+        return
+    where = backend.partial()
+    commit(plan.checkpoint_dir, len(history), history, backend.save_state, keep=plan.checkpoint_keep, position=where)
+    log.warning(f"interrupted: committed epoch {len(history)}"
+                + (f" and {where['step']} batches of epoch {where['epoch']}" if where else "")
+                + f" to {plan.checkpoint_dir}; add resume=true to the same command to continue")

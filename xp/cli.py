@@ -246,7 +246,10 @@ def _task(cfg: Any) -> float:
     config = OmegaConf.to_container(cfg, resolve=True)
     in_study = (config.get("optuna") or {}).get("trial_id") is not None
     try:
-        return run(config, job)
+        outcome = run(config, job)
+        if in_study:  # what the study's sweeper reads
+            return {"state": outcome.state, "values": outcome.values}
+        return outcome.objective
     except XPError as e:
         log.debug("error", exc_info=True)
         code = _err(e, e.exit_code)
@@ -315,7 +318,7 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
 
 def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
-    from xp import report
+    from xp import summary
     from xp.tracking import Tracker, resolve_uri, run_name
 
     uri = resolve_uri(config.get("tracking_uri"))
@@ -337,10 +340,10 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     finally:
         os.environ.pop(PARENT_ENV, None)
         try:
-            rows = [report.row_from_mlflow(r) for r in parent.child_runs()]
+            rows = [summary.row_from_mlflow(r) for r in parent.child_runs()]
             accs = [r["val_accuracy"] for r in rows if r.get("val_accuracy") is not None]
             parent.log_metrics({"runs": len(rows), **({"best_val_accuracy": max(accs)} if accs else {})})
         finally:
             parent.end(status)
         print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
-        print(report.table(rows))
+        print(summary.table(rows))

@@ -110,71 +110,66 @@ def _override(argv: list[str], **values: Any) -> list[str]:
     return [*kept, *(f"{k}={v}" for k, v in values.items())]
 
 
-def run(engine: Engine, plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
-    """Run the elastic job (`plan`: its plan as launched) to its last epoch; raise LaunchError when it
-    cannot go on. launcher=local: the slots of this machine; launcher=ssh: the hosts the discovery source
-    lists, less a host whose worker failed (until the source lists a new membership)."""
-    from xp import checkpoint
+class Membership:
+    """Who can take workers now: the discovery source's hosts (launcher=local: this machine's slots), less what
+    was lost since the source last changed (a remote host whose worker failed, or a local slot)."""
 
-    spec, e = engine.spec, plan.elastic
-    global_batch, devices, epochs = plan.global_batch, len(plan.devices), plan.epochs
-    keep = bool(plan.checkpoint_dir)
-    root = Path(plan.checkpoint_dir).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
-    flag = root / "stop-after-epoch"
+    def __init__(self, spec: Any, plan: Any):
+        self.spec, self.plan = spec, plan
+        self.lost, self.lost_hosts, self.lost_at = 0, set(), []
 
-    def hosts() -> list[HostSlots]:
-        if not spec.remote:
-            return [HostSlots("127.0.0.1", read_slots(e.discovery) if e.discovery else plan.workers)]
+    def listed(self) -> list[HostSlots]:
+        e = self.plan.elastic
+        if not self.spec.remote:
+            return [HostSlots("127.0.0.1", read_slots(e.discovery) if e.discovery else self.plan.workers)]
         return discovered_hosts(e.discovery)
 
-    def alive(listed: list[HostSlots]) -> list[HostSlots]:
-        if spec.remote:
-            return [h for h in listed if h.name not in lost_hosts]
-        return [HostSlots(h.name, h.slots - lost) for h in listed]
+    def alive(self) -> list[HostSlots]:
+        listed = self.listed()
+        if self.spec.remote:
+            return [h for h in listed if h.name not in self.lost_hosts]
+        return [HostSlots(h.name, h.slots - self.lost) for h in listed]
 
-    lost, lost_at, restarts, first = 0, [], 0, True
-    lost_hosts: set[str] = set()
+    def refresh(self, listed: list[HostSlots]) -> None:
+        if (self.lost or self.lost_hosts) and listed != self.lost_at:
+            self.lost, self.lost_hosts = 0, set()  # a new membership: the source speaks for every worker again
+
+    def lose(self, err: LaunchError, listed: list[HostSlots]) -> str:
+        self.lost_at = listed
+        if self.spec.remote and err.host:
+            self.lost_hosts.add(err.host)
+            return f"host {err.host}"
+        self.lost += 1
+        return "worker"
+
+
+def run(engine: Engine, plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
+    """Run the elastic job (`plan`: its plan as launched) to its last epoch; raise LaunchError when it
+    cannot go on."""
+    from xp import checkpoint
+
+    e, keep = plan.elastic, bool(plan.checkpoint_dir)
+    root = Path(plan.checkpoint_dir).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
+    members, restarts, launches = Membership(engine.spec, plan), 0, 0
     try:
-        while True:
-            done = checkpoint.latest(root)
-            committed = done.epoch if done else 0
-            if committed >= epochs:
-                return
-            listed = hosts()
-            if (lost or lost_hosts) and listed != lost_at:
-                lost, lost_hosts = 0, set()  # a new membership: the discovery source speaks for every worker again
-            n = _wait_for_workers(lambda: usable(sum(h.slots for h in alive(hosts())), e.min_workers,
-                                                 e.max_workers, global_batch, devices),
+        while (done := checkpoint.latest(root)) is None or done.epoch < plan.epochs:
+            listed = members.listed()
+            members.refresh(listed)
+            n = _wait_for_workers(lambda: usable(sum(h.slots for h in members.alive()), e.min_workers,
+                                                 e.max_workers, plan.global_batch, len(plan.devices)),
                                   e.wait_s, e.poll_s, e.min_workers)
-            placed = alive(hosts())
-            flag.unlink(missing_ok=True)
-            argv = _override(spec.worker_argv, workers=n, batch=global_batch // (devices * n),
-                             checkpoint_dir=str(root), checkpoint_every=1, resume=str(root) if done else "null")
-            env = {**spec.env, STOP_ENV: str(flag), **({} if first else {RESUMED_ENV: "1"})}
-
-            def poll(seen: list[HostSlots] = listed) -> None:
-                if not flag.exists() and hosts() != seen:
-                    flag.touch()  # the workers finish this epoch, commit it, and exit
-
-            print(f"xp: elastic: epoch {committed + 1}/{epochs} on {n} workers "
-                  f"(batch {global_batch // (devices * n)} per device, global {global_batch})", flush=True)
-            log({"elastic.launch_workers": n}, committed)
-            first = False
+            log({"elastic.launch_workers": n}, done.epoch if done else 0)
+            job = _relaunch(engine, plan, root, n, done, listed, members, first=launches == 0)
+            launches += 1
             try:
-                launch(type(engine)(replace(spec, workers=n, worker_argv=argv, env=env, on_poll=poll,
-                                            poll_s=e.poll_s, hosts=placed if spec.remote else spec.hosts)))
+                launch(job)
             except LaunchError as err:
                 restarts += 1
                 if restarts > e.max_restarts:
                     raise LaunchError(f"{err} (elastic: {restarts - 1} restarts already, elastic.max_restarts="
                                       f"{e.max_restarts})") from None
-                lost_at = listed
-                if spec.remote and err.host:
-                    lost_hosts.add(err.host)
-                else:
-                    lost += 1
+                what = members.lose(err, listed)
                 back = checkpoint.latest(root)
-                what = f"host {err.host}" if spec.remote and err.host else "worker"
                 print(f"xp: elastic: {err}; rolling back to epoch {back.epoch if back else 0} and going on "
                       f"without the lost {what}", flush=True)
                 log({"elastic.restarts": restarts}, back.epoch if back else 0)
@@ -183,6 +178,27 @@ def run(engine: Engine, plan: Any, log: Callable[[dict[str, float], int], None])
             import shutil
 
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _relaunch(engine: Engine, plan: Any, root: Path, n: int, done: Any, listed: list[HostSlots],
+              members: Membership, first: bool) -> Engine:
+    """The job for the next stretch: n workers, per-worker batch from the fixed global batch, resumed from the
+    last commit; it stops after an epoch when the discovery source changes."""
+    spec, devices = engine.spec, len(plan.devices)
+    flag = root / "stop-after-epoch"
+    flag.unlink(missing_ok=True)
+    argv = _override(spec.worker_argv, workers=n, batch=plan.global_batch // (devices * n), checkpoint_dir=str(root),
+                     checkpoint_every=1, resume=str(root) if done else "null")
+    env = {**spec.env, STOP_ENV: str(flag), **({} if first else {RESUMED_ENV: "1"})}
+
+    def poll() -> None:
+        if not flag.exists() and members.listed() != listed:
+            flag.touch()  # the workers finish this epoch, commit it, and exit
+
+    print(f"xp: elastic: epoch {(done.epoch if done else 0) + 1}/{plan.epochs} on {n} workers "
+          f"(batch {plan.global_batch // (devices * n)} per device, global {plan.global_batch})", flush=True)
+    return type(engine)(replace(spec, workers=n, worker_argv=argv, env=env, on_poll=poll, poll_s=plan.elastic.poll_s,
+                                hosts=members.alive() if spec.remote else spec.hosts))
 
 
 def _wait_for_workers(count: Callable[[], int | None], wait_s: float, poll_s: float, lo: int) -> int:

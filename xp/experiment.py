@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xp import checkpoint, elastic, report, study
+from xp import checkpoint, elastic, study
 from xp.callbacks import (Callback, CostMeter, Progress, ProgressBar, ProgressPrinter, ThroughputMeter,
                           WorkerMetrics)
 from xp.errors import Terminated
@@ -99,138 +99,178 @@ class History(Callback):
         self.epochs.append(dict(metrics))
 
 
-def run(config: dict[str, Any], job: JobInfo | None = None) -> Any:
-    """Run one experiment from a resolved config (a plain dict).
+@dataclass
+class Outcome:
+    """What a run ends with: its state and the value(s) a sweep or a study compares."""
+    state: str  # FINISHED | COMPLETE | PRUNED (trials) | STOPPED (an elastic worker stops for a relaunch)
+    objective: float  # val_accuracy, or io_throughput with test_io
+    values: list[float] = field(default_factory=list)  # a study's objectives, in its order
 
-    Returns the objective: the final val_accuracy, or io_throughput with test_io. A run
-    that is a trial of a study returns {"state", "values"} for the study's objectives.
-    """
+
+def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
+    """Run one experiment from a resolved config (a plain dict): plan, backend, tracking, callbacks, fit,
+    summary."""
     job = job or JobInfo()
-    auto_batch = config.get("batch") == "auto"
-    config = dict(config)
+    batch_auto = config.get("batch") == "auto"
     uri = resolve_uri(config.get("tracking_uri"), job.cwd)
-    reopen = None
-    if config.get("resume") is not None and not job.run_id:
-        config, reopen = checkpoint.resolve_resume(config, uri)
+    config, reopen = (checkpoint.resolve_resume(config, uri) if config.get("resume") is not None and not job.run_id
+                      else (dict(config), None))
     plan, backend_cls = plan_and_backend(config, resolve_auto=True)
     trial = study.attach(config)
     log.info(describe(plan, uri))
-
+    backend = None if plan.diagnose else _set_up(plan, backend_cls)
+    plan = backend.plan if backend else plan
     name = plan.run_name or run_name(job.overrides or ()) or f"{plan.model.name}-{plan.dataset.name}-{plan.backend}"
-    tags = {"xp.backend": plan.backend, "xp.model": plan.model.name, "xp.dataset": plan.dataset.name}
-    if trial:
-        tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
-                     "optuna.trial_state": "RUNNING"})
-    backend = None
-    if not plan.diagnose:
-        # set up before tracking: a distributed worker learns its rank here, and only rank 0 logs
-        backend = backend_cls()
-        backend.setup(plan)
-        plan = backend.plan
-        if plan.rank != 0:
-            for handler in logging.getLogger().handlers:  # one voice on the console and in the log: rank 0's
-                handler.setLevel(logging.WARNING)
-    tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
-    with tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags,
-                     attach_run_id=job.run_id, reopen_run_id=reopen) as tracker:
-        if trial:
-            trial[0].set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
-        if job.output_dir is not None:
-            hydra_dir = job.output_dir / ".hydra"
-            for f in ("config.yaml", "overrides.yaml"):
-                tracker.add_artifact_on_exit(hydra_dir / f, "hydra")
-        if job.log_file is not None:
-            tracker.add_artifact_on_exit(job.log_file)
-        params = flatten(config)
-        params.update({f"derived.{k}": v for k, v in plan.derived().items()})
-        params.update({f"version.{k}": v for k, v in versions(backend_cls.requires).items()})
-        params["batch_auto"] = auto_batch
-        if not (os.environ.get(elastic.RESUMED_ENV) or reopen):  # a resumed run has them already
-            tracker.log_params(params)
+    with _open_tracker(plan, uri, name, job, trial, reopen) as tracker:
+        _attach_files(tracker, job, trial)
+        if not (os.environ.get(elastic.RESUMED_ENV) or reopen):  # a resumed run has its params already
+            tracker.log_params({**_params(config, plan, backend_cls), "batch_auto": batch_auto})
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
-
         if plan.diagnose:
-            return _diagnose(plan, backend_cls, tracker)
+            return Outcome("FINISHED", _diagnose(plan, backend_cls, tracker))
         before = checkpoint.require(plan.resume) if plan.resume else None
-        done = list(before.history) if before else []
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
-        meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
-        history = History(done)
-        elastic_run = plan.elastic.enabled
-        callbacks = [Progress(plan.rank), meter, WorkerMetrics(backend.gather, meter.name),
-                     CostMeter(plan.cost_per_hour, plan.target_accuracy, done, plan.workers if elastic_run else 1)]
-        if elastic_run:
-            callbacks.append(elastic.WorkerHours(plan.workers, plan.hardware, done))
-        # logged, then committed: an epoch interrupted in between is trained again, to the same numbers
-        callbacks += [*telemetry(plan, tracker.run_id, uri), history, TrackingCallback(tracker)]
-        if plan.checkpoint_dir:
-            callbacks.append(checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state, lambda: history.epochs,
-                                                     plan.rank, plan.checkpoint_every, plan.checkpoint_keep,
-                                                     plan.epochs))
-        callbacks += [ProgressBar(plan.steps_per_epoch, plan.worker_batch), ProgressPrinter(plan.epochs)]
-        stop = None
-        if os.environ.get(elastic.STOP_ENV):
-            stop = elastic.StopAtMembershipChange(backend.gather, os.environ[elastic.STOP_ENV], plan.epochs)
-            callbacks.append(stop)
-        if trial and not trial[1].multi_objective:
-            callbacks.append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
-        if before is not None:
-            backend.resume_at = before.meta.get("position")  # an epoch interrupted mid-way goes on from there
-            checkpoint.restore_random_state(before.folder)
-        state = "COMPLETE"
-        try:
-            fit(plan, backend, callbacks, setup=False, start_epoch=before.epoch if before else 0)
-        except (KeyboardInterrupt, Terminated):
-            if plan.checkpoint_dir and plan.rank == 0:  # a spot notice or Ctrl-C: keep what was trained
-                where = backend.partial()
-                checkpoint.commit(plan.checkpoint_dir, len(history.epochs), history.epochs, backend.save_state,
-                                  keep=plan.checkpoint_keep, position=where)
-                log.warning(f"interrupted: committed epoch {len(history.epochs)}"
-                            + (f" and {where['step']} batches of epoch {where['epoch']}" if where else "")
-                            + f" to {plan.checkpoint_dir}; add resume=true to the same command to continue")
-            raise
-        except study.TrialPruned as e:
-            state = "PRUNED"
-            log.info(f"trial {trial[0].number}: {e}")
-        except Exception as e:
-            # into the log file now, while the run is open: the log is uploaded when it ends
-            log.debug("training failed", exc_info=True)
-            e.xp_logged = True
-            if trial:
-                tracker.set_tags({"optuna.trial_state": "FAIL"})
-            raise
-        if trial:
-            tracker.set_tags({"optuna.trial_state": state})
-        if stop is not None and stop.stopped:
-            log.info(f"stopping after epoch {len(history.epochs)}: the workers change; the launcher goes on")
-            return float(history.epochs[-1].get("val_accuracy", 0.0))
+        cbs = build_callbacks(plan, backend, tracker, uri, before, trial)
+        state = _fit(plan, backend, cbs, before, trial, tracker)  # a trial's state: COMPLETE or PRUNED
+        if cbs.stop is not None and cbs.stop.stopped:
+            log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
+            return Outcome("STOPPED", float(cbs.history.epochs[-1].get("val_accuracy", 0.0)))
         if plan.save_params and plan.rank == 0:
             import numpy as np
 
             np.savez(plan.save_params, **backend.get_params())
+        state = state if trial else "FINISHED"
+        summary = summarize_run(plan, cbs, tracker, name, state, uri)
+    objective = float(summary.get("throughput", 0.0) if plan.test_io else summary.get("val_accuracy", 0.0))
+    values = [float(summary.get(o.metric, float("nan"))) for o in trial[1].objectives] if trial else []
+    return Outcome(state, objective, values)
 
-        summary = report.summarize(history.epochs, plan.cost_per_hour, meter.name)
-        tracker.log_metrics({
-            "epochs": summary["epochs"],
-            "summary.epoch_time_s": summary.get("epoch_time_s"),
-            f"summary.{meter.name}": summary.get("throughput"),
-            "train_time_s": summary["train_time_s"],
-            "cost_usd": summary["cost_usd"],
-            "best_val_accuracy": summary.get("best_val_accuracy"),
-            "time_to_target_s": summary.get("time_to_target_s"),
-            "cost_to_target_usd": summary.get("cost_to_target_usd"),
-        }, step=len(history.epochs))
-        row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices) * plan.workers,
-               **summary,
-               "state": state if trial else "FINISHED"}
-        log.info("\n" + report.table([row]))
-        log.info(f"logged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); "
-                 f"view with: {run_url_hint(uri)}")
+
+def _set_up(plan: Plan, backend_cls: type) -> Any:
+    """The backend, set up before tracking: a distributed worker learns its rank here, and only rank 0 logs."""
+    backend = backend_cls()
+    backend.setup(plan)
+    if backend.plan.rank != 0:
+        for handler in logging.getLogger().handlers:  # one voice on the console and in the log: rank 0's
+            handler.setLevel(logging.WARNING)
+    return backend
+
+
+def _open_tracker(plan: Plan, uri: str, name: str, job: JobInfo, trial: Any, reopen: str | None) -> Any:
+    tags = {"xp.backend": plan.backend, "xp.model": plan.model.name, "xp.dataset": plan.dataset.name}
     if trial:
-        return {"state": state, "values": [float(summary.get(o.metric, float("nan"))) for o in trial[1].objectives]}
-    # the objective: what a sweep compares
-    return float(summary.get("throughput", 0.0) if plan.test_io else summary.get("val_accuracy", 0.0))
+        tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
+                     "optuna.trial_state": "RUNNING"})
+    tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
+    return tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags,
+                       attach_run_id=job.run_id, reopen_run_id=reopen)
+
+
+def _attach_files(tracker: Any, job: JobInfo, trial: Any) -> None:
+    if trial:
+        trial[0].set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
+    if job.output_dir is not None:
+        for f in ("config.yaml", "overrides.yaml"):
+            tracker.add_artifact_on_exit(job.output_dir / ".hydra" / f, "hydra")
+    if job.log_file is not None:
+        tracker.add_artifact_on_exit(job.log_file)
+
+
+def _params(config: dict[str, Any], plan: Plan, backend_cls: type) -> dict[str, Any]:
+    params = flatten(config)
+    params.update({f"derived.{k}": v for k, v in plan.derived().items()})
+    params.update({f"version.{k}": v for k, v in versions(backend_cls.requires).items()})
+    return params
+
+
+@dataclass
+class RunCallbacks:
+    """The run's callbacks in the order their phases need, and the ones the pipeline reads afterwards."""
+    all: list[Callback]
+    meter: ThroughputMeter
+    history: History
+    stop: Any = None  # elastic.StopAtMembershipChange, in a relaunched elastic worker
+
+
+def build_callbacks(plan: Plan, backend: Any, tracker: Any, uri: str, before: Any, trial: Any) -> RunCallbacks:
+    """Every callback of a run, by phase. At each epoch's end they see one metrics dict in this order:
+    measure (time, throughput, telemetry) -> aggregate (across workers, cost) -> record (history, MLflow)
+    -> commit (checkpoint: after it is logged, so an epoch interrupted in between is trained again to the
+    same numbers) -> print -> decide (stop for a relaunch, prune a trial)."""
+    done = list(before.history) if before else []
+    meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
+    history = History(done)
+    billed = plan.workers if plan.elastic.enabled else 1
+    phases: dict[str, list[Callback]] = {
+        "measure": [Progress(plan.rank), meter, *telemetry(plan, tracker.run_id, uri)],
+        "aggregate": [WorkerMetrics(backend.gather, meter.name),
+                      CostMeter(plan.cost_per_hour, plan.target_accuracy, done, billed)],
+        "record": [history, TrackingCallback(tracker)],
+        "commit": [],
+        "print": [ProgressBar(plan.steps_per_epoch, plan.worker_batch), ProgressPrinter(plan.epochs)],
+        "decide": [],
+    }
+    if plan.elastic.enabled:
+        phases["aggregate"].append(elastic.WorkerHours(plan.workers, plan.hardware, done))
+    if plan.checkpoint_dir:
+        phases["commit"].append(checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state,
+                                                        lambda: history.epochs, plan.rank, plan.checkpoint_every,
+                                                        plan.checkpoint_keep, plan.epochs))
+    stop = None
+    if os.environ.get(elastic.STOP_ENV):
+        stop = elastic.StopAtMembershipChange(backend.gather, os.environ[elastic.STOP_ENV], plan.epochs)
+        phases["decide"].append(stop)
+    if trial and not trial[1].multi_objective:
+        phases["decide"].append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
+    return RunCallbacks([cb for group in phases.values() for cb in group], meter, history, stop)
+
+
+def _fit(plan: Plan, backend: Any, cbs: RunCallbacks, before: Any, trial: Any, tracker: Any) -> str:
+    """Train (from a commit, if resuming); returns the trial state: COMPLETE, or PRUNED."""
+    if before is not None:
+        backend.resume_at = before.meta.get("position")  # an epoch interrupted mid-way goes on from there
+        checkpoint.restore_random_state(before.folder)
+    state = "COMPLETE"
+    try:
+        fit(plan, backend, cbs.all, setup=False, start_epoch=before.epoch if before else 0)
+    except (KeyboardInterrupt, Terminated):
+        checkpoint.commit_interrupted(plan, backend, cbs.history.epochs)  # a spot notice or Ctrl-C
+        raise
+    except study.TrialPruned as e:
+        state = "PRUNED"
+        log.info(f"trial {trial[0].number}: {e}")
+    except Exception as e:
+        log.debug("training failed", exc_info=True)  # into the log file now, while the run is open
+        e.xp_logged = True
+        if trial:
+            tracker.set_tags({"optuna.trial_state": "FAIL"})
+        raise
+    if trial:
+        tracker.set_tags({"optuna.trial_state": state})
+    return state
+
+
+def summarize_run(plan: Plan, cbs: RunCallbacks, tracker: Any, name: str, state: str, uri: str) -> dict[str, Any]:
+    """The end-of-run summary: logged once, printed as the report's one-row table."""
+    from xp.summary import summarize, table
+
+    summary = summarize(cbs.history.epochs, plan.cost_per_hour, cbs.meter.name)
+    tracker.log_metrics({
+        "epochs": summary["epochs"],
+        "summary.epoch_time_s": summary.get("epoch_time_s"),
+        f"summary.{cbs.meter.name}": summary.get("throughput"),
+        "train_time_s": summary["train_time_s"],
+        "cost_usd": summary["cost_usd"],
+        "best_val_accuracy": summary.get("best_val_accuracy"),
+        "time_to_target_s": summary.get("time_to_target_s"),
+        "cost_to_target_usd": summary.get("cost_to_target_usd"),
+    }, step=len(cbs.history.epochs))
+    row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices) * plan.workers,
+           **summary, "state": state}
+    log.info("\n" + table([row]))
+    log.info(f"logged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); view with: {run_url_hint(uri)}")
+    return summary
 
 
 def _diagnose(plan: Plan, backend_cls: type, tracker: Tracker) -> float:

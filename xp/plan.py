@@ -289,40 +289,63 @@ def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str 
 
 def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0,
                hosts: int | None = None) -> Plan:
-    """Validate a resolved config (plain dict) and derive the plan.
+    """Validate a resolved config (plain dict) and derive the plan, one builder per group of settings.
 
     visible_gpus: GPUs this process can see (NVML); injected so it can be tested.
     hosts: instances the run occupies, when the launcher has counted them (workers on other hosts cannot
     read the launcher's hosts file); None: counted from the hosts file.
     """
     backend = _group(cfg, "backend")
-    model_cfg = _group(cfg, "model")
-    dataset_cfg = _group(cfg, "dataset")
-    hw_cfg = _group(cfg, "hardware")
     kvstore = _choice(_group(cfg, "kvstore")["name"], "kvstore", KVSTORES)
     dtype = _choice(_group(cfg, "dtype")["name"], "dtype", DTYPES)
+    model = _model(_group(cfg, "model"))
+    dataset, pretrained = _data(cfg, model, backend["name"])
+    hardware = _hardware(cfg)
+    device_type, devices = _devices(cfg, hardware, visible_gpus, kvstore)
+    workers = _int(cfg, "workers", 1, 4096) if workers is None else workers
+    servers = _int(cfg, "servers", 1, 1024)
+    launch = _launch(cfg)
+    elastic = _elastic(cfg.get("elastic") or {}, kvstore, launch, cfg.get("checkpoint_dir"))
+    sizes = _batch(cfg, dataset, len(devices), workers)
+    return Plan(
+        backend=backend["name"], backend_options={k: v for k, v in backend.items() if k != "name"},
+        model=model, dataset=dataset, pretrained=pretrained, kvstore=kvstore, dtype=dtype, hardware=hardware,
+        device_type=device_type, devices=devices, workers=workers, rank=rank,
+        hosts=hosts or _hosts_used(launch, workers), servers=servers, **_state(cfg), **sizes,
+        **_optimisation(cfg, kvstore, sizes), **_measurement(cfg),
+        experiment=str(cfg.get("experiment") or "xp"), tracking_uri=cfg.get("tracking_uri"),
+        run_name=cfg.get("run_name"), launch=launch, elastic=elastic)
 
-    model = ModelSpec(model_cfg["name"], _choice(model_cfg.get("zoo"), "model.zoo", MODEL_ZOOS),
-                      str(model_cfg.get("arch") or model_cfg["name"]),
-                      _float({"model.dropout": model_cfg.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True),
-                      model_cfg.get("torchvision"))
+
+def _model(m: dict) -> ModelSpec:
+    model = ModelSpec(m["name"], _choice(m.get("zoo"), "model.zoo", MODEL_ZOOS), str(m.get("arch") or m["name"]),
+                      _float({"model.dropout": m.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True),
+                      m.get("torchvision"))
     if model.dropout and model.zoo != "xp":
         raise ConfigError(f"model.dropout={model.dropout:g}: applies to xp's own models; model={model.name} comes "
                           f"from {model.zoo}, whose architecture fixes its dropout")
-    dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"})
+    return model
 
+
+def _data(cfg: dict, model: ModelSpec, backend: str) -> tuple[DatasetSpec, PretrainedSpec | None]:
+    dataset_cfg = _group(cfg, "dataset")
+    dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"})
     classes = cfg.get("num_classes")
     if classes is not None and classes != dataset.num_classes:
         raise ConfigError(f"num_classes={classes!r}: dataset={dataset.name} has {dataset.num_classes} classes; "
                           f"leave num_classes unset or give {dataset.num_classes}")
-    pretrained = _pretrained(cfg, model, backend["name"])
+    pretrained = _pretrained(cfg, model, backend)
     if pretrained and cfg.get("pretrained_input", "auto") == "auto" and dataset.options.get("kind") in ("folder", "rec") \
             and (pretrained.source == "checkpoint" or model.zoo == "gluoncv"):
         # the input the ImageNet network was trained on: MXNet zoo ResNets normalise raw pixels themselves
         mean, std = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)) if pretrained.raw_pixels else (IMAGENET_MEAN, IMAGENET_STD)
         dataset = replace(dataset, image_shape=(3, 224, 224),
                           options={**dataset.options, "image_shape": (3, 224, 224), "mean": mean, "std": std})
+    return dataset, pretrained
 
+
+def _hardware(cfg: dict) -> HardwareSpec:
+    hw_cfg = _group(cfg, "hardware")
     hw_gpus = hw_cfg.get("gpus")
     if hw_gpus is not None and (not _is_int(hw_gpus) or hw_gpus < 0):
         raise ConfigError(f"hardware.gpus={hw_gpus!r}: must be an integer >= 0, or null to count visible GPUs")
@@ -336,10 +359,11 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     if pricing == "spot" and spot is None:
         raise ConfigError(f"pricing=spot: hardware={hw_cfg['name']} has no spot price (spot prices move hourly); "
                           "set hardware.spot_price_per_hour=USD from your account's spot history")
-    hardware = HardwareSpec(hw_cfg["name"], hw_gpus, hw_cfg.get("gpu_model"), hw_cfg.get("vcpus"), float(price),
-                            None if spot is None else float(spot), pricing)
+    return HardwareSpec(hw_cfg["name"], hw_gpus, hw_cfg.get("gpu_model"), hw_cfg.get("vcpus"), float(price),
+                        None if spot is None else float(spot), pricing)
 
-    # --- devices -----------------------------------------------------------
+
+def _devices(cfg: dict, hardware: HardwareSpec, visible_gpus: int, kvstore: str) -> tuple[str, tuple[str, ...]]:
     gpus = _int(cfg, "gpus", 0, MAX_DEVICES)
     if hardware.gpus is not None and gpus > hardware.gpus:
         raise ConfigError(f"gpus={gpus}: hardware={hardware.name} has {hardware.gpus} GPUs; "
@@ -347,32 +371,35 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     if gpus > visible_gpus:
         raise ConfigError(f"gpus={gpus}: {gpus} GPU{'s' if gpus > 1 else ''} asked for, {visible_gpus} visible on this machine; "
                           f"valid: 0 to {visible_gpus} (gpus=0 trains on the CPU)")
-    if gpus:
-        device_type, devices = "gpu", tuple(f"gpu({i})" for i in range(gpus))
-    else:
-        n = _int(cfg, "cpu_devices", 1, MAX_DEVICES)
-        device_type, devices = "cpu", tuple(f"cpu({i})" for i in range(n))
-
-    if kvstore == "nccl" and device_type != "gpu":
+    if kvstore == "nccl" and not gpus:
         raise ConfigError("kvstore=nccl: NCCL aggregates gradients between GPUs and gpus=0; "
                           "on the CPU use kvstore=local or kvstore=device")
-    if workers is None:
-        workers = _int(cfg, "workers", 1, 4096)
-    servers = _int(cfg, "servers", 1, 1024)
-    launch = _launch(cfg)
-    elastic = _elastic(cfg.get("elastic") or {}, kvstore, launch, cfg.get("checkpoint_dir"))
+    if gpus:
+        return "gpu", tuple(f"gpu({i})" for i in range(gpus))
+    return "cpu", tuple(f"cpu({i})" for i in range(_int(cfg, "cpu_devices", 1, MAX_DEVICES)))
 
-    # --- batch ---------------------------------------------------------------
+
+def _batch(cfg: dict, dataset: DatasetSpec, devices: int, workers: int) -> dict[str, int]:
     batch = _int(cfg, "batch", 1, 65536)
-    worker_batch = batch * len(devices)
+    worker_batch = batch * devices
     global_batch = worker_batch * workers
     steps_per_epoch = dataset.train_size // global_batch
     if steps_per_epoch < 1:
-        raise ConfigError(f"batch={batch}: the global batch ({global_batch} = {batch} x {len(devices)} devices"
+        raise ConfigError(f"batch={batch}: the global batch ({global_batch} = {batch} x {devices} devices"
                           f" x {workers} workers) exceeds the {dataset.train_size} training samples of "
-                          f"dataset={dataset.name}; valid: batch <= {dataset.train_size // (len(devices) * workers)}")
+                          f"dataset={dataset.name}; valid: batch <= {dataset.train_size // (devices * workers)}")
+    return {"batch": batch, "worker_batch": worker_batch, "global_batch": global_batch,
+            "steps_per_epoch": steps_per_epoch, "samples_per_epoch": steps_per_epoch * global_batch}
 
-    # --- optimisation -------------------------------------------------------
+
+def _state(cfg: dict) -> dict[str, Any]:
+    return {"save_params": cfg.get("save_params"), "checkpoint_dir": cfg.get("checkpoint_dir"),
+            "checkpoint_every": _int(cfg, "checkpoint_every", 1, 10**6) if "checkpoint_every" in cfg else 1,
+            "checkpoint_keep": _int(cfg, "checkpoint_keep", 1, 10**6) if "checkpoint_keep" in cfg else 2,
+            "resume": cfg.get("resume")}
+
+
+def _optimisation(cfg: dict, kvstore: str, sizes: dict[str, int]) -> dict[str, Any]:
     lr = _float(cfg, "lr", 0.0, 100.0, lo_open=True)
     lr_ref_batch = _int(cfg, "lr_ref_batch", 1)
     epochs = _int(cfg, "epochs", 1, 100_000)
@@ -380,61 +407,28 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     steps = cfg.get("lr_steps") or []
     if not isinstance(steps, (list, tuple)) or not all(_is_int(s) and s >= 1 for s in steps):
         raise ConfigError(f"lr_steps={steps!r}: must be a list of epochs (integers >= 1)")
-    warmup = _float(cfg, "warmup_epochs", 0.0, float(epochs))
+    # dist_async applies each worker's gradient on its own: an update sees one worker's batch
+    update_batch = sizes["worker_batch"] if kvstore == "dist_async" else sizes["global_batch"]
+    return {"optimizer": _choice(cfg.get("optimizer"), "optimizer", OPTIMIZERS), "lr": lr,
+            "lr_ref_batch": lr_ref_batch, "effective_lr": lr * update_batch / lr_ref_batch, "lr_schedule": schedule,
+            "lr_steps": tuple(sorted(steps)), "lr_decay": _float(cfg, "lr_decay", 0.0, 1.0, lo_open=True),
+            "warmup_epochs": _float(cfg, "warmup_epochs", 0.0, float(epochs)),
+            "momentum": _float(cfg, "momentum", 0.0, 1.0, hi_open=True), "wd": _float(cfg, "wd", 0.0, 1.0),
+            "epochs": epochs, "seed": _int(cfg, "seed", 0, 2**31 - 1)}
 
-    return Plan(
-        backend=backend["name"],
-        backend_options={k: v for k, v in backend.items() if k != "name"},
-        model=model,
-        dataset=dataset,
-        pretrained=pretrained,
-        kvstore=kvstore,
-        dtype=dtype,
-        hardware=hardware,
-        device_type=device_type,
-        devices=devices,
-        workers=workers,
-        rank=rank,
-        hosts=hosts or _hosts_used(launch, workers),
-        servers=servers,
-        save_params=cfg.get("save_params"),
-        checkpoint_dir=cfg.get("checkpoint_dir"),
-        checkpoint_every=_int(cfg, "checkpoint_every", 1, 10**6) if "checkpoint_every" in cfg else 1,
-        checkpoint_keep=_int(cfg, "checkpoint_keep", 1, 10**6) if "checkpoint_keep" in cfg else 2,
-        resume=cfg.get("resume"),
-        batch=batch,
-        worker_batch=worker_batch,
-        global_batch=global_batch,
-        optimizer=_choice(cfg.get("optimizer"), "optimizer", OPTIMIZERS),
-        lr=lr,
-        lr_ref_batch=lr_ref_batch,
-        # dist_async applies each worker's gradient on its own: an update sees one worker's batch
-        effective_lr=lr * (worker_batch if kvstore == "dist_async" else global_batch) / lr_ref_batch,
-        lr_schedule=schedule,
-        lr_steps=tuple(sorted(steps)),
-        lr_decay=_float(cfg, "lr_decay", 0.0, 1.0, lo_open=True),
-        warmup_epochs=warmup,
-        momentum=_float(cfg, "momentum", 0.0, 1.0, hi_open=True),
-        wd=_float(cfg, "wd", 0.0, 1.0),
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        samples_per_epoch=steps_per_epoch * global_batch,
-        seed=_int(cfg, "seed", 0, 2**31 - 1),
-        data_nthreads=_int(cfg, "data_nthreads", 1, 256),
-        timing_warmup_batches=_int(cfg, "timing_warmup_batches", 0, 10_000),
-        test_io=_bool(cfg, "test_io"),
-        auto_batch_memory_mb=_float(cfg, "auto_batch_memory_mb", 1.0, 10**7),
-        diagnose=_bool(cfg, "diagnose"),
-        diagnose_steps=_int(cfg, "diagnose_steps", 3, 100_000),
-        telemetry_interval_s=_float(cfg, "telemetry_interval_s", 0.01, 3600.0),
-        system_metrics_interval_s=_float(cfg, "system_metrics_interval_s", 0.0, 3600.0),
-        target_accuracy=None if cfg.get("target_accuracy") is None else _float(cfg, "target_accuracy", 0.0, 1.0),
-        experiment=str(cfg.get("experiment") or "xp"),
-        tracking_uri=cfg.get("tracking_uri"),
-        run_name=cfg.get("run_name"),
-        launch=launch,
-        elastic=elastic,
-    )
+
+def _measurement(cfg: dict) -> dict[str, Any]:
+    return {
+        "data_nthreads": _int(cfg, "data_nthreads", 1, 256),
+        "timing_warmup_batches": _int(cfg, "timing_warmup_batches", 0, 10_000),
+        "test_io": _bool(cfg, "test_io"),
+        "auto_batch_memory_mb": _float(cfg, "auto_batch_memory_mb", 1.0, 10**7),
+        "diagnose": _bool(cfg, "diagnose"),
+        "diagnose_steps": _int(cfg, "diagnose_steps", 3, 100_000),
+        "telemetry_interval_s": _float(cfg, "telemetry_interval_s", 0.01, 3600.0),
+        "system_metrics_interval_s": _float(cfg, "system_metrics_interval_s", 0.0, 3600.0),
+        "target_accuracy": None if cfg.get("target_accuracy") is None else _float(cfg, "target_accuracy", 0.0, 1.0),
+    }
 
 
 def _pretrained(cfg: dict, model: ModelSpec, backend: str) -> PretrainedSpec | None:

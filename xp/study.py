@@ -41,7 +41,7 @@ SWEEPS_DIR = Path(os.environ.get("XP_SWEEPS_DIR") or Path(__file__).resolve().pa
 DEFAULT_STORAGE = "sqlite:///mlruns/optuna.db"
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2", "cmaes")
 PRUNERS = ("none", "median", "hyperband", "successive_halving")
-# What a trial can be judged by: keys of the run's summary (xp.report.summarize).
+# What a trial can be judged by: keys of the run's summary (xp.summary.summarize).
 METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 
@@ -137,8 +137,22 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
     if pruner not in PRUNERS:
         raise ConfigError(f"{where}: pruner={pruner!r}: unknown; valid: {', '.join(PRUNERS)}")
 
+    objectives = _objectives(field("objectives"), where, sampler, pruner)
+    params = _search_space(field("params"), where, known_keys)
+    if sampler == "grid" and any(p.kind != "categorical" for p in params):
+        raise ConfigError(f"{where}: sampler=grid needs every parameter categorical (the grid's values)")
+    for sampler_name, module, pkg in (("gp", "torch", "torch"), ("cmaes", "cmaes", "cmaes")):
+        if sampler == sampler_name and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
+    seed = field("sampler_seed")
+    return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
+                     sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
+                     heartbeat_s, grace_s, max_retry)
+
+
+def _objectives(given: Any, where: str, sampler: str, pruner: str) -> list[Objective]:
     objectives = []
-    for i, o in enumerate(field("objectives") or [{"metric": "val_accuracy", "direction": "maximize"}]):
+    for i, o in enumerate(given or [{"metric": "val_accuracy", "direction": "maximize"}]):
         if not isinstance(o, dict) or o.get("metric") not in METRICS or o.get("direction") not in ("maximize", "minimize"):
             raise ConfigError(f"{where}: objectives[{i}]={o!r}: needs metric (one of {', '.join(METRICS)}) "
                               "and direction (maximize or minimize)")
@@ -148,11 +162,13 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
                           f"use pruner: none with {len(objectives)} objectives")
     if len(objectives) > 1 and sampler == "cmaes":
         raise ConfigError(f"{where}: sampler=cmaes optimises one objective; use nsga2 or tpe")
+    return objectives
 
-    params = []
-    space = field("params")
+
+def _search_space(space: Any, where: str, known_keys: set[str] | None) -> list[Param]:
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{where}: params: give at least one parameter to search")
+    params = []
     for pname, p in space.items():
         at = f"{where}: params.{pname}"
         if known_keys is not None and pname not in known_keys:
@@ -176,15 +192,7 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
         if p["type"] == "int" and not (float(low).is_integer() and float(high).is_integer()):
             raise ConfigError(f"{at}: an int parameter needs integer low and high")
         params.append(Param(pname, p["type"], low, high, log_scale))
-    if sampler == "grid" and any(p.kind != "categorical" for p in params):
-        raise ConfigError(f"{where}: sampler=grid needs every parameter categorical (the grid's values)")
-    for sampler_name, module, pkg in (("gp", "torch", "torch"), ("cmaes", "cmaes", "cmaes")):
-        if sampler == sampler_name and importlib.util.find_spec(module) is None:
-            raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
-    seed = field("sampler_seed")
-    return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
-                     sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
-                     heartbeat_s, grace_s, max_retry)
+    return params
 
 
 # --- Optuna objects (imported lazily: optuna is not needed to run a plain experiment) ---
