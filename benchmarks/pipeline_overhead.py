@@ -76,7 +76,7 @@ def main() -> int:
                      f"data_nthreads={args.threads}", "test_io=true", f"epochs={args.epochs}", f"timing_warmup_batches={warmup}")
 
     def xp_test_io() -> float:
-        return run(config)  # a test_io run returns its io_throughput, the median over its epochs
+        return run(config).objective  # a test_io run: its io_throughput, the median over its epochs
 
     results = interleave({"bare ImageRecordIter": bare, "xp test_io": xp_test_io}, args.reps)
     ok = report(f"Input pipeline, {done.counts['train']} JPEGs -> {SHAPE}, batch {args.batch}, "
