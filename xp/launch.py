@@ -330,8 +330,11 @@ class Job:
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             # what to run goes through the session, not a command line (the environment may hold a password);
             # stdin then stays open: when it closes (the job ends, or this process dies) the host ends the process
-            proc.stdin.write(json.dumps({"argv": role.argv, "env": {**forwarded, **env}}) + "\n")
-            proc.stdin.flush()
+            try:
+                proc.stdin.write(json.dumps({"argv": role.argv, "env": {**forwarded, **env}}) + "\n")
+                proc.stdin.flush()
+            except OSError:
+                pass  # ssh already gave up: its exit code says why, and the watch reports it
         s = Started(role, proc)
         if piped:
             s.relay = threading.Thread(target=self._relay, args=(s,), daemon=True)
