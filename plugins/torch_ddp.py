@@ -96,7 +96,7 @@ class TorchBackend(Backend):
         import torch
         from torch import nn
 
-        from xp.launch import report_progress
+        from xp.worker import report_progress
         from xp.pt.data import make_batches
         from xp.pt.models import build_model, load_pretrained
 

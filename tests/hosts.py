@@ -289,7 +289,6 @@ class Cluster:
         """An MLflow tracking server on the launcher's address (what every host reaches), its runs in the SQLite
         file `db`; returns its URI. Ended with the cluster."""
         import sys
-        import urllib.request
 
         port = 5000
         artifacts = db.parent / "artifacts"

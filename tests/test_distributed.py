@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT, compose_config, metric_by_step, mlflow_runs, run_xp, wait_for_line, xp_process
 from xp.errors import ConfigError
 from xp.experiment import plan_and_backend
-from xp.launch import Spec, free_port
+from xp.engine import Spec, free_port
 from xp.train import fit
 
 # 198 training images: 6 steps of a global batch of 32
@@ -243,7 +243,7 @@ def test_distributed_settings_are_validated(overrides, message):
 
 
 def test_hosts_files_and_placement():
-    from xp.launch import HostSlots, parse_hosts
+    from xp.hosts import HostSlots, parse_hosts
 
     hosts = parse_hosts("10.0.0.1\n# a comment\n10.0.0.2:2\nnode3 slots=3\n\n10.0.0.1:1\n", "hosts_file=f")
     assert hosts == [HostSlots("10.0.0.1", 2), HostSlots("10.0.0.2", 2), HostSlots("node3", 3)]
@@ -257,7 +257,8 @@ def test_hosts_files_and_placement():
 
 def test_the_parameter_server_roles_across_hosts():
     """The scheduler here on host_ip; servers round robin over the hosts; workers fill the hosts' slots."""
-    from xp.launch import HostSlots, Job
+    from xp.hosts import HostSlots
+    from xp.launch import Job
     from xp.mx.pslite import PsLite
 
     hosts = [HostSlots("10.0.0.1", 1), HostSlots("10.0.0.2", 2)]
@@ -275,7 +276,7 @@ def test_the_parameter_server_roles_across_hosts():
 
 
 def test_every_ssh_xp_makes_takes_the_ssh_settings(tmp_path):
-    from xp.launch import SSH
+    from xp.hosts import SSH
 
     ssh = SSH(config=str(tmp_path / "cfg"), identity=None, connect_timeout_s=3)
     argv = ssh.argv("10.0.0.2", "true")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
-    from xp.launch import Engine
+    from xp.engine import Engine
     from xp.plan import Plan
 
 # on_batch(step_in_epoch, samples): call once per step, after the step's outputs
@@ -40,7 +40,7 @@ class Backend(ABC):
 
     @classmethod
     def launch(cls, plan: Plan) -> type[Engine] | None:
-        """The engine that starts the run's processes (an xp.launch.Engine beside the framework), or None:
+        """The engine that starts the run's processes (an xp.engine.Engine beside the framework), or None:
         this process trains."""
         return None
 

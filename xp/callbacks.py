@@ -155,7 +155,7 @@ class Progress(Callback):
     """A distributed worker tells its launcher it is moving (see xp.launch); a stalled worker fails the job."""
 
     def __init__(self, rank: int):
-        from xp.launch import report_progress
+        from xp.worker import report_progress
 
         self.rank, self.report = rank, report_progress
         self.report(rank)

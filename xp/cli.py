@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from xp.errors import ConfigError, Terminated, XPError, one_line
-from xp.launch import RUN_ENV, WORKER_ENV
+from xp.worker import RUN_ENV, WORKER_ENV
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
@@ -272,7 +272,8 @@ def _engine(config: dict[str, Any]) -> tuple[Any, Any]:
 
 def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
     """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
-    from xp.launch import HOSTS_ENV, LaunchError, launch, prepare, spec_for
+    from xp.launch import LaunchError, launch, prepare, spec_for
+    from xp.worker import HOSTS_ENV
     from xp.tracking import Tracker, check_reachable, resolve_uri, run_name
 
     uri = resolve_uri(plan.tracking_uri)
@@ -281,16 +282,13 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
     overrides = [a for a in argv if not a.startswith("-")]
     elastic_on = plan.elastic.enabled
-    spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri,
-                                                  HOSTS_ENV: str(plan.hosts)}, elastic=elastic_on)
+    spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri}, elastic=elastic_on)
     engine = engine_cls(spec)
-    if elastic_on and spec.remote:
-        from xp.elastic import discovered_hosts
-
-        spec.hosts = discovered_hosts(plan.elastic.discovery)
-    prepare(engine, [h.name for h in spec.hosts] if elastic_on else None)
-    if spec.remote:
+    if spec.remote:  # a store the hosts cannot reach is refused before any host is probed
         check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip)
+    prepare(engine, [h.name for h in spec.hosts] if elastic_on else None)  # elastic: every listed host
+    if spec.remote and not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
+        spec.env[HOSTS_ENV] = str(len(engine.hosts()))
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides),
                       tags={"xp.launcher": spec.launcher, "xp.engine": engine.name, "xp.workers": str(spec.workers),
                             **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})

@@ -14,8 +14,6 @@ continues with the workers that are left. One MLflow run covers every relaunch.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import tempfile
 import time
 from dataclasses import replace
@@ -24,27 +22,13 @@ from typing import Any, Callable
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError
-from xp.launch import Engine, HostSlots, LaunchError, launch, parse_hosts
+from xp.engine import Engine
+from xp.hosts import HostSlots, discovered_hosts
+from xp.launch import LaunchError, launch
 
 STOP_ENV = "XP_ELASTIC_STOP"  # the flag file: stop after this epoch, the workers change
 RESUMED_ENV = "XP_ELASTIC_RESUMED"  # set for relaunched jobs: the run's params are logged already
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
-
-
-def discovered_hosts(source: str, timeout_s: float = 10.0) -> list[HostSlots]:
-    """The hosts and slots the discovery source lists now."""
-    path = Path(source).expanduser()
-    if os.access(path, os.X_OK) and path.is_file():
-        try:
-            out = subprocess.run([str(path)], capture_output=True, text=True, timeout=timeout_s, check=True).stdout
-        except (OSError, subprocess.SubprocessError) as e:
-            raise ConfigError(f"elastic.discovery={source}: the script failed ({type(e).__name__})") from None
-    else:
-        try:
-            out = path.read_text()
-        except OSError as e:
-            raise ConfigError(f"elastic.discovery={source}: cannot read it ({e.strerror})") from None
-    return parse_hosts(out, f"elastic.discovery={source}")
 
 
 def read_slots(source: str) -> int:

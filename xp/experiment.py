@@ -17,7 +17,7 @@ from xp.callbacks import (Callback, CostMeter, Progress, ProgressBar, ProgressPr
                           WorkerMetrics)
 from xp.errors import Terminated
 from xp.gpu import visible_gpus
-from xp.launch import HOSTS_ENV
+from xp.worker import HOSTS_ENV
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
 from xp.telemetry import telemetry

@@ -226,7 +226,7 @@ def _launch(cfg: dict) -> LaunchSettings:
     if not isinstance(ssh, dict):
         raise ConfigError(f"ssh={ssh!r}: must be the ssh group (ssh.config, ssh.identity, ssh.connect_timeout_s)")
     flat = {f"ssh.{k}": v for k, v in ssh.items()}
-    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the launcher (xp.launch.preflight)
+    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the launcher (xp.hosts.preflight)
         _text(flat, key)
     settings = LaunchSettings(
         launcher=launcher, hosts_file=_text(cfg, "hosts_file"), host_ip=_text(cfg, "host_ip"),
@@ -246,19 +246,6 @@ def _launch(cfg: dict) -> LaunchSettings:
         except ValueError:
             raise ConfigError(f"host_ip={settings.host_ip}: must be an IPv4 address of this machine") from None
     return settings
-
-
-def _hosts_used(launch: LaunchSettings, workers: int) -> int:
-    """Instances the run occupies (its cost): the hosts its workers fill, or this machine."""
-    if launch.launcher != "ssh" or not launch.hosts_file:
-        return 1
-    from xp.launch import read_hosts
-
-    left, used = workers, 0
-    for h in read_hosts(launch.hosts_file):
-        if left > 0:
-            used, left = used + 1, left - h.slots
-    return max(1, used)
 
 
 def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str | None) -> ElasticSettings:
@@ -292,8 +279,8 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     """Validate a resolved config (plain dict) and derive the plan, one builder per group of settings.
 
     visible_gpus: GPUs this process can see (NVML); injected so it can be tested.
-    hosts: instances the run occupies, when the launcher has counted them (workers on other hosts cannot
-    read the launcher's hosts file); None: counted from the hosts file.
+    hosts: instances the run occupies (its cost), as the launcher counted them from its hosts (launched
+    workers learn it from XP_HOSTS); None: one, this machine.
     """
     backend = _group(cfg, "backend")
     kvstore = _choice(_group(cfg, "kvstore")["name"], "kvstore", KVSTORES)
@@ -311,7 +298,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         backend=backend["name"], backend_options={k: v for k, v in backend.items() if k != "name"},
         model=model, dataset=dataset, pretrained=pretrained, kvstore=kvstore, dtype=dtype, hardware=hardware,
         device_type=device_type, devices=devices, workers=workers, rank=rank,
-        hosts=hosts or _hosts_used(launch, workers), servers=servers, **_state(cfg), **sizes,
+        hosts=hosts or 1, servers=servers, **_state(cfg), **sizes,
         **_optimisation(cfg, kvstore, sizes), **_measurement(cfg),
         experiment=str(cfg.get("experiment") or "xp"), tracking_uri=cfg.get("tracking_uri"),
         run_name=cfg.get("run_name"), launch=launch, elastic=elastic)

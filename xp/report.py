@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.summary import COLUMNS, num as _num, row_from_mlflow, summarize, table  # noqa: F401 (re-exported)
+from xp.summary import num as _num, row_from_mlflow
 
 
 # --- the report ------------------------------------------------------------------------

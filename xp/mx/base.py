@@ -181,7 +181,7 @@ class MXNetBackend(Backend):
         from xp.mx.data import make_iters
         from xp.mx.models import build_net, initialize, load_pretrained
 
-        from xp.launch import report_progress
+        from xp.worker import report_progress
 
         self.kv = None
         plan = self.connect(plan)
@@ -237,7 +237,7 @@ class MXNetBackend(Backend):
         if plan.kvstore.startswith("dist_"):
             import mxnet as mx
 
-            from xp.launch import check_scheduler
+            from xp.worker import check_scheduler
 
             check_scheduler()  # mx.kv.create would wait forever for a scheduler that is not there
             self.kv = mx.kv.create(plan.kvstore)  # ps-lite assigns the rank

@@ -14,9 +14,12 @@ import re
 import shlex
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from xp.launch import LOOPBACK, Engine, Job, Role, free_port, python, worker_command
+from xp.engine import LOOPBACK, Engine, Role, free_port, python, worker_command
+
+if TYPE_CHECKING:
+    from xp.launch import Job
 
 BIND_ENV = "XP_BIND"
 _EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
@@ -40,7 +43,7 @@ class Horovod(Engine):
         env = {BIND_ENV: s.bind}
         if s.remote:
             hosts = ",".join(f"{h}:{n}" for h, n in s.placement())
-            nic = s.interface or "eth0"
+            nic = s.interface  # None: horovodrun finds the interfaces the hosts share itself
             shim = Path(job.folder) / "bin"
             shim.mkdir()
             real = shutil.which("ssh") or "/usr/bin/ssh"  # the shim must not find itself
@@ -50,8 +53,8 @@ class Horovod(Engine):
         else:
             hosts, nic = f"{LOOPBACK}:{s.workers}", "lo"
         argv = [python(), "-m", "xp.mx.horovodrun", "--gloo", "-np", str(s.workers), "-H", hosts,
-                "--network-interfaces", nic, "--start-timeout", str(int(s.timeout_s)), "--disable-cache",
-                *worker_command(s)]
+                *(["--network-interfaces", nic] if nic else []), "--start-timeout", str(int(s.timeout_s)),
+                "--disable-cache", *worker_command(s)]
         return [Role("horovodrun", argv, env, runner=True)]
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:

@@ -10,9 +10,12 @@ command in a daemon thread whose failure nobody sees, and cannot end what it sta
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xp.launch import LOOPBACK, Engine, Job, Role, check_port, free_port, python, worker_command
+from xp.engine import LOOPBACK, Engine, Role, check_port, free_port, python, worker_command
+
+if TYPE_CHECKING:
+    from xp.launch import Job
 
 
 class PsLite(Engine):

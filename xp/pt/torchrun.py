@@ -13,9 +13,12 @@ import re
 import socket
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xp.launch import LOOPBACK, Engine, Job, Role, check_port, free_port, python
+from xp.engine import LOOPBACK, Engine, Role, check_port, free_port, python
+
+if TYPE_CHECKING:
+    from xp.launch import Job
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's failure summary: rank, then exitcode
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")

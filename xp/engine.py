@@ -1,0 +1,129 @@
+"""What a launch engine is: the spec of a job (what to run, where), the processes (roles) it starts, and the
+small `Engine` interface each engine implements beside its framework (xp/mx/pslite.py, xp/mx/horovodrun.py,
+xp/pt/torchrun.py). `xp.launch.Job` starts the roles and watches them.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from xp.errors import ConfigError
+from xp.hosts import SSH, HostSlots
+
+if TYPE_CHECKING:
+    from xp.launch import Job
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class Spec:
+    """What to launch; built from the run's plan by the CLI."""
+    worker_argv: list[str]  # python -m MODULE arguments for every worker
+    workers: int  # worker processes (torchrun: one per device and worker)
+    servers: int = 1
+    launcher: str = "local"  # local | ssh
+    port: int | None = None  # the scheduler's / rendezvous port, None: a free one
+    hosts: list[HostSlots] = field(default_factory=list)  # launcher=ssh
+    host_ip: str | None = None  # launcher=ssh: this machine's address as the hosts reach it
+    interface: str | None = None  # launcher=ssh: the network interface workers talk over
+    ssh: SSH = field(default_factory=SSH)
+    timeout_s: float = 300.0  # a worker without progress for this long fails the job
+    env: dict[str, str] = field(default_factory=dict)  # extra variables for every worker
+    on_poll: Callable[[], None] | None = None  # called every poll_s while the job runs (elastic discovery)
+    poll_s: float = 1.0
+    module: str = "xp"  # what the workers run (python -m MODULE): xp, or a benchmark's program
+
+    @property
+    def remote(self) -> bool:
+        return self.launcher == "ssh"
+
+    @property
+    def bind(self) -> str:
+        """The address this machine's servers (scheduler, rendezvous, progress) listen on."""
+        return self.host_ip if self.remote and self.host_ip else LOOPBACK
+
+    def placement(self, n: int | None = None) -> list[tuple[str, int]]:
+        """(host, processes) for n processes (default: workers), filling each host's slots in order."""
+        left, out = self.workers if n is None else n, []
+        for h in self.hosts:
+            take = min(left, h.slots)
+            if take:
+                out.append((h.name, take))
+            left -= take
+        if left > 0:
+            have = sum(h.slots for h in self.hosts)
+            raise ConfigError(f"workers: {self.workers} processes need {self.workers} slots; the hosts list "
+                              f"{have} ({', '.join(f'{h.name}:{h.slots}' for h in self.hosts)})")
+        return out
+
+
+@dataclass
+class Role:
+    """One process the job starts."""
+    name: str  # "scheduler", "worker 1", "torchrun on 10.0.0.2", ...
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    host: str | None = None  # None: this machine
+    worker: bool = True  # the job has succeeded when every worker role exited 0
+    runner: bool = False  # a runner (horovodrun, torchrun) that reports which of its processes failed
+    service: bool = False  # serves the others until the workers finish (then ended, not waited for)
+
+
+class Engine(ABC):
+    """How one distributed engine starts its processes; one small object per engine, beside its framework."""
+    name: ClassVar[str]
+    interface_here: ClassVar[bool] = False  # launcher=ssh: network_interface must exist on this machine too
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+
+    @abstractmethod
+    def roles(self, job: Job) -> list[Role]:
+        """The processes to start, in order."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line: what runs where."""
+
+    @classmethod
+    def env_for(cls, plan: Any) -> dict[str, str]:
+        """Variables every process of a job of this plan gets."""
+        return {}
+
+    def check(self) -> None:
+        """Refuse, before anything starts, what this engine cannot launch (ConfigError)."""
+
+    def hosts(self) -> list[str]:
+        """The hosts this job starts processes on (launcher=ssh)."""
+        return [h for h, _ in self.spec.placement()] if self.spec.remote else []
+
+    def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
+        """Note in `exits` (rank -> exit code) what a runner's output line says failed."""
+
+
+def python() -> str:
+    return sys.executable
+
+
+def worker_command(spec: Spec) -> list[str]:
+    return [python(), "-m", spec.module, *spec.worker_argv]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port(port: int, host: str = LOOPBACK) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"port={port}: {host}:{port} is not free ({e.strerror}); "
+                              "choose another port or leave port=null for a free one") from e

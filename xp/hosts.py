@@ -1,0 +1,159 @@
+"""Reaching other hosts over ssh: hosts files, the ssh options every connection uses, probing the hosts before
+a job starts (xp.remote probe), and ending what a job left there (xp.remote reap).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import psutil
+
+from xp.errors import ConfigError
+
+if TYPE_CHECKING:
+    from xp.engine import Spec
+
+NO_CHECKOUT = 97  # exit code of the remote probe command when the checkout or its Python is missing
+
+
+@dataclass(frozen=True)
+class HostSlots:
+    name: str  # an address or a name ssh resolves
+    slots: int  # processes it takes
+
+
+def parse_hosts(text: str, what: str) -> list[HostSlots]:
+    """`HOST`, `HOST:SLOTS` or `HOST slots=N` a line (# comments); a host listed twice adds its slots."""
+    hosts: dict[str, int] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([^\s:]+)(?::(\d+)|\s+slots=(\d+))?", line)
+        if not m or int(m.group(2) or m.group(3) or 1) < 1:
+            raise ConfigError(f"{what}: {line!r} is not HOST, HOST:SLOTS or 'HOST slots=N' (slots >= 1)")
+        hosts[m.group(1)] = hosts.get(m.group(1), 0) + int(m.group(2) or m.group(3) or 1)
+    return [HostSlots(h, n) for h, n in hosts.items()]
+
+
+def read_hosts(path: str) -> list[HostSlots]:
+    try:
+        hosts = parse_hosts(Path(path).expanduser().read_text(), f"hosts_file={path}")
+    except OSError as e:
+        raise ConfigError(f"hosts_file={path}: cannot read it ({e.strerror})") from None
+    if not hosts:
+        raise ConfigError(f"hosts_file={path}: lists no hosts (HOST or HOST:SLOTS a line)")
+    return hosts
+
+
+def discovered_hosts(source: str, timeout_s: float = 10.0) -> list[HostSlots]:
+    """The hosts and slots the discovery source lists now."""
+    path = Path(source).expanduser()
+    if os.access(path, os.X_OK) and path.is_file():
+        try:
+            out = subprocess.run([str(path)], capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            raise ConfigError(f"elastic.discovery={source}: the script failed ({type(e).__name__})") from None
+    else:
+        try:
+            out = path.read_text()
+        except OSError as e:
+            raise ConfigError(f"elastic.discovery={source}: cannot read it ({e.strerror})") from None
+    return parse_hosts(out, f"elastic.discovery={source}")
+
+
+@dataclass(frozen=True)
+class SSH:
+    config: str | None = None  # ssh_config file (ssh -F)
+    identity: str | None = None  # private key (ssh -i)
+    connect_timeout_s: float = 10.0
+
+    def options(self) -> list[str]:
+        opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(self.connect_timeout_s))}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+        if self.config:
+            opts[:0] = ["-F", self.config]
+        if self.identity:
+            opts += ["-i", self.identity, "-o", "IdentitiesOnly=yes"]
+        return opts
+
+    def argv(self, host: str, command: str) -> list[str]:
+        return ["ssh", *self.options(), host, command]
+
+
+def on_hosts(ssh: SSH, hosts: list[str], command: str, timeout: float,
+             command_for: Callable[[str], str] | None = None) -> dict[str, subprocess.CompletedProcess]:
+    """Run `command` (or command_for(host)) on every host at once over ssh; a host that does not answer in
+    time gets code 255."""
+    def one(host: str) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(ssh.argv(host, command_for(host) if command_for else command),
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess([], 255, "", f"no answer within {timeout:g} s")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        return dict(zip(hosts, pool.map(one, hosts)))
+
+
+def reap(ssh: SSH, hosts: list[str], job: str) -> None:
+    """End, on every host, whatever carries the job's id; a host that cannot be reached is noted."""
+    command = f"{shlex.quote(sys.executable)} -m xp.remote reap {job}"
+    for host, r in on_hosts(ssh, hosts, command, ssh.connect_timeout_s + 20).items():
+        if r.returncode != 0:
+            print(f"xp: could not reach {host} to end the job's processes there ({_ssh_error(r)})", flush=True)
+
+
+def _ssh_error(r: subprocess.CompletedProcess) -> str:
+    lines = [ln.strip() for ln in (r.stderr or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit code {r.returncode}"
+
+
+def local_addresses() -> dict[str, list[str]]:
+    return {name: [a.address for a in addrs if a.family == socket.AF_INET]
+            for name, addrs in psutil.net_if_addrs().items()}
+
+
+def preflight(spec: Spec, hosts: list[str], interface_here: bool = False) -> None:
+    """launcher=ssh: refuse, before anything starts, an address or interface that is not there, a host that
+    cannot be reached, refuses the key, or lacks the checkout. One line each (ConfigError)."""
+    here = local_addresses()
+    if not spec.host_ip:
+        raise ConfigError("launcher=ssh: needs host_ip=ADDRESS, this machine's address as the hosts reach it "
+                          f"(its addresses: {', '.join(a for v in here.values() for a in v)})")
+    if not any(spec.host_ip in v for v in here.values()):
+        raise ConfigError(f"host_ip={spec.host_ip}: not an address of this machine (its addresses: "
+                          f"{', '.join(a for v in here.values() for a in v)})")
+    if spec.interface and interface_here and spec.interface not in here:
+        raise ConfigError(f"network_interface={spec.interface}: this machine has no such interface "
+                          f"(it has: {', '.join(sorted(here))})")
+    py, cwd = shlex.quote(sys.executable), shlex.quote(os.getcwd())
+    command = f"cd {cwd} 2>/dev/null && test -x {py} && exec {py} -m xp.remote probe; exit {NO_CHECKOUT}"
+    for host, r in on_hosts(spec.ssh, hosts, command, spec.ssh.connect_timeout_s + 20).items():
+        if r.returncode == NO_CHECKOUT or (r.returncode == 1 and "No module named" in r.stderr):
+            raise ConfigError(f"host {host}: no xp checkout at {os.getcwd()} with its Python {sys.executable} (the "
+                              "checkout and its .venv must be at the same path on every host)")
+        if r.returncode == 255:
+            why = _ssh_error(r)
+            hint = ("check ssh.identity / ssh.config" if "denied" in why.lower()
+                    else "check the hosts file and that sshd runs there")
+            raise ConfigError(f"host {host}: ssh failed ({why}); {hint}")
+        if r.returncode != 0:
+            raise ConfigError(f"host {host}: the probe failed ({_ssh_error(r)})")
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+        if not info.get("resolves", True):
+            raise ConfigError(f"host {host}: its own name {info['hostname']!r} does not resolve there (gloo and "
+                              "ps-lite look it up); add the hosts' names to DNS or /etc/hosts")
+        if spec.interface and spec.interface not in info["interfaces"]:
+            raise ConfigError(f"network_interface={spec.interface}: host {host} has no such interface (it has: "
+                              f"{', '.join(sorted(info['interfaces']))})")

@@ -1,0 +1,72 @@
+"""The worker's side of a launched job: the variables the launcher sets, reporting progress, and finding
+the parameter-server scheduler. Light on purpose: every launched worker imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+from xp.errors import ConfigError
+
+WORKER_ENV = "XP_DIST_WORKER"  # set in workers: run as a worker, do not launch again
+RUN_ENV = "XP_RUN_ID"  # the MLflow run the launcher created; rank 0 logs into it
+PROGRESS_ENV = "XP_PROGRESS"  # ADDRESS:PORT of the launcher's progress socket (UDP)
+JOB_ENV = "XP_JOB"  # the job's id: every process it starts, on any host, carries it
+HOST_ENV = "XP_HOST"  # the host a process runs on, as the hosts file names it
+ROLE_ENV = "XP_ROLE"  # the index of the role (process) the launcher started
+HOSTS_ENV = "XP_HOSTS"  # the hosts the job occupies (its cost), counted by the launcher
+CONNECT_ENV = "XP_CONNECT_TIMEOUT_S"  # how long a worker tries to reach the scheduler
+
+
+def check_scheduler() -> None:
+    """In a ps-lite worker: fail with a clear error when the scheduler cannot be reached (MXNet would wait forever)."""
+    role = os.environ.get("DMLC_ROLE")
+    host, port = os.environ.get("DMLC_PS_ROOT_URI"), os.environ.get("DMLC_PS_ROOT_PORT")
+    if role != "worker" or not host or not (port or "").isdigit():
+        raise ConfigError("kvstore=dist_*: this process is not a parameter-server worker (DMLC_ROLE=worker, "
+                          "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT are set by the launcher); "
+                          "run it through python -m xp, which launches the roles")
+    timeout = float(os.environ.get(CONNECT_ENV, "60"))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2.0):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"cannot reach the parameter-server scheduler at {host}:{port} within {timeout:g} s "
+                                  "(DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT); is it running and reachable?") from None
+            time.sleep(0.5)
+
+
+_last_report = -1e9
+_reporter: socket.socket | None = None
+
+
+def report_progress(rank: int) -> None:
+    """Worker side: tell the launcher this worker is alive and moving (called per batch; sends at most one
+    datagram a second; advisory: a lost datagram only delays the next)."""
+    global _last_report, _reporter
+    target = os.environ.get(PROGRESS_ENV)
+    now = time.monotonic()
+    if not target or now - _last_report < 1.0:
+        return
+    # the host as the launcher names it: xp's remote roles are told; horovodrun tells the processes it starts
+    host = os.environ.get(HOST_ENV) or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    if _last_report < 0:
+        sys.stdout.write(f"xp: worker rank {rank} is pid {os.getpid()} on {host}\n")  # one write: workers share a pipe
+        sys.stdout.flush()
+    _last_report = now
+    address, _, port = target.rpartition(":")
+    msg = json.dumps({"rank": rank, "pid": os.getpid(), "host": host,
+                      "role": os.environ.get(ROLE_ENV)}).encode()
+    try:
+        if _reporter is None:
+            _reporter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        _reporter.sendto(msg, (address, int(port)))
+    except (OSError, ValueError):
+        pass
