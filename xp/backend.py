@@ -70,9 +70,9 @@ class Backend(ABC):
     scores: Any = None  # the running training scores of the epoch (xp.metrics.Scores)
 
     def begin_epoch(self, epoch: int) -> tuple[Any, int]:
-        """For a backend's train_epoch: fresh training scores, and how many of the epoch's batches to skip
-        (those trained before an interruption, when the run resumes inside this epoch, with their scores).
-        The backend then sets self.position = (epoch, batches trained) after each batch."""
+        """For the core's loop (xp.train.train_epoch): fresh training scores, and how many of the epoch's batches
+        to skip (those trained before an interruption, when the run resumes inside this epoch, with their
+        scores). The loop then sets self.position = (epoch, batches trained) after each batch."""
         from xp.metrics import Scores
 
         self.scores = Scores(self.plan.dataset.num_classes)
@@ -86,7 +86,7 @@ class Backend(ABC):
 
     def partial(self) -> dict[str, Any] | None:
         """Where an interrupted epoch stands (JSON-able), for a mid-epoch commit; None: at an epoch boundary.
-        A backend that uses begin_epoch resumes from it when its `resume_at` is set to it."""
+        The core's loop resumes from it when `resume_at` is set to it."""
         if self.position is None or self.position[1] == 0:
             return None
         return {"epoch": self.position[0], "step": self.position[1], "scores": dict(self.scores.__dict__)}

@@ -152,7 +152,7 @@ class ProgressBar(Callback):
 
 
 class Progress(Callback):
-    """A distributed worker tells its launcher it is moving (see xp.launch); a stalled worker fails the job."""
+    """A distributed worker tells its launcher it is moving (see xp.worker); a stalled worker fails the job."""
 
     def __init__(self, rank: int):
         from xp.worker import report_progress
