@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -111,6 +112,11 @@ class Cluster:
 
     # --- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> "Cluster":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            # a SIGTERM (CI cancelling, a killed pytest) unwinds through __exit__: the namespaces go too
+            self._sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             self._start()
         except BaseException:
@@ -119,7 +125,11 @@ class Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            if getattr(self, "_sigterm", None) is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
 
     def _start(self) -> None:
         self.shared.mkdir()

@@ -284,9 +284,8 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
     elastic_on = plan.elastic.enabled
     spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri}, elastic=elastic_on)
     engine = engine_cls(spec)
-    if spec.remote:  # a store the hosts cannot reach is refused before any host is probed
-        check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip)
-    prepare(engine, [h.name for h in spec.hosts] if elastic_on else None)  # elastic: every listed host
+    prepare(engine, [h.name for h in spec.hosts] if elastic_on else None,  # elastic: every listed host
+            before_probe=lambda: check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip))
     if spec.remote and not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
         spec.env[HOSTS_ENV] = str(len(engine.hosts()))
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides),

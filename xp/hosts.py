@@ -124,9 +124,9 @@ def local_addresses() -> dict[str, list[str]]:
             for name, addrs in psutil.net_if_addrs().items()}
 
 
-def preflight(spec: Spec, hosts: list[str], interface_here: bool = False) -> None:
-    """launcher=ssh: refuse, before anything starts, an address or interface that is not there, a host that
-    cannot be reached, refuses the key, or lacks the checkout. One line each (ConfigError)."""
+def check_here(spec: Spec, interface_here: bool = False) -> None:
+    """launcher=ssh, on this machine: host_ip is one of its addresses (and the interface is here, where the
+    engine needs it). One line each (ConfigError)."""
     here = local_addresses()
     if not spec.host_ip:
         raise ConfigError("launcher=ssh: needs host_ip=ADDRESS, this machine's address as the hosts reach it "
@@ -137,6 +137,11 @@ def preflight(spec: Spec, hosts: list[str], interface_here: bool = False) -> Non
     if spec.interface and interface_here and spec.interface not in here:
         raise ConfigError(f"network_interface={spec.interface}: this machine has no such interface "
                           f"(it has: {', '.join(sorted(here))})")
+
+
+def probe(spec: Spec, hosts: list[str]) -> None:
+    """launcher=ssh: every host at once, over ssh: reachable, the key accepted, the checkout and its Python at
+    this path, the interface there, its own name resolving. One line each (ConfigError)."""
     py, cwd = shlex.quote(sys.executable), shlex.quote(os.getcwd())
     command = f"cd {cwd} 2>/dev/null && test -x {py} && exec {py} -m xp.remote probe; exit {NO_CHECKOUT}"
     for host, r in on_hosts(spec.ssh, hosts, command, spec.ssh.connect_timeout_s + 20).items():

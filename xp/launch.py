@@ -39,13 +39,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
 from xp.engine import LOOPBACK, Engine, Role, Spec, python
 from xp.errors import ConfigError, XPError
-from xp.hosts import SSH, discovered_hosts, on_hosts, preflight, read_hosts, reap
+from xp.hosts import SSH, check_here, discovered_hosts, on_hosts, probe, read_hosts, reap
 from xp.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV
 
 # variables a remote process gets from the launcher's environment (the rest is the host's own)
@@ -343,12 +343,16 @@ def spec_for(plan: Any, argv: list[str], engine_cls: type[Engine], env: dict[str
     return spec
 
 
-def prepare(engine: Engine, hosts: list[str] | None = None) -> None:
-    """Everything checked before anything starts: the engine's own checks, then (launcher=ssh) the address,
-    the interface and every host (default: those the job uses)."""
+def prepare(engine: Engine, hosts: list[str] | None = None, before_probe: Callable[[], None] | None = None) -> None:
+    """Everything checked before anything starts: the engine's own checks, then (launcher=ssh) this machine's
+    address and interface, `before_probe` (checks that need no host, such as the tracking store), and every
+    host over ssh (default: those the job uses)."""
     engine.check()
     if engine.spec.remote:
-        preflight(engine.spec, engine.hosts() if hosts is None else hosts, interface_here=engine.interface_here)
+        check_here(engine.spec, interface_here=engine.interface_here)
+        if before_probe is not None:
+            before_probe()
+        probe(engine.spec, engine.hosts() if hosts is None else hosts)
 
 
 def launch(engine: Engine) -> None:

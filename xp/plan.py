@@ -226,7 +226,7 @@ def _launch(cfg: dict) -> LaunchSettings:
     if not isinstance(ssh, dict):
         raise ConfigError(f"ssh={ssh!r}: must be the ssh group (ssh.config, ssh.identity, ssh.connect_timeout_s)")
     flat = {f"ssh.{k}": v for k, v in ssh.items()}
-    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the launcher (xp.hosts.preflight)
+    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the launcher (xp.launch.spec_for)
         _text(flat, key)
     settings = LaunchSettings(
         launcher=launcher, hosts_file=_text(cfg, "hosts_file"), host_ip=_text(cfg, "host_ip"),
