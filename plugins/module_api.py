@@ -59,7 +59,7 @@ class ModuleBackend(MXNetBackend):
             self.optimizer.set_learning_rate(lr)
         self.mod.forward_backward(batch)
         self.mod.update()
-        return [self.mod.get_outputs()[1]]
+        return [self.mod.get_outputs()[1].copy()]  # the executor's own array: the next forward overwrites it
 
     def get_params(self) -> dict[str, Any]:
         arg_params, aux_params = self.mod.get_params()
@@ -75,4 +75,4 @@ class ModuleBackend(MXNetBackend):
 
     def predict(self, batch: Any) -> list[Any]:
         self.mod.forward(batch, is_train=False)
-        return [self.mod.get_outputs()[1]]
+        return [self.mod.get_outputs()[1].copy()]  # the executor's own array: the next forward overwrites it

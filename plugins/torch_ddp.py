@@ -123,9 +123,10 @@ class TorchBackend(Backend):
                          for m in self.net.modules())
         self.channels_last = gpu and bool(plan.backend_options.get("channels_last", True))
         self.net.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        # foreach: one kernel call per parameter group, not one per tensor (PyTorch's default on GPUs only;
+        # on the CPU it saves about 0.04 ms of LeNet's 2 ms step)
         self.optimizer = torch.optim.SGD(_decay_groups(self.net, groups, plan.wd), lr=plan.effective_lr,
-                                         momentum=plan.momentum,
-                                         nesterov=plan.optimizer == "nag")
+                                         momentum=plan.momentum, nesterov=plan.optimizer == "nag", foreach=True)
         self.amp_dtype = _autocast_dtype(plan)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self.model: nn.Module = self.net
@@ -203,6 +204,8 @@ class TorchBackend(Backend):
 
     # --- training -----------------------------------------------------------------------------------
     def _input(self, x: Any) -> Any:
+        if self.device.type == "cpu":
+            return x  # the batches are there already
         import torch
 
         x = x.to(self.device, non_blocking=True)
@@ -219,15 +222,26 @@ class TorchBackend(Backend):
         x, y = batch
         for g in self.optimizer.param_groups:
             g["lr"] = lr * g["lr_mult"]
-        x, y_dev = self._input(x), y.to(self.device, non_blocking=True)
-        with _autocast(self.device.type, self.amp_dtype):
-            logits = self.model(x)
-            loss = self.loss(logits.float(), y_dev)
+        x, y_dev = self._input(x), y if self.device.type == "cpu" else y.to(self.device, non_blocking=True)
+        if self.amp_dtype is None:
+            loss = self.loss(logits := self.model(x), y_dev)
+        else:
+            with _autocast(self.device.type, self.amp_dtype):
+                logits = self.model(x)
+                loss = self.loss(logits.float(), y_dev)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        return logits.detach().float().cpu().numpy(), y.numpy()  # .cpu() waits for the step
+        if self.scaler.is_enabled():
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        return logits.detach(), y
+
+    def fetch(self, outputs: tuple[Any, Any]) -> tuple[np.ndarray, np.ndarray]:
+        logits, y = outputs
+        return logits.float().cpu().numpy(), y.numpy()  # .cpu() waits for the step's forward pass
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -276,6 +290,9 @@ def _autocast_dtype(plan: Plan) -> Any:
 
 def _autocast(device_type: str, dtype: Any) -> Any:
     """torch.autocast to `dtype` on `device_type`; off (float32) for None."""
+    import contextlib
+
     import torch
 
-    return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None)
+    # float32: no autocast at all (entering a disabled one costs about 0.04 ms a step)
+    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()

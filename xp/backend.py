@@ -129,9 +129,13 @@ class Backend(ABC):
         """test_io: make sure `batch` is decoded and in memory (the work the input pipeline must do)."""
 
     @abstractmethod
-    def train_step(self, batch: Any, lr: float) -> tuple[Any, Any]:
-        """One training step at learning rate `lr`: forward, backward, update. Returns the batch's logits and
-        labels as numpy arrays, which waits for the step's forward pass (batch times measure work done)."""
+    def train_step(self, batch: Any, lr: float) -> Any:
+        """One training step at learning rate `lr`: forward, backward, update. Returns the step's outputs (its
+        logits and labels) as they are, without waiting for them: the core reads them with fetch a step later."""
+
+    def fetch(self, outputs: Any) -> tuple[Any, Any]:
+        """A step's logits and labels (what train_step returned) as numpy arrays: waits for its forward pass."""
+        return outputs
 
     def sync(self) -> None:
         """Wait until every step given so far has finished (asynchronous engines: the updates too)."""

@@ -168,7 +168,8 @@ class MXNetBackend(Backend):
 
     @abstractmethod
     def step(self, batch: Any, lr: float) -> list[Any]:
-        """Forward, backward and update on one batch at learning rate `lr`; return the logits (NDArrays)."""
+        """Forward, backward and update on one batch at learning rate `lr`; return the logits (NDArrays), without
+        waiting for them. They are read after the next step was given: arrays that step overwrites are copied."""
 
     @abstractmethod
     def predict(self, batch: Any) -> list[Any]:
@@ -338,8 +339,13 @@ class MXNetBackend(Backend):
         batch.data[0].wait_to_read()
 
     def train_step(self, batch: Any, lr: float) -> tuple[Any, Any]:
-        logits = self.step(batch, lr)
-        return np.concatenate([to_numpy(o) for o in logits]), batch.label[0].asnumpy()
+        # the labels are read now: they are input, ready (no wait for the step), and a RecordIO reader reuses
+        # their buffer for a later batch before the core reads this step's logits
+        return self.step(batch, lr), batch.label[0].asnumpy()
+
+    def fetch(self, outputs: tuple[Any, Any]) -> tuple[np.ndarray, np.ndarray]:
+        logits, labels = outputs
+        return np.concatenate([to_numpy(o) for o in logits]), labels
 
     def sync(self) -> None:
         import mxnet as mx

@@ -30,34 +30,43 @@ class ArrayIter(mx.io.DataIter):
         n = len(x)
         self.steps = -(-n // global_batch) if pad_last else n // global_batch
         self.epoch = 0
-        self._order = datasets.epoch_order(n, seed, 0, shuffle)
-        self._step = 0
+        # every batch carries them (Module checks them per step): made once
+        self._provide_data = [mx.io.DataDesc("data", (self.batch_size, *x.shape[1:]), np.float32)]
+        self._provide_label = [mx.io.DataDesc("softmax_label", (self.batch_size,), np.float32)]
+        self.reset()
 
     @property
     def provide_data(self):
-        return [mx.io.DataDesc("data", (self.batch_size, *self.x.shape[1:]), np.float32)]
+        return self._provide_data
 
     @property
     def provide_label(self):
-        return [mx.io.DataDesc("softmax_label", (self.batch_size,), np.float32)]
+        return self._provide_label
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.reset()
 
     def reset(self) -> None:
-        self._order = datasets.epoch_order(len(self.x), self.seed, self.epoch, self.shuffle)
+        # This worker's samples of the whole epoch, gathered into one NDArray once: a batch is then a view of
+        # it (a copy per batch, two mx.nd.array calls, cost about 0.35 ms: a quarter of a LeNet step)
+        order = datasets.epoch_order(len(self.x), self.seed, self.epoch, self.shuffle)
+        per_worker = self.global_batch // self.workers
+        first = datasets.worker_slice(0, self.global_batch, self.rank, self.workers).start
+        positions = (np.arange(self.steps)[:, None] * self.global_batch + first + np.arange(per_worker)).ravel()
+        self._pads = np.maximum(0, positions.reshape(self.steps, per_worker)[:, -1] + 1 - len(self.x)) \
+            if self.pad_last else np.zeros(self.steps, dtype=np.int64)
+        idx = order[positions % len(self.x)]
+        self._data, self._label = mx.nd.array(self.x[idx]), mx.nd.array(self.y[idx])
         self._step = 0
 
     def next(self) -> mx.io.DataBatch:
         if self._step >= self.steps:
             raise StopIteration
-        sl = datasets.worker_slice(self._step, self.global_batch, self.rank, self.workers)
-        idx = np.arange(sl.start, sl.stop)
-        pad = int(max(0, sl.stop - len(self.x))) if self.pad_last else 0
-        idx = self._order[idx % len(self.x)]
+        step, size = self._step, self.batch_size
         self._step += 1
-        return mx.io.DataBatch([mx.nd.array(self.x[idx])], [mx.nd.array(self.y[idx])], pad=pad,
+        return mx.io.DataBatch([self._data[step * size:(step + 1) * size]],
+                               [self._label[step * size:(step + 1) * size]], pad=int(self._pads[step]),
                                provide_data=self.provide_data, provide_label=self.provide_label)
 
 
