@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
     from xp.engine import Engine
-    from xp.plan import Plan
+    from xp.plan import ModelSpec, Plan
+    from xp.pretrained import PretrainedRequest, PretrainedSpec
 
 # on_batch(step_in_epoch, samples): call once per step, after the step's outputs
 # have been computed (synchronised), so the core can time batches honestly.
@@ -48,6 +49,14 @@ class Backend(ABC):
     def for_plan(cls, plan: Plan) -> type[Backend]:
         """The class that runs `plan`: a plugin with variants (an API option) may pick one here."""
         return cls
+
+    @classmethod
+    def resolve_pretrained(cls, request: PretrainedRequest, model: ModelSpec) -> PretrainedSpec:
+        """pretrained=: find the weights `request` names for `model` on disk (never download); a ConfigError
+        naming what was tried when they are not there. Called while the plan is built."""
+        from xp.errors import ConfigError
+
+        raise ConfigError(f"pretrained={request.name}: backend={cls.name} cannot start from pretrained weights")
 
     @classmethod
     def fits(cls, plan: Plan) -> bool:

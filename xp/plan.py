@@ -9,7 +9,7 @@ below the entry point sees the raw config.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dataclasses import replace
@@ -17,7 +17,7 @@ from dataclasses import replace
 from xp import datasets
 from xp.datasets import DatasetSpec
 from xp.errors import ConfigError
-from xp.pretrained import PretrainedSpec, resolve, resolve_torchvision
+from xp.pretrained import PretrainedRequest, PretrainedSpec
 
 IMAGENET_MEAN = (123.68, 116.28, 103.53)  # RGB, 0-255 scale: what GluonCV's ImageNet models were trained on
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -37,7 +37,8 @@ class ModelSpec:
     zoo: str  # xp | gluoncv
     arch: str  # network name inside that zoo
     dropout: float = 0.0  # xp's lenet: dropout before the classifier
-    torchvision: str | None = None  # the same network in torchvision (backend=torch)
+    # the model group's other keys, for the backends' packages (e.g. torchvision: the network's name there)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
 def _model(m: dict) -> ModelSpec:
     model = ModelSpec(m["name"], _choice(m.get("zoo"), "model.zoo", MODEL_ZOOS), str(m.get("arch") or m["name"]),
                       _float({"model.dropout": m.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True),
-                      m.get("torchvision"))
+                      {k: v for k, v in m.items() if k not in ("name", "zoo", "arch", "dropout")})
     if model.dropout and model.zoo != "xp":
         raise ConfigError(f"model.dropout={model.dropout:g}: applies to xp's own models; model={model.name} comes "
                           f"from {model.zoo}, whose architecture fixes its dropout")
@@ -322,8 +323,8 @@ def _data(cfg: dict, model: ModelSpec, backend: str) -> tuple[DatasetSpec, Pretr
         raise ConfigError(f"num_classes={classes!r}: dataset={dataset.name} has {dataset.num_classes} classes; "
                           f"leave num_classes unset or give {dataset.num_classes}")
     pretrained = _pretrained(cfg, model, backend)
-    if pretrained and cfg.get("pretrained_input", "auto") == "auto" and dataset.options.get("kind") in ("folder", "rec") \
-            and (pretrained.source == "checkpoint" or model.zoo == "gluoncv"):
+    if pretrained and pretrained.imagenet_input and cfg.get("pretrained_input", "auto") == "auto" \
+            and dataset.options.get("kind") in ("folder", "rec"):
         # the input the ImageNet network was trained on: MXNet zoo ResNets normalise raw pixels themselves
         mean, std = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)) if pretrained.raw_pixels else (IMAGENET_MEAN, IMAGENET_STD)
         dataset = replace(dataset, image_shape=(3, 224, 224),
@@ -419,24 +420,19 @@ def _measurement(cfg: dict) -> dict[str, Any]:
 
 
 def _pretrained(cfg: dict, model: ModelSpec, backend: str) -> PretrainedSpec | None:
+    """The pretrained_* settings, resolved to files by the backend's package (Backend.resolve_pretrained)."""
     value = cfg.get("pretrained")
     if value is None:
         return None
     if not isinstance(value, str) or not value:
         raise ConfigError(f"pretrained={value!r}: must be a model-zoo name or a checkpoint prefix")
-    if backend == "torch":  # PyTorch's weights files, in PyTorch's cache
-        return resolve_torchvision(value, _bool(cfg, "freeze_backbone"), _float(cfg, "backbone_lr_mult", 0.0, 100.0))
     _choice(cfg.get("pretrained_input", "auto"), "pretrained_input", ("auto", "dataset"))
     layer = cfg.get("pretrained_layer")
-    spec = resolve(value, _int(cfg, "pretrained_epoch", 0, 9999), str(layer) if layer else None,
-                   _bool(cfg, "freeze_backbone"), _float(cfg, "backbone_lr_mult", 0.0, 100.0))
-    if spec.source == "zoo" and spec.name != model.arch:
-        raise ConfigError(f"pretrained={value}: these are weights of {value}, but model={model.name} builds "
-                          f"{model.arch}; choose the matching model (or pretrained={model.arch})")
-    if spec.source == "checkpoint" and not layer:
-        raise ConfigError("pretrained_layer=null: a checkpoint is cut at a named layer (e.g. flatten0) "
-                          "before the new classifier")
-    return spec
+    request = PretrainedRequest(value, _int(cfg, "pretrained_epoch", 0, 9999), str(layer) if layer else None,
+                                _bool(cfg, "freeze_backbone"), _float(cfg, "backbone_lr_mult", 0.0, 100.0))
+    from xp.registry import Registry
+
+    return Registry().load(backend).resolve_pretrained(request, model)
 
 
 def learning_rate(plan: Plan, step: int) -> float:

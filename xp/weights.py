@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from xp.pretrained import cache_dir
+from xp.mx.pretrained import cache_dir
 
 
 def _sha1(path: Path) -> str:

@@ -89,6 +89,12 @@ class MXNetBackend(Backend):
         return PsLite
 
     @classmethod
+    def resolve_pretrained(cls, request: Any, model: Any) -> Any:
+        from xp.mx.pretrained import resolve
+
+        return resolve(request, model)
+
+    @classmethod
     def check(cls, plan: Plan) -> None:
         if plan.dtype == "float16" and plan.device_type != "gpu":
             raise ConfigError("dtype=float16: MXNet 1.9.1 has no float16 CPU kernels for dense layers "

@@ -37,15 +37,16 @@ def build_model(model: ModelSpec, classes: int, image_shape: tuple[int, int, int
         if model.arch != "lenet":
             raise ConfigError(f"model.arch={model.arch!r}: not in xp's zoo; valid: lenet")
         return lenet(classes, image_shape, model.dropout)
-    if not model.torchvision:
+    name = model.options.get("torchvision")  # the model's name in torchvision, from its conf/model file
+    if not name:
         raise ConfigError(f"model={model.name}: has no torchvision network for backend=torch; set "
                           "model.torchvision=NAME (a torchvision.models name)")
     import torchvision
 
     try:
-        net = torchvision.models.get_model(model.torchvision, weights=None, num_classes=classes)
+        net = torchvision.models.get_model(name, weights=None, num_classes=classes)
     except ValueError as e:
-        raise ConfigError(f"model.torchvision={model.torchvision!r}: not a torchvision model ({e})") from None
+        raise ConfigError(f"model.torchvision={name!r}: not a torchvision model ({e})") from None
     channels = image_shape[0]
     conv1 = getattr(net, "conv1", None)
     if channels != 3 and isinstance(conv1, nn.Conv2d):  # e.g. 1-channel digits: a stem for that many channels
@@ -53,7 +54,7 @@ def build_model(model: ModelSpec, classes: int, image_shape: tuple[int, int, int
                               bias=False)
         nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
     elif channels != 3:
-        raise ConfigError(f"model={model.name}: torchvision's {model.torchvision} takes 3-channel images; "
+        raise ConfigError(f"model={model.name}: torchvision's {name} takes 3-channel images; "
                           f"dataset images have {channels}")
     return net
 

@@ -1,0 +1,82 @@
+"""Pretrained weights for the MXNet backends: MXNet's model cache, never downloaded.
+
+`pretrained=` is either
+  - a model-zoo name, looked up in MXNet's model cache ($MXNET_HOME/models, default
+    ~/.mxnet/models) under GluonCV's naming NAME-HASH.params (or NAME.params), or
+  - an MXNet checkpoint PREFIX (PREFIX-symbol.json + PREFIX-0000.params, the format of
+    MXNet's model zoo), given as a path or as a name in the same cache.
+File names and JSON only: nothing here imports MXNet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from xp.errors import ConfigError
+from xp.plan import ModelSpec
+from xp.pretrained import PretrainedRequest, PretrainedSpec
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MXNET_HOME") or "~/.mxnet").expanduser() / "models"
+
+
+def _layers(symbol_file: str) -> list[str]:
+    try:
+        nodes = json.loads(Path(symbol_file).read_text())["nodes"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"pretrained: {symbol_file} is not an MXNet symbol file ({type(e).__name__})") from e
+    return [n["name"] for n in nodes if n.get("op") != "null"]
+
+
+def resolve(request: PretrainedRequest, model: ModelSpec) -> PretrainedSpec:
+    """Model-zoo weights or a checkpoint for `model`, checked against it."""
+    spec = _find(request.name, request.epoch, request.layer, request.freeze_backbone, request.backbone_lr_mult)
+    if spec.source == "zoo" and spec.name != model.arch:
+        raise ConfigError(f"pretrained={spec.name}: these are weights of {spec.name}, but model={model.name} builds "
+                          f"{model.arch}; choose the matching model (or pretrained={model.arch})")
+    if spec.source == "checkpoint" and not request.layer:
+        raise ConfigError("pretrained_layer=null: a checkpoint is cut at a named layer (e.g. flatten0) "
+                          "before the new classifier")
+    # a checkpoint and GluonCV's zoo networks were trained on ImageNet's input
+    return replace(spec, imagenet_input=spec.source == "checkpoint" or model.zoo == "gluoncv")
+
+
+def _find(value: str, epoch: int, layer: str | None, freeze: bool, lr_mult: float) -> PretrainedSpec:
+    cache = cache_dir()
+    tried: list[str] = []
+    is_path = os.sep in value or value.startswith(".")
+    prefixes = [os.path.expanduser(value)] if is_path else [str(cache / value)]
+    for prefix in prefixes:
+        symbol, params = f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"
+        tried += [symbol, params]
+        have = os.path.isfile(symbol), os.path.isfile(params)
+        if all(have):
+            layers = _layers(symbol)
+            if layer is not None and layer.removesuffix("_output") not in layers:
+                raise ConfigError(f"pretrained_layer={layer}: no layer of that name in {symbol}; "
+                                  f"its last layers: {', '.join(layers[-6:])}")
+            return PretrainedSpec("checkpoint", value, params, symbol, layer and layer.removesuffix("_output"),
+                                  freeze, lr_mult,
+                                  raw_pixels="bn_data" in layers)
+        if any(have):
+            missing = params if have[0] else symbol
+            raise ConfigError(f"pretrained={value}: {missing} is missing (a checkpoint needs both "
+                              f"PREFIX-symbol.json and PREFIX-{epoch:04d}.params)")
+    if not is_path:
+        # GluonCV's cache naming: NAME-<first 8 hex digits of the file's sha1>.params
+        found = sorted(p for p in cache.glob(f"{value}-*.params") if re.fullmatch(rf"{re.escape(value)}-[0-9a-f]{{8}}\.params", p.name))
+        tried.append(str(cache / f"{value}-<sha1 prefix>.params"))
+        plain = cache / f"{value}.params"
+        tried.append(str(plain))
+        if found or plain.is_file():
+            return PretrainedSpec("zoo", value, str(found[-1] if found else plain), None, None, freeze, lr_mult,
+                                  raw_pixels=False)
+    raise ConfigError(
+        f"pretrained={value}: weights not found; tried {', '.join(tried)}. Model-zoo weights are GluonCV's "
+        f"NAME-HASH.params files; checkpoints are MXNet model-zoo PREFIX-symbol.json + PREFIX-{epoch:04d}.params. "
+        f"Download one where there is network and put it in {cache} with: python -m xp.weights add FILE_OR_PREFIX")
