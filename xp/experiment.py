@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from xp.worker import HOSTS_ENV
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
 from xp.telemetry import telemetry
-from xp.tracking import NullTracker, Tracker, TrackingCallback, flatten, resolve_uri, run_name, run_url_hint, versions
+from xp.tracking import NullTracker, Tracker, TrackingCallback, resolve_uri, run_name, run_url_hint, versions
 from xp.train import fit
 
 log = logging.getLogger("xp")
@@ -63,7 +63,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
                     "GPU memory" if plan.device_type == "gpu" else
                     f"auto_batch_memory_mb={plan.auto_batch_memory_mb:g}") + ")")
         config["batch"] = batch
-        plan = build_plan(config, visible_gpus=gpus, hosts=hosts)
+        plan = replace(build_plan(config, visible_gpus=gpus, hosts=hosts), batch_auto=True)
     return plan, backend_cls
 
 
@@ -111,12 +111,11 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     """Run one experiment from a resolved config (a plain dict): plan, backend, tracking, callbacks, fit,
     summary."""
     job = job or JobInfo()
-    batch_auto = config.get("batch") == "auto"
     uri = resolve_uri(config.get("tracking_uri"), job.cwd)
     config, reopen = (checkpoint.resolve_resume(config, uri) if config.get("resume") is not None and not job.run_id
                       else (dict(config), None))
-    plan, backend_cls = plan_and_backend(config, resolve_auto=True)
-    trial = study.attach(config)
+    plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
+    trial = study.attach(plan.study)
     log.info(describe(plan, uri))
     backend = None if plan.diagnose else _set_up(plan, backend_cls)
     plan = backend.plan if backend else plan
@@ -124,7 +123,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     with _open_tracker(plan, uri, name, job, trial, reopen) as tracker:
         _attach_files(tracker, job, trial)
         if not (os.environ.get(elastic.RESUMED_ENV) or reopen):  # a resumed run has its params already
-            tracker.log_params({**_params(config, plan, backend_cls), "batch_auto": batch_auto})
+            tracker.log_params(_params(plan, backend_cls))
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
         if plan.diagnose:
             return Outcome("FINISHED", _diagnose(plan, backend_cls, tracker))
@@ -177,8 +176,8 @@ def _attach_files(tracker: Any, job: JobInfo, trial: Any) -> None:
         tracker.add_artifact_on_exit(job.log_file)
 
 
-def _params(config: dict[str, Any], plan: Plan, backend_cls: type) -> dict[str, Any]:
-    params = flatten(config)
+def _params(plan: Plan, backend_cls: type) -> dict[str, Any]:
+    params = {**plan.requested, "batch_auto": plan.batch_auto}
     params.update({f"derived.{k}": v for k, v in plan.derived().items()})
     params.update({f"version.{k}": v for k, v in versions(backend_cls.requires).items()})
     return params

@@ -83,6 +83,15 @@ class ElasticSettings:
 
 
 @dataclass(frozen=True)
+class StudySettings:
+    """The Optuna trial a run is (the study's sweeper sets optuna.* on each trial's command line)."""
+    sweep: str  # the study file's name (sweeps/NAME.yaml)
+    study: str  # the Optuna study's name
+    storage: str  # its RDB URL
+    trial_id: int
+
+
+@dataclass(frozen=True)
 class Plan:
     backend: str
     backend_options: dict[str, Any]
@@ -138,6 +147,10 @@ class Plan:
     run_name: str | None
     launch: LaunchSettings = LaunchSettings()
     elastic: ElasticSettings = ElasticSettings()
+    study: StudySettings | None = None  # a trial of an Optuna study
+    batch_auto: bool = False  # batch was auto: the largest that fits (batch holds it)
+    # the settings as given (flattened: model.name, ...), recorded as the run's parameters; nothing decides on them
+    requested: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cost_per_hour(self) -> float:
@@ -302,7 +315,29 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         hosts=hosts or 1, servers=servers, **_state(cfg), **sizes,
         **_optimisation(cfg, kvstore, sizes), **_measurement(cfg),
         experiment=str(cfg.get("experiment") or "xp"), tracking_uri=cfg.get("tracking_uri"),
-        run_name=cfg.get("run_name"), launch=launch, elastic=elastic)
+        run_name=cfg.get("run_name"), launch=launch, elastic=elastic, study=_study(cfg), requested=flatten(cfg))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _study(cfg: dict) -> StudySettings | None:
+    o = cfg.get("optuna") or {}
+    if o.get("trial_id") is None:
+        return None
+    if not cfg.get("sweep") or not o.get("study") or not o.get("storage") or not _is_int(o["trial_id"]):
+        raise ConfigError("optuna.*: set by a study's sweeper for each trial (sweep, optuna.study, optuna.storage, "
+                          "optuna.trial_id together); run studies with python -m xp -m sweep=NAME")
+    return StudySettings(str(cfg["sweep"]), str(o["study"]), str(o["storage"]), int(o["trial_id"]))
 
 
 def _model(m: dict) -> ModelSpec:

@@ -342,17 +342,16 @@ class TrialReporter(Callback):
                 raise TrialPruned(f"pruned after epoch {epoch}")
 
 
-def attach(config: dict[str, Any]) -> tuple[Any, StudySpec] | None:
-    """The trial this run belongs to (set by the sweeper through optuna.* overrides), or None."""
-    o = config.get("optuna") or {}
-    if o.get("trial_id") is None:
+def attach(settings: Any) -> tuple[Any, StudySpec] | None:
+    """The trial a run is (the plan's StudySettings, from the sweeper's optuna.* overrides), or None."""
+    if settings is None:
         return None
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = load_spec(config["sweep"])
-    study = optuna.load_study(study_name=o["study"], storage=o["storage"], pruner=make_pruner(spec))
-    return optuna.trial.Trial(study, int(o["trial_id"])), spec
+    spec = load_spec(settings.sweep)
+    study = optuna.load_study(study_name=settings.study, storage=settings.storage, pruner=make_pruner(spec))
+    return optuna.trial.Trial(study, settings.trial_id), spec
 
 
 # --- the sweeper side ----------------------------------------------------------------

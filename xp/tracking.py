@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError, Terminated, one_line, redact
+from xp.plan import flatten  # noqa: F401 (cli imports it from here)
 
 log = logging.getLogger("xp")
 
@@ -101,17 +102,6 @@ def _artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
     return None
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 MAX_RUN_NAME = 250  # MLflow's column; PostgreSQL enforces it, SQLite does not
