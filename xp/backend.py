@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from xp.plan import ModelSpec, Plan
     from xp.pretrained import PretrainedRequest, PretrainedSpec
 
-# on_batch(step_in_epoch, samples): call once per step, after the step's outputs
-# have been computed (synchronised), so the core can time batches honestly.
+# on_batch(step_in_epoch, samples): the core's loop calls it once per step, after the step was given (the step
+# before it has been read back, so batch times are within a step of the work done).
 BatchHook = Callable[[int, int], None]
 
 

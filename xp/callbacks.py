@@ -29,10 +29,10 @@ class Callback:
 class ThroughputMeter(Callback):
     """samples/s over the epoch with warm-up batches excluded, plus the per-batch spread.
 
-    Times are taken at batch-end events, which backends emit only after the
-    step's outputs were read back (synchronised), and at the end of the
-    training epoch, after the engine drained its queue. Timing un-synchronised
-    calls would measure the launch queue of an asynchronous engine.
+    Times are taken at batch-end events, which the core's loop emits after
+    the step before was read back (so an asynchronous engine is at most one
+    step ahead of them), and at the end of the training epoch, after the
+    engine drained its queue. The warm-up's end is synchronised fully.
     """
 
     def __init__(self, warmup_batches: int, name: str = "throughput"):

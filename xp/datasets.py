@@ -272,3 +272,11 @@ def worker_slice(step: int, global_batch: int, rank: int, workers: int) -> slice
     per_worker = global_batch // workers
     start = step * global_batch + rank * per_worker
     return slice(start, start + per_worker)
+
+
+def shard_positions(steps: int, global_batch: int, rank: int, workers: int) -> np.ndarray:
+    """Positions in the epoch order that worker `rank` reads in `steps` steps, step by step (worker_slice of
+    each step, concatenated): gathered once an epoch, a step's batch is a slice of them."""
+    per_worker = global_batch // workers
+    first = worker_slice(0, global_batch, rank, workers).start
+    return (np.arange(steps)[:, None] * global_batch + first + np.arange(per_worker)).ravel()
