@@ -84,7 +84,7 @@ def test_multirun_groups_children_under_one_parent(tmp_path, store):
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
-    assert sorted(c.info.run_name for c in children) == ["epochs=2 batch=16", "epochs=2 batch=32"]
+    assert sorted(c.info.run_name for c in children) == ["batch=16", "batch=32"]  # named by what the sweep varies
     assert sorted(c.data.params["batch"] for c in children) == ["16", "32"]
     assert all(c.info.status == "FINISHED" for c in children)
     assert "sweep: 2 runs under MLflow parent run " + parent.info.run_id in proc.stdout
@@ -183,3 +183,15 @@ def test_failed_job_in_a_sweep_fails_the_parent(tmp_path, store):
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert [r.info.status for r in parent] == ["FAILED"]
     assert [r.info.status for r in children] == ["FINISHED", "FAILED"]
+
+
+def test_sweep_children_are_named_by_what_the_sweep_varies():
+    from xp.cli import swept_keys
+    from xp.summary import table
+
+    assert swept_keys(["batch=16,32", "lr=0.1", "lr_steps=[6,9]", "x='a,b'", "momentum=range(0.5,0.9,0.1)",
+                       "+wd=interval(0,1)", "epochs=3", "lr_decay=choice(0.1,0.5)"]) == \
+        ["batch", "momentum", "wd", "lr_decay"]
+    name = "trial 12: lr=0.018 batch=128 momentum=0.88 wd=0.0001 warmup_epochs=0.5 epochs=10"
+    first = table([{"run": name}]).splitlines()[2]
+    assert "trial 12: lr=0.018" in first and "epochs=10" in first  # a long name keeps its start and its end

@@ -96,6 +96,36 @@ def test_trials_of_a_dead_sweeper_are_retried_with_their_parameters_up_to_max_re
     assert study._counts(s) == (1, 0)  # the retried trial 0 does not count, its retry does
 
 
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_a_resumed_study_proposes_new_parameters_not_its_first_ones_again(tmp_path, sweeps, sampler):
+    """Two trials, then the same study opened again (a rerun with a larger budget): still in the sampler's random
+    start-up phase, the next two trials must be new, not the first two replayed from the same seed."""
+    from optuna.trial import TrialState
+
+    sweeps("s", f"storage: sqlite:///{tmp_path}/s.db\nsampler: {sampler}\nsampler_seed: 0\n"
+                "params: {lr: {type: float, low: 0.001, high: 0.1, log: true}, momentum: {type: float, low: 0.5, "
+                "high: 0.95}}")
+    spec = study.load_spec("s", KNOWN)
+
+    def run(s, n):
+        asked = []
+        for _ in range(n):
+            t = s.ask(study.distributions(spec))
+            s.tell(t, state=TrialState.COMPLETE, values=[t.params["momentum"]])
+            asked.append(t.params)
+        return asked
+
+    first = run(study.open_study(spec), 2)
+    again = run(study.open_study(spec), 2)  # resumed: the storage holds the first two
+    assert not any(p in first for p in again)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    sweeps("s", f"storage: sqlite:///{fresh}/s.db\nsampler: {sampler}\nsampler_seed: 0\n"
+                "params: {lr: {type: float, low: 0.001, high: 0.1, log: true}, momentum: {type: float, low: 0.5, "
+                "high: 0.95}}")
+    assert run(study.open_study(study.load_spec("s", KNOWN)), 2) == first  # a new study: the seed reproduces
+
+
 def test_heartbeat_settings_are_checked(sweeps):
     sweeps("hb", "heartbeat_s: 10\ngrace_s: 10\nparams: {lr: {type: float, low: 0.1, high: 1}}")
     with pytest.raises(ConfigError, match="grace_s=10 must be longer than heartbeat_s=10"):
@@ -163,6 +193,7 @@ def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
         assert c.data.tags["optuna.trial_number"] == str(t.number)
         assert c.data.tags["optuna.trial_state"] == t.state.name and c.info.status == "FINISHED"
         assert int(c.data.metrics["epochs"]) == len(t.intermediate_values)  # the epochs it ran
+        assert c.info.run_name == f"trial {t.number}: lr={t.params['lr']:.3g} batch={t.params['batch']}"
 
     # the same command continues the same study, up to a raised budget
     sweeps("small", SMALL.format(n=10, sampler="random", pruner="median", objectives=ONE))

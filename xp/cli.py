@@ -24,6 +24,7 @@ from xp.worker import RUN_ENV, WORKER_ENV
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
+SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
 # Flags Hydra answers without running a job.
 PASSTHROUGH = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
                "--shell-completion", "-sc"}
@@ -242,6 +243,7 @@ def _task(cfg: Any) -> float:
         parent_run_id=os.environ.get(PARENT_ENV),
         cwd=Path(hc.runtime.cwd),
         run_id=os.environ.get(RUN_ENV),
+        swept=tuple(k for k in os.environ.get(SWEPT_ENV, "").split(",") if k),
     )
     config = OmegaConf.to_container(cfg, resolve=True)
     in_study = (config.get("optuna") or {}).get("trial_id") is not None
@@ -313,6 +315,35 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
         tracker.end(status)
 
 
+def swept_keys(overrides: list[str]) -> list[str]:
+    """The keys a multirun varies: KEY=a,b,... or KEY=range(...)/choice(...)/interval(...)/glob(...)."""
+    import re
+
+    keys = []
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if eq and (re.match(r"\s*(range|choice|interval|glob|tag)\(", value) or _has_top_level_comma(value)):
+            keys.append(key)
+    return keys
+
+
+def _has_top_level_comma(value: str) -> bool:
+    """A comma outside quotes and brackets: Hydra's sweep list (a,b), not a list value ([a,b]) or 'a,b'."""
+    depth, quote = 0, ""
+    for c in value:
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            return True
+    return False
+
+
 def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
     from xp import summary
@@ -326,6 +357,7 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     parent.start()
     parent.log_params({"sweep.overrides": " ".join(overrides)})
     os.environ[PARENT_ENV] = parent.run_id
+    os.environ[SWEPT_ENV] = ",".join(swept_keys(overrides))
     status = "FAILED"
     try:
         rc = _hydra(argv)
@@ -336,6 +368,7 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
         raise
     finally:
         os.environ.pop(PARENT_ENV, None)
+        os.environ.pop(SWEPT_ENV, None)
         try:
             rows = [summary.row_from_mlflow(r) for r in parent.child_runs()]
             accs = [r["val_accuracy"] for r in rows if r.get("val_accuracy") is not None]

@@ -37,6 +37,7 @@ class JobInfo:
     parent_run_id: str | None = None
     cwd: Path | None = None
     run_id: str | None = None  # a distributed worker logs into the run its launcher created
+    swept: tuple[str, ...] = ()  # a sweep job: the keys the sweep varies (they name the run)
 
 
 def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
@@ -119,7 +120,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     log.info(describe(plan, uri))
     backend = None if plan.diagnose else _set_up(plan, backend_cls)
     plan = backend.plan if backend else plan
-    name = plan.run_name or run_name(job.overrides or ()) or f"{plan.model.name}-{plan.dataset.name}-{plan.backend}"
+    name = _name(plan, job, trial)
     with _open_tracker(plan, uri, name, job, trial, reopen) as tracker:
         _attach_files(tracker, job, trial)
         if not (os.environ.get(elastic.RESUMED_ENV) or reopen):  # a resumed run has its params already
@@ -144,6 +145,21 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     objective = float(summary.get("throughput", 0.0) if plan.test_io else summary.get("val_accuracy", 0.0))
     values = [float(summary.get(o.metric, float("nan"))) for o in trial[1].objectives] if trial else []
     return Outcome(state, objective, values)
+
+
+def _name(plan: Plan, job: JobInfo, trial: Any) -> str:
+    """run_name=, else a trial's number and parameters ("trial 3: lr=0.018 batch=128"), a sweep job's swept
+    values ("batch=64 lr=0.1"), or its overrides; a plain run with none: model-dataset-backend."""
+    if plan.run_name:
+        return plan.run_name
+    if trial:
+        return f"trial {trial[0].number}: " + " ".join(f"{k}={_short(v)}" for k, v in trial[0].params.items())
+    swept = [o for o in job.overrides if o.lstrip("+~").split("=", 1)[0] in job.swept]
+    return " ".join(swept) or run_name(job.overrides or ()) or f"{plan.model.name}-{plan.dataset.name}-{plan.backend}"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _set_up(plan: Plan, backend_cls: type) -> Any:

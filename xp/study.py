@@ -211,10 +211,23 @@ def distributions(spec: StudySpec) -> dict[str, Any]:
     return out
 
 
-def make_sampler(spec: StudySpec) -> Any:
+def sampler_seed(spec: StudySpec, told: int) -> int | None:
+    """The sampler's seed for a sweeper that finds `told` trials in the study already: sampler_seed for a new
+    study, and one derived from (sampler_seed, told) for a resumed one. A sampler restarted from the same
+    seed would propose the same parameters again (a TPE or random study resumed in its random start-up
+    phase repeated its first trials); derived, a resumed study explores, and the same command from the same
+    storage still proposes the same trials. (Optuna cannot store a sampler's random state in the study.)"""
+    if spec.sampler_seed is None or told == 0:
+        return spec.sampler_seed
+    import zlib
+
+    return zlib.crc32(f"{spec.sampler_seed}:{told}".encode())
+
+
+def make_sampler(spec: StudySpec, told: int = 0) -> Any:
     import optuna
 
-    s, seed = spec.sampler, spec.sampler_seed
+    s, seed = spec.sampler, sampler_seed(spec, told)
     # grid: run_study enqueues every combination (Optuna's GridSampler calls study.stop() when the
     # grid is exhausted, which only works inside study.optimize(), not with ask-and-tell)
     return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True),
@@ -266,6 +279,9 @@ def open_study(spec: StudySpec) -> Any:
     if have != wanted:
         raise ConfigError(f"sweep={spec.name}: study {spec.study_name} in {redact(spec.storage)} optimises {have}, "
                           f"the spec says {wanted}; use another study_name")
+    told = len(study.get_trials(deepcopy=False))
+    if told:
+        study.sampler = make_sampler(spec, told)  # a resumed study continues, it does not replay
     study.set_metric_names([o.metric for o in spec.objectives])  # optuna-dashboard shows these names
     study.set_user_attr("xp.sweep", spec.name)
     return study

@@ -60,8 +60,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         for key, _, fmt in COLUMNS:
             v = row.get(key)
             text = "-" if v is None else fmt.format(v)
-            # keep the end of long run names: a sweep's varying overrides come last
-            line.append(text if len(text) <= 40 else "…" + text[-39:])
+            # a long name keeps its start ("trial 12:") and its end
+            line.append(text if len(text) <= 60 else text[:24] + "…" + text[-35:])
         cells.append(line)
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
     fmt_row = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
