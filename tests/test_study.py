@@ -228,7 +228,15 @@ def test_multi_objective_study_in_parallel_saves_the_pareto_front(tmp_path, stor
 @pytest.mark.slow
 @pytest.mark.parametrize("body, args, message", [
     ("sampler: annealing\nparams: {lr: {type: float, low: 0.1, high: 1}}", [], "sampler='annealing': unknown"),
-    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["batch=16,32"], "a study takes no swept values on the command line (batch)"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["sweep.sampler=annealing"], "sampler='annealing': unknown"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["sweep.pruner=quartile"], "pruner='quartile': unknown"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["sweep.n_trials=many"],
+     "sweep.n_trials=many: Value 'many' of type 'str' could not be converted to Integer"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["hydra.sweeper.n_trial=3"], "xp's studies have no field 'n_trial'"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["momentum=interval(0.9,0.5)"], "low 0.9 > high 0.5"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["batch=choice()"], "empty choice is not legal"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["wd=tag(log, interval(0,1))"], "a log scale needs low > 0"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["lrr=interval(0.1,1)"], "not a parameter xp knows; did you mean lr?"),
     ("storage: postgresql://xp@127.0.0.1:9/none\nparams: {lr: {type: float, low: 0.1, high: 1}}", [],
      "storage postgresql://xp@127.0.0.1:9/none"),
     ("params: {batch: {type: categorical, choices: [16, 4096]}}", [], "batch=4096: the global batch"),
@@ -246,6 +254,27 @@ def test_bad_study_on_the_command_line(tmp_path, store, sweeps, body, args, mess
         import optuna
 
         assert optuna.study.get_all_study_summaries(f"sqlite:///{tmp_path}/optuna.db") == []
+
+
+@pytest.mark.slow
+def test_a_study_takes_its_settings_and_search_space_from_the_command_line(tmp_path, store, sweeps):
+    d = sweeps("small", "n_trials: 20\nparams: {batch: {type: categorical, choices: [16, 32]}}")
+    proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", "sweep.n_trials=3", "sweep.sampler=random",
+                  "sweep.pruner=none", "hydra.sweeper.max_retry=1", "lr=tag(log, interval(0.001,0.3))",
+                  "momentum=0.5,0.9", env=study_env(tmp_path, d), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hydra.sweeper.max_retry=1: xp's studies are the config group sweep: taken as sweep.max_retry=1" in \
+        proc.stdout + proc.stderr
+    trials = load_trials(tmp_path)
+    assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)  # sweep.n_trials, not the file's 20
+    for t in trials:  # the file's space and the command line's, mixed
+        assert set(t.params) == {"batch", "lr", "momentum"}
+        assert t.params["batch"] in (16, 32) and 0.001 <= t.params["lr"] <= 0.3 and t.params["momentum"] in (0.5, 0.9)
+        assert t.distributions["lr"].log
+    _, runs = mlflow_runs(store)
+    names = sorted(r.info.run_name for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert names == sorted(f"trial {t.number}: batch={t.params['batch']} lr={t.params['lr']:.3g} "
+                           f"momentum={t.params['momentum']}" for t in trials)
 
 
 @pytest.mark.slow

@@ -63,12 +63,41 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return flags + overrides
 
 
+def sweeper_spelling(argv: list[str]) -> list[str]:
+    """hydra-optuna-sweeper's spelling, accepted with a pointer: hydra.sweeper.FIELD=V is sweep.FIELD=V and
+    hydra.sweeper.params.KEY=SPACE is KEY=SPACE (xp's studies are the config group `sweep`)."""
+    out = []
+    for a in argv:
+        key, eq, value = a.lstrip("+~").partition("=")
+        if not key.startswith("hydra.sweeper.") or not eq:
+            out.append(a)
+            continue
+        rest = key[len("hydra.sweeper."):]
+        mine = rest[len("params."):] if rest.startswith("params.") else f"sweep.{rest}"
+        if mine.startswith("sweep.") and rest not in study_fields():
+            raise ConfigError(f"{a}: xp's studies have no field {rest!r}; they take sweep.FIELD=VALUE with "
+                              f"FIELD one of {', '.join(study_fields())}")
+        print(f"xp: note: {a}: xp's studies are the config group sweep: taken as {mine}={value}", file=sys.stderr)
+        out.append(f"{mine}={value}")
+    return out
+
+
+def study_fields() -> tuple[str, ...]:
+    from xp.study import FIELDS
+
+    return tuple(f for f in FIELDS if f != "name")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from xp import study
+
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    study.register()  # the study files are options of the config group `sweep`
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         return _hydra(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        argv = sweeper_spelling(argv)
         configs = preflight(argv)
         plan, engine = _engine(configs[0]) if configs and not os.environ.get(WORKER_ENV) else (None, None)
         if engine:
@@ -101,11 +130,15 @@ def _register_study_sweeper() -> None:
 # --- validation before anything runs -------------------------------------------
 
 def _groups() -> dict[str, list[str]]:
-    return {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in CONF_DIR.iterdir() if p.is_dir()}
+    from xp import study
+
+    groups = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in CONF_DIR.iterdir() if p.is_dir()}
+    groups["sweep"] = study.names()
+    return groups
 
 
 def _composition_error(e: Exception, override: list[str], known_keys: list[str]) -> ConfigError:
-    text = str(e)
+    text = str(e) + ("\n" + str(e.__cause__) if e.__cause__ else "")
     for o in override:
         key = o.split("=", 1)[0].lstrip("+~")
         if f"Key '{key.split('.')[-1]}' is not in struct" in text or f"Could not override '{key}'" in text:
@@ -114,6 +147,10 @@ def _composition_error(e: Exception, override: list[str], known_keys: list[str])
             hint = f"did you mean {close[0]}?" if close else "see python -m xp --help"
             return ConfigError(f"{o}: unknown key {key!r}; {hint} (to add a new key: +{o})")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    why = next((ln for ln in lines if "could not be converted" in ln), None)
+    if why:  # a typed field (a study's): "Value 'abc' of type 'str' could not be converted to Integer"
+        bad = next((o for o in override if o in lines[0]), lines[0])
+        return ConfigError(f"{bad}: {why.split('full_key')[0].strip()}")
     return ConfigError(" ".join(lines[:2]) or type(e).__name__)
 
 
@@ -147,9 +184,18 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
             for v in values:
                 if v not in groups[key]:
-                    raise ConfigError(f"{key}={v}: no such {key}; valid: {', '.join(groups[key])}")
+                    what = "study" if key == "sweep" else key
+                    raise ConfigError(f"{key}={v}: no such {what}; valid: {', '.join(groups[key])}")
 
     user = [o for o in parsed if not o.key_or_group.startswith("hydra")]
+    _check_study_fields(user)
+    space: tuple[Any, ...] = ()
+    if args.multirun and any(o.key_or_group == "sweep" and not o.is_delete() for o in user):
+        # a study: KEY=interval(...)/choice(...)/range(...)/a,b are its search space, not jobs
+        from xp import study
+
+        space, rest = study.space_from_overrides(user)
+        user = OverridesParser.create().parse_overrides(rest)
     if args.multirun:
         try:
             jobs = [job for batch in BasicSweeper.split_arguments(user, None) for job in batch]
@@ -168,7 +214,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
             for f in (CONF_DIR / group).glob("*.yaml"):
                 known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)))
         known = sorted(known)
-        jobs = _study_jobs(jobs, args.multirun, known, compose) or jobs
+        jobs = _study_jobs(jobs, args.multirun, known, compose, space) or jobs
         for job in jobs:
             try:
                 config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
@@ -179,30 +225,50 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     return configs
 
 
-def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose: Any) -> list[list[str]]:
-    """With sweep=NAME: check the study spec and return one job per corner of its search space
-    (each choice, each bound), so a value the plan refuses fails now, not in trial 17."""
+def _check_study_fields(overrides: list[Any]) -> None:
+    """sweep.FIELD=V: a field of a study, and a study chosen with it."""
+    from xp import study
+
+    chosen = any(o.key_or_group == "sweep" and not o.is_delete() for o in overrides)
+    for o in overrides:
+        if not o.key_or_group.startswith("sweep."):
+            continue
+        field = o.key_or_group.split(".")[1]
+        if field not in study_fields():
+            close = difflib.get_close_matches(field, study_fields(), n=1)
+            raise ConfigError(f"{o.input_line}: a study has no field {field!r}"
+                              + (f"; did you mean sweep.{close[0]}?" if close else f"; fields: {', '.join(study_fields())}"))
+        if not chosen:
+            raise ConfigError(f"{o.input_line}: sets a field of a study; choose the study too: -m sweep=NAME "
+                              f"(studies: {', '.join(study.names())})")
+
+
+def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose: Any,
+                space: tuple[Any, ...]) -> list[list[str]]:
+    """With sweep=NAME: check the study (its file, sweep.* overrides, a search space given on the command line)
+    and return one job per corner of its search space (each choice, each bound), so a value the plan refuses
+    fails now, not in trial 17."""
     from omegaconf import OmegaConf
 
     from xp import study
 
     base = jobs[0]
     try:
-        name = OmegaConf.to_container(compose("config", overrides=base), resolve=True).get("sweep")
+        node = OmegaConf.to_container(compose("config", overrides=base), resolve=True).get("sweep")
     except Exception:
         return []  # composition errors are reported by the caller
-    if not name:
+    if not node:
         return []
+    name = node["name"] or "?"
     if not multirun:
         raise ConfigError(f"sweep={name}: a study runs many experiments; add -m")
-    if len(jobs) > 1:
-        varying = sorted({o.split("=", 1)[0] for j in jobs for o in j if o not in jobs[0]} |
-                         {o.split("=", 1)[0] for o in jobs[0] if any(o not in j for j in jobs)})
-        raise ConfigError(f"sweep={name}: a study takes no swept values on the command line ({', '.join(varying)}); "
-                          f"put them in the search space of sweeps/{name}.yaml")
-    spec = study.load_spec(name, set(known))
+    for p in space:
+        if p.name not in known:
+            close = difflib.get_close_matches(p.name, known, n=1)
+            raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
+    spec = study.spec_from(node, name, set(known), extra=space)
     study.check_storage(spec.storage)
-    corners = [[*base, f"{p.name}={v}"] for p in spec.params
+    corners = [[*base, f"{p.name}={int(v) if p.kind == 'int' else v}"] for p in spec.params
                for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
     return corners
 
@@ -351,7 +417,7 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
 
     uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
-    kind = f"study {config['sweep']}" if config.get("sweep") else "sweep"
+    kind = f"study {config['sweep']['name']}" if config.get("sweep") else "sweep"
     parent = Tracker(uri, config.get("experiment") or "xp", f"{kind}: " + run_name(overrides),
                      tags={"xp.sweep": "true"})
     parent.start()

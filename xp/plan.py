@@ -85,7 +85,7 @@ class ElasticSettings:
 @dataclass(frozen=True)
 class StudySettings:
     """The Optuna trial a run is (the study's sweeper sets optuna.* on each trial's command line)."""
-    sweep: str  # the study file's name (sweeps/NAME.yaml)
+    sweep: dict[str, Any]  # the study's settings (the config group sweep, with its overrides)
     study: str  # the Optuna study's name
     storage: str  # its RDB URL
     trial_id: int
@@ -334,10 +334,11 @@ def _study(cfg: dict) -> StudySettings | None:
     o = cfg.get("optuna") or {}
     if o.get("trial_id") is None:
         return None
-    if not cfg.get("sweep") or not o.get("study") or not o.get("storage") or not _is_int(o["trial_id"]):
+    if not isinstance(cfg.get("sweep"), dict) or not o.get("study") or not o.get("storage") \
+            or not _is_int(o["trial_id"]):
         raise ConfigError("optuna.*: set by a study's sweeper for each trial (sweep, optuna.study, optuna.storage, "
                           "optuna.trial_id together); run studies with python -m xp -m sweep=NAME")
-    return StudySettings(str(cfg["sweep"]), str(o["study"]), str(o["storage"]), int(o["trial_id"]))
+    return StudySettings(dict(cfg["sweep"]), str(o["study"]), str(o["storage"]), int(o["trial_id"]))
 
 
 def _model(m: dict) -> ModelSpec:

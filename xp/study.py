@@ -1,7 +1,10 @@
 """Optuna studies run as Hydra sweeps (`python -m xp -m sweep=NAME`).
 
 The study is defined in sweeps/NAME.yaml: search space, trial budget, objectives and
-directions, sampler, pruner, study name and storage. xp's sweeper (hydra/sweeper=
+directions, sampler, pruner, study name and storage. Each file is an option of the config
+group `sweep` (typed by StudyConf), so sweep.FIELD=VALUE overrides any field, and
+KEY=interval(...)/choice(...)/range(...) on the command line add to the search space
+(space_from_overrides). xp's sweeper (hydra/sweeper=
 xp_optuna) asks Optuna for trials and launches each as a normal xp run through the
 Hydra launcher (in-process, or joblib for parallel trials). The job attaches to its
 trial in the RDB storage, reports the first objective after every epoch and stops
@@ -26,6 +29,7 @@ import os
 import threading
 import warnings
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +107,45 @@ def storage_url(url: str | None, cwd: str | Path | None = None) -> str:
     return url
 
 
+@dataclass
+class StudyConf:
+    """A study, as the config group `sweep` holds it: `sweep=NAME` selects sweeps/NAME.yaml (or NAME.yaml in a
+    `sweep/` folder of the user's config directory), and every field is an override (sweep.n_trials=50)."""
+    name: str = ""  # the option's name (set by xp: the file's name)
+    study_name: str | None = None  # Optuna study name (default: name); the same name continues the study
+    storage: str | None = None  # RDB URL; null = sqlite:///mlruns/optuna.db (or $XP_OPTUNA_STORAGE)
+    n_trials: int = 20  # trial budget (finished trials count, also from earlier runs)
+    parallel: int = 1  # trials launched at once (with hydra/launcher=joblib)
+    sampler: str = "tpe"  # tpe | random | grid | gp | nsga2 | cmaes
+    sampler_seed: int | None = None  # the sampler's seed (null = random)
+    pruner: str = "median"  # none | median | hyperband | successive_halving
+    pruner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    objectives: list[Any] | None = None  # [{metric, direction}]; null: maximize val_accuracy
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # search space (also KEY=interval(...) ...)
+    heartbeat_s: int = 30  # the sweeper's heartbeat for each trial in flight, seconds
+    grace_s: int | None = None  # a trial silent this long lost its sweeper (null: 4 x heartbeat_s)
+    max_retry: int = 2  # times a lost trial is retried with the same parameters
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
+
+
+def register() -> None:
+    """Offer every study file as an option of the config group `sweep` (typed by StudyConf). A file that does
+    not fit the schema is offered as it is: selecting it then fails with spec_from's one line."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    store = ConfigStore.instance()
+    for path in sorted(SWEEPS_DIR.glob("*.yaml")):
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+            node = OmegaConf.merge(OmegaConf.structured(StudyConf), {**raw, "name": path.stem})
+        except Exception:
+            node = OmegaConf.create({"name": path.stem, "_unreadable": str(path)})
+        store.store(group="sweep", name=path.stem, node=node)
+
+
 def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | None = None) -> StudySpec:
     """Read and check sweeps/NAME.yaml; every problem is one ConfigError naming the file and field."""
     path = SWEEPS_DIR / f"{name}.yaml"
@@ -113,6 +156,21 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML ({one_line(e)[:200]})") from e
+    return spec_from(raw, name, known_keys, cwd, where)
+
+
+def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None, cwd: str | Path | None = None,
+              where: str | None = None, extra: tuple[Param, ...] = (), search: bool = True) -> StudySpec:
+    """Check a study's settings (a study file, or the composed `sweep` node with its overrides); `extra`: a
+    search space from the command line (KEY=interval(...) ...), mixed into the file's (it wins per key).
+    search=False: a trial's view, which needs its objectives and pruner, not the search space."""
+    where = where or f"sweep={name}"
+    if "_unreadable" in raw:
+        load_spec(name, known_keys, cwd)  # says what is wrong with the file
+        raise ConfigError(f"sweep={name}: {raw['_unreadable']} does not fit a study's fields ({', '.join(FIELDS)})")
+    raw = {k: v for k, v in raw.items() if k != "name" and not (v is None and k in ("grace_s", "objectives"))}
+    if raw.get("pruner_options") == {}:
+        raw.pop("pruner_options")
 
     def field(key: str, default: Any = None) -> Any:
         return raw.get(key, default)
@@ -138,7 +196,9 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
         raise ConfigError(f"{where}: pruner={pruner!r}: unknown; valid: {', '.join(PRUNERS)}")
 
     objectives = _objectives(field("objectives"), where, sampler, pruner)
-    params = _search_space(field("params"), where, known_keys)
+    given = {p.name for p in extra}
+    space = {k: v for k, v in (field("params") or {}).items() if k not in given}
+    params = [*(_search_space(space, where, known_keys) if space or (search and not extra) else []), *extra]
     if sampler == "grid" and any(p.kind != "categorical" for p in params):
         raise ConfigError(f"{where}: sampler=grid needs every parameter categorical (the grid's values)")
     for sampler_name, module, pkg in (("gp", "torch", "torch"), ("cmaes", "cmaes", "cmaes")):
@@ -148,6 +208,42 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
                      heartbeat_s, grace_s, max_retry)
+
+
+def space_from_overrides(overrides: list[Any], known_keys: set[str] | None = None) -> tuple[tuple[Param, ...], list[str]]:
+    """A study's search space from Hydra's sweep syntax on the command line, and the other overrides:
+    KEY=a,b / choice(a,b): categorical; range(start,stop[,step]): categorical over its values;
+    interval(low,high): float; tag(log, interval(...)): log scale; tag(int, interval(...)): integer."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+    params, rest = [], []
+    for o in overrides:
+        if not o.is_sweep_override() or o.key_or_group.startswith(("hydra", "sweep")):
+            rest.append(o.input_line)
+            continue
+        key, at, sweep = o.key_or_group, o.input_line, o.value()
+        if known_keys is not None and key not in known_keys:
+            close = difflib.get_close_matches(key, sorted(known_keys), n=1)
+            raise ConfigError(f"{at}: unknown parameter" + (f"; did you mean {close[0]}?" if close else ""))
+        tags = set(getattr(sweep, "tags", ()) or ())
+        if isinstance(sweep, IntervalSweep):
+            low, high, log_scale = float(sweep.start), float(sweep.end), "log" in tags
+            if low > high:
+                raise ConfigError(f"{at}: low {low:g} > high {high:g}")
+            if log_scale and low <= 0:
+                raise ConfigError(f"{at}: a log scale needs low > 0, got {low:g}")
+            kind = "int" if "int" in tags else "float"
+            if kind == "int" and not (low.is_integer() and high.is_integer()):
+                raise ConfigError(f"{at}: tag(int, ...) needs integer bounds")
+            params.append(Param(key, kind, low, high, log_scale))
+        elif isinstance(sweep, (ChoiceSweep, RangeSweep)):
+            values = [float(f"{v:.12g}") if isinstance(v, float) else v for v in o.sweep_iterator()]  # 0.7, not 0.70..01
+            if not values:
+                raise ConfigError(f"{at}: no values to choose from")
+            params.append(Param(key, "categorical", choices=tuple(values)))
+        else:
+            raise ConfigError(f"{at}: a study searches choice(...), range(...) or interval(...)")
+    return tuple(params), rest
 
 
 def _objectives(given: Any, where: str, sampler: str, pruner: str) -> list[Objective]:
@@ -282,7 +378,9 @@ def open_study(spec: StudySpec) -> Any:
     told = len(study.get_trials(deepcopy=False))
     if told:
         study.sampler = make_sampler(spec, told)  # a resumed study continues, it does not replay
-    study.set_metric_names([o.metric for o in spec.objectives])  # optuna-dashboard shows these names
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([o.metric for o in spec.objectives])  # optuna-dashboard shows these names
     study.set_user_attr("xp.sweep", spec.name)
     return study
 
@@ -365,7 +463,7 @@ def attach(settings: Any) -> tuple[Any, StudySpec] | None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = load_spec(settings.sweep)
+    spec = spec_from(settings.sweep, settings.sweep.get("name") or settings.study, search=False)
     study = optuna.load_study(study_name=settings.study, storage=settings.storage, pruner=make_pruner(spec))
     return optuna.trial.Trial(study, settings.trial_id), spec
 
@@ -384,7 +482,12 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
     """Ask, launch, tell until the study has n_trials finished trials; report the best."""
     from optuna.trial import TrialState
 
-    spec = load_spec(config.sweep)
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(config.sweep, resolve=True)
+    space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
+    spec = spec_from(node, node["name"], extra=space)  # checked by the CLI already
     study = open_study(spec)
     for line in retry_dead_trials(study, spec):
         log.warning(line)
