@@ -302,3 +302,30 @@ def test_a_killed_sweep_is_continued_by_the_next_one_retrying_the_lost_trial(tmp
     assert status[trials[0].user_attrs["mlflow_run_id"]] == "FAILED"  # the killed trial's run was ended
     assert status[trials[1].user_attrs["mlflow_run_id"]] == "FINISHED"
     assert "RUNNING" not in status.values()
+
+
+@pytest.mark.slow
+def test_a_users_own_config_directory_adds_models_hardware_and_studies(tmp_path, store):
+    """--config-dir (and hydra.searchpath) put a user's options beside xp's: listed by --help, validated like
+    xp's own, and a study there runs as a study."""
+    mine = tmp_path / "myconf"
+    for group, name, text in (("model", "mynet", "name: mynet\nzoo: xp\narch: lenet\ndropout: 0.0\n"),
+                              ("hardware", "myhw", "name: myhw\ngpus: null\nprice_per_hour: 1.5\n"),
+                              ("sweep", "mystudy", "n_trials: 2\nsampler: random\npruner: none\n"
+                                                   "params: {lr: {type: float, low: 0.01, high: 0.1}}\n")):
+        (mine / group).mkdir(parents=True)
+        (mine / group / f"{name}.yaml").write_text(text)
+    env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+    help_text = run_xp(tmp_path, store, "--config-dir", str(mine), "--help", env=env).stdout
+    assert "mynet" in help_text and "myhw" in help_text and "mystudy" in help_text
+    bad = run_xp(tmp_path, store, "--config-dir", str(mine), "model=mynett", env=env)
+    assert bad.returncode == 2 and "model=mynett: no such model; valid: lenet, mynet," in bad.stderr
+    proc = run_xp(tmp_path, store, f"hydra.searchpath=[file://{mine}]", "model=mynet", "hardware=myhw", "epochs=1",
+                  env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = mlflow_runs(store)[1][0]
+    assert run.data.params["model.name"] == "mynet" and run.data.params["hardware.name"] == "myhw"
+    proc = run_xp(tmp_path, store, "--config-dir", str(mine), "-m", "sweep=mystudy", "epochs=1", env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = load_trials(tmp_path, "mystudy")
+    assert len(trials) == 2 and all(t.state.name == "COMPLETE" and 0.01 <= t.params["lr"] <= 0.1 for t in trials)

@@ -129,12 +129,29 @@ def _register_study_sweeper() -> None:
 
 # --- validation before anything runs -------------------------------------------
 
-def _groups() -> dict[str, list[str]]:
+def _groups(dirs: list[Path]) -> dict[str, list[str]]:
+    """Each config group's options: xp's, the study files, and those of the user's config directories."""
     from xp import study
 
-    groups = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in CONF_DIR.iterdir() if p.is_dir()}
-    groups["sweep"] = study.names()
-    return groups
+    groups: dict[str, set[str]] = {"sweep": set(study.names())}
+    for d in [CONF_DIR, *dirs]:
+        for g in (p for p in d.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+            groups.setdefault(g.name, set()).update(f.stem for f in g.glob("*.yaml"))
+    return {g: sorted(options) for g, options in groups.items()}
+
+
+def _user_dirs(config_dir: str | None, overrides: list[Any]) -> list[Path]:
+    """The user's config directories: --config-dir, and file:// entries of hydra.searchpath=[...]."""
+    dirs = [Path(config_dir).expanduser().resolve()] if config_dir else []
+    for o in overrides:
+        if o.key_or_group == "hydra.searchpath" and not o.is_delete():
+            for entry in o.value() or []:
+                if str(entry).startswith("file://"):
+                    dirs.append(Path(str(entry)[len("file://"):]).expanduser().resolve())
+    for d in dirs:
+        if not d.is_dir():
+            raise ConfigError(f"config directory {d}: no such folder")
+    return dirs
 
 
 def _composition_error(e: Exception, override: list[str], known_keys: list[str]) -> ConfigError:
@@ -166,14 +183,16 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from xp.tracking import flatten
 
     args = get_args_parser().parse_args(argv)
-    if args.config_dir or args.config_path or args.config_name:
+    if args.config_path or args.config_name:
         return []  # another config tree: Hydra composes it; each job still validates as it starts
     try:
         parsed = OverridesParser.create().parse_overrides(args.overrides)
     except Exception as e:
         raise ConfigError(f"cannot parse the command line: {one_line(e)}") from e
 
-    groups = _groups()
+    dirs = _user_dirs(args.config_dir, parsed)  # the user's own options, beside xp's
+    searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
+    groups = _groups(dirs)
     for o in parsed:
         key = o.key_or_group
         if "_target_" in key.split(".") or "_target_" in key.split("/"):
@@ -211,9 +230,10 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
         known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
         for group in groups:  # keys of every option, not only the defaults: dataset.root lives in folder.yaml
-            for f in (CONF_DIR / group).glob("*.yaml"):
-                known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)))
+            for f in (f for d in [CONF_DIR, *dirs] for f in (d / group).glob("*.yaml")):
+                known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)) or {})
         known = sorted(known)
+        jobs = [[*searchpath, *job] for job in jobs]
         jobs = _study_jobs(jobs, args.multirun, known, compose, space) or jobs
         for job in jobs:
             try:
@@ -259,7 +279,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
         return []  # composition errors are reported by the caller
     if not node:
         return []
-    name = node["name"] or "?"
+    name = node.get("name") or next(o.split("=", 1)[1] for o in base if o.lstrip("+").startswith("sweep="))
     if not multirun:
         raise ConfigError(f"sweep={name}: a study runs many experiments; add -m")
     for p in space:
@@ -417,7 +437,8 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
 
     uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
-    kind = f"study {config['sweep']['name']}" if config.get("sweep") else "sweep"
+    chosen = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")
+    kind = f"study {config['sweep'].get('name') or chosen}" if config.get("sweep") else "sweep"
     parent = Tracker(uri, config.get("experiment") or "xp", f"{kind}: " + run_name(overrides),
                      tags={"xp.sweep": "true"})
     parent.start()

@@ -487,7 +487,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
 
     node = OmegaConf.to_container(config.sweep, resolve=True)
     space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
-    spec = spec_from(node, node["name"], extra=space)  # checked by the CLI already
+    name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
+    spec = spec_from(node, name, extra=space)  # checked by the CLI already
     study = open_study(spec)
     for line in retry_dead_trials(study, spec):
         log.warning(line)
