@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from xp import shipped
 from xp.errors import ConfigError, Terminated, XPError, one_line
 from xp.worker import RUN_ENV, WORKER_ENV
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = shipped("conf")
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
 SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
 # Flags Hydra answers without running a job.

@@ -36,12 +36,13 @@ from typing import Any
 
 import yaml
 
+from xp import shipped
 from xp.callbacks import Callback
 from xp.errors import ConfigError, one_line, redact
 
 log = logging.getLogger("xp")
 
-SWEEPS_DIR = Path(os.environ.get("XP_SWEEPS_DIR") or Path(__file__).resolve().parents[1] / "sweeps")
+SWEEPS_DIR = Path(os.environ.get("XP_SWEEPS_DIR") or shipped("sweeps"))
 DEFAULT_STORAGE = "sqlite:///mlruns/optuna.db"
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2", "cmaes")
 PRUNERS = ("none", "median", "hyperband", "successive_halving")
