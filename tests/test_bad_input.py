@@ -80,6 +80,9 @@ CASES = [
     ("backend=torch model=resnet18 pretrained=resnet18", "pretrained=resnet18: weights not found; tried"),
     ("backend=torch pretrained={tmp}/no.pth", "weights not found; tried"),
     ("-m sweep=nonexistent", "sweep=nonexistent: no such study"),
+    ("-m hydra.sweeper.n_trials=3 batch=16,32", "sets a field of a study; choose the study too: -m sweep=NAME"),
+    ("-m batch=16,32 hydra.launcher.n_jobs=2", "hydra.launcher.n_jobs=2: unknown key 'hydra.launcher.n_jobs'"),
+    ("-m sweep=lr_batch sweep.n_trials=abc", "sweep.n_trials=abc: Value 'abc' of type 'str' could not be converted"),
     # environments: an unwritable store, an unreachable database
     ("tracking_uri=sqlite:////proc/no-such-dir/mlflow.db", "cannot create /proc/no-such-dir"),
     ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "tracking_uri postgresql://xp:***@127.0.0.1:9/mlflow: cannot connect"),

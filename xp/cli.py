@@ -68,11 +68,17 @@ def sweeper_spelling(argv: list[str]) -> list[str]:
     """hydra-optuna-sweeper's spelling, accepted with a pointer: hydra.sweeper.FIELD=V is sweep.FIELD=V and
     hydra.sweeper.params.KEY=SPACE is KEY=SPACE (xp's studies are the config group `sweep`)."""
     out = []
+    chosen = any(a.lstrip("+").startswith("sweep=") for a in argv)
     for a in argv:
         key, eq, value = a.lstrip("+~").partition("=")
         if not key.startswith("hydra.sweeper.") or not eq:
             out.append(a)
             continue
+        if not chosen:
+            from xp.study import names
+
+            raise ConfigError(f"{a}: sets a field of a study; choose the study too: -m sweep=NAME "
+                              f"(studies: {', '.join(names())})")
         rest = key[len("hydra.sweeper."):]
         mine = rest[len("params."):] if rest.startswith("params.") else f"sweep.{rest}"
         if mine.startswith("sweep.") and rest not in study_fields():
@@ -236,6 +242,13 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
         known = sorted(known)
         jobs = [[*searchpath, *job] for job in jobs]
         jobs = _study_jobs(jobs, args.multirun, known, compose, space) or jobs
+        hydra_overrides = [o.input_line for o in parsed
+                           if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
+        if hydra_overrides:  # Hydra's own settings must apply too, or a sweep fails after its parent run began
+            try:
+                compose("config", overrides=[*hydra_overrides, *jobs[0]], return_hydra_config=True)
+            except Exception as e:
+                raise _composition_error(e, hydra_overrides, known) from e
         for job in jobs:
             try:
                 config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
