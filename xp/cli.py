@@ -242,13 +242,6 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
         known = sorted(known)
         jobs = [[*searchpath, *job] for job in jobs]
         jobs = _study_jobs(jobs, args.multirun, known, compose, space) or jobs
-        hydra_overrides = [o.input_line for o in parsed
-                           if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
-        if hydra_overrides:  # Hydra's own settings must apply too, or a sweep fails after its parent run began
-            try:
-                compose("config", overrides=[*hydra_overrides, *jobs[0]], return_hydra_config=True)
-            except Exception as e:
-                raise _composition_error(e, hydra_overrides, known) from e
         for job in jobs:
             try:
                 config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
@@ -256,6 +249,13 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
                 raise _composition_error(e, job, known) from e
             plan_and_backend(config)
             configs.append(config)
+        hydra_overrides = [o.input_line for o in parsed
+                           if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
+        if hydra_overrides:  # Hydra's own settings must apply too, or a sweep fails after its parent run began
+            try:
+                compose("config", overrides=[*hydra_overrides, *jobs[0]], return_hydra_config=True)
+            except Exception as e:
+                raise _composition_error(e, hydra_overrides, known) from e
     return configs
 
 

@@ -20,6 +20,7 @@ retries each with the same parameters, at most max_retry times.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import json
@@ -29,7 +30,6 @@ import os
 import threading
 import warnings
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
