@@ -311,20 +311,22 @@ def test_a_users_own_config_directory_adds_models_hardware_and_studies(tmp_path,
     mine = tmp_path / "myconf"
     for group, name, text in (("model", "mynet", "name: mynet\nzoo: xp\narch: lenet\ndropout: 0.0\n"),
                               ("hardware", "myhw", "name: myhw\ngpus: null\nprice_per_hour: 1.5\n"),
+                              ("dataset", "fives", "name: digits\nval_fraction: 0.2\nclasses: [5, 6]\n"),
                               ("sweep", "mystudy", "n_trials: 2\nsampler: random\npruner: none\n"
                                                    "params: {lr: {type: float, low: 0.01, high: 0.1}}\n")):
         (mine / group).mkdir(parents=True)
         (mine / group / f"{name}.yaml").write_text(text)
     env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
     help_text = run_xp(tmp_path, store, "--config-dir", str(mine), "--help", env=env).stdout
-    assert "mynet" in help_text and "myhw" in help_text and "mystudy" in help_text
+    assert "mynet" in help_text and "myhw" in help_text and "fives" in help_text and "mystudy" in help_text
     bad = run_xp(tmp_path, store, "--config-dir", str(mine), "model=mynett", env=env)
     assert bad.returncode == 2 and "model=mynett: no such model; valid: lenet, mynet," in bad.stderr
-    proc = run_xp(tmp_path, store, f"hydra.searchpath=[file://{mine}]", "model=mynet", "hardware=myhw", "epochs=1",
-                  env=env)
+    proc = run_xp(tmp_path, store, f"hydra.searchpath=[file://{mine}]", "model=mynet", "hardware=myhw",
+                  "dataset=fives", "epochs=1", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = mlflow_runs(store)[1][0]
     assert run.data.params["model.name"] == "mynet" and run.data.params["hardware.name"] == "myhw"
+    assert run.data.params["dataset.classes"] == "[5, 6]" and run.data.params["derived.num_classes"] == "2"
     proc = run_xp(tmp_path, store, "--config-dir", str(mine), "-m", "sweep=mystudy", "epochs=1", env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = load_trials(tmp_path, "mystudy")
