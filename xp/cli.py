@@ -181,13 +181,11 @@ def _composition_error(e: Exception, override: list[str], known_keys: list[str])
 def preflight(argv: list[str]) -> list[dict[str, Any]]:
     """Compose and validate every job of the command line; return their resolved configs."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     from xp.experiment import plan_and_backend
-    from xp.tracking import flatten
 
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name:
@@ -196,50 +194,15 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
         parsed = OverridesParser.create().parse_overrides(args.overrides)
     except Exception as e:
         raise ConfigError(f"cannot parse the command line: {one_line(e)}") from e
-
     dirs = _user_dirs(args.config_dir, parsed)  # the user's own options, beside xp's
     searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
     groups = _groups(dirs)
-    for o in parsed:
-        key = o.key_or_group
-        if "_target_" in key.split(".") or "_target_" in key.split("/"):
-            # Hydra instantiates _target_ (hydra.callbacks too): from a command line that is running any code
-            raise ConfigError(f"{o.input_line}: setting _target_ from the command line is refused; xp builds only "
-                              "registered backends (backend=NAME) and the targets of its own config files")
-        if key in groups and not o.is_delete():
-            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
-            for v in values:
-                if v not in groups[key]:
-                    what = "study" if key == "sweep" else key
-                    raise ConfigError(f"{key}={v}: no such {what}; valid: {', '.join(groups[key])}")
-
-    user = [o for o in parsed if not o.key_or_group.startswith("hydra")]
-    _check_study_fields(user)
-    space: tuple[Any, ...] = ()
-    if args.multirun and any(o.key_or_group == "sweep" and not o.is_delete() for o in user):
-        # a study: KEY=interval(...)/choice(...)/range(...)/a,b are its search space, not jobs
-        from xp import study
-
-        space, rest = study.space_from_overrides(user)
-        user = OverridesParser.create().parse_overrides(rest)
-    if args.multirun:
-        try:
-            jobs = [job for batch in BasicSweeper.split_arguments(user, None) for job in batch]
-        except Exception as e:
-            raise ConfigError(one_line(e)) from e
-    else:
-        sweeps = [o.input_line for o in user if o.is_sweep_override()]
-        if sweeps:
-            raise ConfigError(f"{sweeps[0]}: several values need a sweep; add -m to run one experiment per value")
-        jobs = [[o.input_line for o in user]]
+    _check_options(parsed, groups)
+    jobs, space = _jobs([o for o in parsed if not o.key_or_group.startswith("hydra")], args.multirun)
 
     configs = []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
-        known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
-        for group in groups:  # keys of every option, not only the defaults: dataset.root lives in folder.yaml
-            for f in (f for d in [CONF_DIR, *dirs] for f in (d / group).glob("*.yaml")):
-                known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)) or {})
-        known = sorted(known)
+        known = _known_keys(compose, groups, dirs)
         jobs = [[*searchpath, *job] for job in jobs]
         jobs = _study_jobs(jobs, args.multirun, known, compose, space) or jobs
         for job in jobs:
@@ -257,6 +220,59 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
             except Exception as e:
                 raise _composition_error(e, hydra_overrides, known) from e
     return configs
+
+
+def _check_options(parsed: list[Any], groups: dict[str, list[str]]) -> None:
+    """No _target_ from the command line; every group option exists."""
+    for o in parsed:
+        key = o.key_or_group
+        if "_target_" in key.split(".") or "_target_" in key.split("/"):
+            # Hydra instantiates _target_ (hydra.callbacks too): from a command line that is running any code
+            raise ConfigError(f"{o.input_line}: setting _target_ from the command line is refused; xp builds only "
+                              "registered backends (backend=NAME) and the targets of its own config files")
+        if key in groups and not o.is_delete():
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            for v in values:
+                if v not in groups[key]:
+                    what = "study" if key == "sweep" else key
+                    raise ConfigError(f"{key}={v}: no such {what}; valid: {', '.join(groups[key])}")
+
+
+def _jobs(user: list[Any], multirun: bool) -> tuple[list[list[str]], tuple[Any, ...]]:
+    """The jobs the overrides describe, and a study's search space given on the command line."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    _check_study_fields(user)
+    space: tuple[Any, ...] = ()
+    if multirun and any(o.key_or_group == "sweep" and not o.is_delete() for o in user):
+        # a study: KEY=interval(...)/choice(...)/range(...)/a,b are its search space, not jobs
+        from xp import study
+
+        space, rest = study.space_from_overrides(user)
+        user = OverridesParser.create().parse_overrides(rest)
+    if multirun:
+        try:
+            return [job for batch in BasicSweeper.split_arguments(user, None) for job in batch], space
+        except Exception as e:
+            raise ConfigError(one_line(e)) from e
+    sweeps = [o.input_line for o in user if o.is_sweep_override()]
+    if sweeps:
+        raise ConfigError(f"{sweeps[0]}: several values need a sweep; add -m to run one experiment per value")
+    return [[o.input_line for o in user]], space
+
+
+def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) -> list[str]:
+    """Every key a config can have: the defaults', and those of every option (dataset.root lives in folder.yaml)."""
+    from omegaconf import OmegaConf
+
+    from xp.tracking import flatten
+
+    known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
+    for group in groups:
+        for f in (f for d in [CONF_DIR, *dirs] for f in (d / group).glob("*.yaml")):
+            known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)) or {})
+    return sorted(known)
 
 
 def _check_study_fields(overrides: list[Any]) -> None:

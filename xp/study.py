@@ -481,8 +481,6 @@ def _override(key: str, value: Any) -> str:
 
 def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
     """Ask, launch, tell until the study has n_trials finished trials; report the best."""
-    from optuna.trial import TrialState
-
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -499,7 +497,6 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
              f"{max(0, remaining)} to run "
              f"(sampler {spec.sampler}, pruner {spec.pruner}, objectives "
              + ", ".join(f"{o.direction} {o.metric}" for o in spec.objectives) + ")")
-    dists = distributions(spec)
     if spec.sampler == "grid":
         import itertools
 
@@ -514,29 +511,15 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
     while remaining > 0:
         for line in retry_dead_trials(study, spec):
             log.warning(line)
-        trials = []
-        while len(trials) < min(parallel, remaining):
-            with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
-                warnings.simplefilter("ignore", UserWarning)
-                t = study.ask(dists)
-            if _reuse_earlier(study, t):  # the same parameters already ran: runs are deterministic
-                remaining -= 1
-                continue
-            trials.append(t)
+        trials, reused = _ask(study, distributions(spec), min(parallel, remaining))
+        remaining -= reused
         if not trials:
             continue
         jobs = [[*arguments, *(_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
                  f"optuna.storage='{spec.storage}'", f"optuna.trial_id={t._trial_id}"] for t in trials]
         with heartbeat(study, trials):
             results = launcher.launch(jobs, initial_job_idx=job)
-        for t, r in zip(trials, results):
-            out = r._return_value if r.status.name == "COMPLETED" and isinstance(r._return_value, dict) else {}
-            if out.get("state") == "COMPLETE":
-                study.tell(t, out["values"])
-            elif out.get("state") == "PRUNED":
-                study.tell(t, state=TrialState.PRUNED)
-            else:
-                study.tell(t, state=TrialState.FAIL)
+        _tell(study, trials, results)
         returns.append(results)
         job += len(trials)
         done, elsewhere = _counts(study)
@@ -545,6 +528,34 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
 
     summarize(study, spec, resolve_uri(config.get("tracking_uri")))
     return returns
+
+
+def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
+    """Up to n new trials to run, and how many asked trials reused an earlier result instead (they count)."""
+    trials, reused = [], 0
+    while len(trials) < n - reused:
+        with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
+            warnings.simplefilter("ignore", UserWarning)
+            t = study.ask(dists)
+        if _reuse_earlier(study, t):  # the same parameters already ran: runs are deterministic
+            reused += 1
+            continue
+        trials.append(t)
+    return trials, reused
+
+
+def _tell(study: Any, trials: list[Any], results: list[Any]) -> None:
+    """How each launched trial ended, as its job returned it (xp.cli: {"state", "values"})."""
+    from optuna.trial import TrialState
+
+    for t, r in zip(trials, results):
+        out = r._return_value if r.status.name == "COMPLETED" and isinstance(r._return_value, dict) else {}
+        if out.get("state") == "COMPLETE":
+            study.tell(t, out["values"])
+        elif out.get("state") == "PRUNED":
+            study.tell(t, state=TrialState.PRUNED)
+        else:
+            study.tell(t, state=TrialState.FAIL)
 
 
 def _reuse_earlier(study: Any, trial: Any) -> bool:
