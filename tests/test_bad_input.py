@@ -86,6 +86,8 @@ CASES = [
     # environments: an unwritable store, an unreachable database
     ("tracking_uri=sqlite:////proc/no-such-dir/mlflow.db", "cannot create /proc/no-such-dir"),
     ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "tracking_uri postgresql://xp:***@127.0.0.1:9/mlflow: cannot connect"),
+    ("tracking_uri=http://127.0.0.1:9", "tracking_uri=http://127.0.0.1:9: no MLflow server answers"),
+    ("-m batch=16,32 tracking_uri=http://127.0.0.1:9", "tracking_uri=http://127.0.0.1:9: no MLflow server answers"),
 ]
 
 

@@ -68,7 +68,25 @@ def check_reachable(uri: str, hosts: list[str], host_ip: str | None) -> None:
                               f"({e.strerror or type(e).__name__}); start one (make server HOST={at})") from None
 
 
-_reached: set[str] = set()  # databases this process has connected to already
+_reached: set[str] = set()  # databases and servers this process has reached already
+
+
+def check_server(uri: str, timeout_s: float = 5.0) -> None:
+    """An MLflow tracking server must answer (its /health, once per process and URI, within timeout_s)."""
+    import urllib.error
+    import urllib.request
+
+    if uri in _reached:
+        return
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        pass  # a server answered; what it says to the API is MLflow's to report
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise ConfigError(f"tracking_uri={redact(uri)}: no MLflow server answers ({one_line(reason)}); start one "
+                          "(make server, or mlflow server) or use a database: tracking_uri=sqlite:///mlruns/mlflow.db")
+    _reached.add(uri)
 
 
 def check_database(url: str, what: str) -> None:
@@ -153,6 +171,8 @@ class Tracker:
                 logging.getLogger(name).setLevel(logging.WARNING)
             if self.uri.split(":", 1)[0].split("+")[0] in ("postgresql", "mysql", "mssql"):
                 check_database(self.uri, "tracking_uri")  # MLflow would retry a wrong password for a minute
+            elif self.uri.startswith(("http://", "https://")):
+                check_server(self.uri)  # MLflow would retry a server that is not there for minutes
             self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 
