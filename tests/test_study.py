@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from conftest import mlflow_runs, run_xp, wait_for_line, xp_process
-from xp import study
+from xp import study, trial
 from xp.errors import ConfigError
 
 KNOWN = {"lr", "batch", "momentum", "wd", "warmup_epochs", "epochs"}
@@ -26,7 +26,7 @@ def sweeps(tmp_path, monkeypatch):
 
 def test_every_shipped_study_is_valid():
     from conftest import compose_config
-    from xp.tracking import flatten
+    from xp.plan import flatten
 
     known = set(flatten(compose_config()))
     assert {"lr_batch", "accuracy_throughput", "grid_lr_batch", "tpe_lr_batch"} <= set(study.names())
@@ -66,7 +66,7 @@ def test_unknown_study_lists_the_valid_ones(sweeps):
 
 def test_unreachable_storage_is_refused_before_anything_is_created():
     with pytest.raises(ConfigError, match=r"storage postgresql://xp@127.0.0.1:9/none: "):
-        study.check_storage("postgresql://xp@127.0.0.1:9/none")
+        trial.check_storage("postgresql://xp@127.0.0.1:9/none")
 
 
 def test_trials_of_a_dead_sweeper_are_retried_with_their_parameters_up_to_max_retry(tmp_path, sweeps):
@@ -77,23 +77,23 @@ def test_trials_of_a_dead_sweeper_are_retried_with_their_parameters_up_to_max_re
     sweeps("hb", f"storage: sqlite:///{tmp_path}/hb.db\nheartbeat_s: 1\ngrace_s: 2\nmax_retry: 1\n"
                  "params: {lr: {type: float, low: 0.1, high: 1}}")
     spec = study.load_spec("hb", KNOWN)
-    s = study.open_study(spec)
-    lost = s.ask(study.distributions(spec))
+    s = trial.open_study(spec)
+    lost = s.ask(trial.distributions(spec))
     s._storage.record_heartbeat(lost._trial_id)  # a sweeper beat once, then died
-    assert study.retry_dead_trials(s, spec) == []  # still within grace_s
+    assert trial.retry_dead_trials(s, spec) == []  # still within grace_s
     time.sleep(3.2)
-    assert study.retry_dead_trials(s, spec) == ["trial 0 lost its sweeper (no heartbeat for 2 s): retried as trial 1 "
+    assert trial.retry_dead_trials(s, spec) == ["trial 0 lost its sweeper (no heartbeat for 2 s): retried as trial 1 "
                                           "with the same parameters"]
-    again = s.ask(study.distributions(spec))  # the retry comes first
+    again = s.ask(trial.distributions(spec))  # the retry comes first
     assert again.number == 1 and again.params == lost.params
-    with study.heartbeat(s, [again]):  # a live sweeper's trial is not taken for a dead one
+    with trial.heartbeat(s, [again]):  # a live sweeper's trial is not taken for a dead one
         time.sleep(3.2)
-        assert study.retry_dead_trials(s, spec) == []
+        assert trial.retry_dead_trials(s, spec) == []
     time.sleep(3.2)
-    assert study.retry_dead_trials(s, spec) == ["trial 1 lost its sweeper (no heartbeat for 2 s): failed, retry limit reached"]
+    assert trial.retry_dead_trials(s, spec) == ["trial 1 lost its sweeper (no heartbeat for 2 s): failed, retry limit reached"]
     states = [t.state.name for t in optuna.load_study(study_name="hb", storage=spec.storage).get_trials()]
     assert states == ["FAIL", "FAIL"]
-    assert study._counts(s) == (1, 0)  # the retried trial 0 does not count, its retry does
+    assert trial._counts(s) == (1, 0)  # the retried trial 0 does not count, its retry does
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
@@ -110,20 +110,20 @@ def test_a_resumed_study_proposes_new_parameters_not_its_first_ones_again(tmp_pa
     def run(s, n):
         asked = []
         for _ in range(n):
-            t = s.ask(study.distributions(spec))
+            t = s.ask(trial.distributions(spec))
             s.tell(t, state=TrialState.COMPLETE, values=[t.params["momentum"]])
             asked.append(t.params)
         return asked
 
-    first = run(study.open_study(spec), 2)
-    again = run(study.open_study(spec), 2)  # resumed: the storage holds the first two
+    first = run(trial.open_study(spec), 2)
+    again = run(trial.open_study(spec), 2)  # resumed: the storage holds the first two
     assert not any(p in first for p in again)
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     sweeps("s", f"storage: sqlite:///{fresh}/s.db\nsampler: {sampler}\nsampler_seed: 0\n"
                 "params: {lr: {type: float, low: 0.001, high: 0.1, log: true}, momentum: {type: float, low: 0.5, "
                 "high: 0.95}}")
-    assert run(study.open_study(study.load_spec("s", KNOWN)), 2) == first  # a new study: the seed reproduces
+    assert run(trial.open_study(study.load_spec("s", KNOWN)), 2) == first  # a new study: the seed reproduces
 
 
 def test_heartbeat_settings_are_checked(sweeps):

@@ -75,10 +75,7 @@ def sweeper_spelling(argv: list[str]) -> list[str]:
             out.append(a)
             continue
         if not chosen:
-            from xp.study import names
-
-            raise ConfigError(f"{a}: sets a field of a study; choose the study too: -m sweep=NAME "
-                              f"(studies: {', '.join(names())})")
+            raise _no_study(a)
         rest = key[len("hydra.sweeper."):]
         mine = rest[len("params."):] if rest.startswith("params.") else f"sweep.{rest}"
         if mine.startswith("sweep.") and rest not in study_fields():
@@ -266,7 +263,7 @@ def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) ->
     """Every key a config can have: the defaults', and those of every option (dataset.root lives in folder.yaml)."""
     from omegaconf import OmegaConf
 
-    from xp.tracking import flatten
+    from xp.plan import flatten
 
     known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
     for group in groups:
@@ -277,8 +274,6 @@ def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) ->
 
 def _check_study_fields(overrides: list[Any]) -> None:
     """sweep.FIELD=V: a field of a study, and a study chosen with it."""
-    from xp import study
-
     chosen = any(o.key_or_group == "sweep" and not o.is_delete() for o in overrides)
     for o in overrides:
         if not o.key_or_group.startswith("sweep."):
@@ -289,8 +284,14 @@ def _check_study_fields(overrides: list[Any]) -> None:
             raise ConfigError(f"{o.input_line}: a study has no field {field!r}"
                               + (f"; did you mean sweep.{close[0]}?" if close else f"; fields: {', '.join(study_fields())}"))
         if not chosen:
-            raise ConfigError(f"{o.input_line}: sets a field of a study; choose the study too: -m sweep=NAME "
-                              f"(studies: {', '.join(study.names())})")
+            raise _no_study(o.input_line)
+
+
+def _no_study(override: str) -> ConfigError:
+    from xp.study import names
+
+    return ConfigError(f"{override}: sets a field of a study; choose the study too: -m sweep=NAME "
+                       f"(studies: {', '.join(names())})")
 
 
 def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose: Any,
@@ -301,6 +302,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
     from omegaconf import OmegaConf
 
     from xp import study
+    from xp.trial import check_storage
 
     base = jobs[0]
     try:
@@ -317,7 +319,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
             close = difflib.get_close_matches(p.name, known, n=1)
             raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
     spec = study.spec_from(node, name, set(known), extra=space)
-    study.check_storage(spec.storage)
+    check_storage(spec.storage)
     corners = [[*base, f"{p.name}={int(v) if p.kind == 'int' else v}"] for p in spec.params
                for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
     return corners

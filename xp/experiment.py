@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from xp import checkpoint, elastic, study
+from xp import checkpoint, elastic
 from xp.callbacks import (Callback, CostMeter, Progress, ProgressBar, ProgressPrinter, ThroughputMeter,
                           WorkerMetrics)
 from xp.errors import Terminated
@@ -21,6 +21,7 @@ from xp.worker import HOSTS_ENV
 from xp.plan import Plan, build_plan
 from xp.registry import Registry
 from xp.telemetry import telemetry
+from xp.trial import TrialPruned, TrialReporter, attach
 from xp.tracking import NullTracker, Tracker, TrackingCallback, resolve_uri, run_name, run_url_hint, versions
 from xp.train import fit
 
@@ -116,7 +117,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     config, reopen = (checkpoint.resolve_resume(config, uri) if config.get("resume") is not None and not job.run_id
                       else (dict(config), None))
     plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
-    trial = study.attach(plan.study)
+    trial = attach(plan.study)
     log.info(describe(plan, uri))
     backend = None if plan.diagnose else _set_up(plan, backend_cls)
     plan = backend.plan if backend else plan
@@ -237,7 +238,7 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, uri: str, before: An
         stop = elastic.StopAtMembershipChange(backend.gather, os.environ[elastic.STOP_ENV], plan.epochs)
         phases["decide"].append(stop)
     if trial and not trial[1].multi_objective:
-        phases["decide"].append(study.TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
+        phases["decide"].append(TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
     return RunCallbacks([cb for group in phases.values() for cb in group], meter, history, stop)
 
 
@@ -252,7 +253,7 @@ def _fit(plan: Plan, backend: Any, cbs: RunCallbacks, before: Any, trial: Any, t
     except (KeyboardInterrupt, Terminated):
         checkpoint.commit_interrupted(plan, backend, cbs.history.epochs)  # a spot notice or Ctrl-C
         raise
-    except study.TrialPruned as e:
+    except TrialPruned as e:
         state = "PRUNED"
         log.info(f"trial {trial[0].number}: {e}")
     except Exception as e:

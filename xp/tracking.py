@@ -16,7 +16,6 @@ from typing import Any, Iterable
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError, Terminated, one_line, redact
-from xp.plan import flatten  # noqa: F401 (cli imports it from here)
 
 log = logging.getLogger("xp")
 

@@ -2,7 +2,7 @@
 
 Hydra instantiates sweepers only from the hydra_plugins namespace; xp's CLI registers
 this class with Hydra and selects it (hydra/sweeper=xp_optuna) for `-m sweep=NAME`.
-The work is in xp.study.
+The work is in xp.sweeper.
 """
 
 from __future__ import annotations
@@ -24,6 +24,6 @@ class XPOptunaSweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from xp.study import run_study
+        from xp.sweeper import run_study
 
         return run_study(self.config, arguments, self.launcher)

@@ -1,0 +1,157 @@
+"""The study's sweeper: ask Optuna for trials, launch each as an xp run through Hydra's launcher, tell Optuna how
+it ended, until the budget is spent; then report the best trial (or the Pareto front) on the parent run.
+(plugins/optuna_sweeper is the Hydra shim that calls run_study.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from typing import Any
+
+from xp.errors import redact
+from xp.study import FINISHED, StudySpec, space_from_overrides, spec_from
+from xp.trial import _counts, distributions, heartbeat, open_study, retry_dead_trials
+
+log = logging.getLogger("xp")
+
+
+def _override(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return f"{key}={'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"{key}={value!r}"
+    return f"{key}='{value}'"
+
+
+def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
+    """Ask, launch, tell until the study has n_trials finished trials; report the best."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(config.sweep, resolve=True)
+    space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
+    name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
+    spec = spec_from(node, name, extra=space)  # checked by the CLI already
+    study = open_study(spec)
+    for line in retry_dead_trials(study, spec):
+        log.warning(line)
+    done, elsewhere = _counts(study)
+    remaining = spec.n_trials - done - elsewhere
+    log.info(f"study {spec.study_name} ({redact(spec.storage)}): {done} trials done, {elsewhere} running elsewhere, "
+             f"{max(0, remaining)} to run "
+             f"(sampler {spec.sampler}, pruner {spec.pruner}, objectives "
+             + ", ".join(f"{o.direction} {o.metric}" for o in spec.objectives) + ")")
+    if spec.sampler == "grid":
+        import itertools
+
+        combos = list(itertools.product(*(p.choices for p in spec.params)))
+        remaining = min(remaining, len(combos) - done)
+        for combo in combos:
+            study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
+    # With a parallel launcher (hydra/launcher=joblib hydra.launcher.n_jobs=N), ask N trials at a time.
+    n_jobs = (config.hydra.launcher.get("n_jobs") or 1) if "n_jobs" in config.hydra.launcher else 1
+    parallel = max(spec.parallel, os.cpu_count() or 1 if n_jobs == -1 else n_jobs)
+    returns, job = [], 0
+    while remaining > 0:
+        for line in retry_dead_trials(study, spec):
+            log.warning(line)
+        trials, reused = _ask(study, distributions(spec), min(parallel, remaining))
+        remaining -= reused
+        if not trials:
+            continue
+        jobs = [[*arguments, *(_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
+                 f"optuna.storage='{spec.storage}'", f"optuna.trial_id={t._trial_id}"] for t in trials]
+        with heartbeat(study, trials):
+            results = launcher.launch(jobs, initial_job_idx=job)
+        _tell(study, trials, results)
+        returns.append(results)
+        job += len(trials)
+        done, elsewhere = _counts(study)
+        remaining = spec.n_trials - done - elsewhere
+    from xp.tracking import resolve_uri
+
+    summarize(study, spec, resolve_uri(config.get("tracking_uri")))
+    return returns
+
+
+def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
+    """Up to n new trials to run, and how many asked trials reused an earlier result instead (they count)."""
+    trials, reused = [], 0
+    while len(trials) < n - reused:
+        with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
+            warnings.simplefilter("ignore", UserWarning)
+            t = study.ask(dists)
+        if _reuse_earlier(study, t):  # the same parameters already ran: runs are deterministic
+            reused += 1
+            continue
+        trials.append(t)
+    return trials, reused
+
+
+def _tell(study: Any, trials: list[Any], results: list[Any]) -> None:
+    """How each launched trial ended, as its job returned it (xp.cli: {"state", "values"})."""
+    from optuna.trial import TrialState
+
+    for t, r in zip(trials, results):
+        out = r._return_value if r.status.name == "COMPLETED" and isinstance(r._return_value, dict) else {}
+        if out.get("state") == "COMPLETE":
+            study.tell(t, out["values"])
+        elif out.get("state") == "PRUNED":
+            study.tell(t, state=TrialState.PRUNED)
+        else:
+            study.tell(t, state=TrialState.FAIL)
+
+
+def _reuse_earlier(study: Any, trial: Any) -> bool:
+    """Tell `trial` the outcome of a finished trial with the same parameters, if there is one.
+
+    An xp run is a function of its config (fixed seed, data order, initial weights), so
+    rerunning the same parameters costs a whole run and teaches the sampler nothing.
+    """
+    from optuna.trial import TrialState
+
+    for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if old.params == trial.params:
+            trial.set_user_attr("reused_from_trial", old.number)
+            if old.state == TrialState.COMPLETE:
+                study.tell(trial, old.values)
+            else:
+                study.tell(trial, state=TrialState.PRUNED)
+            log.info(f"trial {trial.number}: same parameters as trial {old.number}; its result is reused")
+            return True
+    return False
+
+
+def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> dict[str, Any]:
+    """Print the best trial (or the Pareto front) and log it on the sweep's parent MLflow run."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    states = {s: sum(1 for t in trials if t.state == getattr(TrialState, s)) for s in FINISHED}
+    best = study.best_trials
+    front = [{"trial": t.number, "values": dict(zip([o.metric for o in spec.objectives], t.values)),
+              "params": t.params, "mlflow_run_id": t.user_attrs.get("mlflow_run_id")} for t in best]
+    log.info(f"study {spec.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in states.items())})")
+    title = "Pareto front" if spec.multi_objective else "best trial"
+    for f in front:
+        log.info(f"  {title}: trial {f['trial']}  " + "  ".join(f"{k}={v:.4g}" for k, v in f["values"].items())
+                 + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
+    summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
+    parent = os.environ.get("XP_PARENT_RUN_ID")
+    if parent and tracking_uri:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        client.set_tag(parent, "optuna.study", spec.study_name)
+        if front and not spec.multi_objective:
+            for k, v in front[0]["params"].items():
+                client.log_param(parent, f"best.{k}", v)
+            client.log_metric(parent, f"best_{spec.objectives[0].metric}", front[0]["values"][spec.objectives[0].metric])
+        client.log_dict(parent, summary, "pareto_front.json" if spec.multi_objective else "best_trial.json")
+    return summary
+
+
+def to_json(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, indent=1, default=str)

@@ -1,0 +1,195 @@
+"""A study's Optuna side: its storage, sampler and pruner, heartbeats and retries of lost trials, and a run
+that is one of its trials (attach, TrialReporter). Optuna is imported lazily: a plain experiment needs none."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from contextlib import contextmanager
+from typing import Any
+
+from xp.callbacks import Callback
+from xp.errors import ConfigError, one_line, redact
+from xp.study import FINISHED, StudySpec, spec_from
+
+log = logging.getLogger("xp")
+
+
+class TrialPruned(Exception):
+    """Raised inside a run when the pruner stops the trial."""
+
+
+def distributions(spec: StudySpec) -> dict[str, Any]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    out = {}
+    for p in spec.params:
+        if p.kind == "categorical":
+            out[p.name] = CategoricalDistribution(list(p.choices))
+        elif p.kind == "int":
+            out[p.name] = IntDistribution(int(p.low), int(p.high), log=p.log)
+        else:
+            out[p.name] = FloatDistribution(float(p.low), float(p.high), log=p.log)
+    return out
+
+
+def sampler_seed(spec: StudySpec, told: int) -> int | None:
+    """The sampler's seed for a sweeper that finds `told` trials in the study already: sampler_seed for a new
+    study, and one derived from (sampler_seed, told) for a resumed one. A sampler restarted from the same
+    seed would propose the same parameters again (a TPE or random study resumed in its random start-up
+    phase repeated its first trials); derived, a resumed study explores, and the same command from the same
+    storage still proposes the same trials. (Optuna cannot store a sampler's random state in the study.)"""
+    if spec.sampler_seed is None or told == 0:
+        return spec.sampler_seed
+    import zlib
+
+    return zlib.crc32(f"{spec.sampler_seed}:{told}".encode())
+
+
+def make_sampler(spec: StudySpec, told: int = 0) -> Any:
+    import optuna
+
+    s, seed = spec.sampler, sampler_seed(spec, told)
+    # grid: run_study enqueues every combination (Optuna's GridSampler calls study.stop() when the
+    # grid is exhausted, which only works inside study.optimize(), not with ask-and-tell)
+    return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True),
+            "grid": lambda: optuna.samplers.RandomSampler(seed=seed),
+            "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+            "gp": lambda: optuna.samplers.GPSampler(seed=seed),
+            "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
+            "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed)}[s]()
+
+
+def make_pruner(spec: StudySpec) -> Any:
+    import optuna
+
+    o = spec.pruner_options
+    if spec.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=o.get("n_startup_trials", 3),
+                                           n_warmup_steps=o.get("n_warmup_steps", 2))
+    if spec.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=o.get("min_resource", 1),
+                                              reduction_factor=o.get("reduction_factor", 3))
+    if spec.pruner == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=o.get("min_resource", 1))
+    return optuna.pruners.NopPruner()
+
+
+def check_storage(url: str) -> None:
+    """Connect once, before anything is created: an unreachable database is a usage error."""
+    from xp.tracking import check_database
+
+    check_database(url, "storage")
+
+
+def open_study(spec: StudySpec) -> Any:
+    """The study, on a storage that records heartbeats and retries the trials of dead sweepers."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_storage(spec.storage)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(
+            spec.storage, heartbeat_interval=spec.heartbeat_s, grace_period=spec.grace_s,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry))
+    study = optuna.create_study(study_name=spec.study_name, storage=storage, sampler=make_sampler(spec),
+                                pruner=make_pruner(spec), directions=[o.direction for o in spec.objectives],
+                                load_if_exists=True)
+    wanted = [o.direction for o in spec.objectives]
+    have = [d.name.lower() for d in study.directions]
+    if have != wanted:
+        raise ConfigError(f"sweep={spec.name}: study {spec.study_name} in {redact(spec.storage)} optimises {have}, "
+                          f"the spec says {wanted}; use another study_name")
+    told = len(study.get_trials(deepcopy=False))
+    if told:
+        study.sampler = make_sampler(spec, told)  # a resumed study continues, it does not replay
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([o.metric for o in spec.objectives])  # optuna-dashboard shows these names
+    study.set_user_attr("xp.sweep", spec.name)
+    return study
+
+
+def retry_dead_trials(study: Any, spec: StudySpec) -> list[str]:
+    """Mark trials without a heartbeat for grace_s FAIL; each is queued again with its parameters
+    (up to max_retry times). Returns one line per trial found."""
+    import optuna
+
+    before = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    retries = {t.system_attrs["retry_history"][-1]: t for t in trials if t.system_attrs.get("retry_history")}
+    lines = []
+    for t in trials:
+        if t.number in before and t.state.name == "FAIL":
+            again = retries.get(t.number)
+            lines.append(f"trial {t.number} lost its sweeper (no heartbeat for {spec.grace_s} s): "
+                         + (f"retried as trial {again.number} with the same parameters" if again
+                            else "failed, retry limit reached"))
+    return lines
+
+
+@contextmanager
+def heartbeat(study: Any, trials: list[Any]):
+    """Record a heartbeat for `trials` every heartbeat interval while the block runs."""
+    storage, stop = study._storage, threading.Event()
+    interval = storage.get_heartbeat_interval()
+
+    def beat() -> None:
+        while True:
+            for t in trials:
+                try:
+                    storage.record_heartbeat(t._trial_id)
+                except Exception as e:  # a database hiccup must not end the sweep; the next beat tries again
+                    log.warning(f"heartbeat of trial {t.number}: {one_line(e)[:200]}")
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name="xp-optuna-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def _counts(study: Any) -> tuple[int, int]:
+    """(finished trials that count towards the budget, trials running elsewhere). A failed trial that
+    was retried does not count: its retry does."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    done = sum(1 for t in trials if t.state.name in FINISHED and t.number not in retried)
+    return done, sum(1 for t in trials if t.state.name == "RUNNING")
+
+
+# --- the job side: a run that is a trial ------------------------------------------
+
+class TrialReporter(Callback):
+    """Reports the first objective after every epoch and raises TrialPruned when told to stop."""
+
+    def __init__(self, trial: Any, metric: str, epochs: int):
+        self.trial, self.metric, self.epochs = trial, metric, epochs
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        if self.metric in metrics:
+            self.trial.report(metrics[self.metric], epoch)
+            # after the last epoch there is nothing left to save: the trial is complete
+            if epoch < self.epochs and self.trial.should_prune():
+                raise TrialPruned(f"pruned after epoch {epoch}")
+
+
+def attach(settings: Any) -> tuple[Any, StudySpec] | None:
+    """The trial a run is (the plan's StudySettings, from the sweeper's optuna.* overrides), or None."""
+    if settings is None:
+        return None
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = spec_from(settings.sweep, settings.sweep.get("name") or settings.study, search=False)
+    study = optuna.load_study(study_name=settings.study, storage=settings.storage, pruner=make_pruner(spec))
+    return optuna.trial.Trial(study, settings.trial_id), spec
