@@ -434,32 +434,10 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
 
 
 def swept_keys(overrides: list[str]) -> list[str]:
-    """The keys a multirun varies: KEY=a,b,... or KEY=range(...)/choice(...)/interval(...)/glob(...)."""
-    import re
+    """The keys a multirun varies (KEY=a,b or a sweep function), as Hydra's override parser reads them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    keys = []
-    for o in overrides:
-        key, eq, value = o.lstrip("+~").partition("=")
-        if eq and (re.match(r"\s*(range|choice|interval|glob|tag)\(", value) or _has_top_level_comma(value)):
-            keys.append(key)
-    return keys
-
-
-def _has_top_level_comma(value: str) -> bool:
-    """A comma outside quotes and brackets: Hydra's sweep list (a,b), not a list value ([a,b]) or 'a,b'."""
-    depth, quote = 0, ""
-    for c in value:
-        if quote:
-            quote = "" if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            return True
-    return False
+    return [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()]
 
 
 def _sweep(argv: list[str], config: dict[str, Any]) -> int:
@@ -476,7 +454,9 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     parent.start()
     parent.log_params({"sweep.overrides": " ".join(overrides)})
     os.environ[PARENT_ENV] = parent.run_id
-    os.environ[SWEPT_ENV] = ",".join(swept_keys(overrides))
+    from hydra._internal.utils import get_args_parser
+
+    os.environ[SWEPT_ENV] = ",".join(swept_keys(get_args_parser().parse_args(argv).overrides))
     status = "FAILED"
     try:
         rc = _hydra(argv)

@@ -114,16 +114,18 @@ class InFlight:
     def add(self, i: int, lr: float, outputs: Any) -> None:
         self.given.append((i, lr, outputs))
         while len(self.given) > READ_LAG:
-            i, lr, outputs = self.given.popleft()
-            self.read.append((i, lr, self.backend.fetch(outputs)))
+            self.read_oldest()
         if len(self.read) >= SCORE_EVERY:
             self.score()
 
     def drain(self) -> None:
         while self.given:
-            i, lr, outputs = self.given.popleft()
-            self.read.append((i, lr, self.backend.fetch(outputs)))
+            self.read_oldest()
         self.score()
+
+    def read_oldest(self) -> None:
+        i, lr, outputs = self.given.popleft()
+        self.read.append((i, lr, self.backend.fetch(outputs)))
 
     def score(self) -> None:
         read, self.read = self.read, []
