@@ -40,7 +40,7 @@ def throughput(uri: str, overrides: list[str], out: str) -> float:
     client = MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("xp").experiment_id],
                              filter_string=f"attributes.run_name = '{name}'")[0]
-    return statistics.median(m.value for m in client.get_metric_history(run.info.run_id, "throughput"))
+    return statistics.median(m.value for m in client.get_metric_history(run.info.run_id, "throughput_samples_per_s"))
 
 
 def main() -> int:

@@ -41,7 +41,7 @@ def run_study(name: str, seed: int, *extra: str, label: str | None = None) -> di
     trials = [r for r in runs if "optuna.trial_state" in r.data.tags]
     complete = [r for r in trials if r.data.tags["optuna.trial_state"] == "COMPLETE"]
     return {"study": label or name, "trials": len(trials), "pruned": len(trials) - len(complete),
-            "epochs": int(sum(r.data.metrics["epochs"] for r in trials)),
+            "epochs": int(sum(int(r.data.params["summary.epochs_completed"]) for r in trials)),
             "best_val_accuracy": max(r.data.metrics["val_accuracy"] for r in complete),
             "seconds": time.perf_counter() - t0}
 

@@ -75,11 +75,11 @@ def main() -> int:
     t0 = time.time()
     history = fit(plan, backend, [meter, *([sampler] if sampler else [])])
     for i, m in enumerate(history, 1):
-        print(f"  epoch {i}: {m['throughput']:8.1f} samples/s  GPU util {m.get('gpu_utilization', float('nan')):5.1f}%  "
+        print(f"  epoch {i}: {m['throughput']:8.1f} samples/s  GPU util {m.get('gpu_utilization_pct', float('nan')):5.1f}%  "
               f"memory {m.get('gpu_memory_mb', float('nan')):8.0f} MB  loss {m['train_loss']:.3f}", flush=True)
     timed = history[1:] or history
     rate = statistics.median(m["throughput"] for m in timed)
-    util = statistics.median(m.get("gpu_utilization", float("nan")) for m in timed)
+    util = statistics.median(m.get("gpu_utilization_pct", float("nan")) for m in timed)
     tflops = rate * GFLOP_PER_IMAGE / 1000
     chip = next((k for k in PEAK_TFLOPS if k in name), None)
     print(f"\nsamples/s {rate:.1f} (median of epochs 2..{len(history)}), GPU utilization {util:.1f}%")

@@ -12,7 +12,7 @@ from plugin_fixtures import install_test_plugins
 
 pytestmark = pytest.mark.slow
 
-EPOCH_METRICS = ["train_loss", "train_accuracy", "val_accuracy", "val_top5_accuracy", "throughput", "epoch_time_s"]
+EPOCH_METRICS = ["train_loss", "train_accuracy", "val_accuracy", "val_top5_accuracy", "throughput_samples_per_s", "epoch_time_s"]
 
 
 def assert_one_line_error(proc, *fragments):
@@ -28,7 +28,7 @@ def test_default_run_reaches_095_and_logs_everything(tmp_path, store):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for shown in ("devices          cpu(0)", "32 global", "0.02 effective", "samples/epoch    1408",
-                  "| accuracy |", "logged to " + store):
+                  "| val acc (last) | best   |", "logged to " + store):
         assert shown in out, out
 
     client, runs = mlflow_runs(store)
@@ -44,7 +44,23 @@ def test_default_run_reaches_095_and_logs_everything(tmp_path, store):
     for name in EPOCH_METRICS:
         history = client.get_metric_history(run.info.run_id, name)
         assert [m.step for m in history] == list(range(1, 11)), name
-    assert all(m.value > 0 for m in client.get_metric_history(run.info.run_id, "throughput"))
+    assert all(m.value > 0 for m in client.get_metric_history(run.info.run_id, "throughput_samples_per_s"))
+    # one number per run: the summary's params, not one-point metric charts; epochs is a param only
+    assert p["epochs"] == "10" and p["summary.epochs_completed"] == "10" and "epochs" not in run.data.metrics
+    accs = [m.value for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
+    assert float(p["summary.best_val_accuracy"]) == pytest.approx(max(accs), abs=1e-6)  # the best epoch's
+    assert int(p["summary.best_epoch"]) == accs.index(max(accs)) + 1
+    assert float(p["summary.throughput_samples_per_s"]) > 0 and "cost_usd" not in run.data.metrics  # no price
+    assert not [k for k in run.data.metrics if k.startswith("summary.") or k in ("best_val_accuracy", "train_time_s")]
+    # what ran and who ran it: MLflow's Source and User columns, the command as typed, git, dtype, hardware
+    t = run.data.tags
+    assert t["mlflow.source.name"] == "python -m xp" and t["mlflow.source.type"] == "LOCAL"
+    assert t["xp.command"].startswith("python -m xp hydra.run.dir=") and t["mlflow.user"]
+    assert len(t["mlflow.source.git.commit"]) == 40 and t["xp.git.dirty"] in ("true", "false")
+    assert (t["xp.dtype"], t["xp.hardware"]) == ("float32", "local")
+    # system metrics on a run shorter than their interval: sampled at its end at least
+    assert client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+    assert client.get_metric_history(run.info.run_id, "system/system_memory_usage_megabytes")[0].value > 0
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     hydra = {a.path for a in client.list_artifacts(run.info.run_id, "hydra")}
     assert "xp.log" in artifacts and hydra == {"hydra/config.yaml", "hydra/overrides.yaml"}
@@ -88,6 +104,13 @@ def test_multirun_groups_children_under_one_parent(tmp_path, store):
     assert sorted(c.data.params["batch"] for c in children) == ["16", "32"]
     assert all(c.info.status == "FINISHED" for c in children)
     assert "sweep: 2 runs under MLflow parent run " + parent.info.run_id in proc.stdout
+    # the parent says what its children trained, and its best_val_accuracy means what a child's does
+    assert (parent.data.tags["xp.backend"], parent.data.tags["xp.model"], parent.data.tags["xp.dataset"]) == \
+        ("gluon", "lenet", "digits")
+    bests = {c.info.run_id: float(c.data.params["summary.best_val_accuracy"]) for c in children}
+    assert float(parent.data.params["summary.best_val_accuracy"]) == max(bests.values())
+    assert parent.data.params["summary.best_run_id"] == max(bests, key=bests.get)
+    assert parent.data.params["summary.runs"] == "2" and not parent.data.metrics
 
 
 def test_more_gpus_than_visible_is_one_line_and_exit_2(tmp_path, store):

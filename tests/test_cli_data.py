@@ -38,8 +38,8 @@ def test_test_io_sweep_logs_io_throughput_per_thread_count(tmp_path, store, digi
     assert sorted(r.data.params["data_nthreads"] for r in children) == ["1", "2"]
     for r in children:
         assert r.info.status == "FINISHED"
-        assert r.data.metrics["io_throughput"] > 0 and "val_accuracy" not in r.data.metrics
-        assert [m.step for m in client.get_metric_history(r.info.run_id, "io_throughput")] == [1, 2]
+        assert r.data.metrics["io_throughput_samples_per_s"] > 0 and "val_accuracy" not in r.data.metrics
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "io_throughput_samples_per_s")] == [1, 2]
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +111,28 @@ def test_bad_data_is_one_line_exit_2_and_nothing_running(tmp_path, store, prepar
     for f in fragments:
         assert f in err, err
     assert mlflow_runs(store)[1] == []
+
+
+@pytest.mark.parametrize("backend", ["gluon", "torch"])
+def test_an_unreadable_image_is_left_out_with_a_warning_or_fails_with_strict(tmp_path, store, backend):
+    """One broken file in the training part: the run trains on the rest (its last batch wraps around), warns
+    naming the list; dataset.strict=true makes it one line and exit 2, no run left RUNNING."""
+    from xp.datasets import list_folder
+
+    root = make_folder(tmp_path / "imgs", per_class=20, size=(32, 40), with_photos=False)
+    broken = root / list_folder(str(root)).train[0][0]  # 48 training images: batch 12 fills 4 steps exactly
+    broken.write_bytes(b"\xff\xd8 not really a jpeg")
+    args = [f"backend={backend}", "dataset=folder", f"dataset.root={root}", "dataset.image_shape=[3,16,16]",
+            "dataset.resize=16", "dataset.store_size=16", "batch=12", "epochs=2"]
+    env = {"XP_CACHE_DIR": str(tmp_path / "cache")}
+    proc = run_xp(tmp_path, store, *args, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listed = next((tmp_path / "cache" / "recordio").glob("*_skipped.txt"))
+    assert f"1 of 60 images could not be read and were left out (listed in {listed})" in proc.stdout + proc.stderr
+    assert listed.read_text().split("\t")[1] == str(broken)
+    run = mlflow_runs(store)[1][0]
+    assert run.info.status == "FINISHED" and run.data.params["summary.epochs_completed"] == "2"
+    strict = run_xp(tmp_path, store, *args, "dataset.strict=true", env=env)
+    assert strict.returncode == 2 and strict.stderr.strip().count("\n") == 0, strict.stderr
+    assert "1 images of" in strict.stderr and "strict=true fails on them" in strict.stderr
+    assert all(r.info.status != "RUNNING" for r in mlflow_runs(store)[1])

@@ -82,5 +82,5 @@ def test_throughput_excludes_warmup_batches(monkeypatch):
     m.on_epoch_end(1, metrics)
     assert metrics["epoch_time_s"] == 9.0
     # the slow first batch (5 s) is excluded: 30 samples in the 4 s after it
-    assert metrics["throughput"] == pytest.approx(30 / 4)
+    assert metrics["throughput_samples_per_s"] == pytest.approx(30 / 4)
     assert metrics["batch_time_ms_p50"] == pytest.approx(1000.0)

@@ -70,8 +70,8 @@ def test_parameter_server_workers_compute_what_one_process_computes(tmp_path, st
     assert p["derived.global_batch"] == "32" and p["derived.workers"] == "2"
     assert p["derived.effective_lr"] == p["lr"]  # lr_ref_batch 32 = the global batch: no scaling
     # throughput is the total across workers, each worker's own figure logged beside it
-    assert m["worker0_throughput"] > 0 and m["worker1_throughput"] > 0
-    assert m["throughput"] == pytest.approx(m["worker0_throughput"] + m["worker1_throughput"])
+    assert m["worker0_throughput_samples_per_s"] > 0 and m["worker1_throughput_samples_per_s"] > 0
+    assert m["throughput_samples_per_s"] == pytest.approx(m["worker0_throughput_samples_per_s"] + m["worker1_throughput_samples_per_s"])
     assert "| 2 " in r.stdout.split("| lenet |")[1][:20]  # the table's devices column counts workers
 
 
@@ -86,7 +86,7 @@ def test_horovod_workers_compute_what_one_process_computes(tmp_path, store, api)
     assert run.info.status == "FINISHED" and run.data.tags["xp.engine"] == "horovod"
     assert run.data.params["version.horovod"] == "0.28.1"
     m = run.data.metrics
-    assert m["throughput"] == pytest.approx(m["worker0_throughput"] + m["worker1_throughput"])
+    assert m["throughput_samples_per_s"] == pytest.approx(m["worker0_throughput_samples_per_s"] + m["worker1_throughput_samples_per_s"])
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ def test_dist_async_updates_on_the_servers_with_the_schedule(tmp_path, store, ba
     assert abs(loss[1] - loss[0]) > 1e-2  # trained in epoch 2
     assert abs(loss[3] - loss[2]) < 1e-5  # lr 5e-11 from epoch 3: the servers applied xp's schedule
     m = run.data.metrics
-    assert m["throughput"] == pytest.approx(m["worker0_throughput"] + m["worker1_throughput"])
+    assert m["throughput_samples_per_s"] == pytest.approx(m["worker0_throughput_samples_per_s"] + m["worker1_throughput_samples_per_s"])
     assert run.data.params["derived.effective_lr"] == "0.05"  # 0.1 x 16/32: an update sees one worker's batch
 
 
@@ -321,7 +321,7 @@ def test_workers_join_and_leave_at_epoch_boundaries_with_the_same_accuracy(tmp_p
     run = runs[0]
     assert run.info.status == "FINISHED"
     m = run.data.metrics
-    assert m["worker_hours"] > 0 and m["cost_usd"] >= 0
+    assert m["worker_hours"] > 0 and "cost_usd" not in m  # hardware=local has no price: no cost, not $0
     acc = _epoch_values(store, "val_accuracy")
     assert abs(acc[-1] - fixed_acc) <= 0.01, (acc, fixed_acc)
     assert run.data.params["derived.global_batch"] == "48"

@@ -117,11 +117,32 @@ def test_prepare_command_line(folder, tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such directory" in bad.stderr
 
 
-def test_unreadable_image_is_named(tmp_path):
+def test_unreadable_images_are_left_out_counted_and_listed(tmp_path):
+    """Real collections hold a few unreadable files: they are skipped and listed, the rest is prepared."""
     root = make_folder(tmp_path / "imgs", per_class=3, with_photos=False)
     (root / "disc" / "broken.jpg").write_bytes(b"not a jpeg at all")
-    with pytest.raises(DataError, match=r"broken.jpg: not a readable JPEG/PNG image"):
-        prepare(list_folder(str(root)), tmp_path / "out", "x", threads=2)
+    (root / "bars" / "empty.png").write_bytes(b"")
+    listing = list_folder(str(root))
+    done = prepare(listing, tmp_path / "out", "x", threads=2)
+    assert done.skipped == 2 and sum(done.counts.values()) == len(listing.train) + len(listing.val) - 2
+    listed = done.skipped_list.read_text().splitlines()
+    assert sorted(line.split("\t")[1].rsplit("/", 1)[1] for line in listed) == ["broken.jpg", "empty.png"]
+    for part in ("train", "val"):  # records, .lst and counts agree; no record of a skipped file
+        assert check_records(done.rec(part), done.idx(part), 3) == done.counts[part]
+        lst = done.lst(part).read_text()
+        assert len(lst.splitlines()) == done.counts[part] and "broken.jpg" not in lst and "empty.png" not in lst
+    assert "2 of 11 images could not be read" in done.warning() and str(done.skipped_list) in done.warning()
+    again = prepare(list_folder(str(root)), tmp_path / "out", "x", threads=2)
+    assert again.reused and again.skipped == 2  # the warning comes back with the reused files
+    with pytest.raises(DataError, match=r"2 images of .* are unreadable .*strict=true fails on them"):
+        prepare(list_folder(str(root)), tmp_path / "out", "x", threads=2, strict=True)
+
+
+def test_strict_fails_on_the_first_unreadable_image(tmp_path):
+    root = make_folder(tmp_path / "imgs", per_class=3, with_photos=False)
+    (root / "disc" / "broken.jpg").write_bytes(b"not a jpeg at all")
+    with pytest.raises(DataError, match=r"broken.jpg: not a readable JPEG/PNG image \(dataset.strict=true"):
+        prepare(list_folder(str(root)), tmp_path / "out", "x", threads=2, strict=True)
 
 
 def test_corrupt_record_is_named(folder, tmp_path):
@@ -183,3 +204,23 @@ def test_folder_root_with_tilde_is_expanded_and_the_plan_carries_its_listing(tmp
     listing = plan.dataset.listing
     assert listing.root == str(tmp_path / "imgs") and listing.classes == ("bars", "columns", "disc")
     assert (len(listing.train), len(listing.val)) == (plan.dataset.train_size, plan.dataset.val_size)
+
+
+def test_test_io_times_its_first_epoch_from_a_reset_reader():
+    """A reader decodes ahead from its creation: test_io resets it before epoch 1 (else epoch 1 reads from a
+    full buffer at a figure no later epoch reaches) and times every batch, none excluded as warm-up."""
+    from types import SimpleNamespace
+
+    from xp.experiment import build_callbacks
+    from xp.mx.data import EpochIter
+    from xp.tracking import NullTracker
+
+    resets = []
+    for keep_ahead in (True, False):
+        inner = mx.io.NDArrayIter(np.zeros((8, 1)), np.zeros(8), batch_size=4)
+        inner.reset = lambda k=keep_ahead: resets.append(k)
+        EpochIter(inner, 2, keep_ahead=keep_ahead).set_epoch(1)
+    assert resets == [False]  # only the test_io reader starts over
+    plan = build_plan(compose_config("test_io=true", "timing_warmup_batches=3"), visible_gpus=0)
+    cbs = build_callbacks(plan, SimpleNamespace(gather=lambda v: [v]), NullTracker(), "", None, None)
+    assert (cbs.meter.warmup, cbs.meter.name) == (0, "io_throughput_samples_per_s")

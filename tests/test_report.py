@@ -7,17 +7,31 @@ from xp import report
 
 
 def make_run(client, exp_id, parent=None, *, devices, throughput, acc, batch=16, lr=0.02, cost=0.01,
-             hardware="p3.8xlarge", backend="gluon"):
-    tags = {"mlflow.parentRunId": parent} if parent else {}
+             hardware="p3.8xlarge", backend="gluon", kind="gpu", price=12.24, seed=42, tags=None, old=False):
+    """A run as xp logs it: settings and summary as params, val_accuracy per epoch (three epochs ending at
+    `acc`). old=True: as xp logged before summary params (one-point metrics), which reports still read."""
+    tags = {**({"mlflow.parentRunId": parent} if parent else {}), **(tags or {})}
     run = client.create_run(exp_id, run_name=f"devices={devices}", tags=tags)
     rid = run.info.run_id
-    for k, v in {"model.name": "resnet18", "backend.name": backend, "dataset.name": "digits", "dtype.name": "float32",
-                 "hardware.name": hardware, "batch": batch, "derived.num_devices": devices, "derived.workers": 1,
-                 "derived.global_batch": batch * devices, "derived.effective_lr": lr * devices}.items():
+    params = {"model.name": "resnet18", "backend.name": backend, "dataset.name": "digits", "dtype.name": "float32",
+              "hardware.name": hardware, "batch": batch, "seed": seed, "derived.num_devices": devices,
+              "derived.workers": 1, "derived.devices": ",".join(f"{kind}({i})" for i in range(devices)),
+              "derived.global_batch": batch * devices, "derived.effective_lr": lr * devices,
+              "derived.cost_per_hour": price}
+    summary = {"epochs_completed": 3, "epoch_time_s": 10.0 / devices, "throughput_samples_per_s": throughput,
+               "gpu_utilization_pct": 80.0, "best_val_accuracy": acc + 0.005}
+    if cost is not None:
+        summary["cost_usd"] = cost
+    if old:
+        for k, v in {"epochs": 3, "summary.epoch_time_s": 10.0 / devices, "summary.throughput": throughput,
+                     "cost_usd": cost, "gpu_utilization": 80.0}.items():
+            client.log_metric(rid, k, v)
+    else:
+        params.update({f"summary.{k}": v for k, v in summary.items()})
+    for k, v in params.items():
         client.log_param(rid, k, v)
-    for k, v in {"val_accuracy": acc, "epochs": 2, "summary.epoch_time_s": 10.0 / devices,
-                 "summary.throughput": throughput, "cost_usd": cost, "gpu_utilization": 80.0}.items():
-        client.log_metric(rid, k, v)
+    for step, a in enumerate((acc - 0.01, acc + 0.005, acc), start=1):
+        client.log_metric(rid, "val_accuracy", a, step=step)
     client.set_terminated(rid, "FINISHED")
     return rid
 
@@ -29,7 +43,7 @@ def runs(tmp_path):
     exp = client.create_experiment("xp", artifact_location=(tmp_path / "art").as_uri())
     parent = client.create_run(exp, run_name="sweep", tags={"xp.sweep": "true"}).info.run_id
     for n, t, a in ((1, 100.0, 0.90), (2, 190.0, 0.91), (4, 360.0, 0.92)):
-        make_run(client, exp, parent, devices=n, throughput=t, acc=a)
+        make_run(client, exp, parent, devices=n, throughput=t, acc=a, old=n == 4)  # one logged by an older xp
     make_run(client, exp, devices=1, throughput=50.0, acc=0.5, hardware="p2.xlarge")  # outside the sweep
     client.set_terminated(parent, "FINISHED")
     return uri, client, exp, parent
@@ -52,7 +66,10 @@ def test_report_for_a_sweep_writes_tables_plots_and_artifacts(runs, tmp_path):
     assert md.count("| p3.8xlarge | resnet18 | gluon |") == 3 and "p2.xlarge" not in md
     for line in ("| resnet18 | gluon | 16 | 2 | 190.0 | 200.0 | 95.0% |", "| resnet18 | gluon | 16 | 4 | 360.0 | 400.0 | 90.0% |"):
         assert line in md
-    assert "| 0.9100 | 2 | 5.00 | 190.0 | 80% | $0.0100 |" in md
+    assert "| GPUs | val acc (last epoch) | val acc (best epoch) |" in md
+    two = [ln for ln in md.splitlines() if ln.startswith("| p3.8xlarge | resnet18 | gluon | 16 | 32 | 2 |")]
+    assert len(two) == 1 and "| 0.9100 | 0.9150 | 3 | 5.00 | 190.0 | 80% | $0.0100 |" in two[0]
+    assert "| 0.9200 | - | 3 | 2.50 | 360.0 | 80% | $0.0100 |" in md  # the older run: its metrics, read back
     from PIL import Image
 
     for name in ("scaling.png", "accuracy.png", "cost.png"):
@@ -94,3 +111,78 @@ def test_report_bad_input_is_one_line(runs, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"xp.report: error: --experiment nope: no such experiment in {uri}",
                    f"xp.report: error: no finished xp runs match in experiment xp ({uri})"]
+
+
+def _store(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    return uri, client, client.create_experiment("xp", artifact_location=(tmp_path / "art").as_uri())
+
+
+def test_cpu_runs_without_a_price_say_so_and_draw_no_cost(tmp_path):
+    """On CPU the devices column is not "GPUs"; without a price cost is "-" and there is no cost plot, but a note."""
+    uri, client, exp = _store(tmp_path)
+    for batch, t in ((16, 900.0), (64, 2500.0)):
+        make_run(client, exp, devices=1, throughput=t, acc=0.9, batch=batch, kind="cpu", price=0.0, cost=None,
+                 hardware="local")
+    out = tmp_path / "out"
+    assert report.main(["--tracking-uri", uri, "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "| CPU devices |" in md and "GPUs" not in md
+    assert all(line.split("|")[13].strip() == "-" for line in md.splitlines() if line.startswith("| local |"))
+    assert not (out / "cost.png").exists() and "Cost: no plot" in md
+    assert "![throughput](throughput.png)" in md  # a batch sweep: throughput against batch
+
+
+def test_repeated_seeds_show_median_and_spread(tmp_path):
+    uri, client, exp = _store(tmp_path)
+    for seed, acc, t in ((1, 0.90, 100.0), (2, 0.94, 120.0), (3, 0.92, 110.0)):
+        make_run(client, exp, devices=1, throughput=t, acc=acc, seed=seed)
+    make_run(client, exp, devices=1, throughput=200.0, acc=0.80, batch=64)  # another setting: no repeats
+    md = build(tmp_path, client, exp)
+    section = md.split("## Repeated settings")[1].split("##")[0]
+    assert "| 3 | 1 2 3 | 0.9200 | 0.9000 - 0.9400 | 110.0 | 100.0 - 120.0 |" in section
+    assert "| 64 |" not in section
+
+
+def build(tmp_path, client, exp):
+    runs = client.search_runs([exp])
+    return report.build_report(runs, tmp_path / "out", "t", history=client.get_metric_history).read_text()
+
+
+def test_a_study_report_shows_swept_params_states_and_keeps_pruned_trials_apart(tmp_path):
+    uri, client, exp = _store(tmp_path)
+    for n, (lr, state, acc) in enumerate(((0.1, "COMPLETE", 0.93), (0.01, "PRUNED", 0.41), (0.05, "COMPLETE", 0.95))):
+        rid = make_run(client, exp, devices=1, throughput=100.0, acc=acc, lr=lr,
+                       tags={"optuna.trial_number": str(n), "optuna.trial_state": state})
+        client.log_param(rid, "lr", lr)
+    md = build(tmp_path, client, exp)
+    trials = md.split("## Trials")[1].split("### Pruned trials")[0]
+    assert "Swept: lr. 2 complete, 1 pruned." in trials
+    assert "| trial | state | lr |" in trials and "| 0 | COMPLETE | 0.1 | 0.9300 |" in trials
+    assert "PRUNED" not in trials and "0.4100" not in md.split("## Trials")[0]  # not in the main table either
+    assert "| 1 | PRUNED | 0.01 | 0.4100 |" in md.split("### Pruned trials")[1]
+
+
+def test_accuracy_axis_is_never_tighter_than_the_epoch_noise(tmp_path):
+    from xp import plots
+
+    rows = [{"model": "m", "global_batch": b, "lr": 0.1, "val_accuracy": a, "noise": 0.01}
+            for b, a in ((16, 0.900), (32, 0.902))]
+    files = []
+    note = plots.accuracy_plot(rows, tmp_path, files)
+    assert "widened" in note and files == [tmp_path / "accuracy.png"]
+    rows[1]["val_accuracy"] = 0.99  # a difference larger than the noise: the axis is the data's
+    assert "widened" not in plots.accuracy_plot(rows, tmp_path, [])
+
+
+def test_logged_report_shows_its_plots_in_the_mlflow_ui(runs, tmp_path):
+    """MLflow's Markdown preview shows only images with absolute URLs: the logged report.md points at the UI."""
+    uri, client, exp, parent = runs
+    out = tmp_path / "out"
+    assert report.main(["--tracking-uri", uri, "--parent", parent, "--out", str(out),
+                        "--ui-url", "http://127.0.0.1:5055/"]) == 0
+    logged = client.download_artifacts(parent, "report/report.md", str(tmp_path / "dl"))
+    text = open(logged).read()
+    assert f"![scaling](http://127.0.0.1:5055/get-artifact?path=report%2Fscaling.png&run_uuid={parent})" in text
+    assert "![scaling](scaling.png)" in (out / "report.md").read_text()  # on disk: beside it

@@ -192,7 +192,7 @@ def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
         c = by_id[t.user_attrs["mlflow_run_id"]]
         assert c.data.tags["optuna.trial_number"] == str(t.number)
         assert c.data.tags["optuna.trial_state"] == t.state.name and c.info.status == "FINISHED"
-        assert int(c.data.metrics["epochs"]) == len(t.intermediate_values)  # the epochs it ran
+        assert int(c.data.params["summary.epochs_completed"]) == len(t.intermediate_values)  # the epochs it ran
         assert c.info.run_name == f"trial {t.number}: lr={t.params['lr']:.3g} batch={t.params['batch']}"
 
     # the same command continues the same study, up to a raised budget

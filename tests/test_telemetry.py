@@ -55,11 +55,11 @@ def test_sampler_aggregates_per_epoch_and_per_gpu():
     s.on_epoch_end(1, metrics)
     s.on_end()
     assert nvml.queried == {2, 3} and nvml.inits == 1 and nvml.shutdowns == 1
-    assert metrics["gpu_utilization"] == pytest.approx(60)  # mean over both GPUs and all samples
-    assert (metrics["gpu_utilization_min"], metrics["gpu_utilization_max"]) == (50, 70)
+    assert metrics["gpu_utilization_pct"] == pytest.approx(60)  # mean over both GPUs and all samples
+    assert (metrics["gpu_utilization_pct_min"], metrics["gpu_utilization_pct_max"]) == (50, 70)
     assert metrics["gpu_memory_mb"] == pytest.approx(3000)  # the peak
     assert metrics["gpu_power_w"] == pytest.approx(150)
-    assert metrics["gpu2_utilization"] == pytest.approx(50) and metrics["gpu3_memory_mb"] == pytest.approx(3000)
+    assert metrics["gpu2_utilization_pct"] == pytest.approx(50) and metrics["gpu3_memory_mb"] == pytest.approx(3000)
     assert s._thread is None  # stopped
 
 
@@ -72,7 +72,7 @@ def test_short_epoch_still_gets_a_sample():
     metrics = {}
     s.on_epoch_end(1, metrics)
     s.on_end()
-    assert metrics["gpu_utilization"] == 50
+    assert metrics["gpu_utilization_pct"] == 50
 
 
 def test_without_nvml_nothing_is_logged_and_nothing_fails():
@@ -158,4 +158,4 @@ def test_mlflow_system_metrics_are_logged(tmp_path, store):
     run = mlflow_runs(store)[1][0]
     system = [k for k in run.data.metrics if k.startswith("system/")]
     assert "system/cpu_utilization_percentage" in system and "system/system_memory_usage_megabytes" in system
-    assert "gpu_utilization" not in run.data.metrics  # no NVML here: absent, not zero
+    assert "gpu_utilization_pct" not in run.data.metrics  # no NVML here: absent, not zero

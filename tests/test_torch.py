@@ -103,7 +103,7 @@ def test_ddp_processes_compute_what_one_process_computes(tmp_path, store):
     run = runs[0]
     assert run.data.tags["xp.engine"] == "torchrun" and run.data.params["version.torch"] == torch.__version__.split("+")[0]
     m = run.data.metrics
-    assert m["throughput"] == pytest.approx(m["worker0_throughput"] + m["worker1_throughput"])
+    assert m["throughput_samples_per_s"] == pytest.approx(m["worker0_throughput_samples_per_s"] + m["worker1_throughput_samples_per_s"])
 
 
 @pytest.mark.slow

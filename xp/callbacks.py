@@ -14,6 +14,10 @@ import numpy as np
 
 log = logging.getLogger("xp")
 
+# metric names carry their unit, as epoch_time_s and cost_usd do
+THROUGHPUT = "throughput_samples_per_s"  # training: samples/s, across workers
+IO_THROUGHPUT = "io_throughput_samples_per_s"  # test_io: the input pipeline alone
+
 
 class Callback:
     def on_train_begin(self) -> None: ...
@@ -35,9 +39,9 @@ class ThroughputMeter(Callback):
     engine drained its queue. The warm-up's end is synchronised fully.
     """
 
-    def __init__(self, warmup_batches: int, name: str = "throughput"):
+    def __init__(self, warmup_batches: int, name: str = THROUGHPUT):
         self.warmup = warmup_batches
-        self.name = name  # "io_throughput" when only the input pipeline runs
+        self.name = name  # IO_THROUGHPUT when only the input pipeline runs
         self._t0 = 0.0
         self._marks: list[float] = []
         self._samples: list[int] = []
@@ -73,8 +77,8 @@ class ThroughputMeter(Callback):
 class CostMeter(Callback):
     """What the run has cost so far: wall time on the instance (training and evaluation) x price.
 
-    Logs cost_usd (cumulative) and epoch_cost_usd every epoch, and with a target accuracy,
-    time_to_target_s and cost_to_target_usd at the first epoch that reaches it.
+    Logs cost_usd (cumulative) and epoch_cost_usd every epoch where the hardware has a price, and with a
+    target accuracy, time_to_target_s and cost_to_target_usd at the first epoch that reaches it.
     """
 
     def __init__(self, price_per_hour: float, target_accuracy: float | None = None,
@@ -96,12 +100,14 @@ class CostMeter(Callback):
         now = time.perf_counter()
         elapsed = self.offset + now - self._t0
         metrics["elapsed_s"] = elapsed
-        metrics["cost_usd"] = self.paid + (now - self._t0) / 3600 * self.price
-        metrics["epoch_cost_usd"] = (now - self._te) / 3600 * self.price
+        if self.price:  # hardware without a price (local): no cost curve at $0
+            metrics["cost_usd"] = self.paid + (now - self._t0) / 3600 * self.price
+            metrics["epoch_cost_usd"] = (now - self._te) / 3600 * self.price
         if self.target is not None and not self.reached and metrics.get("val_accuracy", -1) >= self.target:
             self.reached = True
             metrics["time_to_target_s"] = elapsed
-            metrics["cost_to_target_usd"] = metrics["cost_usd"]
+            if self.price:
+                metrics["cost_to_target_usd"] = metrics["cost_usd"]
 
 
 class ProgressPrinter(Callback):
@@ -111,7 +117,7 @@ class ProgressPrinter(Callback):
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         parts = [f"epoch {epoch:>{len(str(self.epochs))}}/{self.epochs}"]
         for key, fmt in (("train_loss", "{:.4f}"), ("train_accuracy", "{:.4f}"), ("val_accuracy", "{:.4f}"),
-                         ("throughput", "{:.1f}"), ("io_throughput", "{:.1f}"), ("epoch_time_s", "{:.2f}"), ("lr", "{:.4g}")):
+                         (THROUGHPUT, "{:.1f}"), (IO_THROUGHPUT, "{:.1f}"), ("epoch_time_s", "{:.3g}"), ("lr", "{:.4g}")):
             if key in metrics:
                 parts.append(f"{key}={fmt.format(metrics[key])}")
         log.info("  ".join(parts))

@@ -150,6 +150,9 @@ def resolve_resume(config: dict[str, Any], uri: str) -> tuple[dict[str, Any], st
         if run.info.status == "RUNNING":
             raise ConfigError(f"resume={value}: run {run.info.run_id} is still running")
         folder = run.data.params.get("checkpoint_dir")
+        if run.info.status == "FINISHED":  # its summary is logged: more epochs are a new run
+            raise ConfigError(f"resume={value}: run {run.info.run_id} finished; to train on from its last commit "
+                              f"start a new run from its folder: resume={folder}")
         if folder in (None, "None"):
             raise ConfigError(f"resume={value}: run {run.info.run_id} committed no state (it had no checkpoint_dir)")
         require(folder)

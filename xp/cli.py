@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from xp import study
 
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    _remember_command(argv)
     study.register()  # the study files are options of the config group `sweep`
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         return _hydra(argv)
@@ -166,7 +167,7 @@ def _composition_error(e: Exception, override: list[str], known_keys: list[str])
             close = ([k for k in known_keys if k.endswith("." + key)]
                      or difflib.get_close_matches(key, known_keys, n=1))
             hint = f"did you mean {close[0]}?" if close else "see python -m xp --help"
-            return ConfigError(f"{o}: unknown key {key!r}; {hint} (to add a new key: +{o})")
+            return ConfigError(f"{o}: unknown key {key!r}; {hint}")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     why = next((ln for ln in lines if "could not be converted" in ln), None)
     if why:  # a typed field (a study's): "Value 'abc' of type 'str' could not be converted to Integer"
@@ -200,6 +201,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     configs = []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
         known = _known_keys(compose, groups, dirs)
+        _check_added(parsed, known, groups)
         jobs = [[*searchpath, *job] for job in jobs]
         jobs = _study_jobs(jobs, args.multirun, known, compose, space) or jobs
         for job in jobs:
@@ -270,6 +272,19 @@ def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) ->
         for f in (f for d in [CONF_DIR, *dirs] for f in (d / group).glob("*.yaml")):
             known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)) or {})
     return sorted(known)
+
+
+def _check_added(parsed: list[Any], known: list[str], groups: dict[str, list[str]]) -> None:
+    """+KEY=V (and ++KEY=V) adds a key Hydra did not have: one xp does not know would be silently unused."""
+    sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
+    for o in parsed:
+        key = o.key_or_group
+        if not (o.is_add() or o.is_force_add()) or key.startswith(("hydra", "sweep")) or key in groups:
+            continue
+        if key not in known and key not in sections:
+            close = ([k for k in known if k.endswith("." + key)] or difflib.get_close_matches(key, known, n=1))
+            raise ConfigError(f"{o.input_line}: xp has no key {key!r}, nothing would read it"
+                              + (f"; did you mean {close[0]}?" if close else "; see python -m xp --help"))
 
 
 def _check_study_fields(overrides: list[Any]) -> None:
@@ -433,6 +448,18 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
         tracker.end(status)
 
 
+def _remember_command(argv: list[str]) -> None:
+    """The command line as typed, for the runs' tags (xp.tracking.source_tags); a sweep's jobs, a study's trials
+    and launched workers inherit the first process's."""
+    import shlex
+
+    from xp.tracking import COMMAND_ENV
+
+    if not os.environ.get(COMMAND_ENV):
+        entry = "python -m xp" if sys.argv[0].endswith("__main__.py") else "xp"
+        os.environ[COMMAND_ENV] = f"{entry} {shlex.join(argv)}".strip()
+
+
 def swept_keys(overrides: list[str]) -> list[str]:
     """The keys a multirun varies (KEY=a,b or a sweep function), as Hydra's override parser reads them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -469,9 +496,10 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
         os.environ.pop(PARENT_ENV, None)
         os.environ.pop(SWEPT_ENV, None)
         try:
-            rows = [summary.row_from_mlflow(r) for r in parent.child_runs()]
-            accs = [r["val_accuracy"] for r in rows if r.get("val_accuracy") is not None]
-            parent.log_metrics({"runs": len(rows), **({"best_val_accuracy": max(accs)} if accs else {})})
+            children = parent.child_runs()
+            rows = [summary.row_from_mlflow(r) for r in children]
+            parent.log_params(summary.parent_params(rows, children))
+            parent.set_tags(summary.parent_tags(children))
         finally:
             parent.end(status)
         print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")

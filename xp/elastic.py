@@ -82,8 +82,9 @@ class WorkerHours(Callback):
         self.hours += (time.perf_counter() - self._t) * self.workers / 3600
         metrics["workers"] = self.workers
         metrics["worker_hours"] = self.hours
-        metrics["cost_on_demand_usd"] = self.hours * self.hw.price_per_hour
-        if self.hw.spot_price_per_hour is not None:
+        if self.hw.price_per_hour:  # hardware without a price: no cost, not $0
+            metrics["cost_on_demand_usd"] = self.hours * self.hw.price_per_hour
+        if self.hw.spot_price_per_hour:
             metrics["cost_spot_usd"] = self.hours * self.hw.spot_price_per_hour
 
 

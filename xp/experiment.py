@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from xp import checkpoint, elastic
-from xp.callbacks import (Callback, CostMeter, Progress, ProgressBar, ProgressPrinter, ThroughputMeter,
-                          WorkerMetrics)
+from xp.callbacks import (IO_THROUGHPUT, THROUGHPUT, Callback, CostMeter, Progress, ProgressBar, ProgressPrinter,
+                          ThroughputMeter, WorkerMetrics)
 from xp.errors import Terminated
 from xp.gpu import visible_gpus
 from xp.worker import HOSTS_ENV
@@ -119,6 +119,9 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
     trial = attach(plan.study)
     log.info(describe(plan, uri))
+    if plan.test_io and plan.dataset.options.get("kind", plan.dataset.name) not in ("rec", "folder"):
+        log.warning(f"test_io: dataset={plan.dataset.name} is held in memory; its figure times slicing arrays, not "
+                    "reading or decoding images (those are dataset=rec and dataset=folder)")
     backend = None if plan.diagnose else _set_up(plan, backend_cls)
     plan = backend.plan if backend else plan
     name = _name(plan, job, trial)
@@ -174,7 +177,8 @@ def _set_up(plan: Plan, backend_cls: type) -> Any:
 
 
 def _open_tracker(plan: Plan, uri: str, name: str, job: JobInfo, trial: Any, reopen: str | None) -> Any:
-    tags = {"xp.backend": plan.backend, "xp.model": plan.model.name, "xp.dataset": plan.dataset.name}
+    tags = {"xp.backend": plan.backend, "xp.model": plan.model.name, "xp.dataset": plan.dataset.name,
+            "xp.dtype": plan.dtype, "xp.hardware": plan.hardware.name}
     if trial:
         tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
                      "optuna.trial_state": "RUNNING"})
@@ -215,7 +219,8 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, uri: str, before: An
     -> commit (checkpoint: after it is logged, so an epoch interrupted in between is trained again to the
     same numbers) -> print -> decide (stop for a relaunch, prune a trial)."""
     done = list(before.history) if before else []
-    meter = ThroughputMeter(plan.timing_warmup_batches, "io_throughput" if plan.test_io else "throughput")
+    # test_io times the whole epoch: a reader's start (threads, files, the first decodes) is part of reading the data
+    meter = ThroughputMeter(0, IO_THROUGHPUT) if plan.test_io else ThroughputMeter(plan.timing_warmup_batches)
     history = History(done)
     billed = plan.workers if plan.elastic.enabled else 1
     phases: dict[str, list[Callback]] = {
@@ -269,19 +274,10 @@ def _fit(plan: Plan, backend: Any, cbs: RunCallbacks, before: Any, trial: Any, t
 
 def summarize_run(plan: Plan, cbs: RunCallbacks, tracker: Any, name: str, state: str, uri: str) -> dict[str, Any]:
     """The end-of-run summary: logged once, printed as the report's one-row table."""
-    from xp.summary import summarize, table
+    from xp.summary import as_params, summarize, table
 
     summary = summarize(cbs.history.epochs, plan.cost_per_hour, cbs.meter.name)
-    tracker.log_metrics({
-        "epochs": summary["epochs"],
-        "summary.epoch_time_s": summary.get("epoch_time_s"),
-        f"summary.{cbs.meter.name}": summary.get("throughput"),
-        "train_time_s": summary["train_time_s"],
-        "cost_usd": summary["cost_usd"],
-        "best_val_accuracy": summary.get("best_val_accuracy"),
-        "time_to_target_s": summary.get("time_to_target_s"),
-        "cost_to_target_usd": summary.get("cost_to_target_usd"),
-    }, step=len(cbs.history.epochs))
+    tracker.log_params(as_params(summary, cbs.meter.name))
     row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices) * plan.workers,
            **summary, "state": state}
     log.info("\n" + table([row]))
@@ -297,7 +293,7 @@ def _diagnose(plan: Plan, backend_cls: type, tracker: Tracker) -> float:
     log.info(f"diagnosis: {min(plan.steps_per_epoch, plan.diagnose_steps)} batches each with real data, "
              "IO only and synthetic data" + (", and synthetic on one device" if len(plan.devices) > 1 else ""))
     d = diagnose(plan, backend_cls, plan.diagnose_steps, os.cpu_count())
-    tracker.log_metrics({f"diagnosis.{k}_throughput": v for k, v in d.rates.items()}, step=1)
+    tracker.log_params({f"diagnosis.{k}_samples_per_s": f"{v:.6g}" for k, v in d.rates.items()})
     tracker.set_tags({"xp.diagnosis": d.verdict})
     for k, v in d.rates.items():
         log.info(f"  {k:<20} {v:10.1f} samples/s")

@@ -306,6 +306,8 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     workers = _int(cfg, "workers", 1, 4096) if workers is None else workers
     servers = _int(cfg, "servers", 1, 1024)
     launch = _launch(cfg)
+    if launch.launcher == "local" and cfg.get("checkpoint_dir"):
+        _writable_folder(str(cfg["checkpoint_dir"]), "checkpoint_dir")  # over ssh: rank 0's host's disk, not this one
     elastic = _elastic(cfg.get("elastic") or {}, kvstore, launch, cfg.get("checkpoint_dir"))
     sizes = _batch(cfg, dataset, len(devices), workers)
     return Plan(
@@ -416,6 +418,23 @@ def _batch(cfg: dict, dataset: DatasetSpec, devices: int, workers: int) -> dict[
             "steps_per_epoch": steps_per_epoch, "samples_per_epoch": steps_per_epoch * global_batch}
 
 
+def _writable_folder(path: str, key: str) -> None:
+    """A folder this process can write in: made now if missing, so a file in its place or a read-only parent is
+    one line before the run starts, not an error after its first epoch."""
+    import os
+
+    folder = os.path.expanduser(path)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"{key}={path}: a file, not a folder; give a folder (it is created if missing)")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{key}={path}: cannot create it ({e.strerror}: {e.filename}); give a folder this user "
+                          "can write") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={path}: this user cannot write in it; give another folder")
+
+
 def _state(cfg: dict) -> dict[str, Any]:
     return {"save_params": cfg.get("save_params"), "checkpoint_dir": cfg.get("checkpoint_dir"),
             "checkpoint_every": _int(cfg, "checkpoint_every", 1, 10**6) if "checkpoint_every" in cfg else 1,
@@ -442,6 +461,9 @@ def _optimisation(cfg: dict, kvstore: str, sizes: dict[str, int]) -> dict[str, A
 
 
 def _measurement(cfg: dict) -> dict[str, Any]:
+    if _bool(cfg, "diagnose") and _bool(cfg, "test_io"):
+        raise ConfigError("diagnose=true test_io=true: pick one; diagnose measures the input pipeline alone itself "
+                          "(its io figure), beside real and synthetic training")
     return {
         "data_nthreads": _int(cfg, "data_nthreads", 1, 256),
         "timing_warmup_batches": _int(cfg, "timing_warmup_batches", 0, 10_000),

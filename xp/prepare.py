@@ -29,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--split-seed", type=int, default=0, help="seed of the train/val split")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="encoding threads")
     p.add_argument("--quality", type=int, default=95, help="JPEG quality of the stored images")
+    p.add_argument("--strict", action="store_true",
+                   help="fail on an unreadable image (default: leave it out, list it in NAME_skipped.txt, warn)")
     return p
 
 
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.perf_counter()
         name = args.name or os.path.basename(os.path.abspath(args.folder).rstrip(os.sep))
-        done = prepare(listing, args.out_dir, name, resize=args.resize, quality=args.quality, threads=args.threads)
+        done = prepare(listing, args.out_dir, name, resize=args.resize, quality=args.quality, threads=args.threads,
+                       strict=args.strict)
     except XPError as e:
         print(f"xp.prepare: error: {one_line(e)}", file=sys.stderr)
         return 2
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     verb = "reused" if done.reused else f"wrote in {time.perf_counter() - t0:.1f}s"
     print(f"{len(done.classes)} classes, {done.counts['train']} train / {done.counts['val']} val images: {verb}")
+    if done.warning():
+        print(f"xp.prepare: warning: {done.warning()}", file=sys.stderr)
     for part in ("train", "val"):
         print(f"  {done.rec(part)}  {done.idx(part)}  {done.lst(part)}")
     print(f"train on it: python -m xp dataset=rec dataset.train_rec={done.rec('train')} "

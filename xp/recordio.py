@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,8 @@ from typing import Any
 
 from xp.datasets import FolderListing
 from xp.errors import XPError
+
+log = logging.getLogger("xp")
 
 MANIFEST_VERSION = 1
 MAGIC = 0xCED7230A
@@ -46,8 +49,9 @@ class DataError(XPError):
 class Prepared:
     prefix: Path  # <prefix>_train.rec, <prefix>_val.rec, ...
     classes: tuple[str, ...]
-    counts: dict[str, int]
+    counts: dict[str, int]  # images written, per part
     reused: bool
+    skipped: int = 0  # unreadable images left out, listed in skipped_list
 
     def rec(self, part: str) -> Path:
         return Path(f"{self.prefix}_{part}.rec")
@@ -57,6 +61,18 @@ class Prepared:
 
     def lst(self, part: str) -> Path:
         return Path(f"{self.prefix}_{part}.lst")
+
+    @property
+    def skipped_list(self) -> Path:
+        return Path(f"{self.prefix}_skipped.txt")
+
+    def warning(self) -> str | None:
+        """What a user must hear about the images left out, or None."""
+        if not self.skipped:
+            return None
+        total = sum(self.counts.values()) + self.skipped
+        return (f"{self.skipped} of {total} images could not be read and were left out (listed in "
+                f"{self.skipped_list}); dataset.strict=true (xp.prepare --strict) fails on them instead")
 
 
 def pack_image(label: float, key: int, image: bytes) -> bytes:
@@ -187,52 +203,80 @@ def encode(path: str, resize: int, quality: int) -> bytes:
     return buf.tobytes()
 
 
+def _try_encode(path: str, resize: int, quality: int, strict: bool) -> bytes | str:
+    """The image re-encoded, or (strict=False) why it could not be read."""
+    try:
+        return encode(path, resize, quality)
+    except DataError as e:
+        if strict:
+            raise DataError(f"{e} (dataset.strict=true: an unreadable image fails the data set; "
+                            "strict=false leaves it out and lists it)") from None
+        return str(e).split(": ", 1)[-1]
+
+
 def _write_part(listing: FolderListing, items, prefix: Path, part: str, resize: int, quality: int,
-                threads: int) -> None:
+                threads: int, strict: bool) -> list[tuple[str, str]]:
+    """Write one part's .rec/.idx/.lst; returns the images left out as unreadable: (path, why)."""
     rec, idx, lst = (Path(f"{prefix}_{part}{ext}") for ext in (".rec", ".idx", ".lst"))
     tmp = {p: p.with_name(p.name + ".tmp") for p in (rec, idx, lst)}
-    with open(tmp[lst], "w") as f:
-        for i, (rel, label) in enumerate(items):
-            f.write(f"{i}\t{label}\t{rel}\n")
     writer = RecordFile(tmp[idx], tmp[rec], "w")
+    kept, skipped = [], []
     try:
         paths = [os.path.join(listing.root, rel) for rel, _ in items]
         # cv2 releases the GIL while decoding and encoding: threads run in parallel.
-        # map() keeps the input order, so record i is image i of the .lst.
+        # map() keeps the input order; records are numbered as written, so record i is line i of the .lst.
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            for i, ((_, label), jpeg) in enumerate(zip(items, pool.map(lambda p: encode(p, resize, quality), paths))):
-                writer.write(i, pack_image(label, i, jpeg))
+            for (rel, label), out in zip(items, pool.map(lambda p: _try_encode(p, resize, quality, strict), paths)):
+                if isinstance(out, str):
+                    skipped.append((os.path.join(listing.root, rel), out))
+                    continue
+                writer.write(len(kept), pack_image(label, len(kept), out))
+                kept.append((rel, label))
     finally:
         writer.close()
+    with open(tmp[lst], "w") as f:
+        for i, (rel, label) in enumerate(kept):
+            f.write(f"{i}\t{label}\t{rel}\n")
     for final, t in tmp.items():
         os.replace(t, final)
+    return skipped
 
 
 def prepare(listing: FolderListing, out_dir: str | Path, name: str, *, resize: int = 0, quality: int = 95,
-            threads: int = 4) -> Prepared:
-    """Write <out_dir>/<name>_{train,val}.{lst,rec,idx}, or reuse them if the inputs did not change."""
+            threads: int = 4, strict: bool = False) -> Prepared:
+    """Write <out_dir>/<name>_{train,val}.{lst,rec,idx}, or reuse them if the inputs did not change.
+    Unreadable images are left out and listed in <name>_skipped.txt (strict: the first one fails)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / name
     manifest = out / f"{name}.json"
     fp = fingerprint(listing, resize, quality)
-    counts = {"train": len(listing.train), "val": len(listing.val)}
-    result = Prepared(prefix, listing.classes, counts, reused=True)
     try:
         old = json.loads(manifest.read_text())
     except (OSError, ValueError):
         old = {}
-    files = [p for part in counts for p in (result.rec(part), result.idx(part), result.lst(part))]
+    result = Prepared(prefix, listing.classes, old.get("counts", {}), reused=True, skipped=old.get("skipped", 0))
+    files = [p for part in ("train", "val") for p in (result.rec(part), result.idx(part), result.lst(part))]
     if old.get("fingerprint") == fp and all(p.exists() for p in files):
+        if strict and result.skipped:
+            raise DataError(f"{result.skipped} images of {listing.root} are unreadable (listed in "
+                            f"{result.skipped_list}); dataset.strict=true fails on them")
         return result
     manifest.unlink(missing_ok=True)
-    for part, items in (("train", listing.train), ("val", listing.val)):
-        _write_part(listing, items, prefix, part, resize, quality, threads)
+    skipped = {part: _write_part(listing, items, prefix, part, resize, quality, threads, strict)
+               for part, items in (("train", listing.train), ("val", listing.val))}
+    counts = {"train": len(listing.train) - len(skipped["train"]), "val": len(listing.val) - len(skipped["val"])}
+    done = Prepared(prefix, listing.classes, counts, reused=False, skipped=sum(map(len, skipped.values())))
+    done.skipped_list.unlink(missing_ok=True)
+    if done.skipped:
+        done.skipped_list.write_text("".join(f"{part}\t{path}\t{why}\n" for part, rows in skipped.items()
+                                             for path, why in rows))
     tmp = manifest.with_name(manifest.name + ".tmp")
     tmp.write_text(json.dumps({"fingerprint": fp, "root": str(listing.root), "classes": list(listing.classes),
-                               "counts": counts, "resize": resize, "quality": quality}, indent=1))
+                               "counts": counts, "skipped": done.skipped, "resize": resize, "quality": quality},
+                              indent=1))
     os.replace(tmp, manifest)
-    return Prepared(prefix, listing.classes, counts, reused=False)
+    return done
 
 
 def check_records(rec: str | Path, idx: str | Path, num_classes: int, limit: int | None = None,
@@ -282,7 +326,9 @@ def record_files(plan: Any) -> tuple[str, str]:
         cache = o.get("cache_dir") or os.environ.get("XP_CACHE_DIR") or os.path.expanduser("~/.cache/xp")
         name = f"{os.path.basename(root)}-{hashlib.sha1(root.encode()).hexdigest()[:8]}"
         done = prepare(listing, os.path.join(cache, "recordio"), name, resize=int(o.get("store_size") or 0),
-                       threads=max(1, plan.data_nthreads))
+                       threads=max(1, plan.data_nthreads), strict=bool(o.get("strict", False)))
+        if done.warning() and plan.rank == 0:
+            log.warning(done.warning())
         train, val = str(done.rec("train")), str(done.rec("val"))
         # A corrupt or mislabelled file fails here with its name, not deep inside the C++ reader.
         for rec in (train, val):

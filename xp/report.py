@@ -4,8 +4,9 @@
     python -m xp.report --parent RUN_ID         # the runs of one sweep or study
     python -m xp.report --filter "params.model.name = 'resnet18'" --out reports/r18
 
-Writes report.md and PNG plots into --out and logs them to MLflow (on the sweep's
-parent run, or on a new run tagged xp.report). matplotlib is imported only here.
+Writes report.md and PNG plots (xp.plots) into --out and logs them to MLflow (on the sweep's
+parent run, or on a new run tagged xp.report), where report.md's images point at the MLflow UI
+(--ui-url): MLflow's Markdown preview shows only images with absolute URLs.
 """
 
 from __future__ import annotations
@@ -18,19 +19,69 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
+from xp import plots
 from xp.summary import num as _num, row_from_mlflow
 
 
 # --- the report ------------------------------------------------------------------------
 
+# params that say where or how a run was tracked or launched, not what it trained
+NOT_SETTINGS = ("derived.", "version.", "summary.", "diagnosis.", "sweep.", "optuna.", "hydra.", "tracking_uri",
+                "experiment", "run_name", "hosts_file", "host_ip", "ssh.", "checkpoint_dir", "resume", "save_params")
+
+
 def report_row(run: Any) -> dict[str, Any]:
     """Everything the report needs from one xp run in MLflow."""
-    p = run.data.params
+    p, tags = run.data.params, run.data.tags
     devices = int(_num(p.get("derived.num_devices")) or 1) * int(_num(p.get("derived.workers")) or 1)
-    return {**row_from_mlflow(run), "infrastructure": p.get("hardware.name", "?"), "backend": p.get("backend.name"),
-            "dataset": p.get("dataset.name"), "dtype": p.get("dtype.name"), "devices": devices,
-            "global_batch": _num(p.get("derived.global_batch")), "lr": _num(p.get("derived.effective_lr")),
-            "batch": _num(p.get("batch")), "run_id": run.info.run_id}
+    kind = str(p.get("derived.devices") or "")[:3] or None  # "gpu(0),gpu(1)" -> gpu
+    row = {**row_from_mlflow(run), "infrastructure": p.get("hardware.name", "?"), "backend": p.get("backend.name"),
+           "dataset": p.get("dataset.name"), "dtype": p.get("dtype.name"), "devices": devices,
+           "device_type": kind if kind in ("gpu", "cpu") else None,
+           "global_batch": _num(p.get("derived.global_batch")), "lr": _num(p.get("derived.effective_lr")),
+           "batch": _num(p.get("batch")), "seed": p.get("seed"), "run_id": run.info.run_id,
+           "trial": int(tags["optuna.trial_number"]) if "optuna.trial_number" in tags else None,
+           "settings": {k: v for k, v in p.items() if not k.startswith(NOT_SETTINGS)}}
+    if _num(p.get("derived.cost_per_hour")) == 0:
+        row["cost_usd"] = None  # hardware without a price: no cost, not $0
+    return row
+
+
+def varying(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = ()) -> list[str]:
+    """The settings whose values differ between these runs (what a sweep or study varied)."""
+    keys = sorted({k for r in rows for k in r["settings"]} - set(leave_out))
+    return [k for k in keys if len({r["settings"].get(k) for r in rows}) > 1]
+
+
+def repeated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs whose settings are the same but for their seed: median and spread (min-max) per group."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(sorted((k, v) for k, v in r["settings"].items() if k != "seed"))].append(r)
+    out = []
+    for runs in groups.values():
+        if len(runs) < 2:
+            continue
+        first = runs[0]
+        out.append({"model": first["model"], "backend": first["backend"], "batch": first["batch"],
+                    "devices": first["devices"], "lr": first["lr"], "runs": len(runs),
+                    "seeds": " ".join(sorted(str(r["seed"]) for r in runs)),
+                    **_spread(runs, "val_accuracy", "{:.4f}"), **_spread(runs, "throughput", "{:.1f}")})
+    return out
+
+
+def _spread(runs: list[dict[str, Any]], key: str, fmt: str) -> dict[str, Any]:
+    vals = sorted(r[key] for r in runs if r.get(key) is not None)
+    if not vals:
+        return {}
+    return {f"{key}_median": statistics.median(vals), f"{key}_range": f"{fmt.format(vals[0])} - {fmt.format(vals[-1])}"}
+
+
+def epoch_noise(history: Callable[[str, str], list[Any]], run_id: str, last: int = 3) -> float | None:
+    """How much a run's val_accuracy moves from epoch to epoch at its end: the standard deviation of its last
+    `last` epochs (None with fewer)."""
+    values = [m.value for m in sorted(history(run_id, "val_accuracy"), key=lambda m: m.step)][-last:]
+    return statistics.stdev(values) if len(values) >= last else None
 
 
 def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -83,79 +134,16 @@ def backends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _save(fig: Any, path: Path, files: list[Path]) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    files.append(path)
-
-
-def _plots(rows: list[dict[str, Any]], scale: list[dict[str, Any]], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
-    if scale:
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
-        groups = defaultdict(list)
-        for s in scale:
-            groups[(s["model"], s["backend"], s["batch"])].append(s)
-        for (model, backend, batch), pts in groups.items():
-            ns = [p["devices"] for p in pts]
-            line, = ax.plot(ns, [p["throughput"] for p in pts], "o-", label=f"{model}, {backend}, batch {batch:g}/device")
-            ax.plot(ns, [p["ideal"] for p in pts], "--", color=line.get_color(), alpha=0.5, label="ideal (linear)")
-            for p in pts:
-                ax.annotate(f"{p['efficiency']:.0%}", (p["devices"], p["throughput"]), textcoords="offset points",
-                            xytext=(6, -12), fontsize=8)
-        ax.set_xlabel("devices x workers")
-        ax.set_ylabel("samples/s")
-        ax.set_title("Throughput vs devices (labels: scaling efficiency)", fontsize=11)
-        ax.margins(x=0.12, y=0.08)
-        ax.set_xticks(sorted({s["devices"] for s in scale}))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        _save(fig, out / "scaling.png", files)
-    acc = [r for r in rows if r.get("val_accuracy") is not None]
-    if acc:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 4.0), sharey=True)
-        for model in sorted({r["model"] for r in acc}):
-            mine = [r for r in acc if r["model"] == model]
-            a1.scatter([r["global_batch"] for r in mine], [r["val_accuracy"] for r in mine], label=model)
-            a2.scatter([r["lr"] for r in mine], [r["val_accuracy"] for r in mine], label=model)
-        a1.set_xscale("log", base=2)
-        a2.set_xscale("log")
-        a1.set_xlabel("global batch")
-        a2.set_xlabel("effective learning rate")
-        a1.set_ylabel("validation accuracy")
-        for a in (a1, a2):
-            a.grid(alpha=0.3)
-        a1.legend(fontsize=8)
-        fig.suptitle("Accuracy vs global batch and learning rate")
-        _save(fig, out / "accuracy.png", files)
-        costed = [r for r in acc if r.get("cost_usd") is not None]
-        if costed:
-            fig, ax = plt.subplots(figsize=(6.4, 4.4))
-            for infra in sorted({r["infrastructure"] for r in costed}):
-                mine = [r for r in costed if r["infrastructure"] == infra]
-                ax.scatter([r["cost_usd"] for r in mine], [r["val_accuracy"] for r in mine], label=infra)
-            ax.set_xlabel("cost (USD)")
-            ax.set_ylabel("validation accuracy")
-            ax.set_title("Cost vs accuracy")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8, title="infrastructure")
-            _save(fig, out / "cost.png", files)
-    return files
-
-
-SEED_COLUMNS = [("infrastructure", "infrastructure", "{}"), ("model", "model", "{}"), ("backend", "backend", "{}"),
-                ("batch", "batch/device", "{:g}"), ("global_batch", "global batch", "{:g}"), ("devices", "GPUs", "{}"),
-                ("val_accuracy", "val accuracy", "{:.4f}"), ("epochs", "epochs", "{}"),
-                ("epoch_time_s", "s/epoch", "{:.2f}"), ("throughput", "samples/s", "{:.1f}"),
-                ("gpu_utilization", "GPU util", "{:.0f}%"), ("cost_usd", "cost", "${:.4f}")]
+def seed_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The classic table's columns; the devices column says what the devices are (GPUs on GPU runs)."""
+    kinds = {r.get("device_type") for r in rows}
+    devices = {frozenset({"gpu"}): "GPUs", frozenset({"cpu"}): "CPU devices"}.get(frozenset(kinds), "devices")
+    return [("infrastructure", "infrastructure", "{}"), ("model", "model", "{}"), ("backend", "backend", "{}"),
+            ("batch", "batch/device", "{:g}"), ("global_batch", "global batch", "{:g}"),
+            ("devices_cell" if devices == "devices" else "devices", devices, "{}"),
+            ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
+            ("epochs", "epochs", "{}"), ("epoch_time_s", "s/epoch", "{:.2f}"), ("throughput", "samples/s", "{:.1f}"),
+            ("gpu_utilization", "GPU util", "{:.0f}%"), ("cost_usd", "cost", "${:.4f}"), ("run_id", "run id", "{}")]
 
 
 def _md_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
@@ -185,91 +173,118 @@ def elastic_timeline(runs: list[Any], history: Callable[[str, str], list[Any]]) 
     return out
 
 
-def _timeline_plot(timeline: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for t in timeline:
-        xs = [e if e is not None else i for i, e in zip(t["epochs"], t["elapsed_s"])]
-        ax.step(xs, t["workers"], where="pre", marker="o", label=t["run"][:40])
-    ax.set_xlabel("time trained (s, at each epoch's end)")
-    ax.set_ylabel("workers")
-    ax.set_title("Workers over time (elastic runs)", fontsize=11)
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, out / "workers.png", files)
-
-
-def _backends_plot(side: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = sorted({(g["model"], g["dtype"], g["batch"], g["devices"]) for g in side}, key=str)
-    names = sorted({g["backend"] for g in side})
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    width = 0.8 / len(names)
-    for j, name in enumerate(names):
-        heights = [next((g["throughput"] or 0.0 for g in side if (g["model"], g["dtype"], g["batch"], g["devices"]) == k
-                         and g["backend"] == name), 0.0) for k in groups]
-        ax.bar([i + j * width for i in range(len(groups))], heights, width, label=name)
-    ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(groups))])
-    ax.set_xticklabels([f"{m}\n{d}, b{b:g} x{n}" for m, d, b, n in groups], fontsize=8)
-    ax.set_ylabel("samples/s")
-    ax.set_title("Backends side by side", fontsize=11)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, title="backend")
-    _save(fig, out / "backends.png", files)
+ACCURACY_NOTE = ("val acc (last epoch) is the accuracy the run ended with; val acc (best epoch) the highest any "
+                 "of its epochs reached (best_val_accuracy; on a sweep's parent, the highest of its runs').")
 
 
 def build_report(runs: list[Any], out: Path, title: str,
                  history: Callable[[str, str], list[Any]] | None = None) -> Path:
     """Write report.md and the plots for these MLflow runs into `out`; return report.md's path.
-    `history(run_id, key)` (MlflowClient.get_metric_history) adds elastic runs' worker counts over time."""
+    `history(run_id, key)` (MlflowClient.get_metric_history) adds each run's epoch-to-epoch noise and elastic
+    runs' worker counts over time."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = sorted((report_row(r) for r in runs), key=lambda r: (r["model"] or "", r["devices"], r["batch"] or 0))
-    scale = scaling(rows)
-    side = backends(rows)
-    files = _plots(rows, scale, out)
-    if side:
-        _backends_plot(side, out, files)
-    timeline = elastic_timeline(runs, history) if history else []
-    if timeline:
-        _timeline_plot(timeline, out, files)
-    lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}.", "",
-             _md_table(rows, SEED_COLUMNS), ""]
+    rows = sorted((report_row(r) for r in runs), key=lambda r: (r["model"] or "", r["devices"], r["batch"] or 0,
+                                                                   r["trial"] or 0))
+    for r in rows:
+        r["devices_cell"] = f"{r['devices']} {r['device_type'] or ''}".strip()
+        r["noise"] = epoch_noise(history, r["run_id"]) if history else None
+    pruned = [r for r in rows if r["state"] == "PRUNED"]
+    done = [r for r in rows if r["state"] != "PRUNED"]
+    lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}. {ACCURACY_NOTE}", "",
+             _md_table(done, seed_columns(done)), ""]
+    files: list[Path] = []
+    lines += _trials(rows, pruned) + _repeats(done) + _scaling_and_backends(done, out, files)
+    lines += _elastic(runs, history, out, files) if history else []
+    lines += _plots(done, out, files)
+    for f in files:
+        lines += [f"![{f.stem}]({f.name})", ""]
+    md = out / "report.md"
+    md.write_text("\n".join(lines))
+    return md
+
+
+def _trials(rows: list[dict[str, Any]], pruned: list[dict[str, Any]]) -> list[str]:
+    """A study's trials: what it varied, each trial's state; pruned trials apart (stopped early, at a lower
+    accuracy than they would have reached: not comparable with complete ones)."""
+    if not any(r["trial"] is not None for r in rows):
+        return []
+    swept = varying(rows, ("seed",)) or varying(rows)
+    for r in rows:
+        r.update({f"swept:{k}": r["settings"].get(k) for k in swept})
+    columns = [("trial", "trial", "{}"), ("state", "state", "{}"), *[(f"swept:{k}", k, "{}") for k in swept],
+               ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
+               ("epochs", "epochs", "{}"), ("run_id", "run id", "{}")]
+    complete = sorted((r for r in rows if r["state"] != "PRUNED"), key=lambda r: r["trial"] or 0)
+    lines = ["## Trials", "", f"Swept: {', '.join(swept) or '-'}. {len(complete)} complete, {len(pruned)} pruned.", "",
+             _md_table(complete, columns), ""]
+    if pruned:
+        lines += ["### Pruned trials", "", "Stopped early by the pruner: their accuracy is that of the epoch they "
+                  "stopped at, not comparable with complete trials (left out of the table above and the plots).", "",
+                  _md_table(sorted(pruned, key=lambda r: r["trial"] or 0), columns), ""]
+    return lines
+
+
+def _repeats(rows: list[dict[str, Any]]) -> list[str]:
+    groups = repeated(rows)
+    if not groups:
+        return []
+    return ["## Repeated settings", "", "Runs with the same settings but their seed: median and range (min - max).", "",
+            _md_table(groups, [("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch/device", "{:g}"),
+                               ("devices", "devices", "{}"), ("lr", "effective lr", "{:.4g}"), ("runs", "runs", "{}"),
+                               ("seeds", "seeds", "{}"), ("val_accuracy_median", "val acc (last), median", "{:.4f}"),
+                               ("val_accuracy_range", "range", "{}"),
+                               ("throughput_median", "samples/s, median", "{:.1f}"),
+                               ("throughput_range", "range", "{}")]), ""]
+
+
+def _scaling_and_backends(rows: list[dict[str, Any]], out: Path, files: list[Path]) -> list[str]:
+    scale, side, lines = scaling(rows), backends(rows), []
     if scale:
+        plots.scaling_plot(scale, out, files)
         lines += ["## Scaling", "", "Efficiency = throughput(N) / (N x throughput(1)).", "",
                   _md_table(scale, [("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch/device", "{:g}"),
                                     ("devices", "devices", "{}"), ("throughput", "samples/s", "{:.1f}"),
                                     ("ideal", "ideal", "{:.1f}"), ("efficiency", "efficiency", "{:.1%}")]), ""]
     if side:
+        plots.backends_plot(side, out, files)
         lines += ["## Backends side by side", "",
                   "The same model, data, precision, batch and devices on each backend (medians of its runs); "
                   "relative = samples/s against the fastest backend of the group.", "",
                   _md_table(side, [("model", "model", "{}"), ("dtype", "dtype", "{}"), ("batch", "batch/device", "{:g}"),
                                    ("devices", "devices", "{}"), ("backend", "backend", "{}"), ("runs", "runs", "{}"),
                                    ("throughput", "samples/s", "{:.1f}"), ("relative", "relative", "{:.0%}"),
-                                   ("val_accuracy", "val accuracy", "{:.4f}"), ("epoch_time_s", "s/epoch", "{:.2f}")]),
-                  ""]
-    if timeline:
-        lines += ["## Elastic runs", "", "Workers per epoch (every worker an instance: worker-hours x price).", "",
-                  _md_table([{**t, "workers": " ".join(f"{w:g}" for w in t["workers"])} for t in timeline],
-                            [("run", "run", "{}"), ("workers", "workers per epoch", "{}"),
-                             ("worker_hours", "worker-hours", "{:.4f}"),
-                             ("cost_on_demand_usd", "cost on-demand", "${:.4f}"),
-                             ("cost_spot_usd", "cost spot", "${:.4f}"), ("val_accuracy", "val accuracy", "{:.4f}")]),
-                  ""]
-    for f in files:
-        lines += [f"![{f.stem}]({f.name})", ""]
-    md = out / "report.md"
-    md.write_text("\n".join(lines))
-    return md
+                                   ("val_accuracy", "val acc (last epoch)", "{:.4f}"),
+                                   ("epoch_time_s", "s/epoch", "{:.2f}")]), ""]
+    return lines
+
+
+def _elastic(runs: list[Any], history: Callable[[str, str], list[Any]], out: Path, files: list[Path]) -> list[str]:
+    timeline = elastic_timeline(runs, history)
+    if not timeline:
+        return []
+    plots.timeline_plot(timeline, out, files)
+    return ["## Elastic runs", "", "Workers per epoch (every worker an instance: worker-hours x price).", "",
+            _md_table([{**t, "workers": " ".join(f"{w:g}" for w in t["workers"])} for t in timeline],
+                      [("run", "run", "{}"), ("workers", "workers per epoch", "{}"),
+                       ("worker_hours", "worker-hours", "{:.4f}"), ("cost_on_demand_usd", "cost on-demand", "${:.4f}"),
+                       ("cost_spot_usd", "cost spot", "${:.4f}"), ("val_accuracy", "val acc (last epoch)", "{:.4f}")]),
+            ""]
+
+
+def _plots(rows: list[dict[str, Any]], out: Path, files: list[Path]) -> list[str]:
+    """Accuracy, throughput against batch, and cost where there is a price; the notes that go with them."""
+    lines = []
+    if any(r.get("val_accuracy") is not None for r in rows):
+        lines += ["## Plots", "", f"Accuracy: {plots.accuracy_plot(rows, out, files)}.", ""]
+    if plots.throughput_plot(rows, out, files):
+        lines += ["Throughput against batch per device: median of the runs at each batch, bars their range.", ""]
+    costed = [r for r in rows if r.get("cost_usd") is not None and r.get("val_accuracy") is not None]
+    if costed:
+        plots.cost_plot(costed, out, files)
+    else:
+        lines += ["Cost: no plot; these runs ran on hardware without a price (hardware.price_per_hour=0, e.g. "
+                  "hardware=local). Choose an instance (hardware=p3.8xlarge) or set hardware.price_per_hour=USD.", ""]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default="", help="an MLflow filter string, e.g. \"params.model.name = 'lenet'\"")
     ap.add_argument("--out", help="output folder (default: reports/<time>)")
     ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or mlruns/mlflow.db)")
+    ap.add_argument("--ui-url", help="the MLflow UI the logged report.md's plots are shown from (its images need "
+                                     "absolute URLs; default: an http tracking URI, else mlflow ui's "
+                                     f"{DEFAULT_UI})")
     args = ap.parse_args(argv)
     try:
         from mlflow.tracking import MlflowClient
@@ -291,27 +309,59 @@ def main(argv: list[str] | None = None) -> int:
         exp = client.get_experiment_by_name(args.experiment)
         if exp is None:
             raise XPError(f"--experiment {args.experiment}: no such experiment in {uri}")
-        filters = [f for f in (args.filter, f"tags.mlflow.parentRunId = '{args.parent}'" if args.parent else "") if f]
-        try:
-            runs = client.search_runs([exp.experiment_id], " and ".join(filters), max_results=5000)
-        except Exception as e:
-            raise XPError(f"--filter {args.filter!r}: MLflow cannot use it ({one_line(e)[:200]})") from e
-        runs = [r for r in runs if r.info.status == "FINISHED" and "xp.sweep" not in r.data.tags
-                and "xp.report" not in r.data.tags and "derived.global_batch" in r.data.params]
-        if not runs:
-            raise XPError(f"no finished xp runs match in experiment {args.experiment} ({uri})")
+        runs = _finished_runs(client, exp.experiment_id, args)
         out = Path(args.out or f"reports/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
-        md = build_report(runs, out, f"xp report: {args.experiment}" + (f", sweep {args.parent}" if args.parent else ""),
-                          history=client.get_metric_history)
-        target = args.parent or client.create_run(exp.experiment_id, run_name="report", tags={"xp.report": "true"}).info.run_id
-        client.log_artifacts(target, str(out), "report")
-        if not args.parent:
-            client.set_terminated(target, "FINISHED")
+        title = f"xp report: {args.experiment}" + (f", sweep {args.parent}" if args.parent else "")
+        md = build_report(runs, out, title, history=client.get_metric_history)
+        target = _log(client, exp.experiment_id, args.parent, out, args.ui_url
+                      or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI))
     except XPError as e:
         print(f"xp.report: error: {one_line(e)}", file=sys.stderr)
         return 2
     print(f"{md} ({len(runs)} runs); logged to MLflow run {target} under report/")
     return 0
+
+
+DEFAULT_UI = "http://127.0.0.1:5000"
+
+
+def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
+    from xp.errors import XPError, one_line
+
+    filters = [f for f in (args.filter, f"tags.mlflow.parentRunId = '{args.parent}'" if args.parent else "") if f]
+    try:
+        runs = client.search_runs([experiment_id], " and ".join(filters), max_results=5000)
+    except Exception as e:
+        raise XPError(f"--filter {args.filter!r}: MLflow cannot use it ({one_line(e)[:200]})") from e
+    runs = [r for r in runs if r.info.status == "FINISHED" and "xp.sweep" not in r.data.tags
+            and "xp.report" not in r.data.tags and "derived.global_batch" in r.data.params]
+    if not runs:
+        raise XPError(f"no finished xp runs match in experiment {args.experiment} ({client.tracking_uri})")
+    return runs
+
+
+def _log(client: Any, experiment_id: str, parent: str | None, out: Path, ui: str) -> str:
+    """Log the report's files on the sweep's parent, or on a new run tagged xp.report (ended FINISHED, or FAILED
+    if logging fails). The logged report.md shows its plots in the MLflow UI: their links point at `ui`."""
+    import tempfile
+    from urllib.parse import quote
+
+    target = parent or client.create_run(experiment_id, run_name="report", tags={"xp.report": "true"}).info.run_id
+    status = "FAILED"
+    try:
+        client.log_artifacts(target, str(out), "report")
+        link = lambda name: f"{ui.rstrip('/')}/get-artifact?path={quote('report/' + name, safe='')}&run_uuid={target}"  # noqa: E731
+        text = (out / "report.md").read_text()
+        for png in out.glob("*.png"):
+            text = text.replace(f"]({png.name})", f"]({link(png.name)})")
+        with tempfile.TemporaryDirectory(prefix="xp-report-") as tmp:
+            (Path(tmp) / "report.md").write_text(text)
+            client.log_artifact(target, str(Path(tmp) / "report.md"), "report")
+        status = "FINISHED"
+    finally:
+        if not parent:
+            client.set_terminated(target, status)
+    return target
 
 
 if __name__ == "__main__":

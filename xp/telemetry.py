@@ -1,7 +1,7 @@
 """GPU telemetry per epoch (NVML on a background thread) and MLflow's system metrics.
 
-MLflow's system metrics (CPU, memory, and GPU where present, every N seconds) are
-switched on rather than re-implemented. The GPU sampler adds what MLflow does not
+MLflow's system metrics (CPU, memory, and GPU where present) are sampled with MLflow's
+own monitors rather than re-implemented; xp decides when (start, end, and in between). The GPU sampler adds what MLflow does not
 give: figures per epoch, for the GPUs of this run only, aligned with throughput.
 Without NVML (a CPU machine) there are no GPU metrics and nothing fails.
 """
@@ -97,16 +97,16 @@ class GPUSampler(Callback):
                 samples, self._samples = self._samples, []
         utils = [s[1] for s in samples]
         powers = [s[3] for s in samples if s[3] == s[3]]
-        metrics["gpu_utilization"] = sum(utils) / len(utils)
-        metrics["gpu_utilization_min"] = min(utils)
-        metrics["gpu_utilization_max"] = max(utils)
+        metrics["gpu_utilization_pct"] = sum(utils) / len(utils)
+        metrics["gpu_utilization_pct_min"] = min(utils)
+        metrics["gpu_utilization_pct_max"] = max(utils)
         metrics["gpu_memory_mb"] = max(s[2] for s in samples)
         if powers:
             metrics["gpu_power_w"] = sum(powers) / len(powers)
         for i in self.indices:
             mine = [s for s in samples if s[0] == i]
             if mine:
-                metrics[f"gpu{i}_utilization"] = sum(s[1] for s in mine) / len(mine)
+                metrics[f"gpu{i}_utilization_pct"] = sum(s[1] for s in mine) / len(mine)
                 metrics[f"gpu{i}_memory_mb"] = max(s[2] for s in mine)
 
     def on_end(self) -> None:
@@ -121,27 +121,60 @@ class GPUSampler(Callback):
 
 
 class SystemMetrics(Callback):
-    """MLflow's own system-metrics monitor for this run (CPU, memory, disk, network, GPU)."""
+    """MLflow's system metrics for this run (its monitors and `system/` names: CPU, memory, disk, network, GPU),
+    sampled after 1 s, then at intervals doubling up to interval_s, and once more at the end: a run of seconds
+    gets a few points, one of hours one every interval_s, and every run at least one. CPU % is the average
+    since the previous sample (psutil), the first from the start of training."""
 
     def __init__(self, run_id: str, tracking_uri: str, interval_s: float):
         self.run_id, self.uri, self.interval = run_id, tracking_uri, interval_s
-        self.monitor = None
+        self.monitor: Any = None
+        self.samples = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def on_train_begin(self) -> None:
         try:
+            import psutil
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
             logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-            self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.interval,
-                                                tracking_uri=self.uri)
-            self.monitor.start()
+            self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.interval, tracking_uri=self.uri)
+            psutil.cpu_percent()  # CPU % is measured from here
         except Exception as e:  # a missing psutil must not stop training
             log.warning("MLflow system metrics are off: %s", e)
+            return
+        self._thread = threading.Thread(target=self._loop, name="xp-system-metrics", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        with self._lock:
+            self.monitor.collect_metrics()
+            self.monitor.publish_metrics(self.monitor.aggregate_metrics())
+            self.samples += 1
+
+    def _loop(self) -> None:
+        wait = min(1.0, self.interval)
+        while not self._stop.wait(wait):
+            try:
+                self.sample()
+            except Exception as e:
+                log.debug("system metrics sample failed: %s", e)
+                return
+            wait = min(2 * wait, self.interval)
 
     def on_end(self) -> None:
-        if self.monitor is not None:
-            self.monitor.finish()
-            self.monitor = None
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._thread = None
+        try:
+            self.sample()  # the end of the run
+            self.monitor.mlflow_logger.flush()
+        except Exception as e:
+            log.warning("could not log the last system metrics: %s", e)
 
 
 def telemetry(plan: Any, run_id: str | None = None, tracking_uri: str | None = None) -> list[Callback]:

@@ -203,7 +203,7 @@ class Tracker:
         try:
             self.experiment_id = self._experiment_id()
             self.end_orphans()
-            tags = {"xp.host": socket.gethostname(), "xp.pid": str(os.getpid()),
+            tags = {**source_tags(), "xp.host": socket.gethostname(), "xp.pid": str(os.getpid()),
                     "xp.pid_started": f"{_started(os.getpid()):.2f}", **self.tags}
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
@@ -321,14 +321,62 @@ class NullTracker(Tracker):
     def end(self, status: str) -> None: ...
 
 
+# figures an epoch carries once in a run: the summary's params say them, not one-point charts
+ONCE = ("time_to_target_s", "cost_to_target_usd")
+
+
 class TrackingCallback(Callback):
-    """Logs every epoch's metrics; step = epochs completed."""
+    """Logs every epoch's metrics (the curves); step = epochs completed."""
 
     def __init__(self, tracker: Tracker):
         self.tracker = tracker
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        self.tracker.log_metrics(metrics, step=epoch)
+        self.tracker.log_metrics({k: v for k, v in metrics.items() if k not in ONCE}, step=epoch)
+
+
+def source_tags(entry: str = "xp") -> dict[str, str]:
+    """What ran and who ran it, as MLflow's Source and User columns read them: the command line as typed
+    (XP_COMMAND, set once by the entry point, so that sweep jobs and workers inherit the original), the
+    user, and the git commit of xp's code with a dirty flag (none when xp runs from an installed wheel)."""
+    import getpass
+    import shlex
+    import sys
+
+    command = os.environ.get(COMMAND_ENV) or shlex.join([entry, *sys.argv[1:]])
+    source = "python -m xp" if command.startswith("python -m xp") else command.split(" ", 1)[0]
+    tags = {"mlflow.source.type": "LOCAL", "mlflow.source.name": source, "xp.command": command}
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except (KeyError, OSError):
+        pass
+    tags.update(_git())
+    return tags
+
+
+COMMAND_ENV = "XP_COMMAND"
+
+
+def _git() -> dict[str, str]:
+    """The commit xp's code comes from and whether the tree has changes (tracked files), within 5 s."""
+    import subprocess
+
+    global _git_tags
+    if _git_tags is None:
+        root = Path(__file__).resolve().parent.parent
+        _git_tags = {}
+        if (root / ".git").exists():
+            try:
+                run = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,  # noqa: E731
+                                                text=True, timeout=5, check=True).stdout.strip()
+                _git_tags = {"mlflow.source.git.commit": run("rev-parse", "HEAD"),
+                             "xp.git.dirty": str(bool(run("status", "--porcelain", "--untracked-files=no"))).lower()}
+            except (OSError, subprocess.SubprocessError):
+                pass
+    return _git_tags
+
+
+_git_tags: dict[str, str] | None = None
 
 
 def run_url_hint(uri: str) -> str:

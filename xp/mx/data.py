@@ -110,10 +110,12 @@ class EpochIter(mx.io.DataIter):
     (the seeds' tooling wraps the iterator in mx.io.ResizeIter for the same reason).
     """
 
-    def __init__(self, inner: mx.io.DataIter, steps: int):
+    def __init__(self, inner: mx.io.DataIter, steps: int, keep_ahead: bool = True):
         super().__init__(inner.batch_size)
         self.inner = mx.io.ResizeIter(inner, steps)
-        self._used = False
+        # keep_ahead=False (test_io): the first epoch starts from a reset reader, so that its time includes
+        # the decoding done ahead, as every later epoch's does
+        self._used = not keep_ahead
 
     @property
     def provide_data(self):
@@ -165,7 +167,7 @@ def record_iter(rec: str, plan: Plan, train: bool) -> mx.io.DataIter:
         from xp.recordio import DataError
 
         raise DataError(f"{rec}: MXNet cannot read it ({_mx_reason(e)})") from e
-    return EpochIter(it, plan.steps_per_epoch) if train else it
+    return EpochIter(it, plan.steps_per_epoch, keep_ahead=not plan.test_io) if train else it
 
 
 def _mx_reason(e: Exception) -> str:

@@ -165,6 +165,8 @@ class _Steps(torch.utils.data.Sampler):
                 yield [(j, 0) for j in range(i, min(self.n, i + self.global_batch))]
             return
         order = datasets.epoch_order(self.n, self.seed, self.epoch, True)
+        # the plan counts the folder's images; a few unreadable ones left out: its last batches wrap around
+        order = np.resize(order, max(self.n, self.steps * self.global_batch))
         for step in range(self.skip, self.steps):
             yield [(int(j), self.epoch) for j in order[datasets.worker_slice(step, self.global_batch, self.shard,
                                                                               self.shards)]]

@@ -1,0 +1,187 @@
+"""The report's plots (matplotlib, imported only here). Each takes the report's rows and writes one PNG.
+
+Accuracy is plotted honestly: every run's point carries its own epoch-to-epoch noise (the standard deviation of
+its last epochs' val_accuracy) as a bar, and an axis narrower than that noise is widened, saying so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path, files: list[Path]) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    files.append(path)
+
+
+def _ticks(ax: Any, values: list[float], base: float) -> None:
+    """A log x axis labelled with the values the runs used, written plainly (64, not 2^6)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=base)
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(values))))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def scaling_plot(scale: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.4))
+    groups = defaultdict(list)
+    for s in scale:
+        groups[(s["model"], s["backend"], s["batch"])].append(s)
+    for (model, backend, batch), pts in groups.items():
+        ns = [p["devices"] for p in pts]
+        line, = ax.plot(ns, [p["throughput"] for p in pts], "o-", label=f"{model}, {backend}, batch {batch:g}/device")
+        ax.plot(ns, [p["ideal"] for p in pts], "--", color=line.get_color(), alpha=0.5, label="ideal (linear)")
+        for p in pts:
+            ax.annotate(f"{p['efficiency']:.0%}", (p["devices"], p["throughput"]), textcoords="offset points",
+                        xytext=(6, -12), fontsize=8)
+    ax.set_xlabel("devices x workers")
+    ax.set_ylabel("samples/s")
+    ax.set_title("Throughput vs devices (labels: scaling efficiency)", fontsize=11)
+    ax.margins(x=0.12, y=0.08)
+    ax.set_xticks(sorted({s["devices"] for s in scale}))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, out / "scaling.png", files)
+
+
+def accuracy_plot(rows: list[dict[str, Any]], out: Path, files: list[Path]) -> str:
+    """Last-epoch val accuracy against global batch and learning rate; returns the note on its y axis."""
+    acc = [r for r in rows if r.get("val_accuracy") is not None]
+    fig, (a1, a2) = _pyplot().subplots(1, 2, figsize=(9.6, 4.2), sharey=True)
+    for model in sorted({r["model"] for r in acc}, key=str):
+        mine = [r for r in acc if r["model"] == model]
+        bars = [r.get("noise") or 0.0 for r in mine]
+        for ax, x in ((a1, "global_batch"), (a2, "lr")):
+            ax.errorbar([r[x] for r in mine], [r["val_accuracy"] for r in mine], yerr=bars, fmt="o", capsize=3,
+                        alpha=0.8, label=model)
+            medians = _medians(mine, x)
+            if medians:
+                ax.scatter(*zip(*medians), marker="_", s=300, color="black", zorder=3,
+                           label="median of repeats" if ax is a1 else None)
+    _ticks(a1, [r["global_batch"] for r in acc], 2)
+    _ticks(a2, [r["lr"] for r in acc], 10)
+    a1.set_xlabel("global batch")
+    a2.set_xlabel("effective learning rate")
+    a1.set_ylabel("val accuracy, last epoch")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    a1.legend(fontsize=8)
+    note = _honest_range(a1, acc)
+    fig.suptitle("Accuracy vs global batch and learning rate", fontsize=11)
+    fig.text(0.5, 0.01, note, ha="center", fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    _save(fig, out / "accuracy.png", files)
+    return note
+
+
+def _medians(rows: list[dict[str, Any]], x: str) -> list[tuple[float, float]]:
+    """(x, median val accuracy) where several runs share a setting of x (repeated seeds)."""
+    by_x: dict[float, list[float]] = defaultdict(list)
+    for r in rows:
+        by_x[r[x]].append(r["val_accuracy"])
+    return [(k, statistics.median(v)) for k, v in sorted(by_x.items()) if len(v) > 1]
+
+
+def _honest_range(ax: Any, acc: list[dict[str, Any]]) -> str:
+    """Widen a y range tighter than the runs' own epoch-to-epoch noise to +-2 noise around its middle."""
+    noises = [r["noise"] for r in acc if r.get("noise") is not None]
+    if not noises:
+        return "bars: none (runs of fewer than 3 epochs have no epoch-to-epoch noise to show)"
+    noise = statistics.median(noises)
+    values = [r["val_accuracy"] for r in acc]
+    lo, hi = min(values) - max(noises), max(values) + max(noises)
+    text = f"bars: each run's epoch-to-epoch noise (std of its last 3 epochs; median {noise:.4f})"
+    if hi - lo < 4 * noise:
+        mid = (lo + hi) / 2
+        lo, hi = mid - 2 * noise, mid + 2 * noise
+        text += "; y range widened to +-2x that noise: differences inside it are not differences"
+    ax.set_ylim(max(0.0, lo), min(1.0, hi) if hi < 1.0 else 1.0 + 0.01 * (hi - lo))  # accuracy stops at 1
+    return text
+
+
+def throughput_plot(rows: list[dict[str, Any]], out: Path, files: list[Path]) -> bool:
+    """samples/s against batch per device, where runs of one setting differ in their batch (median, min-max)."""
+    groups: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("throughput") and r.get("batch"):
+            groups[(r["model"], r["backend"], r["dtype"], r["devices"], r["infrastructure"])][r["batch"]].append(
+                r["throughput"])
+    groups = {k: v for k, v in groups.items() if len(v) >= 2}
+    if not groups:
+        return False
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.2))
+    for (model, backend, dtype, devices, _), by_batch in sorted(groups.items(), key=str):
+        xs = sorted(by_batch)
+        med = [statistics.median(by_batch[b]) for b in xs]
+        err = [[m - min(by_batch[b]) for b, m in zip(xs, med)], [max(by_batch[b]) - m for b, m in zip(xs, med)]]
+        ax.errorbar(xs, med, yerr=err, fmt="o-", capsize=3, label=f"{model}, {backend}, {dtype}, {devices} dev")
+    _ticks(ax, [b for v in groups.values() for b in v], 2)
+    ax.set_xlabel("batch per device")
+    ax.set_ylabel("samples/s (median; bars: min-max of repeats)")
+    ax.set_title("Throughput vs batch", fontsize=11)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, out / "throughput.png", files)
+    return True
+
+
+def cost_plot(costed: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.4))
+    for infra in sorted({r["infrastructure"] for r in costed}):
+        mine = [r for r in costed if r["infrastructure"] == infra]
+        ax.scatter([r["cost_usd"] for r in mine], [r["val_accuracy"] for r in mine], label=infra)
+    ax.set_xlabel("cost (USD)")
+    ax.set_ylabel("val accuracy, last epoch")
+    ax.set_title("Cost vs accuracy", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title="infrastructure")
+    _save(fig, out / "cost.png", files)
+
+
+def timeline_plot(timeline: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.6))
+    for t in timeline:
+        xs = [e if e is not None else i for i, e in zip(t["epochs"], t["elapsed_s"])]
+        ax.step(xs, t["workers"], where="pre", marker="o", label=t["run"][:40])
+    ax.set_xlabel("time trained (s, at each epoch's end)")
+    ax.set_ylabel("workers")
+    ax.set_title("Workers over time (elastic runs)", fontsize=11)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, out / "workers.png", files)
+
+
+def backends_plot(side: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
+    groups = sorted({(g["model"], g["dtype"], g["batch"], g["devices"]) for g in side}, key=str)
+    names = sorted({g["backend"] for g in side})
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.6))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        heights = [next((g["throughput"] or 0.0 for g in side if (g["model"], g["dtype"], g["batch"], g["devices"]) == k
+                         and g["backend"] == name), 0.0) for k in groups]
+        ax.bar([i + j * width for i in range(len(groups))], heights, width, label=name)
+    ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{m}\n{d}, b{b:g} x{n}" for m, d, b, n in groups], fontsize=8)
+    ax.set_ylabel("samples/s")
+    ax.set_title("Backends side by side", fontsize=11)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, title="backend")
+    _save(fig, out / "backends.png", files)
