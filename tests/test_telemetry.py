@@ -63,6 +63,76 @@ def test_sampler_aggregates_per_epoch_and_per_gpu():
     assert s._thread is None  # stopped
 
 
+class FakeGPM(FakeNVML):
+    """A Hopper-like NVML: GPM samples are counters (cycles active, warps resident, tensor cycles) that the script
+    advances; metrics between two samples are their ratios, as NVML computes them. GPU 3 has no GPM."""
+
+    NVML_GPM_METRICS_GET_VERSION = 1
+
+    def __init__(self):
+        super().__init__()
+        self.clock = 0  # advanced by the test: cycles elapsed
+        self.live: set[int] = set()
+        self.allocated = 0
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        return SimpleNamespace(isSupportedDevice=int(h != 3))
+
+    def nvmlGpmSampleAlloc(self):
+        self.allocated += 1
+        sample = SimpleNamespace(id=self.allocated)
+        self.live.add(sample.id)
+        return sample
+
+    def nvmlGpmSampleGet(self, h, sample):
+        sample.device, sample.clock = h, self.clock
+
+    def nvmlGpmSampleFree(self, sample):
+        self.live.remove(sample.id)
+
+    @staticmethod
+    def c_nvmlGpmMetricsGet_t():
+        return SimpleNamespace(metrics=[SimpleNamespace(metricId=0, value=0.0, nvmlReturn=0) for _ in range(8)])
+
+    def nvmlGpmMetricsGet(self, req):
+        assert req.version == 1 and req.sample1.device == req.sample2.device and req.sample2.clock > req.sample1.clock
+        busy = {2: 90.0, 3: 40.0, 5: 25.0} if req.sample1.device == 2 else {2: 70.0, 3: 20.0, 5: 5.0}
+        for m in req.metrics[:req.numMetrics]:
+            m.value = busy[m.metricId]
+        return req
+
+
+def test_gpm_metrics_per_epoch_beside_utilization():
+    """SM occupancy and tensor activity per epoch, measured over its training part, where NVML has GPM; GPUs
+    without it (GPU 3 here) get none, and every sample is freed."""
+    nvml = FakeGPM()
+    s = GPUSampler([2, 3], interval_s=0.01, nvml=nvml)
+    s.on_train_begin()
+    assert [i for i, _ in s.gpm.handles] == [2]
+    s.on_epoch_begin(1)
+    nvml.clock += 1000
+    s.on_train_epoch_end(1)
+    metrics = {}
+    s.on_epoch_end(1, metrics)
+    s.on_end()
+    assert (metrics["gpu_sm_occupancy_pct"], metrics["gpu_tensor_active_pct"], metrics["gpu_sm_active_pct"]) == \
+        (40.0, 25.0, 90.0)
+    assert metrics["gpu2_sm_occupancy_pct"] == 40.0 and "gpu3_sm_occupancy_pct" not in metrics
+    assert metrics["gpu_utilization_pct"] == pytest.approx(60)  # NVML's utilization beside it, unchanged
+    assert nvml.live == set() and nvml.allocated == 2
+
+
+def test_without_gpm_there_are_no_gpm_metrics():
+    s = GPUSampler([0], interval_s=0.01, nvml=FakeNVML())  # an A100-like NVML: no GPM functions at all
+    s.on_train_begin()
+    s.on_epoch_begin(1)
+    s.on_train_epoch_end(1)
+    metrics = {}
+    s.on_epoch_end(1, metrics)
+    s.on_end()
+    assert metrics["gpu_utilization_pct"] == 50 and not [k for k in metrics if "occupancy" in k or "tensor" in k]
+
+
 def test_short_epoch_still_gets_a_sample():
     s = GPUSampler([0], interval_s=60, nvml=FakeNVML())
     s.on_train_begin()

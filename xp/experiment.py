@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from xp import checkpoint, elastic
-from xp.callbacks import (IO_THROUGHPUT, THROUGHPUT, Callback, CostMeter, Progress, ProgressBar, ProgressPrinter,
+from xp.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, ProgressBar, ProgressPrinter,
                           ThroughputMeter, WorkerMetrics)
 from xp.errors import Terminated
 from xp.gpu import visible_gpus

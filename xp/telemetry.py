@@ -28,6 +28,62 @@ def nvml_indices(count: int) -> list[int]:
     return list(range(count))
 
 
+# NVML GPM metric ids (nvml.h: NVML_GPM_METRIC_*), as xp names them
+GPM_METRICS = {"sm_active_pct": 2, "sm_occupancy_pct": 3, "tensor_active_pct": 5}
+
+
+class GPM:
+    """NVML's GPU performance monitoring (Hopper and later): how busy the chip was between two samples, where
+    utilization says only that a kernel was running. SM active: share of SMs busy; SM occupancy: resident
+    warps against the maximum; tensor active: share of time the SMs ran tensor-core instructions."""
+
+    def __init__(self, nvml: Any, handles: list[tuple[int, Any]]):
+        self.nvml = nvml
+        self.handles = [(i, h) for i, h in handles if self._supported(h)]
+        self._first: dict[int, Any] = {}
+
+    def _supported(self, handle: Any) -> bool:
+        try:
+            return bool(self.nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except Exception:  # an older driver or GPU, or a pynvml without GPM
+            return False
+
+    def _sample(self, handle: Any) -> Any:
+        sample = self.nvml.nvmlGpmSampleAlloc()
+        self.nvml.nvmlGpmSampleGet(handle, sample)
+        return sample
+
+    def begin(self) -> None:
+        self.release()
+        self._first = {i: self._sample(h) for i, h in self.handles}
+
+    def end(self) -> dict[int, dict[str, float]]:
+        """Each GPU's metrics since begin()."""
+        out = {}
+        for i, h in self.handles:
+            if i not in self._first:
+                continue
+            second = self._sample(h)
+            request = self.nvml.c_nvmlGpmMetricsGet_t()
+            request.version, request.numMetrics = self.nvml.NVML_GPM_METRICS_GET_VERSION, len(GPM_METRICS)
+            request.sample1, request.sample2 = self._first[i], second
+            for j, metric_id in enumerate(GPM_METRICS.values()):
+                request.metrics[j].metricId = metric_id
+            try:
+                self.nvml.nvmlGpmMetricsGet(request)
+                out[i] = {name: float(request.metrics[j].value) for j, name in enumerate(GPM_METRICS)
+                          if request.metrics[j].nvmlReturn == 0}
+            finally:
+                self.nvml.nvmlGpmSampleFree(second)
+        self.release()
+        return out
+
+    def release(self) -> None:
+        for sample in self._first.values():
+            self.nvml.nvmlGpmSampleFree(sample)
+        self._first = {}
+
+
 class GPUSampler(Callback):
     """Samples utilization (%), memory used (MB) and power (W) of the run's GPUs every interval_s.
 
@@ -42,6 +98,7 @@ class GPUSampler(Callback):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._gpm: dict[int, dict[str, float]] = {}
 
     def on_train_begin(self) -> None:
         if self.nvml is None:
@@ -58,6 +115,11 @@ class GPUSampler(Callback):
             log.debug("NVML unavailable: %s", e)
             self.nvml = None
             return
+        self.gpm = GPM(self.nvml, self._handles)
+        gpm = ", ".join(str(i) for i, _ in self.gpm.handles)
+        log.info(f"  GPU telemetry    utilization, memory, power every {self.interval:g}s; "
+                 + (f"SM occupancy and tensor activity per epoch (NVML GPM) on GPU {gpm}" if gpm
+                    else "no NVML GPM on these GPUs (Hopper and later have it): no SM occupancy"))
         self._thread = threading.Thread(target=self._loop, name="xp-gpu-sampler", daemon=True)
         self._thread.start()
 
@@ -85,6 +147,19 @@ class GPUSampler(Callback):
     def on_epoch_begin(self, epoch: int) -> None:
         with self._lock:
             self._samples = []
+        self._gpm: dict[int, dict[str, float]] = {}
+        if self._thread is not None and self.gpm.handles:
+            try:
+                self.gpm.begin()
+            except Exception as e:  # telemetry never stops training
+                log.debug("GPM sample failed: %s", e)
+
+    def on_train_epoch_end(self, epoch: int) -> None:
+        if self._thread is not None and self.gpm.handles:
+            try:
+                self._gpm = self.gpm.end()  # the training part of the epoch, as throughput is
+            except Exception as e:
+                log.debug("GPM metrics failed: %s", e)
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         if self._thread is None:
@@ -108,9 +183,15 @@ class GPUSampler(Callback):
             if mine:
                 metrics[f"gpu{i}_utilization_pct"] = sum(s[1] for s in mine) / len(mine)
                 metrics[f"gpu{i}_memory_mb"] = max(s[2] for s in mine)
+        for name in GPM_METRICS:
+            per_gpu = {i: m[name] for i, m in self._gpm.items() if name in m}
+            if per_gpu:
+                metrics[f"gpu_{name}"] = sum(per_gpu.values()) / len(per_gpu)
+                metrics.update({f"gpu{i}_{name}": v for i, v in per_gpu.items()})
 
     def on_end(self) -> None:
         if self._thread is not None:
+            self.gpm.release()
             self._stop.set()
             self._thread.join(timeout=5 * self.interval + 1)
             self._thread = None
