@@ -229,3 +229,26 @@ def test_mlflow_system_metrics_are_logged(tmp_path, store):
     system = [k for k in run.data.metrics if k.startswith("system/")]
     assert "system/cpu_utilization_percentage" in system and "system/system_memory_usage_megabytes" in system
     assert "gpu_utilization_pct" not in run.data.metrics  # no NVML here: absent, not zero
+
+
+def test_system_metrics_are_sampled_at_the_start_and_the_end_of_a_short_run(tmp_path):
+    """MLflow's own monitor samples every 10 s and logs nothing for a run shorter than that; xp samples at the
+    start of training, at doubling intervals, and at the end."""
+    from mlflow.tracking import MlflowClient
+
+    from xp.telemetry import SystemMetrics
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("t", artifact_location=(tmp_path / "a").as_uri())
+    points = {}
+    for name, seconds in (("instant", 0.0), ("short", 0.6)):
+        run_id = client.create_run(exp, run_name=name).info.run_id
+        s = SystemMetrics(run_id, uri, interval_s=10)
+        s.on_train_begin()
+        time.sleep(seconds)
+        s.on_end()
+        points[name] = client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
+        assert client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert len(points["instant"]) == 1 and len(points["short"]) == 2  # the end; the start and the end
+    assert [p.step for p in points["short"]] == [0, 1] and all(p.value > 0 for p in points["short"])

@@ -210,7 +210,7 @@ def _trials(rows: list[dict[str, Any]], pruned: list[dict[str, Any]]) -> list[st
         return []
     swept = varying(rows, ("seed",)) or varying(rows)
     for r in rows:
-        r.update({f"swept:{k}": r["settings"].get(k) for k in swept})
+        r.update({f"swept:{k}": _short(r["settings"].get(k)) for k in swept})
     columns = [("trial", "trial", "{}"), ("state", "state", "{}"), *[(f"swept:{k}", k, "{}") for k in swept],
                ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
                ("epochs", "epochs", "{}"), ("run_id", "run id", "{}")]
@@ -222,6 +222,12 @@ def _trials(rows: list[dict[str, Any]], pruned: list[dict[str, Any]]) -> list[st
                   "stopped at, not comparable with complete trials (left out of the table above and the plots).", "",
                   _md_table(sorted(pruned, key=lambda r: r["trial"] or 0), columns), ""]
     return lines
+
+
+def _short(value: Any) -> Any:
+    """A swept setting as a table shows it: 0.02504 for 0.02504130762999893; other values as given."""
+    number = _num(value)
+    return value if number is None or str(value).lstrip("-").isdigit() else f"{number:.4g}"
 
 
 def _repeats(rows: list[dict[str, Any]]) -> list[str]:
@@ -311,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             raise XPError(f"--experiment {args.experiment}: no such experiment in {uri}")
         runs = _finished_runs(client, exp.experiment_id, args)
         out = Path(args.out or f"reports/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
-        title = f"xp report: {args.experiment}" + (f", sweep {args.parent}" if args.parent else "")
+        title = f"xp report: {args.experiment}" + (f", {client.get_run(args.parent).info.run_name} ({args.parent})"
+                                                   if args.parent else "")
         md = build_report(runs, out, title, history=client.get_metric_history)
         target = _log(client, exp.experiment_id, args.parent, out, args.ui_url
                       or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI))

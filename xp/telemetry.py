@@ -201,11 +201,14 @@ class GPUSampler(Callback):
                 pass
 
 
+START_S = 0.25  # the first system sample: the start of training (CPU % needs a window to average over)
+
+
 class SystemMetrics(Callback):
     """MLflow's system metrics for this run (its monitors and `system/` names: CPU, memory, disk, network, GPU),
-    sampled after 1 s, then at intervals doubling up to interval_s, and once more at the end: a run of seconds
-    gets a few points, one of hours one every interval_s, and every run at least one. CPU % is the average
-    since the previous sample (psutil), the first from the start of training."""
+    sampled at the start of training (after START_S), then after 1 s and at intervals doubling up to interval_s,
+    and once more at the end: a run of seconds gets a few points, one of hours one every interval_s, and every
+    run its start and its end. CPU % is the average since the previous sample (psutil)."""
 
     def __init__(self, run_id: str, tracking_uri: str, interval_s: float):
         self.run_id, self.uri, self.interval = run_id, tracking_uri, interval_s
@@ -236,14 +239,14 @@ class SystemMetrics(Callback):
             self.samples += 1
 
     def _loop(self) -> None:
-        wait = min(1.0, self.interval)
+        wait, then = min(START_S, self.interval), min(1.0, self.interval)
         while not self._stop.wait(wait):
             try:
                 self.sample()
             except Exception as e:
                 log.debug("system metrics sample failed: %s", e)
                 return
-            wait = min(2 * wait, self.interval)
+            wait, then = then, min(2 * then, self.interval)
 
     def on_end(self) -> None:
         if self._thread is None:
