@@ -96,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     from xp import study
 
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
-    _remember_command(argv)
     study.register()  # the study files are options of the config group `sweep`
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         return _hydra(argv)
+    _remember_command(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         argv = sweeper_spelling(argv)
