@@ -32,13 +32,21 @@ def test_run_names_fit_mlflow_and_leave_out_where_they_are_tracked():
     assert run_label("from postgresql://xp:pw@db/mlflow") == "from postgresql://xp:***@db/mlflow"
 
 
-def test_logged_params_never_carry_a_password(store):
-    t = Tracker(store, "xp", "secret-test")
+def test_logged_params_and_tags_never_carry_a_password(store, monkeypatch):
+    from xp.tracking import COMMAND_ENV
+
+    # the command line as typed is a tag: a tracking_uri in it carries its password
+    monkeypatch.setenv(COMMAND_ENV, "python -m xp tracking_uri=postgresql://xp:hunter2@db/mlflow epochs=2")
+    t = Tracker(store, "xp", "secret-test", tags={"xp.note": "postgresql://xp:hunter2@db/x"})
     t.start()
     t.log_params({"optuna.storage": "postgresql://xp:hunter2@127.0.0.1:5432/optuna"})
+    t.set_tags({"xp.later": "postgresql://xp:hunter2@db/y"})
     t.end("FINISHED")
     _, runs = mlflow_runs(store)
     assert runs[0].data.params["optuna.storage"] == "postgresql://xp:***@127.0.0.1:5432/optuna"
+    tags = runs[0].data.tags
+    assert tags["xp.command"] == "python -m xp tracking_uri=postgresql://xp:***@db/mlflow epochs=2"
+    assert "hunter2" not in repr(tags) and tags["xp.later"] == "postgresql://xp:***@db/y"
 
 
 @pytest.mark.slow

@@ -207,7 +207,8 @@ class Tracker:
                     "xp.pid_started": f"{_started(os.getpid()):.2f}", **self.tags}
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
-            run = self.client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
+            run = self.client.create_run(self.experiment_id, run_name=self.run_name,
+                                          tags={k: redact(str(v)) for k, v in tags.items()})
         except ConfigError:
             raise
         except Exception as e:
@@ -257,7 +258,7 @@ class Tracker:
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()], synchronous=True)
+        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()], synchronous=True)
 
     def add_artifact_on_exit(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload `path` when the run ends, whatever the outcome (logs matter most for failed runs)."""
@@ -343,7 +344,7 @@ def source_tags(entry: str = "xp") -> dict[str, str]:
     import shlex
     import sys
 
-    command = os.environ.get(COMMAND_ENV) or shlex.join([entry, *sys.argv[1:]])
+    command = redact(os.environ.get(COMMAND_ENV) or shlex.join([entry, *sys.argv[1:]]))  # a URL's password
     source = "python -m xp" if command.startswith("python -m xp") else command.split(" ", 1)[0]
     tags = {"mlflow.source.type": "LOCAL", "mlflow.source.name": source, "xp.command": command}
     try:
