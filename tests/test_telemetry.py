@@ -246,9 +246,13 @@ def test_system_metrics_are_sampled_at_the_start_and_the_end_of_a_short_run(tmp_
         run_id = client.create_run(exp, run_name=name).info.run_id
         s = SystemMetrics(run_id, uri, interval_s=10)
         s.on_train_begin()
-        time.sleep(seconds)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # a busy training loop: CPU % must say so
+            sum(range(10_000))
         s.on_end()
         points[name] = client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
         assert client.get_metric_history(run_id, "system/cpu_utilization_percentage")
     assert len(points["instant"]) == 1 and len(points["short"]) == 2  # the end; the start and the end
     assert [p.step for p in points["short"]] == [0, 1] and all(p.value > 0 for p in points["short"])
+    cpu = [p.value for p in client.get_metric_history(run_id, "system/cpu_utilization_percentage")]
+    assert len(cpu) == 2 and min(cpu) > 10  # one of 2 cores busy is 50%: measured since the sampler began

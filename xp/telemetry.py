@@ -213,19 +213,15 @@ class SystemMetrics(Callback):
     def __init__(self, run_id: str, tracking_uri: str, interval_s: float):
         self.run_id, self.uri, self.interval = run_id, tracking_uri, interval_s
         self.monitor: Any = None
-        self.samples = 0
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def on_train_begin(self) -> None:
         try:
-            import psutil
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
             logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
             self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.interval, tracking_uri=self.uri)
-            psutil.cpu_percent()  # CPU % is measured from here
         except Exception as e:  # a missing psutil must not stop training
             log.warning("MLflow system metrics are off: %s", e)
             return
@@ -233,12 +229,14 @@ class SystemMetrics(Callback):
         self._thread.start()
 
     def sample(self) -> None:
-        with self._lock:
-            self.monitor.collect_metrics()
-            self.monitor.publish_metrics(self.monitor.aggregate_metrics())
-            self.samples += 1
+        """One point of every system metric (on the sampling thread: psutil's CPU % is per thread)."""
+        self.monitor.collect_metrics()
+        self.monitor.publish_metrics(self.monitor.aggregate_metrics())
 
     def _loop(self) -> None:
+        import psutil
+
+        psutil.cpu_percent()  # CPU % is measured from here; psutil keeps its reference per thread
         wait, then = min(START_S, self.interval), min(1.0, self.interval)
         while not self._stop.wait(wait):
             try:
@@ -247,6 +245,10 @@ class SystemMetrics(Callback):
                 log.debug("system metrics sample failed: %s", e)
                 return
             wait, then = then, min(2 * then, self.interval)
+        try:
+            self.sample()  # the end of the run, in this thread: CPU % since its previous sample
+        except Exception as e:
+            log.warning("could not log the last system metrics: %s", e)
 
     def on_end(self) -> None:
         if self._thread is None:
@@ -255,7 +257,6 @@ class SystemMetrics(Callback):
         self._thread.join(timeout=30)
         self._thread = None
         try:
-            self.sample()  # the end of the run
             self.monitor.mlflow_logger.flush()
         except Exception as e:
             log.warning("could not log the last system metrics: %s", e)
