@@ -416,6 +416,8 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
         raise ConfigError(f"resume={plan.resume}: a distributed run resumes from a folder "
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
     overrides = [a for a in argv if not a.startswith("-")]
+    if plan.launch.launcher == "slurm" and not _slurm().inside():
+        return _submit(argv, plan, engine_cls, uri, overrides)
     elastic_on = plan.elastic.enabled
     spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri}, elastic=elastic_on)
     engine = engine_cls(spec)
@@ -423,7 +425,8 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
             before_probe=lambda: check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip))
     if spec.remote and not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
         spec.env[HOSTS_ENV] = str(len(engine.hosts()))
-    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides),
+    submitted = os.environ.get(RUN_ENV) if spec.launcher == "slurm" else None  # the run xp's sbatch created
+    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides), attach_run_id=submitted,
                       tags={"xp.launcher": spec.launcher, "xp.engine": engine.name, "xp.workers": str(spec.workers),
                             **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
     tracker.start()
@@ -440,6 +443,38 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
         status = "FINISHED"
         return 0
     except LaunchError as e:
+        return _err(e, e.exit_code)
+    except (KeyboardInterrupt, Terminated):
+        status = "KILLED"
+        raise
+    finally:
+        tracker.end(status)
+
+
+def _slurm() -> Any:
+    from xp import slurm
+
+    return slurm
+
+
+def _submit(argv: list[str], plan: Any, engine_cls: Any, uri: str, overrides: list[str]) -> int:
+    """launcher=slurm from a login node: the run as a Slurm job; this process owns its MLflow run and ends it
+    with the job's outcome (Slurm's reason when Slurm ended it)."""
+    from xp.tracking import Tracker, check_reachable, run_name
+
+    slurm = _slurm()
+    slurm.check(plan.launch.slurm)
+    check_reachable(uri, ["the Slurm job's nodes"], None)
+    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides),
+                      tags={"xp.launcher": "slurm", "xp.engine": engine_cls.name,
+                            "xp.workers": str(plan.workers)})
+    tracker.start()
+    status = "FAILED"
+    try:
+        slurm.submit(plan, argv, tracker)
+        status = "FINISHED"
+        return 0
+    except slurm.SlurmError as e:
         return _err(e, e.exit_code)
     except (KeyboardInterrupt, Terminated):
         status = "KILLED"

@@ -26,12 +26,12 @@ class Spec:
     worker_argv: list[str]  # python -m MODULE arguments for every worker
     workers: int  # worker processes (torchrun: one per device and worker)
     servers: int = 1
-    launcher: str = "local"  # local | ssh
+    launcher: str = "local"  # local | ssh | slurm (inside the allocation: its nodes, srun for ssh)
     port: int | None = None  # the scheduler's / rendezvous port, None: a free one
     hosts: list[HostSlots] = field(default_factory=list)  # launcher=ssh
     host_ip: str | None = None  # launcher=ssh: this machine's address as the hosts reach it
     interface: str | None = None  # launcher=ssh: the network interface workers talk over
-    ssh: SSH = field(default_factory=SSH)
+    ssh: SSH = field(default_factory=SSH)  # or xp.slurm.Srun inside a Slurm allocation
     timeout_s: float = 300.0  # a worker without progress for this long fails the job
     env: dict[str, str] = field(default_factory=dict)  # extra variables for every worker
     on_poll: Callable[[], None] | None = None  # called every poll_s while the job runs (elastic discovery)
@@ -40,7 +40,12 @@ class Spec:
 
     @property
     def remote(self) -> bool:
-        return self.launcher == "ssh"
+        return self.launcher in ("ssh", "slurm")
+
+    @property
+    def transport(self) -> str:
+        """How roles reach the hosts: ssh, or srun inside a Slurm allocation."""
+        return "srun" if self.launcher == "slurm" else "ssh"
 
     @property
     def bind(self) -> str:

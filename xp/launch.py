@@ -331,12 +331,17 @@ def spec_for(plan: Any, argv: list[str], engine_cls: type[Engine], env: dict[str
             raise ConfigError(f"{key}={path}: no such file")
     ssh = SSH(*(str(Path(p).expanduser()) if p else None for p in (ls.ssh_config, ls.ssh_identity)),
               ls.ssh_connect_timeout_s)
-    hosts = []
+    hosts, host_ip = [], ls.host_ip
     if ls.launcher == "ssh":  # elastic: the hosts the discovery source lists now
         hosts = discovered_hosts(plan.elastic.discovery) if elastic else read_hosts(ls.hosts_file)
+    elif ls.launcher == "slurm":  # inside the allocation: its nodes, reached with srun
+        from xp import slurm
+
+        hosts, here = slurm.allocation(ls.slurm.tasks_per_node)
+        ssh, host_ip = slurm.Srun(), host_ip or here
     # torchrun starts a process per device and worker; the other engines a process per worker
     processes = len(plan.devices) * plan.workers if engine_cls.name == "torchrun" else plan.workers
-    spec = Spec(argv, processes, plan.servers, ls.launcher, ls.port, hosts, ls.host_ip, ls.interface, ssh,
+    spec = Spec(argv, processes, plan.servers, ls.launcher, ls.port, hosts, host_ip, ls.interface, ssh,
                 ls.timeout_s, {**engine_cls.env_for(plan), **env})
     if spec.remote and not elastic:
         spec.placement()  # enough slots

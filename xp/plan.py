@@ -24,7 +24,8 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 
 KVSTORES = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_async")
 DTYPES = ("float32", "float16", "bfloat16", "amp")
-LAUNCHERS = ("local", "ssh")  # local: every process on this machine; ssh: on the hosts of a hosts file
+LAUNCHERS = ("local", "ssh", "slurm")  # local: every process on this machine; ssh: on the hosts of a hosts file;
+# slurm: a Slurm job's nodes (xp submits it, or runs inside it)
 OPTIMIZERS = ("sgd", "nag")
 LR_SCHEDULES = ("constant", "step", "cosine")
 MODEL_ZOOS = ("xp", "gluoncv")
@@ -68,6 +69,20 @@ class LaunchSettings:
     ssh_config: str | None = None  # ssh -F
     ssh_identity: str | None = None  # ssh -i
     ssh_connect_timeout_s: float = 10.0
+    slurm: SlurmSettings | None = None  # launcher=slurm
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """launcher=slurm: the job xp submits (xp.slurm)."""
+    partition: str | None
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    time_min: int
+    account: str | None
+    output_dir: str
+    poll_s: float
 
 
 @dataclass(frozen=True)
@@ -250,6 +265,8 @@ def _launch(cfg: dict) -> LaunchSettings:
         ssh_config=flat.get("ssh.config"), ssh_identity=flat.get("ssh.identity"),
         ssh_connect_timeout_s=(_float(flat, "ssh.connect_timeout_s", 1, 3600)
                                if flat.get("ssh.connect_timeout_s") is not None else 10.0))
+    if launcher == "slurm":
+        settings = replace(settings, slurm=_slurm(cfg))
     if launcher == "ssh" and not settings.hosts_file and not (cfg.get("elastic") or {}).get("enabled"):
         raise ConfigError("launcher=ssh: needs hosts_file=PATH (HOST or HOST:SLOTS a line)")
     if launcher == "ssh" and settings.host_ip:
@@ -260,6 +277,24 @@ def _launch(cfg: dict) -> LaunchSettings:
         except ValueError:
             raise ConfigError(f"host_ip={settings.host_ip}: must be an IPv4 address of this machine") from None
     return settings
+
+
+def _slurm(cfg: dict) -> SlurmSettings:
+    raw = cfg.get("slurm") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"slurm={raw!r}: must be the slurm group (slurm.partition, slurm.nodes, ...)")
+    flat = {f"slurm.{k}": v for k, v in raw.items()}
+    s = SlurmSettings(partition=_text(flat, "slurm.partition"), nodes=_int(flat, "slurm.nodes", 1, 100_000),
+                      tasks_per_node=_int(flat, "slurm.tasks_per_node", 1, 1024),
+                      gpus_per_node=_int(flat, "slurm.gpus_per_node", 0, 64),
+                      time_min=_int(flat, "slurm.time_min", 1, 525_600), account=_text(flat, "slurm.account"),
+                      output_dir=_text(flat, "slurm.output_dir") or "slurm",
+                      poll_s=_float(flat, "slurm.poll_s", 0.1, 600))
+    workers = _int(cfg, "workers", 1, 4096)
+    if workers != s.nodes * s.tasks_per_node:
+        raise ConfigError(f"workers={workers}: launcher=slurm runs slurm.nodes x slurm.tasks_per_node = "
+                          f"{s.nodes} x {s.tasks_per_node} = {s.nodes * s.tasks_per_node} workers; make them agree")
+    return s
 
 
 def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str | None) -> ElasticSettings:

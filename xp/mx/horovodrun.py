@@ -47,7 +47,9 @@ class Horovod(Engine):
             shim = Path(job.folder) / "bin"
             shim.mkdir()
             real = shutil.which("ssh") or "/usr/bin/ssh"  # the shim must not find itself
-            (shim / "ssh").write_text(f"#!/bin/sh\nexec {shlex.quote(real)} {shlex.join(s.ssh.options())} \"$@\"\n")
+            via = (f"{shlex.quote(python())} -m xp.slurm ssh" if s.launcher == "slurm"  # srun in an allocation
+                   else f"{shlex.quote(real)} {shlex.join(s.ssh.options())}")
+            (shim / "ssh").write_text(f"#!/bin/sh\nexec {via} \"$@\"\n")
             (shim / "ssh").chmod(0o755)
             env["PATH"] = f"{shim}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         else:

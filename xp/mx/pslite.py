@@ -71,5 +71,5 @@ class PsLite(Engine):
         s = self.spec
         if not s.remote:
             return f"{s.workers} workers and {s.servers} servers on {LOOPBACK}"
-        return (f"{s.workers} workers and {s.servers} servers on {', '.join(self.hosts())} over ssh "
+        return (f"{s.workers} workers and {s.servers} servers on {', '.join(self.hosts())} over {s.transport} "
                 f"(scheduler here on {s.bind})")

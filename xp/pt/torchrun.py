@@ -39,6 +39,8 @@ class Torchrun(Engine):
             argv = [python(), "-m", "xp.pt.torchrun", "--nnodes=1", f"--nproc-per-node={s.workers}",
                     f"--master-addr={LOOPBACK}", f"--master-port={port}", *common, "-m", s.module, *s.worker_argv]
             return [Role("torchrun", argv, {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}, runner=True)]
+        # the store is xp's own: a torchrun on the store's host (a Slurm job's first node) must not host another
+        # (is_host=false), or the two race for the port
         roles = [Role("rendezvous store", [python(), "-m", "xp.pt.torchrun", f"--xp-store={s.bind}:{port}"],
                       worker=False, service=True)]
         placement = s.placement()
@@ -46,7 +48,7 @@ class Torchrun(Engine):
         for host, n in placement:
             argv = [python(), "-m", "xp.pt.torchrun", f"--nnodes={len(placement)}", f"--nproc-per-node={n}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint={s.bind}:{port}", f"--rdzv-id={job.id}",
-                    f"--rdzv-conf=join_timeout={int(s.timeout_s)}", f"--local-addr={host}", *common,
+                    f"--rdzv-conf=join_timeout={int(s.timeout_s)},is_host=false", f"--local-addr={host}", *common,
                     "-m", s.module, *s.worker_argv]
             roles.append(Role(f"torchrun on {host}", argv, env, host=host, runner=True))
         return roles
@@ -63,8 +65,8 @@ class Torchrun(Engine):
 
     def describe(self) -> str:
         if self.spec.remote:
-            return (f"{self.spec.workers} PyTorch DDP processes (one torchrun per host) on {', '.join(self.hosts())},"
-                    f" rendezvous here on {self.spec.bind}")
+            return (f"{self.spec.workers} PyTorch DDP processes (one torchrun per host, over {self.spec.transport}) on "
+                    f"{', '.join(self.hosts())}, rendezvous here on {self.spec.bind}")
         return f"{self.spec.workers} PyTorch DDP processes (torchrun) on {LOOPBACK}"
 
 

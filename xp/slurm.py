@@ -1,0 +1,183 @@
+"""launcher=slurm: a distributed run as a Slurm job.
+
+From a login node (no SLURM_JOB_ID): `submit` checks the job against the cluster (partition, nodes), creates
+the MLflow run, submits `python -m xp` with the same arguments as a batch job (sbatch: nodes, tasks per node,
+GPUs, time limit, account), relays its output and follows it with `scontrol show job` until it ends. Ctrl-C or
+SIGTERM cancel it (scancel). A job Slurm ends (time limit, node failure, cancelled) ends the run FAILED with
+Slurm's state and reason (tags xp.slurm.state, xp.slurm.reason).
+
+Inside the allocation (SLURM_JOB_ID set): the job's nodes are the hosts and `srun` is the transport in place
+of ssh (`Srun`: one task on one node, sharing the allocation), so every engine (ps-lite, Horovod, torchrun)
+starts its roles as it does over ssh; this node's address (scontrol's NodeAddr) is host_ip. The run is the
+one the submitting process created (XP_RUN_ID).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from xp.errors import ConfigError, Terminated, XPError
+from xp.hosts import HostSlots
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE")
+
+
+class SlurmError(XPError):
+    exit_code = 1
+
+
+def inside() -> bool:
+    """This process runs in a Slurm allocation."""
+    return bool(os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_JOB_NODELIST"))
+
+
+def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise ConfigError(f"launcher=slurm: {argv[0]} is not on PATH (Slurm's client commands are needed)") from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"launcher=slurm: {' '.join(argv[:3])} did not answer within {timeout:g} s "
+                          "(is slurmctld up?)") from None
+
+
+class Srun:
+    """The transport inside an allocation, in place of ssh: one task on one node of the job."""
+    connect_timeout_s = 10.0
+
+    def options(self) -> list[str]:
+        return []
+
+    def argv(self, host: str, command: str) -> list[str]:
+        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--quiet",
+                "--kill-on-bad-exit=1", "bash", "-c", command]
+
+
+def allocation(tasks_per_node: int) -> tuple[list[HostSlots], str]:
+    """This allocation's nodes (each with tasks_per_node slots) and this node's address as the others reach it."""
+    r = _run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]])
+    names = r.stdout.split()
+    if r.returncode != 0 or not names:
+        raise ConfigError(f"launcher=slurm: cannot read this allocation's nodes ({r.stderr.strip()})")
+    here = os.environ.get("SLURMD_NODENAME") or names[0]
+    return [HostSlots(n, tasks_per_node) for n in names], _field(_show("node", here), "NodeAddr") or here
+
+
+def _show(kind: str, name: str) -> str:
+    r = _run(["scontrol", "show", "-o", kind, name])
+    return r.stdout if r.returncode == 0 else ""
+
+
+def _field(record: str, key: str) -> str | None:
+    for part in record.split():
+        if part.startswith(key + "="):
+            return part.split("=", 1)[1]
+    return None
+
+
+def check(settings: Any) -> None:
+    """Before anything is submitted: the partition exists and has the nodes asked for (one line each)."""
+    r = _run(["sinfo", "-h", "-o", "%P %D"])
+    if r.returncode != 0:
+        raise ConfigError(f"launcher=slurm: sinfo failed ({r.stderr.strip()[:200]}); is this a Slurm login node?")
+    partitions = {p.rstrip("*"): int(n) for p, n in (line.split() for line in r.stdout.splitlines() if line.strip())}
+    default = next((p.rstrip("*") for p in (line.split()[0] for line in r.stdout.splitlines()) if p.endswith("*")),
+                   None)
+    name = settings.partition or default
+    if name not in partitions:
+        raise ConfigError(f"slurm.partition={settings.partition}: no such partition; valid: "
+                          f"{', '.join(sorted(partitions))}")
+    if settings.nodes > partitions[name]:
+        raise ConfigError(f"slurm.nodes={settings.nodes}: partition {name} has {partitions[name]} nodes")
+
+
+def batch_command(plan: Any, argv: list[str]) -> list[str]:
+    s = plan.launch.slurm
+    out = Path(s.output_dir).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = ["sbatch", "--parsable", f"--nodes={s.nodes}", f"--ntasks-per-node={s.tasks_per_node}",
+           f"--time={s.time_min}", f"--job-name=xp-{plan.model.name}", f"--output={out}/slurm-%j.out",
+           f"--chdir={os.getcwd()}", "--export=ALL"]
+    cmd += [f"--partition={s.partition}"] if s.partition else []
+    cmd += [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
+    cmd += [f"--account={s.account}"] if s.account else []
+    script = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m xp {shlex.join(argv)}\n"
+    return [*cmd, "--wrap", script.split("\n", 1)[1].strip()]
+
+
+def submit(plan: Any, argv: list[str], tracker: Any) -> int:
+    """Submit the run as a job, relay its output, follow it to its end; returns the exit code."""
+    from xp.worker import RUN_ENV
+
+    os.environ[RUN_ENV] = tracker.run_id  # the job inherits it (--export=ALL): rank 0 logs into this run
+    r = _run(batch_command(plan, argv))
+    if r.returncode != 0:
+        raise ConfigError(f"launcher=slurm: sbatch refused the job: {r.stderr.strip()[:300]}")
+    job = r.stdout.strip().split(";")[0]
+    tracker.set_tags({"xp.slurm.job": job})
+    print(f"xp: submitted Slurm job {job}; MLflow run {tracker.run_id}", flush=True)
+    state, reason = follow(job, plan.launch.slurm)
+    tracker.set_tags({"xp.slurm.state": state, "xp.slurm.reason": reason})
+    if state != "COMPLETED":
+        raise SlurmError(f"Slurm job {job} ended {state}" + (f" ({reason})" if reason and reason != "None" else ""))
+    return 0
+
+
+def follow(job: str, settings: Any) -> tuple[str, str]:
+    """Relay the job's output until it ends; (JobState, Reason). Ctrl-C or SIGTERM cancel it (scancel)."""
+    out = Path(settings.output_dir).expanduser().resolve() / f"slurm-{job}.out"
+    offset, state, reason = 0, "PENDING", ""
+    try:
+        while True:
+            record = _show("job", job)
+            state, reason = _field(record, "JobState") or state, _field(record, "Reason") or ""
+            offset = _relay(out, offset)
+            if state in ENDED:
+                time.sleep(0.2)
+                _relay(out, offset)
+                return state, reason
+            time.sleep(settings.poll_s)
+    except (KeyboardInterrupt, Terminated):
+        _run(["scancel", job])
+        print(f"xp: cancelled Slurm job {job}", file=sys.stderr, flush=True)
+        raise
+
+
+def _relay(path: Path, offset: int) -> int:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return offset
+    if data:
+        sys.stdout.write(data.decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + len(data)
+
+
+def ssh_as_srun(args: list[str]) -> list[str]:
+    """horovodrun's `ssh [OPTIONS] HOST COMMAND...` as srun inside the allocation (its ssh shim runs this)."""
+    def options(i: int) -> int:  # ssh takes options before and after the host (horovodrun puts some after)
+        while i < len(args) and args[i].startswith("-"):
+            i += 2 if args[i] in ("-o", "-p", "-i", "-F", "-l", "-E") else 1
+        return i
+
+    i = options(0)
+    if i >= len(args):
+        raise SystemExit("xp.slurm ssh: no host given")
+    return Srun().argv(args[i], " ".join(args[options(i + 1):]) or "true")
+
+
+if __name__ == "__main__":  # python -m xp.slurm ssh ARGS: horovodrun's ssh inside a Slurm allocation
+    if sys.argv[1:2] != ["ssh"]:
+        raise SystemExit("usage: python -m xp.slurm ssh [OPTIONS] HOST COMMAND")
+    argv = ssh_as_srun(sys.argv[2:])
+    os.execvp(argv[0], argv)
