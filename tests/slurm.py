@@ -20,7 +20,6 @@ import shutil
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 from hosts import Cluster, Unavailable, _sh
 
@@ -141,11 +140,18 @@ class SlurmCluster(Cluster):
             time.sleep(0.5)
 
     def stop_slurmd(self, name: str) -> None:
-        """A node taken away: its slurmd ends (the jobs' processes on it stay until the cluster ends them)."""
+        """A node taken away: its slurmd ends (SIGKILL: it says nothing to slurmctld, as a crashed node)."""
         h = self.host(name)
-        for p in h.daemons:
-            if p.args[-3:-2] == [name] or "slurmd" in " ".join(map(str, p.args)):
-                p.terminate()
+        for p in [p for p in h.daemons if "/usr/sbin/slurmd" in p.args]:
+            p.kill()
+            p.wait(timeout=10)
+            h.daemons.remove(p)
+
+    def start_slurmd(self, name: str) -> None:
+        h = self.host(name)
+        self._daemon(h, ["/usr/sbin/slurmd", "-D", "-N", h.name, "-f", str(self.conf)], "slurmd")
+        self.slurm(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
+        self.wait_idle(len(self.workers), timeout=90)
 
 
 __all__ = ["SlurmCluster", "Unavailable", "requirements", "shutil"]

@@ -14,10 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
+
+DAEMONS = ("slurmstepd", "/usr/sbin/slurmd", "/usr/sbin/munged")  # the cluster's own processes on a node
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +36,25 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def submit(c, tmp_path: Path, *args: str, experiment: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """python -m xp launcher=slurm on the login node h1."""
+def xp_argv(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
+    """python -m xp launcher=slurm with the cluster's settings (an argument with the same key replaces one)."""
     given = {a.split("=", 1)[0] for a in args}
     settings = [a for a in ("launcher=slurm", "network_interface=eth0", f"tracking_uri={c.uri}",
                             f"slurm.output_dir={c.shared}", "slurm.poll_s=0.5", "dist_timeout_s=120")
                 if a.split("=", 1)[0] not in given] + [f"experiment={experiment}", f"hydra.run.dir={tmp_path}/run"]
-    env = {**os.environ, **c.env, "PYTHONUNBUFFERED": "1"}
+    return [sys.executable, "-m", "xp", *settings, *args]
+
+
+def env(c) -> dict:
+    e = {**os.environ, **c.env, "PYTHONUNBUFFERED": "1"}
     for k in ("MLFLOW_TRACKING_URI", "XP_PARENT_RUN_ID", "XP_RUN_ID", "XP_COMMAND"):
-        env.pop(k, None)
-    return subprocess.run(c.on_launcher([sys.executable, "-m", "xp", *settings, *args]), cwd=ROOT, env=env,
+        e.pop(k, None)
+    return e
+
+
+def submit(c, tmp_path: Path, *args: str, experiment: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """python -m xp launcher=slurm on the login node h1: xp submits the job and follows it."""
+    return subprocess.run(c.on_launcher(xp_argv(c, tmp_path, *args, experiment=experiment)), cwd=ROOT, env=env(c),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -60,7 +71,7 @@ def the_run(c, experiment: str):
 def nothing_left(c) -> None:
     deadline = time.monotonic() + 20
     while True:
-        left = {h.name: [p for p in c.processes(h) if "slurm" not in p and "munged" not in p] for h in c.workers}
+        left = {h.name: [p for p in c.processes(h) if not p.split(" ", 1)[1].startswith(DAEMONS)] for h in c.workers}
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -86,6 +97,20 @@ def test_a_2_node_job_from_the_login_node_computes_what_one_process_computes(clu
     run = the_run(c, experiment)
     assert run.info.status == "FINISHED" and run.data.tags["xp.slurm.state"] == "COMPLETED"
     assert run.data.tags["xp.launcher"] == "slurm" and run.data.params["derived.global_batch"] == "48"
+    nothing_left(c)
+
+
+def test_inside_an_allocation_the_job_runs_on_its_nodes(cluster, tmp_path):
+    """salloc gives the nodes and runs xp on the login node: xp reads SLURM_* and starts the roles with srun."""
+    c = cluster
+    argv = ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", "--quiet",
+            *xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "slurm.nodes=2", *EXACT, "batch=24",
+                     experiment="slurm-salloc")]
+    r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=env(c), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "submitted" not in r.stdout and "on h2, h3 over srun" in r.stdout, r.stdout[-2000:]
+    run = the_run(c, "slurm-salloc")
+    assert run.info.status == "FINISHED" and run.data.tags["xp.launcher"] == "slurm"
     nothing_left(c)
 
 
@@ -115,3 +140,39 @@ def test_bad_slurm_input_is_one_line_and_nothing_is_submitted(cluster, tmp_path,
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("xp: error: ") and fragment in lines[0], r.stderr
     assert c.slurm(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split() == before  # nothing submitted
+
+
+def test_a_node_taken_away_ends_the_run_failed_and_leaves_no_process(cluster, tmp_path):
+    """slurmd on h3 is killed mid-job: Slurm marks the node down and ends the job NODE_FAIL; the run ends FAILED
+    with that reason; the job's processes on both nodes end (xp's workers end when their srun session closes)."""
+    c = cluster
+    proc = subprocess.Popen(c.on_launcher(xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "slurm.nodes=2",
+                                                  "epochs=100000", "slurm.time_min=10", experiment="slurm-node")),
+                            cwd=ROOT, env=env(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "/100000", timeout=120)  # "epoch      1/100000": the job trains
+        c.stop_slurmd("h3")
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    try:
+        assert proc.returncode == 1, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith("xp: error: Slurm job ") and "NODE_FAIL" in err, err[-2000:]
+        run = the_run(c, "slurm-node")
+        assert run.info.status == "FAILED" and run.data.tags["xp.slurm.state"] == "NODE_FAIL"
+        nothing_left_on(c, "h2")  # the node that stayed: the job ended there at once
+    finally:
+        c.start_slurmd("h3")
+    # the node comes back: Slurm ends what the lost job left running there (a crashed node kept nothing)
+    nothing_left(c)
+
+
+def nothing_left_on(c, name: str) -> bool:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if not [p for p in c.processes(c.host(name)) if not p.split(" ", 1)[1].startswith(DAEMONS)]:
+            return True
+        time.sleep(0.5)
+    raise AssertionError(f"left on {name}: {c.processes(c.host(name))}")

@@ -66,8 +66,22 @@ def allocation(tasks_per_node: int) -> tuple[list[HostSlots], str]:
     names = r.stdout.split()
     if r.returncode != 0 or not names:
         raise ConfigError(f"launcher=slurm: cannot read this allocation's nodes ({r.stderr.strip()})")
-    here = os.environ.get("SLURMD_NODENAME") or names[0]
-    return [HostSlots(n, tasks_per_node) for n in names], _field(_show("node", here), "NodeAddr") or here
+    first = _field(_show("node", names[0]), "NodeAddr") or names[0]
+    return [HostSlots(n, tasks_per_node) for n in names], _address_towards(first)
+
+
+def _address_towards(node: str) -> str:
+    """This machine's address as `node` reaches it: a batch job's first node, or the login node under salloc
+    (a UDP socket's route; nothing is sent)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((socket.gethostbyname(node), 9))
+            return s.getsockname()[0]
+        except OSError as e:
+            raise ConfigError(f"launcher=slurm: no route to node {node} from here ({e.strerror}); give "
+                              "host_ip=ADDRESS") from None
 
 
 def _show(kind: str, name: str) -> str:
@@ -104,7 +118,7 @@ def batch_command(plan: Any, argv: list[str]) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--nodes={s.nodes}", f"--ntasks-per-node={s.tasks_per_node}",
            f"--time={s.time_min}", f"--job-name=xp-{plan.model.name}", f"--output={out}/slurm-%j.out",
-           f"--chdir={os.getcwd()}", "--export=ALL"]
+           f"--chdir={os.getcwd()}", "--export=ALL", "--no-requeue"]  # a node lost ends the run: no rerun into it
     cmd += [f"--partition={s.partition}"] if s.partition else []
     cmd += [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
     cmd += [f"--account={s.account}"] if s.account else []
