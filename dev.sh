@@ -62,8 +62,8 @@ install_horovod() {
     "$py" -c "import horovod.mxnet" || { echo "dev.sh: $wheel has no MXNet support; delete it to rebuild" >&2; exit 2; }
 }
 
-# The tests start a throwaway PostgreSQL server (tests/pg.py) and emulate hosts with network namespaces,
-# each with its own sshd (tests/hosts.py): Debian's packages provide them.
+# The tests start a throwaway PostgreSQL server (tests/pg.py), emulate hosts with network namespaces, each with
+# its own sshd (tests/hosts.py), and a Slurm cluster on them (tests/slurm.py): Debian's packages provide them.
 ensure_test_packages() {
     local missing=()
     command -v initdb >/dev/null || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
@@ -71,6 +71,11 @@ ensure_test_packages() {
     command -v ssh >/dev/null || missing+=(openssh-client)
     command -v ip >/dev/null || missing+=(iproute2)
     command -v nsenter >/dev/null || missing+=(util-linux)
+    # the Slurm tests start a cluster on those hosts (tests/slurm.py): Debian's slurm-wlm daemons and munge
+    [[ -x /usr/sbin/slurmctld ]] || missing+=(slurmctld)
+    [[ -x /usr/sbin/slurmd ]] || missing+=(slurmd)
+    command -v sbatch >/dev/null || missing+=(slurm-client)
+    [[ -x /usr/sbin/munged ]] || missing+=(munge)
     [[ ${#missing[@]} -eq 0 ]] && return
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
         echo "dev.sh: installing what the tests need (apt-get install ${missing[*]})" >&2

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,8 +28,11 @@ def binaries() -> Path:
 
 
 class Server:
-    def __init__(self, password: str):
-        self.password, self.bin = password, binaries()
+    """host, enter: where it listens, and the prefix that runs a command there (the emulated hosts' login node
+    for the Slurm tests: `ip netns exec NS`); by default 127.0.0.1 on this machine."""
+
+    def __init__(self, password: str, host: str = "127.0.0.1", enter: tuple[str, ...] = ()):
+        self.password, self.bin, self.host, self.enter = password, binaries(), host, list(enter)
         self.folder = Path(tempfile.mkdtemp(prefix="xp-pg-"))
         self.data = self.folder / "data"
         with socket.socket() as s:
@@ -38,7 +42,8 @@ class Server:
         self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
     def _run(self, *args: str, timeout: float = 120) -> None:
-        subprocess.run([*self.as_user, *args], check=True, capture_output=True, text=True, timeout=timeout)
+        subprocess.run([*self.enter, *self.as_user, *args], check=True, capture_output=True, text=True,
+                       timeout=timeout)
 
     def start(self) -> "Server":
         pwfile = self.folder / "pw"
@@ -48,22 +53,22 @@ class Server:
             shutil.chown(pwfile, "postgres")
         self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", USER, f"--pwfile={pwfile}",
                   "--auth=scram-sha-256", "-E", "UTF8", "--no-sync")
-        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories='' -c fsync=off"
+        if self.host != "127.0.0.1":  # initdb allows loopback only: the hosts of the emulated /24 too
+            with open(self.data / "pg_hba.conf", "a") as f:
+                f.write(f"host all all {self.host.rsplit('.', 1)[0]}.0/24 scram-sha-256\n")
+        options = f"-c listen_addresses={self.host} -p {self.port} -c unix_socket_directories='' -c fsync=off"
         self._run(str(self.bin / "pg_ctl"), "start", "-D", str(self.data), "-w", "-t", "60", "-o", options,
                   "-l", str(self.folder / "log"))
-        import psycopg
-
-        conn = psycopg.connect(self.url("postgres"), connect_timeout=10)
-        try:
-            conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
-            for db in ("mlflow", "optuna"):  # apart: both keep their schema version in alembic_version
-                conn.execute(f"CREATE DATABASE {db}")
-        finally:
-            conn.close()
+        # apart: MLflow and Optuna both keep their schema version in alembic_version; CREATE DATABASE cannot run
+        # in a transaction (autocommit)
+        create = ("import psycopg, sys\nconn = psycopg.connect(sys.argv[1], connect_timeout=10, autocommit=True)\n"
+                  "for db in ('mlflow', 'optuna'):\n    conn.execute(f'CREATE DATABASE {db}')\nconn.close()\n")
+        subprocess.run([*self.enter, sys.executable, "-c", create, self.url("postgres")], check=True,
+                       capture_output=True, text=True, timeout=60)
         return self
 
     def url(self, database: str, password: str | None = None) -> str:
-        return f"postgresql://{USER}:{password or self.password}@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://{USER}:{password or self.password}@{self.host}:{self.port}/{database}"
 
     def stop(self) -> None:
         try:

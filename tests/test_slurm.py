@@ -100,6 +100,16 @@ def test_a_2_node_job_from_the_login_node_computes_what_one_process_computes(clu
     nothing_left(c)
 
 
+def test_a_single_process_run_is_a_one_node_job(cluster, tmp_path):
+    c = cluster
+    r = submit(c, tmp_path, "epochs=2", experiment="slurm-one")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = the_run(c, "slurm-one")  # the submitter's run, filled by the job's process
+    assert run.info.status == "FINISHED" and run.data.tags["xp.slurm.state"] == "COMPLETED"
+    assert run.data.params["summary.epochs_completed"] == "2" and run.data.metrics["val_accuracy"] > 0.5
+    nothing_left(c)
+
+
 def test_inside_an_allocation_the_job_runs_on_its_nodes(cluster, tmp_path):
     """salloc gives the nodes and runs xp on the login node: xp reads SLURM_* and starts the roles with srun."""
     c = cluster
@@ -176,3 +186,77 @@ def nothing_left_on(c, name: str) -> bool:
             return True
         time.sleep(0.5)
     raise AssertionError(f"left on {name}: {c.processes(c.host(name))}")
+
+
+def sweep_argv(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
+    """python -m xp -m ... with Hydra's submitit launcher: every job (or trial) its own Slurm job."""
+    return [sys.executable, "-m", "xp", "-m", "hydra/launcher=submitit_slurm", f"tracking_uri={c.uri}",
+            f"hydra.sweep.dir={c.shared}/{experiment}", "hydra.launcher.timeout_min=5", f"experiment={experiment}",
+            *args]
+
+
+def children_of_one_parent(c, experiment: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{c.db}")
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    parents = [r for r in runs if r.data.tags.get("xp.sweep") == "true"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(children) == len(runs) - 1
+    assert {r.data.tags["xp.host"] for r in children} <= {"h2", "h3"}  # each ran on a node, as a Slurm job
+    return children
+
+
+def test_a_sweep_runs_each_job_as_a_slurm_job_under_one_parent(cluster, tmp_path):
+    c = cluster
+    r = subprocess.run(c.on_launcher(sweep_argv(c, tmp_path, "batch=16,32", "epochs=2", experiment="slurm-sweep")),
+                       cwd=ROOT, env=env(c), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    children = children_of_one_parent(c, "slurm-sweep")
+    assert sorted(ch.data.params["batch"] for ch in children) == ["16", "32"]
+    assert all(ch.info.status == "FINISHED" for ch in children)
+    nothing_left(c)
+
+
+def test_a_study_runs_its_trials_as_slurm_jobs_two_at_a_time(cluster, tmp_path):
+    """6 trials, 2 in flight; the study's storage is PostgreSQL on the login node's address (every node reports
+    each epoch there for pruning)."""
+    import optuna
+    import pg
+
+    c = cluster
+    server = pg.Server("slurm-pw", host=c.launcher.address, enter=tuple(c.launcher.enter())).start()
+    try:
+        storage = server.url("optuna")
+        argv = sweep_argv(c, tmp_path, "sweep=lr_batch", "sweep.n_trials=6", "sweep.parallel=2",
+                          f"sweep.storage={storage}", "epochs=4", experiment="slurm-study")
+        r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=env(c), capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        children = children_of_one_parent(c, "slurm-study")
+        assert len(children) == 6 and all(ch.info.status == "FINISHED" for ch in children)
+        states = sorted(ch.data.tags["optuna.trial_state"] for ch in children)
+        assert set(states) <= {"COMPLETE", "PRUNED"} and "COMPLETE" in states, states
+        probe = subprocess.run(c.on_launcher([sys.executable, "-c", (
+            "import optuna, sys; s = optuna.load_study(study_name='lr_batch', storage=sys.argv[1]); "
+            "print(sorted(t.state.name for t in s.trials))"), storage]),
+            capture_output=True, text=True, timeout=60)
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        assert probe.stdout.strip() == str(states), (probe.stdout, states)  # Optuna agrees with MLflow
+        assert optuna  # the storage is Optuna's own schema, read back through Optuna above
+        nothing_left(c)
+    finally:
+        server.stop()
+
+
+def test_a_study_on_a_node_local_sqlite_file_is_refused_before_anything_is_submitted(cluster, tmp_path):
+    c = cluster
+    before = c.slurm(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
+    r = subprocess.run(c.on_launcher(sweep_argv(c, tmp_path, "sweep=lr_batch", f"sweep.storage=sqlite:///{tmp_path}/o.db",
+                                                experiment="slurm-bad-study")),
+                       cwd=ROOT, env=env(c), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"xp: error: sweep.storage=sqlite:///{tmp_path}/o.db: a file "
+                                                   "on this machine"), r.stderr
+    assert c.slurm(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split() == before

@@ -105,12 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         argv = sweeper_spelling(argv)
         configs = preflight(argv)
         plan, engine = _engine(configs[0]) if configs and not os.environ.get(WORKER_ENV) else (None, None)
-        if engine:
+        submit = plan is not None and plan.launch.launcher == "slurm" and not _slurm().inside()
+        if engine or submit:
             if "-m" in argv or "--multirun" in argv:
-                raise ConfigError(f"{engine.name} runs are launched one at a time; run each configuration as its own "
-                                  "command")
+                raise ConfigError(f"{engine.name if engine else 'launcher=slurm'} runs are launched one at a time; "
+                                  "run each configuration as its own command (a sweep's jobs go to Slurm with "
+                                  "hydra/launcher=submitit_slurm)")
             return _launch(argv, plan, engine)
         if "-m" in argv or "--multirun" in argv:
+            _check_cluster_sweep(argv, configs[0] if configs else {})
             if configs and configs[0].get("sweep"):
                 _register_study_sweeper()
                 argv = [*argv, "hydra/sweeper=xp_optuna"]
@@ -451,6 +454,24 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
         tracker.end(status)
 
 
+def _check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
+    """hydra/launcher=submitit_slurm: every job or trial runs on a cluster node, so the MLflow store, and a
+    study's Optuna storage (its trials report every epoch for pruning), must be ones every node reaches."""
+    from xp.tracking import check_reachable, resolve_uri
+
+    launcher = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
+    if not launcher.startswith("submitit_slurm"):
+        return
+    nodes = [f"the Slurm jobs' nodes (hydra/launcher={launcher})"]
+    check_reachable(resolve_uri(config.get("tracking_uri")), nodes, None)
+    if config.get("sweep"):
+        from xp.study import storage_url
+
+        check_reachable(storage_url(config["sweep"].get("storage")), nodes, None, key="sweep.storage",
+                        fix="give the study a database every node reaches: "
+                            "sweep.storage=postgresql://USER:PASSWORD@HOST/DB (or $XP_OPTUNA_STORAGE)")
+
+
 def _slurm() -> Any:
     from xp import slurm
 
@@ -466,7 +487,7 @@ def _submit(argv: list[str], plan: Any, engine_cls: Any, uri: str, overrides: li
     slurm.check(plan.launch.slurm)
     check_reachable(uri, ["the Slurm job's nodes"], None)
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides),
-                      tags={"xp.launcher": "slurm", "xp.engine": engine_cls.name,
+                      tags={"xp.launcher": "slurm", "xp.engine": engine_cls.name if engine_cls else "none",
                             "xp.workers": str(plan.workers)})
     tracker.start()
     status = "FAILED"

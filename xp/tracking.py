@@ -43,27 +43,29 @@ def resolve_uri(configured: str | None = None, cwd: str | Path | None = None) ->
     return uri
 
 
-def check_reachable(uri: str, hosts: list[str], host_ip: str | None) -> None:
-    """launcher=ssh: rank 0 logs from another host, so the store must be one every host reaches (and answers)."""
+def check_reachable(uri: str, hosts: list[str], host_ip: str | None, key: str = "tracking_uri",
+                    fix: str | None = None) -> None:
+    """Processes on other hosts (a launch's rank 0, a Slurm sweep's jobs) use the store `key` names: it must be
+    one every host reaches (and, for a server, one that answers)."""
     from urllib.parse import urlparse
 
     u = urlparse(uri)
     where, at = ", ".join(hosts), host_ip or "ADDRESS"
-    fix = (f"use an MLflow tracking server the hosts reach (make server HOST={at}, then tracking_uri=http://{at}:5000)"
-           " or PostgreSQL (tracking_uri=postgresql://USER:PASSWORD@HOST/DB)")
+    fix = fix or (f"use an MLflow tracking server the hosts reach (make server HOST={at}, then "
+                  f"tracking_uri=http://{at}:5000) or PostgreSQL (tracking_uri=postgresql://USER:PASSWORD@HOST/DB)")
     if u.scheme in ("sqlite", "file", ""):
-        raise ConfigError(f"tracking_uri={redact(uri)}: a file on this machine, which the workers on {where} cannot "
+        raise ConfigError(f"{key}={redact(uri)}: a file on this machine, which the workers on {where} cannot "
                           f"reach; {fix}")
     host = u.hostname or ""
     if host == "localhost" or host.startswith("127.") or host == "::1":
-        raise ConfigError(f"tracking_uri={redact(uri)}: {host} is each host's own loopback, not this machine, for the "
+        raise ConfigError(f"{key}={redact(uri)}: {host} is each host's own loopback, not this machine, for the "
                           f"workers on {where}; {fix}")
     if u.scheme in ("http", "https"):
         port = u.port or (443 if u.scheme == "https" else 80)
         try:
             socket.create_connection((host, port), timeout=5).close()
         except OSError as e:
-            raise ConfigError(f"tracking_uri={redact(uri)}: no server answers at {host}:{port} "
+            raise ConfigError(f"{key}={redact(uri)}: no server answers at {host}:{port} "
                               f"({e.strerror or type(e).__name__}); start one (make server HOST={at})") from None
 
 
