@@ -69,14 +69,16 @@ def the_run(c, experiment: str):
 
 
 def nothing_left(c) -> None:
-    deadline = time.monotonic() + 20
+    """No process of a job on any node, and no job of xp's queued, running or completing."""
+    deadline = time.monotonic() + 30
     while True:
         left = {h.name: [p for p in c.processes(h) if not p.split(" ", 1)[1].startswith(DAEMONS)] for h in c.workers}
-        if not any(left.values()) or time.monotonic() > deadline:
+        queued = c.slurm(["squeue", "-h", "-o", "%j %T"]).stdout.strip()
+        if (not any(left.values()) and "xp-" not in queued) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert not any(left.values()), left
-    assert "xp-" not in c.slurm(["squeue", "-h", "-o", "%j"]).stdout  # no job of xp's queued or running
+    assert "xp-" not in queued, queued
 
 
 @pytest.mark.parametrize("engine, args, reference", [
@@ -260,3 +262,28 @@ def test_a_study_on_a_node_local_sqlite_file_is_refused_before_anything_is_submi
     assert len(lines) == 1 and lines[0].startswith(f"xp: error: sweep.storage=sqlite:///{tmp_path}/o.db: a file "
                                                    "on this machine"), r.stderr
     assert c.slurm(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split() == before
+
+
+def test_sigterm_to_the_submitter_cancels_the_job(cluster, tmp_path):
+    """Ctrl-C or SIGTERM on the login node: scancel, the run KILLED, nothing left on the nodes."""
+    import signal
+
+    c = cluster
+    proc = subprocess.Popen(c.on_launcher(xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "slurm.nodes=2",
+                                                  "epochs=100000", experiment="slurm-cancel")),
+                            cwd=ROOT, env=env(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "/100000", timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 143, err[-2000:]
+    assert "cancelled Slurm job" in err and err.strip().splitlines()[-1] == "xp: error: terminated (SIGTERM)", err
+    run = the_run(c, "slurm-cancel")
+    assert run.info.status == "KILLED"
+    state = c.slurm(["scontrol", "show", "-o", "job", run.data.tags["xp.slurm.job"]]).stdout
+    assert "JobState=CANCELLED" in state, state  # ended by the time xp exits
+    nothing_left(c)

@@ -29,6 +29,10 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "DEADLINE")
 
 
+CANCEL_WAIT_S = 60  # after scancel, how long xp waits for the job to have ended
+UNKNOWN_AFTER_S = 120  # a job scontrol cannot show for this long (purged, or slurmctld gone) has ended for xp
+
+
 class SlurmError(XPError):
     exit_code = 1
 
@@ -122,8 +126,7 @@ def batch_command(plan: Any, argv: list[str]) -> list[str]:
     cmd += [f"--partition={s.partition}"] if s.partition else []
     cmd += [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
     cmd += [f"--account={s.account}"] if s.account else []
-    script = f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m xp {shlex.join(argv)}\n"
-    return [*cmd, "--wrap", script.split("\n", 1)[1].strip()]
+    return [*cmd, "--wrap", f"exec {shlex.quote(sys.executable)} -m xp {shlex.join(argv)}"]
 
 
 def submit(plan: Any, argv: list[str], tracker: Any) -> int:
@@ -147,11 +150,15 @@ def submit(plan: Any, argv: list[str], tracker: Any) -> int:
 def follow(job: str, settings: Any) -> tuple[str, str]:
     """Relay the job's output until it ends; (JobState, Reason). Ctrl-C or SIGTERM cancel it (scancel)."""
     out = Path(settings.output_dir).expanduser().resolve() / f"slurm-{job}.out"
-    offset, state, reason = 0, "PENDING", ""
+    offset, state, reason, heard = 0, "PENDING", "", time.monotonic()
     try:
-        while True:
+        while True:  # as long as the job pends and runs; bounded by Slurm knowing it (UNKNOWN_AFTER_S)
             record = _show("job", job)
-            state, reason = _field(record, "JobState") or state, _field(record, "Reason") or ""
+            if record:
+                heard = time.monotonic()
+            elif time.monotonic() - heard > UNKNOWN_AFTER_S:
+                return "UNKNOWN", f"slurmctld has not known the job for {UNKNOWN_AFTER_S} s"
+            state, reason = _field(record, "JobState") or state, _field(record, "Reason") or reason
             offset = _relay(out, offset)
             if state in ENDED:
                 time.sleep(0.2)
@@ -160,6 +167,9 @@ def follow(job: str, settings: Any) -> tuple[str, str]:
             time.sleep(settings.poll_s)
     except (KeyboardInterrupt, Terminated):
         _run(["scancel", job])
+        deadline = time.monotonic() + CANCEL_WAIT_S  # until Slurm has ended its processes (it signals, then kills)
+        while time.monotonic() < deadline and (_field(_show("job", job), "JobState") or "CANCELLED") not in ENDED:
+            time.sleep(0.5)
         print(f"xp: cancelled Slurm job {job}", file=sys.stderr, flush=True)
         raise
 
