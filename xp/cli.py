@@ -435,17 +435,27 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
     tracker.start()
     spec.env[RUN_ENV] = tracker.run_id
     print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
-    status = "FAILED"
-    try:
+
+    def run() -> None:
         if elastic_on:
             from xp import elastic
 
             elastic.run(engine, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
         else:
             launch(engine)
+
+    return _owned_run(tracker, run, LaunchError)
+
+
+def _owned_run(tracker: Any, body: Any, expected: type[XPError]) -> int:
+    """body() in the MLflow run this process owns, which it ends FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
+    (`expected`: one line and its exit code; anything else propagates)."""
+    status = "FAILED"
+    try:
+        body()
         status = "FINISHED"
         return 0
-    except LaunchError as e:
+    except expected as e:
         return _err(e, e.exit_code)
     except (KeyboardInterrupt, Terminated):
         status = "KILLED"
@@ -490,18 +500,7 @@ def _submit(argv: list[str], plan: Any, engine_cls: Any, uri: str, overrides: li
                       tags={"xp.launcher": "slurm", "xp.engine": engine_cls.name if engine_cls else "none",
                             "xp.workers": str(plan.workers)})
     tracker.start()
-    status = "FAILED"
-    try:
-        slurm.submit(plan, argv, tracker)
-        status = "FINISHED"
-        return 0
-    except slurm.SlurmError as e:
-        return _err(e, e.exit_code)
-    except (KeyboardInterrupt, Terminated):
-        status = "KILLED"
-        raise
-    finally:
-        tracker.end(status)
+    return _owned_run(tracker, lambda: slurm.submit(plan, argv, tracker), slurm.SlurmError)
 
 
 def _remember_command(argv: list[str]) -> None:

@@ -129,8 +129,8 @@ def batch_command(plan: Any, argv: list[str]) -> list[str]:
     return [*cmd, "--wrap", f"exec {shlex.quote(sys.executable)} -m xp {shlex.join(argv)}"]
 
 
-def submit(plan: Any, argv: list[str], tracker: Any) -> int:
-    """Submit the run as a job, relay its output, follow it to its end; returns the exit code."""
+def submit(plan: Any, argv: list[str], tracker: Any) -> None:
+    """Submit the run as a job, relay its output, follow it to its end; SlurmError if it did not complete."""
     from xp.worker import RUN_ENV
 
     os.environ[RUN_ENV] = tracker.run_id  # the job inherits it (--export=ALL): rank 0 logs into this run
@@ -144,7 +144,6 @@ def submit(plan: Any, argv: list[str], tracker: Any) -> int:
     tracker.set_tags({"xp.slurm.state": state, "xp.slurm.reason": reason})
     if state != "COMPLETED":
         raise SlurmError(f"Slurm job {job} ended {state}" + (f" ({reason})" if reason and reason != "None" else ""))
-    return 0
 
 
 def follow(job: str, settings: Any) -> tuple[str, str]:
