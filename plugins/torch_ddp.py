@@ -26,6 +26,7 @@ from xp.plan import Plan
 class TorchBackend(Backend):
     name = "torch"
     requires = ("torch", "torchvision", "numpy")
+    decodes_on_gpu = True  # dataset.decode=gpu: nvJPEG through torchvision (xp.pt.data.GpuDecoder)
 
     @classmethod
     def processes(cls, plan: Plan) -> int:
@@ -143,6 +144,7 @@ class TorchBackend(Backend):
             self.model = torch.compile(self.model)
         self.loss = nn.CrossEntropyLoss()
         self.train_data, self.val_data = make_batches(plan, self.world, rank, pin=gpu, device=self.device)
+        self.decode = getattr(self.train_data, "decode", "")
         if plan.resume:
             from xp.checkpoint import require
 
@@ -220,6 +222,12 @@ class TorchBackend(Backend):
 
     def batch_size(self, batch: Any) -> int:
         return len(batch[0])
+
+    def read(self, batch: Any) -> None:
+        if batch[0].is_cuda:  # decoded on the GPU (dataset.decode=gpu): wait for it
+            import torch
+
+            torch.cuda.synchronize(batch[0].device)
 
     def train_step(self, batch: Any, lr: float) -> tuple[Any, Any]:
         x, y = batch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import mlflow_runs, run_xp
+from images import make_folder
 
 # (command-line arguments, a fragment the one line must contain); {tmp} is the test's folder
 CASES = [
@@ -70,6 +71,9 @@ CASES = [
     ("backend=torch kvstore=dist_sync", "kvstore=dist_sync: backend=torch allreduces gradients with DDP"),
     ("backend=torch optimizer=nag momentum=0", "optimizer=nag: Nesterov momentum needs momentum > 0"),
     ("dtype=bfloat16", "dtype=bfloat16: the MXNet backends reach bfloat16 through AMP"),
+    ("dataset=folder dataset.root={tmp}/imgs dataset.decode=fpga", "dataset.decode='fpga': must be cpu (the decode workers)"),
+    ("backend=torch dataset=folder dataset.root={tmp}/imgs batch=4 dataset.decode=gpu", "dataset.decode=gpu: needs GPUs (gpus=N)"),
+    ("dataset=folder dataset.root={tmp}/imgs batch=4 dataset.decode=gpu", "dataset.decode=gpu: backend=gluon decodes on the CPU"),
     # plugins and command-line code
     ("+backend._target_=os.system", "setting _target_ from the command line is refused"),
     ("+hydra.callbacks.x._target_=os.getcwd", "setting _target_ from the command line is refused"),
@@ -109,6 +113,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, store, args, fragment):
     (bad / "latest").write_text("epoch-1")
     (bad / "epoch-1" / "meta.json").write_text("{not json")
     (tmp_path / "hosts").write_text("10.0.0.2:1\n10.0.0.3:1\n")  # never reached: each case fails before
+    make_folder(tmp_path / "imgs", per_class=5, size=(8, 8), with_photos=False)
     r = run_xp(tmp_path, store, *args.format(tmp=tmp_path).split(), timeout=120)
     assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-1000:]
     lines = r.stderr.strip().splitlines()

@@ -28,15 +28,18 @@ def test_mixed_when_both_compete_for_cores():
 
 
 @pytest.mark.slow
-def test_a_slow_pipeline_is_called_input_bound(tmp_path, store):
+@pytest.mark.parametrize("backend, path", [("gluon", "cpu (1 decode threads)"), ("torch", "cpu (1 decode workers)")])
+def test_a_slow_pipeline_is_called_input_bound(tmp_path, store, backend, path):
     # big JPEGs stored at full size, one decode thread, a tiny network on 16x16 crops
     root = make_folder(tmp_path / "big", per_class=40, size=(480, 640), with_photos=False)
-    proc = run_xp(tmp_path, store, "diagnose=true", "dataset=folder", f"dataset.root={root}",
+    proc = run_xp(tmp_path, store, "diagnose=true", f"backend={backend}", "dataset=folder", f"dataset.root={root}",
                   "dataset.store_size=0", "dataset.resize=0", "dataset.image_shape=[3,16,16]", "data_nthreads=1",
                   "batch=8", "diagnose_steps=12", env={"XP_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "verdict: input-bound" in proc.stdout, proc.stdout[-1500:]
+    assert f"input: {path}: did not keep up (" in proc.stdout
     run = mlflow_runs(store)[1][0]
     assert run.data.tags["xp.diagnosis"] == "input-bound"
     p = run.data.params
     assert float(p["diagnosis.synthetic_samples_per_s"]) > 1.25 * float(p["diagnosis.real_samples_per_s"])
+    assert p["diagnosis.input_path"] == path and p["diagnosis.input_kept_up"] == "false"

@@ -92,3 +92,26 @@ def test_sigterm_commits_mid_epoch_ends_killed_and_resumes_exactly(tmp_path, sto
     assert r.returncode == 0, r.stderr[-2000:]
     # the interrupted epoch's training scores carried over the interruption too
     assert_same_as_reference(tmp_path, store, ref_store)
+
+
+@pytest.mark.slow
+def test_torch_on_records_resumes_mid_epoch_bit_identically(tmp_path, store, monkeypatch):
+    """backend=torch reading RecordIO through its decode workers (unaugmented): SIGTERM mid-epoch, resume=true
+    goes on from that batch with the samples the uninterrupted run read there."""
+    from images import make_folder
+
+    monkeypatch.setenv("XP_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "imgs", per_class=200, size=(28, 28), with_photos=False)
+    common = ["backend=torch", "dataset=folder", f"dataset.root={root}", "dataset.image_shape=[3,24,24]",
+              "dataset.store_size=24", "dataset.resize=24", "dataset.random_resized_crop=false",
+              "dataset.rand_mirror=false", "epochs=3", "batch=2", "lr=0.01", "data_nthreads=2"]
+    code, err, ckpt, args, ref_store = reference_and_interrupted(tmp_path, store, common, "epoch 1/3",
+                                                                 signal.SIGTERM, settle_s=0.3)
+    assert code == 143, err
+    done = checkpoint.latest(ckpt)
+    steps = 240  # 480 training images, batch 2
+    assert done.meta["position"]["epoch"] == 2 and 0 < done.meta["position"]["step"] < steps, done.meta
+
+    r = run_xp(tmp_path / "b", store, *args, "resume=true", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_as_reference(tmp_path, store, ref_store)

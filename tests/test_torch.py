@@ -156,3 +156,86 @@ def test_torchvision_weights_load_from_the_local_cache(tmp_path, store):
             assert got[name].shape[0] == 10  # the data set's classifier, not ImageNet's
         elif not name.endswith(("running_mean", "running_var", "num_batches_tracked")):
             np.testing.assert_array_equal(got[name], value.numpy(), err_msg=name)  # frozen: as loaded
+
+
+def _record_sources(tmp_path, monkeypatch, *overrides: str):
+    """A generated folder prepared as RecordIO (cached under tmp_path): the plan and its (train, val) files."""
+    from images import make_folder
+    from xp.plan import build_plan
+    from xp.recordio import record_files
+
+    monkeypatch.setenv("XP_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_folder(tmp_path / "imgs", per_class=16, with_photos=True)
+    plan = build_plan(compose_config("dataset=folder", f"dataset.root={root}", "batch=8", "data_nthreads=2",
+                                     *overrides), visible_gpus=0)
+    return plan, [str(p) for p in record_files(plan)]
+
+
+def _epoch(source, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    batches = [(x.numpy().copy(), y.numpy().copy()) for x, y in source.epoch(epoch)]
+    return np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches])
+
+
+@pytest.mark.slow
+def test_workers_persist_across_epochs_and_each_epoch_reads_its_own_draws(tmp_path, monkeypatch):
+    from xp.pt.data import RecordBatches
+
+    plan, (train_rec, _) = _record_sources(tmp_path, monkeypatch, "dataset.image_shape=[3,24,24]")
+    source = RecordBatches(train_rec, plan, 1, 0, train=True, pin=False)
+    x1, y1 = _epoch(source, 1)
+    workers = [w.pid for w in source.loader._iterator._workers]
+    x2, y2 = _epoch(source, 2)
+    assert [w.pid for w in source.loader._iterator._workers] == workers  # the same processes
+    again = RecordBatches(train_rec, plan, 1, 0, train=True, pin=False)
+    x1_again, y1_again = _epoch(again, 1)
+    np.testing.assert_array_equal(x1_again, x1)  # epoch 1's order and draws, whoever reads them
+    np.testing.assert_array_equal(y1_again, y1)
+    assert not np.array_equal(y2, y1) and not np.array_equal(x2, x1)  # epoch 2: its own order and crops
+    assert len(x1) == plan.steps_per_epoch * plan.global_batch
+
+
+@pytest.mark.slow
+def test_the_gpu_decoding_path_draws_what_the_cpu_path_draws(tmp_path, monkeypatch):
+    """dataset.decode=gpu's pipeline (workers read records; the main process decodes with torchvision and crops,
+    resizes, mirrors and normalises with tensor operations) run on the CPU: the same samples in the same order
+    with the same crops and mirrors; validation pixels (a centre crop, no resize) identical, augmented ones within
+    one 8-bit level of OpenCV's resize. A record nvJPEG cannot decode (a PNG) is decoded by OpenCV instead."""
+    from xp.pt.data import RecordBatches
+    from xp.recordio import RecordFile, pack_image
+
+    plan, (train_rec, val_rec) = _record_sources(tmp_path, monkeypatch, "dataset.image_shape=[3,24,24]",
+                                                 "dataset.store_size=24", "dataset.resize=24")
+    cpu_val, gpu_val = (RecordBatches(val_rec, plan, 1, 0, train=False, pin=False, gpu=g) for g in (None, "cpu"))
+    assert gpu_val.decode.startswith("gpu (nvJPEG on cpu") and cpu_val.decode == "cpu (2 decode workers)"
+    (x_val, y_val), (x_gpu, y_gpu) = _epoch(cpu_val, 0), _epoch(gpu_val, 0)
+    np.testing.assert_array_equal(y_gpu, y_val)
+    np.testing.assert_allclose(x_gpu, x_val, atol=1e-5)
+    one_level = 1 / min(plan.dataset.options["std"]) + 1e-5
+    for shards, shard in ((1, 0), (2, 1)):
+        cpu, gpu = (RecordBatches(train_rec, plan, shards, shard, train=True, pin=False, gpu=g) for g in (None, "cpu"))
+        (x_cpu, y_cpu), (x_gpu, y_gpu) = _epoch(cpu, 3), _epoch(gpu, 3)
+        np.testing.assert_array_equal(y_gpu, y_cpu)
+        diff = np.abs(x_gpu - x_cpu)
+        assert diff.max() <= one_level and diff.mean() < 0.25 * one_level, (diff.max(), diff.mean())  # 11% off by one
+
+    # one validation record re-encoded as PNG: decoded on the CPU and copied to the device, the same pixels
+    import cv2
+
+    from xp.recordio import unpack_image
+
+    png_rec, png_idx = tmp_path / "png.rec", tmp_path / "png.idx"
+    source = RecordFile(val_rec[:-4] + ".idx", val_rec)
+    out = RecordFile(png_idx, png_rec, "w")
+    for n, key in enumerate(source.keys):
+        record = source.read(key)
+        if n == 0:
+            label, jpeg = unpack_image(record)
+            img = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+            record = pack_image(label, key, cv2.imencode(".png", img)[1].tobytes())
+        out.write(key, record)
+    out.close()
+    png = RecordBatches(str(png_rec), plan, 1, 0, train=False, pin=False, gpu="cpu")
+    x_png, y_png = _epoch(png, 0)
+    assert png.decoder.cpu_decoded == 1
+    np.testing.assert_array_equal(y_png, y_val)
+    np.testing.assert_allclose(x_png, x_val, atol=1e-5)

@@ -34,6 +34,10 @@ class Backend(ABC):
     name: ClassVar[str] = ""
     # Distributions whose versions are logged with every run (importlib.metadata names).
     requires: ClassVar[tuple[str, ...]] = ()
+    # dataset.decode=gpu: the backend can decode and augment RecordIO images on its GPUs
+    decodes_on_gpu: ClassVar[bool] = False
+    # how this backend's training batches are made, in words, once set up (diagnose=true reports it)
+    decode: str = ""
 
     @classmethod
     def check(cls, plan: Plan) -> None:

@@ -219,6 +219,10 @@ def _image_options(options: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"dataset.{key}={v!r}: must be three numbers (R, G, B) on the 0-255 scale")
         if key == "std" and min(v) <= 0:
             raise ConfigError(f"dataset.std={v!r}: must be positive")
+    decode = options.get("decode", "cpu")
+    if decode not in ("cpu", "gpu"):
+        raise ConfigError(f"dataset.decode={decode!r}: must be cpu (the decode workers) or gpu (nvJPEG, backend=torch "
+                          "on GPUs)")
     return {"image_shape": tuple(shape)}
 
 

@@ -27,6 +27,8 @@ class Diagnosis:
     verdict: str  # input-bound | communication-bound | compute-bound | mixed
     advice: str
     rates: dict[str, float]
+    pipeline: str = ""  # the input path that ran, in words
+    kept_up: bool = True  # the pipeline alone delivered at least what training alone consumes
 
 
 def judge(real: float, io: float, synthetic: float, threads: int, devices: int = 1,
@@ -56,8 +58,9 @@ def judge(real: float, io: float, synthetic: float, threads: int, devices: int =
                      f"{real:.0f} in training): only faster devices, mixed precision or a smaller model help", rates)
 
 
-def measure(plan: Any, backend_cls: type, extra: list | None = None) -> float:
-    """samples/s of one short epoch of `plan` (warm-up batches excluded), without evaluation."""
+def measure(plan: Any, backend_cls: type, extra: list | None = None) -> tuple[float, str]:
+    """samples/s of one short epoch of `plan` (warm-up batches excluded), without evaluation; and how the
+    backend made its batches (Backend.decode)."""
     backend = backend_cls()
     backend.setup(plan)
     meter = ThroughputMeter(plan.timing_warmup_batches, "rate")
@@ -71,7 +74,7 @@ def measure(plan: Any, backend_cls: type, extra: list | None = None) -> float:
         fire(callbacks, "on_epoch_end", 1, metrics)
     finally:
         fire(callbacks, "on_end")
-    return metrics["rate"]
+    return metrics["rate"], backend.decode
 
 
 def diagnose(plan: Any, backend_cls: type, steps: int, cores: int | None = None) -> Diagnosis:
@@ -79,12 +82,20 @@ def diagnose(plan: Any, backend_cls: type, steps: int, cores: int | None = None)
     d = plan.dataset
     synthetic_data = DatasetSpec("synthetic", d.num_classes, d.image_shape, short.steps_per_epoch * plan.global_batch,
                                  plan.global_batch, {})
-    real = measure(short, backend_cls)
-    io = measure(replace(short, test_io=True), backend_cls)
-    synthetic = measure(replace(short, dataset=synthetic_data), backend_cls)
+    real, _ = measure(short, backend_cls)
+    io, pipeline = measure(replace(short, test_io=True), backend_cls)
+    synthetic, _ = measure(replace(short, dataset=synthetic_data), backend_cls)
     one = None
     if len(plan.devices) > 1:
         single = replace(short, dataset=synthetic_data, devices=plan.devices[:1], worker_batch=plan.batch,
                          global_batch=plan.batch * plan.workers)
-        one = measure(single, backend_cls)
-    return judge(real, io, synthetic, plan.data_nthreads, len(plan.devices) * plan.workers, one, cores)
+        one, _ = measure(single, backend_cls)
+    d = judge(real, io, synthetic, plan.data_nthreads, len(plan.devices) * plan.workers, one, cores)
+    if not pipeline:
+        pipeline = (f"cpu ({plan.data_nthreads} decode threads)" if _data_kind(plan) in ("rec", "folder")
+                    else "in-memory arrays")
+    return replace(d, pipeline=pipeline, kept_up=io >= synthetic)
+
+
+def _data_kind(plan: Any) -> str:
+    return plan.dataset.options.get("kind", plan.dataset.name)

@@ -15,7 +15,7 @@ from typing import Any
 from xp import checkpoint, elastic
 from xp.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, ProgressBar, ProgressPrinter,
                           ThroughputMeter, WorkerMetrics)
-from xp.errors import Terminated
+from xp.errors import ConfigError, Terminated
 from xp.gpu import visible_gpus
 from xp.worker import HOSTS_ENV
 from xp.plan import Plan, build_plan
@@ -51,6 +51,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     hosts = int(os.environ.get(HOSTS_ENV) or 0) or None  # a launched worker: the launcher counted the hosts
     plan = build_plan({**config, "batch": 1} if auto else config, visible_gpus=gpus, hosts=hosts)
     backend_cls = Registry().load(plan.backend).for_plan(plan)
+    _check_decode(plan, backend_cls)
     backend_cls.check(plan)
     if auto and resolve_auto:
         from xp.autobatch import largest_fitting
@@ -67,6 +68,17 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
         config["batch"] = batch
         plan = replace(build_plan(config, visible_gpus=gpus, hosts=hosts), batch_auto=True)
     return plan, backend_cls
+
+
+def _check_decode(plan: Plan, backend_cls: type) -> None:
+    if plan.dataset.options.get("decode", "cpu") != "gpu":
+        return
+    if not backend_cls.decodes_on_gpu:
+        raise ConfigError(f"dataset.decode=gpu: backend={plan.backend} decodes on the CPU (data_nthreads threads); "
+                          "backend=torch decodes on GPUs")
+    if plan.device_type != "gpu":
+        raise ConfigError("dataset.decode=gpu: needs GPUs (gpus=N); on the CPU the data_nthreads workers decode "
+                          "(dataset.decode=cpu)")
 
 
 def describe(plan: Plan, uri: str) -> str:
@@ -129,6 +141,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         _attach_files(tracker, job, trial)
         if not (os.environ.get(elastic.RESUMED_ENV) or reopen):  # a resumed run has its params already
             tracker.log_params(_params(plan, backend_cls))
+        if backend is not None and backend.decode:
+            tracker.set_tags({"xp.input": backend.decode})  # where the batches were decoded (a fallback shows)
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
         if plan.diagnose:
             return Outcome("FINISHED", _diagnose(plan, backend_cls, tracker))
@@ -293,9 +307,14 @@ def _diagnose(plan: Plan, backend_cls: type, tracker: Tracker) -> float:
     log.info(f"diagnosis: {min(plan.steps_per_epoch, plan.diagnose_steps)} batches each with real data, "
              "IO only and synthetic data" + (", and synthetic on one device" if len(plan.devices) > 1 else ""))
     d = diagnose(plan, backend_cls, plan.diagnose_steps, os.cpu_count())
-    tracker.log_params({f"diagnosis.{k}_samples_per_s": f"{v:.6g}" for k, v in d.rates.items()})
+    tracker.log_params({**{f"diagnosis.{k}_samples_per_s": f"{v:.6g}" for k, v in d.rates.items()},
+                        "diagnosis.input_path": d.pipeline, "diagnosis.input_kept_up": str(d.kept_up).lower()})
     tracker.set_tags({"xp.diagnosis": d.verdict})
     for k, v in d.rates.items():
         log.info(f"  {k:<20} {v:10.1f} samples/s")
+    log.info(f"input: {d.pipeline}: " + (f"kept up ({d.rates['io']:.0f} samples/s alone, training alone takes "
+                                          f"{d.rates['synthetic']:.0f})" if d.kept_up else
+                                          f"did not keep up ({d.rates['io']:.0f} samples/s alone, training alone "
+                                          f"could take {d.rates['synthetic']:.0f})"))
     log.info(f"verdict: {d.verdict}: {d.advice}")
     return d.rates["real"]

@@ -3,13 +3,15 @@
 Every process reads its share of each global batch (xp.datasets.worker_slice, with the
 process's rank among all processes), so N processes x B/N see the samples one process
 with B sees. In-memory data sets are sliced directly; RecordIO files (those xp prepares
-from image folders, or given) are decoded and augmented in DataLoader worker processes,
-with per-sample randomness seeded by (seed, epoch, record), so it does not depend on
-which worker decodes which sample.
+from image folders, or given) are decoded and augmented in DataLoader worker processes
+(dataset.decode=cpu), or read there and decoded and augmented on the GPU by nvJPEG
+(dataset.decode=gpu), with per-sample randomness seeded by (seed, epoch, record), so it
+depends neither on which worker reads a sample nor on where it is decoded.
 """
 
 from __future__ import annotations
 
+import logging
 import zlib
 from typing import Any, Iterator, NamedTuple
 
@@ -18,6 +20,8 @@ import torch
 
 from xp import datasets
 from xp.plan import Plan
+
+log = logging.getLogger("xp")
 
 
 class ArrayBatches:
@@ -82,8 +86,8 @@ class RecordImages(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.keys)
 
-    def record(self, i: int, epoch: int) -> tuple[int, bytes, np.random.RandomState]:
-        """(label, encoded image, the record's random generator for `epoch`) of record number i."""
+    def record(self, i: int, epoch: int) -> tuple[int, bytes, int]:
+        """(label, encoded image, the seed of the record's random draws in `epoch`) of record number i."""
         from xp.recordio import DataError, unpack_image
 
         key = self.keys[i]
@@ -91,7 +95,7 @@ class RecordImages(torch.utils.data.Dataset):
             label, jpeg = unpack_image(self.file.read(key))
         except (OSError, ValueError) as e:
             raise DataError(f"{self.file.rec_path}: record {key} is corrupt ({e})") from None
-        return int(label), jpeg, np.random.RandomState(zlib.crc32(f"{self.seed}:{epoch}:{key}".encode()))
+        return int(label), jpeg, zlib.crc32(f"{self.seed}:{epoch}:{key}".encode())
 
     def geometry(self, hw: tuple[int, int], rng: np.random.RandomState) -> Geometry:
         return geometry(hw, self.shape[1:], self.options, self.train, rng)
@@ -105,12 +109,12 @@ class RecordImages(torch.utils.data.Dataset):
         x, y = _batch_tensor((len(items), c, h, w)), torch.empty(len(items), dtype=torch.int64)
         out = x.numpy()
         for j, (i, epoch) in enumerate(items):
-            label, jpeg, rng = self.record(i, epoch)
+            label, jpeg, seed = self.record(i, epoch)
             img = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_GRAYSCALE if c == 1 else cv2.IMREAD_COLOR)
             if img is None:
                 raise DataError(f"{self.file.rec_path}: record {self.keys[i]} holds no decodable image")
             y[j] = label
-            g = self.geometry(img.shape[:2], rng)
+            g = self.geometry(img.shape[:2], np.random.RandomState(seed))
             if g.resize:
                 img = cv2.resize(img, g.resize[::-1], interpolation=cv2.INTER_LINEAR)
             top, left, ch, cw = g.box
@@ -183,10 +187,100 @@ def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _one_decode_thread(_: int) -> None:
-    """DataLoader worker start: OpenCV's resize would otherwise start a thread per core in every worker."""
+    """DataLoader worker start: one OpenCV thread (its resize would otherwise start a thread per core in every
+    worker: 3-4% slower with 2 workers on 2 cores). The objects inherited from the parent are frozen: garbage
+    among them (another loader's finished iterator) must not be collected here, where its clean-up would try
+    to stop workers that are not this process's children."""
+    import gc
+
     import cv2
 
+    gc.freeze()
     cv2.setNumThreads(1)
+
+
+class EncodedRecords(RecordImages):
+    """dataset.decode=gpu, the workers' part: a batch's records read, not decoded (the encoded images end to end
+    in one uint8 tensor, their lengths, labels and the seeds of their random draws)."""
+
+    def __getitem__(self, items: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
+        records = [self.record(i, epoch) for i, epoch in items]
+        blob = torch.frombuffer(bytearray(b"".join(r[1] for r in records)), dtype=torch.uint8)
+        return (blob, torch.tensor([len(r[1]) for r in records]), torch.tensor([r[0] for r in records]),
+                torch.tensor([r[2] for r in records]), torch.tensor([self.keys[i] for i, _ in items]))
+
+
+class GpuDecoder:
+    """dataset.decode=gpu, the main process's part: a batch's JPEGs decoded on `device` by nvJPEG in one call
+    (torchvision.io.decode_jpeg), then cropped, resized (bilinear, rounded to whole levels as OpenCV's resize of
+    8-bit pixels is), mirrored and normalised there, with the CPU path's draws (xp.pt.data.geometry). An image
+    nvJPEG cannot decode (not a JPEG, CMYK) is decoded by OpenCV on the CPU and copied over; `cpu_decoded`
+    counts them."""
+
+    def __init__(self, images: RecordImages, device: Any):
+        self.images, self.device = images, torch.device(device)
+        c = images.shape[0]
+        self.mean = torch.tensor(images.mean, device=self.device).view(c, 1, 1)
+        self.std = torch.tensor(images.std, device=self.device).view(c, 1, 1)
+        self.cpu_decoded = 0
+
+    def __call__(self, blob: torch.Tensor, sizes: torch.Tensor, seeds: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        c, h, w = self.images.shape
+        decoded = self.decode(list(torch.split(blob, sizes.tolist())), keys.tolist())
+        out = torch.empty((len(decoded), c, h, w), device=self.device)
+        for j, (img, seed) in enumerate(zip(decoded, seeds.tolist())):
+            g = self.images.geometry(tuple(img.shape[1:]), np.random.RandomState(seed))
+            x = img[None].float()
+            if g.resize:
+                x = F.interpolate(x, size=g.resize, mode="bilinear", align_corners=False).round_()
+            top, left, ch, cw = g.box
+            x = x[..., top:top + ch, left:left + cw]
+            if (ch, cw) != (h, w):
+                x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False).round_()
+            out[j] = x[0].flip(-1) if g.mirror else x[0]
+        return out.sub_(self.mean).div_(self.std)
+
+    def decode(self, parts: list[torch.Tensor], keys: list[int]) -> list[torch.Tensor]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        mode = ImageReadMode.GRAY if self.images.shape[0] == 1 else ImageReadMode.RGB
+        try:
+            return decode_jpeg(parts, mode=mode, device=self.device)
+        except RuntimeError:  # one of them is not for nvJPEG: each on its own
+            pass
+        out = []
+        for part, key in zip(parts, keys):
+            try:
+                out.append(decode_jpeg(part, mode=mode, device=self.device))
+            except RuntimeError:
+                out.append(self._cpu_decode(part, key))
+        return out
+
+    def _cpu_decode(self, part: torch.Tensor, key: int) -> torch.Tensor:
+        import cv2
+
+        from xp.recordio import DataError
+
+        c = self.images.shape[0]
+        img = cv2.imdecode(part.numpy(), cv2.IMREAD_GRAYSCALE if c == 1 else cv2.IMREAD_COLOR)
+        if img is None:
+            raise DataError(f"{self.images.file.rec_path}: record {key} holds no decodable image")
+        self.cpu_decoded += 1
+        img = img[:, :, None] if img.ndim == 2 else img[:, :, ::-1]
+        return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))).to(self.device)
+
+
+def gpu_decode_problem(device: Any) -> str | None:
+    """Why JPEGs cannot be decoded on `device` by this torchvision (one line), or None when they can."""
+    try:
+        from torchvision.io import decode_jpeg, encode_jpeg
+
+        decode_jpeg(encode_jpeg(torch.zeros((3, 8, 8), dtype=torch.uint8)), device=device)
+    except (RuntimeError, ImportError) as e:
+        return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+    return None
 
 
 class _Steps(torch.utils.data.Sampler):
@@ -214,23 +308,30 @@ class _Steps(torch.utils.data.Sampler):
 
 
 class RecordBatches:
-    """A .rec file through a DataLoader: data_nthreads worker processes decode and augment."""
+    """A .rec file through a DataLoader: data_nthreads worker processes decode and augment it (dataset.decode=cpu),
+    or read its records for the GPU to decode and augment (`gpu`, a device: dataset.decode=gpu)."""
 
-    def __init__(self, rec: str, plan: Plan, shards: int, shard: int, train: bool, pin: bool):
+    def __init__(self, rec: str, plan: Plan, shards: int, shard: int, train: bool, pin: bool, gpu: Any = None):
         d = plan.dataset
-        self.images = RecordImages(rec, d.options, d.image_shape, train, plan.seed)
+        self.images = (EncodedRecords if gpu is not None else RecordImages)(rec, d.options, d.image_shape, train,
+                                                                            plan.seed)
+        self.decoder = GpuDecoder(self.images, gpu) if gpu is not None else None
         batch = plan.global_batch if train else plan.batch
         self.sampler = _Steps(len(self.images), batch, shards, shard, plan.steps_per_epoch, plan.seed, train)
         # batch_size=None: the sampler's items are whole batches, which the data set writes in one piece;
-        # workers persist across epochs (as MXNet's decode threads do): starting 2 cost about 0.1 s an epoch
+        # workers persist across epochs (as MXNet's decode threads do): starting 2 cost 7-12% of a test_io epoch
         self.loader = torch.utils.data.DataLoader(self.images, sampler=self.sampler, batch_size=None,
-                                                  num_workers=plan.data_nthreads, pin_memory=pin,
+                                                  num_workers=plan.data_nthreads, pin_memory=pin and gpu is None,
                                                   worker_init_fn=_one_decode_thread,
                                                   persistent_workers=plan.data_nthreads > 0)
+        self.decode = (f"gpu (nvJPEG on {self.decoder.device}, {plan.data_nthreads} record readers)" if gpu is not None
+                       else f"cpu ({plan.data_nthreads} decode workers)")
 
     def epoch(self, epoch: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.sampler.epoch, self.sampler.skip = epoch, skip
-        return iter(self.loader)
+        if self.decoder is None:
+            return iter(self.loader)
+        return ((self.decoder(blob, sizes, seeds, keys), labels) for blob, sizes, labels, seeds, keys in self.loader)
 
 
 def make_batches(plan: Plan, shards: int, shard: int, pin: bool, device: Any = "cpu") -> tuple[Any, Any]:
@@ -241,8 +342,19 @@ def make_batches(plan: Plan, shards: int, shard: int, pin: bool, device: Any = "
         from xp.recordio import record_files
 
         train_rec, val_rec = record_files(plan)
-        val = None if plan.test_io else RecordBatches(val_rec, plan, shards, shard, train=False, pin=pin)
-        return RecordBatches(train_rec, plan, shards, shard, train=True, pin=pin), val
+        gpu, fallback = None, ""
+        if d.options.get("decode", "cpu") == "gpu":
+            problem = gpu_decode_problem(device)
+            if problem:
+                log.warning(f"dataset.decode=gpu: this torchvision cannot decode JPEGs on {device} ({problem}); "
+                            f"the {plan.data_nthreads} decode workers decode them on the CPU")
+                fallback = f"; dataset.decode=gpu fell back: {problem}"
+            else:
+                gpu = device
+        val = None if plan.test_io else RecordBatches(val_rec, plan, shards, shard, train=False, pin=pin, gpu=gpu)
+        train = RecordBatches(train_rec, plan, shards, shard, train=True, pin=pin, gpu=gpu)
+        train.decode += fallback
+        return train, val
     if d.name == "synthetic":
         per = plan.global_batch // shards
         return (SyntheticBatches(d.image_shape, d.num_classes, per, plan.steps_per_epoch, plan.seed, device),
