@@ -17,6 +17,7 @@ bench: setup
 	.venv/bin/python benchmarks/pruning_study.py --seeds 0 1 2
 	.venv/bin/python benchmarks/comm_overhead.py
 	.venv/bin/python benchmarks/backends_side_by_side.py
+	.venv/bin/python benchmarks/torch_pipeline.py
 ui: setup
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host $(HOST) --port 5000
 dashboard: setup

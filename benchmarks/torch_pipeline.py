@@ -8,20 +8,26 @@ side by side, interleaved. Target: torch / gluon >= 0.9 at every size.
 
     .venv/bin/python benchmarks/torch_pipeline.py [--sizes 64 224] [--threads 2] [--reps 3]
 
-On a GPU machine (no MXNet there), `--gpu` measures the torch backend's CPU path against its
-GPU path (dataset.decode=gpu: nvJPEG decode and augmentation on the GPU) alone:
+On a GPU machine, `--gpu` measures the torch backend's CPU path against its GPU path
+(dataset.decode=gpu: nvJPEG decode and augmentation on the GPU), one epoch of the input
+pipeline alone each (warm-up batches excluded), through xp's plan, TorchBackend and
+xp.diagnose.measure: it needs neither MXNet nor MLflow (torch, torchvision, OpenCV,
+hydra-core, omegaconf):
 
-    python benchmarks/torch_pipeline.py --gpu [--sizes 224] [--reps 3]
+    python benchmarks/torch_pipeline.py --gpu [--images 4000] [--sizes 224] [--threads 8] [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import compose, interleave, report, temp_store
+from common import ROOT, compose, interleave, report, temp_store
+
+sys.path.insert(0, str(ROOT))  # xp and its plugins from this checkout, also where xp is not installed
 
 STORED = 256
 
@@ -40,7 +46,6 @@ def main() -> int:
 
     from images import make_folder
     from xp.datasets import list_folder
-    from xp.experiment import run
     from xp.recordio import prepare
 
     work = Path(tempfile.mkdtemp(prefix="xp-bench-torch-io-"))
@@ -53,19 +58,40 @@ def main() -> int:
     print(f"prepared {done.counts} images (shorter side {STORED} px) in {time.perf_counter() - t0:.1f}s: "
           f"{done.rec('train')}", flush=True)
 
+    def config(backend: str, size: int, *extra: str) -> dict:
+        return compose(f"backend={backend}", "dataset=rec", f"dataset.train_rec={done.rec('train')}",
+                       f"dataset.val_rec={done.rec('val')}", f"dataset.num_classes={len(done.classes)}",
+                       f"dataset.image_shape=[3,{size},{size}]", f"dataset.resize={STORED}", f"batch={args.batch}",
+                       f"data_nthreads={args.threads}", "test_io=true", f"epochs={args.epochs}", *extra)
+
     def test_io(backend: str, size: int, *extra: str):
-        config = compose(f"backend={backend}", "dataset=rec", f"dataset.train_rec={done.rec('train')}",
-                         f"dataset.val_rec={done.rec('val')}", f"dataset.num_classes={len(done.classes)}",
-                         f"dataset.image_shape=[3,{size},{size}]", f"dataset.resize={STORED}",
-                         f"batch={args.batch}", f"data_nthreads={args.threads}", "test_io=true",
-                         f"epochs={args.epochs}", *extra)
-        return lambda: run(config).objective  # a test_io run's images/s: the median over its epochs
+        from xp.experiment import run
+
+        cfg = config(backend, size, *extra)
+        return lambda: run(cfg).objective  # a test_io run's images/s: the median over its epochs
+
+    def on_gpu(size: int, *extra: str):
+        from dataclasses import replace
+
+        import torch
+
+        from plugins.torch_ddp import TorchBackend
+        from xp.diagnose import measure
+        from xp.plan import build_plan
+
+        plan = build_plan(config("torch", size, "gpus=1", *extra), visible_gpus=torch.cuda.device_count())
+        TorchBackend.check(plan)
+
+        def one() -> float:
+            rate, path = measure(replace(plan, epochs=1), TorchBackend)
+            print(f"    {path}", flush=True)
+            return rate
+        return one
 
     ok = True
     for size in args.sizes:
         if args.gpu:
-            candidates = {"torch cpu decode": test_io("torch", size, "gpus=1"),
-                          "torch gpu decode": test_io("torch", size, "gpus=1", "dataset.decode=gpu")}
+            candidates = {"torch cpu decode": on_gpu(size), "torch gpu decode": on_gpu(size, "dataset.decode=gpu")}
             pairs = [("torch gpu decode", "torch cpu decode", 1.0)]
         else:
             candidates = {"gluon (ImageRecordIter)": test_io("gluon", size),
