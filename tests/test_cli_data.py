@@ -26,6 +26,8 @@ def test_training_on_an_image_folder(tmp_path, store, digits_folder, backend):
     run = mlflow_runs(store)[1][0]
     assert run.data.metrics["val_accuracy"] > 0.85
     assert len(list((tmp_path / "cache" / "recordio").glob("*_train.rec"))) == 1
+    if backend == "torch":  # where its batches were decoded
+        assert run.data.tags["xp.input"] == f"cpu ({run.data.params['data_nthreads']} decode workers)"
 
 
 def test_test_io_sweep_logs_io_throughput_per_thread_count(tmp_path, store, digits_folder):

@@ -39,7 +39,7 @@ def test_a_slow_pipeline_is_called_input_bound(tmp_path, store, backend, path):
     assert "verdict: input-bound" in proc.stdout, proc.stdout[-1500:]
     assert f"input: {path}: did not keep up (" in proc.stdout
     run = mlflow_runs(store)[1][0]
-    assert run.data.tags["xp.diagnosis"] == "input-bound"
+    assert run.data.tags["xp.diagnosis"] == "input-bound" and run.data.tags["xp.input"] == path
     p = run.data.params
     assert float(p["diagnosis.synthetic_samples_per_s"]) > 1.25 * float(p["diagnosis.real_samples_per_s"])
     assert p["diagnosis.input_path"] == path and p["diagnosis.input_kept_up"] == "false"

@@ -309,7 +309,7 @@ def _diagnose(plan: Plan, backend_cls: type, tracker: Tracker) -> float:
     d = diagnose(plan, backend_cls, plan.diagnose_steps, os.cpu_count())
     tracker.log_params({**{f"diagnosis.{k}_samples_per_s": f"{v:.6g}" for k, v in d.rates.items()},
                         "diagnosis.input_path": d.pipeline, "diagnosis.input_kept_up": str(d.kept_up).lower()})
-    tracker.set_tags({"xp.diagnosis": d.verdict})
+    tracker.set_tags({"xp.diagnosis": d.verdict, "xp.input": d.pipeline})
     for k, v in d.rates.items():
         log.info(f"  {k:<20} {v:10.1f} samples/s")
     log.info(f"input: {d.pipeline}: " + (f"kept up ({d.rates['io']:.0f} samples/s alone, training alone takes "
