@@ -239,3 +239,18 @@ def test_the_gpu_decoding_path_draws_what_the_cpu_path_draws(tmp_path, monkeypat
     assert png.decoder.cpu_decoded == 1
     np.testing.assert_array_equal(y_png, y_val)
     np.testing.assert_allclose(x_png, x_val, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_gpu_decoding_falls_back_to_the_cpu_workers_where_the_device_cannot_decode(tmp_path, monkeypatch, caplog):
+    """No CUDA decoder for the device (here: no GPU at all): one warning, and the CPU workers decode the batches."""
+    from xp.pt.data import make_batches
+
+    plan, _ = _record_sources(tmp_path, monkeypatch, "dataset.image_shape=[3,24,24]", "dataset.decode=gpu")
+    with caplog.at_level("WARNING", logger="xp"):
+        train, val = make_batches(plan, 1, 0, pin=False, device=torch.device("cuda", 0))
+    assert train.decode.startswith("cpu (2 decode workers); dataset.decode=gpu fell back: ")
+    assert train.decoder is None and val.decoder is None
+    assert any("dataset.decode=gpu: this torchvision cannot decode JPEGs on cuda:0" in r.message for r in caplog.records)
+    x, y = next(iter(train.epoch(1)))
+    assert x.device.type == "cpu" and x.shape == (plan.global_batch, 3, 24, 24)
