@@ -39,6 +39,12 @@ def xp_args(tmp_path: Path, *args: str) -> list[str]:
             f"hydra.sweep.dir={tmp_path}/sweep"]
 
 
+def unless_given(defaults: tuple[str, ...], args: tuple[str, ...]) -> list[str]:
+    """The KEY=VALUE `defaults` whose key no argument in `args` gives (an argument replaces its default)."""
+    given = {a.split("=", 1)[0] for a in args}
+    return [a for a in defaults if a.split("=", 1)[0] not in given]
+
+
 def run_xp(tmp_path: Path, store_uri: str, *args: str, timeout: float = 300, env: dict | None = None):
     return subprocess.run(xp_args(tmp_path, *args), cwd=ROOT, env=xp_env(store_uri, env), capture_output=True,
                           text=True, timeout=timeout)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, metric_by_step, wait_for_line
+from conftest import ROOT, metric_by_step, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
@@ -39,10 +39,8 @@ def cluster(tmp_path_factory):
 
 def xp_on_launcher(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
     """python -m xp on h1 with the cluster's launch settings (an argument with the same key replaces one)."""
-    given = {a.split("=", 1)[0] for a in args}
-    settings = [a for a in ("launcher=ssh", f"host_ip={c.launcher.address}", "network_interface=eth0",
-                            f"ssh.config={c.ssh_config}", f"tracking_uri={c.uri}")
-                if a.split("=", 1)[0] not in given]
+    settings = unless_given(("launcher=ssh", f"host_ip={c.launcher.address}", "network_interface=eth0",
+                             f"ssh.config={c.ssh_config}", f"tracking_uri={c.uri}"), args)
     return c.on_launcher([sys.executable, "-m", "xp", *settings, f"experiment={experiment}", *args,
                           f"hydra.run.dir={tmp_path}/run"])
 

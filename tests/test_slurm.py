@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, wait_for_line
+from conftest import ROOT, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
@@ -38,11 +38,9 @@ def cluster(tmp_path_factory):
 
 def xp_argv(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
     """python -m xp launcher=slurm with the cluster's settings (an argument with the same key replaces one)."""
-    given = {a.split("=", 1)[0] for a in args}
-    settings = [a for a in ("launcher=slurm", "network_interface=eth0", f"tracking_uri={c.uri}",
-                            f"slurm.output_dir={c.shared}", "slurm.poll_s=0.5", "dist_timeout_s=120")
-                if a.split("=", 1)[0] not in given] + [f"experiment={experiment}", f"hydra.run.dir={tmp_path}/run"]
-    return [sys.executable, "-m", "xp", *settings, *args]
+    settings = unless_given(("launcher=slurm", "network_interface=eth0", f"tracking_uri={c.uri}",
+                             f"slurm.output_dir={c.shared}", "slurm.poll_s=0.5", "dist_timeout_s=120"), args)
+    return [sys.executable, "-m", "xp", *settings, f"experiment={experiment}", f"hydra.run.dir={tmp_path}/run", *args]
 
 
 def env(c) -> dict:
