@@ -144,7 +144,6 @@ class TorchBackend(Backend):
             self.model = torch.compile(self.model)
         self.loss = nn.CrossEntropyLoss()
         self.train_data, self.val_data = make_batches(plan, self.world, rank, pin=gpu, device=self.device)
-        self.decode = getattr(self.train_data, "decode", "")
         if plan.resume:
             from xp.checkpoint import require
 
@@ -219,6 +218,10 @@ class TorchBackend(Backend):
     def batches(self, epoch: int, skip: int) -> Any:
         self.model.train()
         return self.train_data.epoch(epoch, skip)
+
+    @property
+    def input_path(self) -> str:
+        return getattr(self.train_data, "decode", None) or super().input_path  # RecordIO: CPU workers or GPU
 
     def batch_size(self, batch: Any) -> int:
         return len(batch[0])

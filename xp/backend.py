@@ -36,8 +36,6 @@ class Backend(ABC):
     requires: ClassVar[tuple[str, ...]] = ()
     # dataset.decode=gpu: the backend can decode and augment RecordIO images on its GPUs
     decodes_on_gpu: ClassVar[bool] = False
-    # how this backend's training batches are made, in words, once set up (diagnose=true reports it)
-    decode: str = ""
 
     @classmethod
     def check(cls, plan: Plan) -> None:
@@ -133,6 +131,15 @@ class Backend(ABC):
     def batches(self, epoch: int, skip: int) -> Iterable[Any]:
         """The training batches of `epoch` (1-based) in the epoch's order, less the first `skip` (trained before
         an interruption). The core stops after plan.steps_per_epoch."""
+
+    @property
+    def input_path(self) -> str:
+        """Where the training batches are made, in words, once set up (the run's tag xp.input; diagnose=true
+        reports it): by default the data set's reader, image files decoded by data_nthreads CPU threads."""
+        d = self.plan.dataset
+        if d.options.get("kind", d.name) in ("rec", "folder"):
+            return f"cpu ({self.plan.data_nthreads} decode threads)"
+        return "one synthetic batch in memory" if d.name == "synthetic" else "in-memory arrays"
 
     @abstractmethod
     def batch_size(self, batch: Any) -> int:

@@ -60,7 +60,7 @@ def judge(real: float, io: float, synthetic: float, threads: int, devices: int =
 
 def measure(plan: Any, backend_cls: type, extra: list | None = None) -> tuple[float, str]:
     """samples/s of one short epoch of `plan` (warm-up batches excluded), without evaluation; and how the
-    backend made its batches (Backend.decode)."""
+    backend made its batches (Backend.input_path)."""
     backend = backend_cls()
     backend.setup(plan)
     meter = ThroughputMeter(plan.timing_warmup_batches, "rate")
@@ -74,7 +74,7 @@ def measure(plan: Any, backend_cls: type, extra: list | None = None) -> tuple[fl
         fire(callbacks, "on_epoch_end", 1, metrics)
     finally:
         fire(callbacks, "on_end")
-    return metrics["rate"], backend.decode
+    return metrics["rate"], backend.input_path
 
 
 def diagnose(plan: Any, backend_cls: type, steps: int, cores: int | None = None) -> Diagnosis:
@@ -91,11 +91,4 @@ def diagnose(plan: Any, backend_cls: type, steps: int, cores: int | None = None)
                          global_batch=plan.batch * plan.workers)
         one, _ = measure(single, backend_cls)
     d = judge(real, io, synthetic, plan.data_nthreads, len(plan.devices) * plan.workers, one, cores)
-    if not pipeline:
-        pipeline = (f"cpu ({plan.data_nthreads} decode threads)" if _data_kind(plan) in ("rec", "folder")
-                    else "in-memory arrays")
     return replace(d, pipeline=pipeline, kept_up=io >= synthetic)
-
-
-def _data_kind(plan: Any) -> str:
-    return plan.dataset.options.get("kind", plan.dataset.name)

@@ -141,8 +141,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         _attach_files(tracker, job, trial)
         if not (os.environ.get(elastic.RESUMED_ENV) or reopen):  # a resumed run has its params already
             tracker.log_params(_params(plan, backend_cls))
-        if backend is not None and backend.decode:
-            tracker.set_tags({"xp.input": backend.decode})  # where the batches were decoded (a fallback shows)
+        if backend is not None:
+            tracker.set_tags({"xp.input": backend.input_path})  # where the batches are made (a fallback shows)
         log.info(f"  MLflow run       {tracker.run_id} ({name})")
         if plan.diagnose:
             return Outcome("FINISHED", _diagnose(plan, backend_cls, tracker))

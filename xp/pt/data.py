@@ -86,8 +86,8 @@ class RecordImages(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.keys)
 
-    def record(self, i: int, epoch: int) -> tuple[int, bytes, int]:
-        """(label, encoded image, the seed of the record's random draws in `epoch`) of record number i."""
+    def record(self, i: int) -> tuple[int, bytes]:
+        """(label, encoded image) of record number i."""
         from xp.recordio import DataError, unpack_image
 
         key = self.keys[i]
@@ -95,9 +95,11 @@ class RecordImages(torch.utils.data.Dataset):
             label, jpeg = unpack_image(self.file.read(key))
         except (OSError, ValueError) as e:
             raise DataError(f"{self.file.rec_path}: record {key} is corrupt ({e})") from None
-        return int(label), jpeg, zlib.crc32(f"{self.seed}:{epoch}:{key}".encode())
+        return int(label), jpeg
 
-    def geometry(self, hw: tuple[int, int], rng: np.random.RandomState) -> Geometry:
+    def geometry(self, hw: tuple[int, int], i: int, epoch: int) -> Geometry:
+        """The crop of record number i, `hw` pixels decoded, in `epoch`: its draws seeded by (seed, epoch, key)."""
+        rng = np.random.RandomState(zlib.crc32(f"{self.seed}:{epoch}:{self.keys[i]}".encode()))
         return geometry(hw, self.shape[1:], self.options, self.train, rng)
 
     def __getitem__(self, items: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,12 +111,12 @@ class RecordImages(torch.utils.data.Dataset):
         x, y = _batch_tensor((len(items), c, h, w)), torch.empty(len(items), dtype=torch.int64)
         out = x.numpy()
         for j, (i, epoch) in enumerate(items):
-            label, jpeg, seed = self.record(i, epoch)
+            label, jpeg = self.record(i)
             img = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_GRAYSCALE if c == 1 else cv2.IMREAD_COLOR)
             if img is None:
                 raise DataError(f"{self.file.rec_path}: record {self.keys[i]} holds no decodable image")
             y[j] = label
-            g = self.geometry(img.shape[:2], np.random.RandomState(seed))
+            g = self.geometry(img.shape[:2], i, epoch)
             if g.resize:
                 img = cv2.resize(img, g.resize[::-1], interpolation=cv2.INTER_LINEAR)
             top, left, ch, cw = g.box
@@ -201,13 +203,13 @@ def _one_decode_thread(_: int) -> None:
 
 class EncodedRecords(RecordImages):
     """dataset.decode=gpu, the workers' part: a batch's records read, not decoded (the encoded images end to end
-    in one uint8 tensor, their lengths, labels and the seeds of their random draws)."""
+    in one uint8 tensor, their lengths, labels and record numbers, and the batch's epoch)."""
 
-    def __getitem__(self, items: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
-        records = [self.record(i, epoch) for i, epoch in items]
-        blob = torch.frombuffer(bytearray(b"".join(r[1] for r in records)), dtype=torch.uint8)
-        return (blob, torch.tensor([len(r[1]) for r in records]), torch.tensor([r[0] for r in records]),
-                torch.tensor([r[2] for r in records]), torch.tensor([self.keys[i] for i, _ in items]))
+    def __getitem__(self, items: list[tuple[int, int]]) -> tuple[Any, ...]:
+        records = [self.record(i) for i, _ in items]
+        blob = torch.frombuffer(bytearray(b"".join(jpeg for _, jpeg in records)), dtype=torch.uint8)
+        return (blob, torch.tensor([len(jpeg) for _, jpeg in records]), torch.tensor([label for label, _ in records]),
+                torch.tensor([i for i, _ in items]), items[0][1])
 
 
 class GpuDecoder:
@@ -224,14 +226,15 @@ class GpuDecoder:
         self.std = torch.tensor(images.std, device=self.device).view(c, 1, 1)
         self.cpu_decoded = 0
 
-    def __call__(self, blob: torch.Tensor, sizes: torch.Tensor, seeds: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    def __call__(self, blob: torch.Tensor, sizes: torch.Tensor, numbers: torch.Tensor, epoch: int) -> torch.Tensor:
         import torch.nn.functional as F
 
         c, h, w = self.images.shape
-        decoded = self.decode(list(torch.split(blob, sizes.tolist())), keys.tolist())
+        numbers = numbers.tolist()
+        decoded = self.decode(list(torch.split(blob, sizes.tolist())), numbers)
         out = torch.empty((len(decoded), c, h, w), device=self.device)
-        for j, (img, seed) in enumerate(zip(decoded, seeds.tolist())):
-            g = self.images.geometry(tuple(img.shape[1:]), np.random.RandomState(seed))
+        for j, (img, i) in enumerate(zip(decoded, numbers)):
+            g = self.images.geometry(tuple(img.shape[1:]), i, epoch)
             x = img[None].float()
             if g.resize:
                 x = F.interpolate(x, size=g.resize, mode="bilinear", align_corners=False).round_()
@@ -242,7 +245,7 @@ class GpuDecoder:
             out[j] = x[0].flip(-1) if g.mirror else x[0]
         return out.sub_(self.mean).div_(self.std)
 
-    def decode(self, parts: list[torch.Tensor], keys: list[int]) -> list[torch.Tensor]:
+    def decode(self, parts: list[torch.Tensor], numbers: list[int]) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         mode = ImageReadMode.GRAY if self.images.shape[0] == 1 else ImageReadMode.RGB
@@ -251,14 +254,14 @@ class GpuDecoder:
         except RuntimeError:  # one of them is not for nvJPEG: each on its own
             pass
         out = []
-        for part, key in zip(parts, keys):
+        for part, i in zip(parts, numbers):
             try:
                 out.append(decode_jpeg(part, mode=mode, device=self.device))
             except RuntimeError:
-                out.append(self._cpu_decode(part, key))
+                out.append(self._cpu_decode(part, i))
         return out
 
-    def _cpu_decode(self, part: torch.Tensor, key: int) -> torch.Tensor:
+    def _cpu_decode(self, part: torch.Tensor, i: int) -> torch.Tensor:
         import cv2
 
         from xp.recordio import DataError
@@ -266,7 +269,7 @@ class GpuDecoder:
         c = self.images.shape[0]
         img = cv2.imdecode(part.numpy(), cv2.IMREAD_GRAYSCALE if c == 1 else cv2.IMREAD_COLOR)
         if img is None:
-            raise DataError(f"{self.images.file.rec_path}: record {key} holds no decodable image")
+            raise DataError(f"{self.images.file.rec_path}: record {self.images.keys[i]} holds no decodable image")
         self.cpu_decoded += 1
         img = img[:, :, None] if img.ndim == 2 else img[:, :, ::-1]
         return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))).to(self.device)
@@ -331,7 +334,8 @@ class RecordBatches:
         self.sampler.epoch, self.sampler.skip = epoch, skip
         if self.decoder is None:
             return iter(self.loader)
-        return ((self.decoder(blob, sizes, seeds, keys), labels) for blob, sizes, labels, seeds, keys in self.loader)
+        return ((self.decoder(blob, sizes, numbers, batch_epoch), labels)
+                for blob, sizes, labels, numbers, batch_epoch in self.loader)
 
 
 def make_batches(plan: Plan, shards: int, shard: int, pin: bool, device: Any = "cpu") -> tuple[Any, Any]:
