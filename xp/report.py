@@ -308,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
                                      f"{DEFAULT_UI})")
     args = ap.parse_args(argv)
     try:
-        from mlflow.tracking import MlflowClient
+        from xp.tracking import open_client
 
         uri = resolve_uri(args.tracking_uri)
-        client = MlflowClient(uri)
+        client = open_client(uri)
         exp = client.get_experiment_by_name(args.experiment)
         if exp is None:
             raise XPError(f"--experiment {args.experiment}: no such experiment in {uri}")

@@ -141,9 +141,9 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if parent and tracking_uri:
-        from mlflow.tracking import MlflowClient
+        from xp.tracking import open_client
 
-        client = MlflowClient(tracking_uri)
+        client = open_client(tracking_uri)
         client.set_tag(parent, "optuna.study", spec.study_name)
         if front and not spec.multi_objective:
             for k, v in front[0]["params"].items():

@@ -116,6 +116,17 @@ def check_database(url: str, what: str) -> None:
         raise ConfigError(f"{what} {redact(url)}: cannot connect ({type(e).__name__}: {reason[:300]})") from None
 
 
+def open_client(uri: str):
+    """An MlflowClient on `uri`. Opening a SQLite store creates or migrates its schema: that happens under the
+    store's first-use lock (xp.storefile), so processes starting together never race through the migrations."""
+    from mlflow.tracking import MlflowClient
+
+    from xp.storefile import first_use
+
+    with first_use(uri, "tracking_uri"):
+        return MlflowClient(tracking_uri=uri)
+
+
 def _artifact_root(uri: str) -> str | None:
     """Artifacts of a SQLite store live beside the database; other stores decide for themselves."""
     if uri.startswith("sqlite:///"):
@@ -174,7 +185,7 @@ class Tracker:
                 check_database(self.uri, "tracking_uri")  # MLflow would retry a wrong password for a minute
             elif self.uri.startswith(("http://", "https://")):
                 check_server(self.uri)  # MLflow would retry a server that is not there for minutes
-            self._client = MlflowClient(tracking_uri=self.uri)
+            self._client = open_client(self.uri)
         return self._client
 
     def _experiment_id(self) -> str:

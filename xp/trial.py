@@ -11,6 +11,7 @@ from typing import Any
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError, one_line, redact
+from xp.storefile import first_use
 from xp.study import FINISHED, StudySpec, spec_from
 
 log = logging.getLogger("xp")
@@ -34,31 +35,61 @@ def distributions(spec: StudySpec) -> dict[str, Any]:
     return out
 
 
-def sampler_seed(spec: StudySpec, told: int) -> int | None:
-    """The sampler's seed for a sweeper that finds `told` trials in the study already: sampler_seed for a new
-    study, and one derived from (sampler_seed, told) for a resumed one. A sampler restarted from the same
-    seed would propose the same parameters again (a TPE or random study resumed in its random start-up
-    phase repeated its first trials); derived, a resumed study explores, and the same command from the same
-    storage still proposes the same trials. (Optuna cannot store a sampler's random state in the study.)"""
-    if spec.sampler_seed is None or told == 0:
-        return spec.sampler_seed
+def trial_seed(spec: StudySpec, number: int) -> int | None:
+    """The sampler's seed for trial `number` of the study: derived from (sampler_seed, number), None when the
+    spec asks for a random sampler. Trial numbers are unique in a study's storage, so sweepers that start
+    together on one study (several processes or machines on one PostgreSQL study) never draw the same
+    proposals from the same seed (four together ran 12 trials with 6 distinct parameter sets), a resumed
+    study explores instead of replaying its first trials, and the same command on a new storage still
+    proposes the same trials. (Optuna cannot store a sampler's random state in the study.)"""
+    if spec.sampler_seed is None:
+        return None
     import zlib
 
-    return zlib.crc32(f"{spec.sampler_seed}:{told}".encode())
+    return zlib.crc32(f"{spec.sampler_seed}:{number}".encode())
 
 
-def make_sampler(spec: StudySpec, told: int = 0) -> Any:
+def make_sampler(spec: StudySpec) -> Any:
+    """The spec's sampler, reseeded for every trial by its number (trial_seed)."""
     import optuna
 
-    s, seed = spec.sampler, sampler_seed(spec, told)
-    # grid: run_study enqueues every combination (Optuna's GridSampler calls study.stop() when the
-    # grid is exhausted, which only works inside study.optimize(), not with ask-and-tell)
-    return {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True),
-            "grid": lambda: optuna.samplers.RandomSampler(seed=seed),
-            "random": lambda: optuna.samplers.RandomSampler(seed=seed),
-            "gp": lambda: optuna.samplers.GPSampler(seed=seed),
-            "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
-            "cmaes": lambda: optuna.samplers.CmaEsSampler(seed=seed)}[s]()
+    factories = {"tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True),
+                 # grid: run_study enqueues every combination (Optuna's GridSampler calls study.stop() when the
+                 # grid is exhausted, which only works inside study.optimize(), not with ask-and-tell)
+                 "grid": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+                 "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+                 "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
+                 "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
+                 "cmaes": lambda seed: optuna.samplers.CmaEsSampler(seed=seed)}
+    make = factories[spec.sampler]
+
+    class PerTrialSeed(optuna.samplers.BaseSampler):
+        """Delegates to a sampler made afresh for each trial, seeded by its number. The samplers keep what they
+        learn in the study (its trials, their system attributes), so nothing is lost by making them anew."""
+
+        def __init__(self):
+            self.inner = make(trial_seed(spec, 0))
+
+        def before_trial(self, study, trial):
+            self.inner = make(trial_seed(spec, trial.number))
+            self.inner.before_trial(study, trial)
+
+        def infer_relative_search_space(self, study, trial):
+            return self.inner.infer_relative_search_space(study, trial)
+
+        def sample_relative(self, study, trial, search_space):
+            return self.inner.sample_relative(study, trial, search_space)
+
+        def sample_independent(self, study, trial, param_name, param_distribution):
+            return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+        def after_trial(self, study, trial, state, values):
+            self.inner.after_trial(study, trial, state, values)
+
+        def reseed_rng(self):
+            self.inner.reseed_rng()
+
+    return PerTrialSeed()
 
 
 def make_pruner(spec: StudySpec) -> Any:
@@ -89,7 +120,7 @@ def open_study(spec: StudySpec) -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_storage(spec.storage)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), first_use(spec.storage, "sweep.storage"):  # creating its tables: one at a time
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(
             spec.storage, heartbeat_interval=spec.heartbeat_s, grace_period=spec.grace_s,
@@ -102,9 +133,6 @@ def open_study(spec: StudySpec) -> Any:
     if have != wanted:
         raise ConfigError(f"sweep={spec.name}: study {spec.study_name} in {redact(spec.storage)} optimises {have}, "
                           f"the spec says {wanted}; use another study_name")
-    told = len(study.get_trials(deepcopy=False))
-    if told:
-        study.sampler = make_sampler(spec, told)  # a resumed study continues, it does not replay
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names([o.metric for o in spec.objectives])  # optuna-dashboard shows these names
@@ -191,5 +219,6 @@ def attach(settings: Any) -> tuple[Any, StudySpec] | None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = spec_from(settings.sweep, settings.sweep.get("name") or settings.study, search=False)
-    study = optuna.load_study(study_name=settings.study, storage=settings.storage, pruner=make_pruner(spec))
+    with first_use(settings.storage, "sweep.storage"):
+        study = optuna.load_study(study_name=settings.study, storage=settings.storage, pruner=make_pruner(spec))
     return optuna.trial.Trial(study, settings.trial_id), spec

@@ -1,0 +1,82 @@
+"""First use of a SQLite store (MLflow's tracking database, Optuna's study storage), serialised across processes.
+
+MLflow and Optuna create or migrate a new SQLite file's schema when they open it. Two processes doing that
+at the same moment race through the migrations and can leave the file half-migrated for good (measured:
+`_alembic_tmp_params already exists`, `duplicate column name: step`). An exclusive lock on a file beside the
+database (`NAME.db.lock`), held only while a process opens the store, makes the second process wait for the
+first to finish: it then finds the schema complete and only checks it.
+
+A store left half-migrated by an older crash (or by xp before this lock) is detected when opening it fails
+inside the migrations, and named in one line with what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+from xp.errors import ConfigError, one_line
+
+WAIT_S = 120.0  # how long a process waits for another to finish creating the store before giving up
+
+# what SQLAlchemy/alembic say when a schema was left between two revisions
+_HALF_MIGRATED = ("_alembic_tmp_", "online migration expected", "duplicate column name", "no such index",
+                  "already exists", "no such column", "no such table")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///PATH` URI, or None for any other store."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    path = uri[len(prefix):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+@contextlib.contextmanager
+def first_use(uri: str, what: str, wait_s: float = WAIT_S) -> Iterator[None]:
+    """Hold the store's creation lock while the body opens the store (no-op for servers and other databases).
+    An error raised inside that looks like an unfinished migration becomes one line naming the file and the fix."""
+    path = sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    lock = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"{what}={uri}: cannot create {lock} ({e.strerror}); point it at a writable place") from None
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"{what}={uri}: another process has been creating this store for over "
+                                      f"{wait_s:.0f} s (it holds {lock}); wait for it or stop it") from None
+                time.sleep(0.05)
+        existed = path.exists() and path.stat().st_size > 0
+        try:
+            yield
+        except Exception as e:
+            if existed and any(s in str(e).lower() for s in _HALF_MIGRATED):
+                raise ConfigError(half_migrated(path, what, e)) from e
+            raise
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def half_migrated(path: Path, what: str, error: BaseException) -> str:
+    return (f"{what}=sqlite:///{path}: this database was left half-migrated (its schema stopped between two "
+            f"versions: {one_line(error)[:160]}), by a crash or by several processes creating it at once before "
+            f"xp serialised that; move it aside (mv {path} {path}.broken) and run again for a new one, or restore "
+            f"it from a backup")
