@@ -54,3 +54,54 @@ def test_a_half_migrated_store_is_named_with_the_fix(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "was left half-migrated" in lines[0] and f"mv {tmp_path}/mlruns/mlflow.db" in lines[0], lines[0]
+
+
+DISK_FULL = r"""
+set -u
+T={tmpfs}; L={logs}
+mount -t tmpfs -o size=4m xp-test-tmpfs "$T" || exit 97
+step() {{ name=$1; shift; "$@" > "$L/$name.out" 2> "$L/$name.err"; echo $? > "$L/$name.rc"; }}
+step first {xp} epochs=1 checkpoint_dir=$T/ck
+dd if=/dev/zero of=$T/ballast bs=64k 2>/dev/null; truncate -s -200K $T/ballast   # 200 KB left: a commit is ~440
+step new_dir {xp} epochs=1 checkpoint_dir=$T/ck2
+step resumed_full {xp} epochs=3 resume=$T/ck checkpoint_dir=$T/ck
+rm $T/ballast
+step resumed {xp} epochs=2 resume=$T/ck checkpoint_dir=$T/ck
+cat $T/ck/latest > $L/latest
+(cd $T && find . | sort) > $L/files
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_commit_is_one_line_and_leaves_nothing_behind(tmp_path, store):
+    """On a 4 MB tmpfs (in a mount namespace of the test's own): a first commit that does not fit, and a
+    commit that the free-space check refuses, are one line naming checkpoint_dir (exit 1, run FAILED), leave no
+    temporary folder, and the last good commit resumes once space is freed."""
+    import shlex
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed: ./dev.sh test installs it")
+    tmpfs, logs = tmp_path / "disk", tmp_path / "logs"
+    tmpfs.mkdir()
+    logs.mkdir()
+    xp = shlex.join(xp_args(tmp_path, "tracking_uri=" + store))
+    script = DISK_FULL.format(tmpfs=tmpfs, logs=logs, xp=xp)
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script], cwd=ROOT,
+                       env=xp_env(store), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rc = {p.stem: int(p.read_text()) for p in logs.glob("*.rc")}
+    err = {p.stem: p.read_text() for p in logs.glob("*.err")}
+    assert rc == {"first": 0, "new_dir": 1, "resumed_full": 1, "resumed": 0}, (rc, err)
+    for step, folder in (("new_dir", "ck2"), ("resumed_full", "ck")):
+        lines = err[step].strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err[step], err[step]
+        assert lines[0].startswith(f"xp: error: checkpoint_dir={tmpfs}/{folder}: the disk is full: a commit needs")
+        assert "MB free" in lines[0]
+    assert "is intact" in err["resumed_full"]
+    assert (logs / "latest").read_text() == "epoch-2"  # resumed from epoch 1 once space was freed
+    files = (logs / "files").read_text().split()
+    assert not [f for f in files if ".tmp-" in f], files  # no temporary commit left behind
+    assert {f.split("/")[1] for f in files if f != "."} == {"ck", "ck2"}  # nothing outside checkpoint_dir
+    _, runs = mlflow_runs(store)
+    assert [r.info.status for r in runs] == ["FINISHED", "FAILED", "FAILED", "FINISHED"]

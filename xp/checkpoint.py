@@ -9,11 +9,13 @@ what its state files are (Backend.save_state / load_state).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import random
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,10 +23,17 @@ from typing import Any, Callable
 import numpy as np
 
 from xp.callbacks import Callback
-from xp.errors import ConfigError
+from xp.errors import ConfigError, XPError
 
 log = logging.getLogger("xp")
 
+MB = 2**20
+
+
+class NoSpace(XPError):
+    """A commit does not fit on the disk of checkpoint_dir (exit 1; the last good commit stays)."""
+
+    exit_code = 1
 
 
 @dataclass
@@ -56,27 +65,92 @@ def require(root: str | Path) -> Commit:
     return commit
 
 
+def _tmp_prefix() -> str:
+    return f".tmp-{socket.gethostname()}-"
+
+
+def sweep_stale(root: str | Path) -> list[Path]:
+    """Remove the temporary commit folders and pointers in `root` that processes of this host left when they
+    died mid-commit (their pid is gone); those of living processes and of other hosts stay."""
+    import psutil
+
+    removed, host = [], socket.gethostname()
+    for p in Path(root).expanduser().glob(".*.tmp-*"):
+        rest = p.name.split(".tmp-", 1)[1]
+        pid = rest if rest.isdigit() else rest[len(host) + 1:] if rest.startswith(host + "-") else ""  # older: PID
+        if not pid.isdigit() or (int(pid) != os.getpid() and psutil.pid_exists(int(pid))):
+            continue
+        (shutil.rmtree if p.is_dir() else os.remove)(p)
+        removed.append(p)
+    if removed:
+        log.info("checkpoint_dir %s: removed %d unfinished commit(s) of dead processes: %s", root, len(removed),
+                 ", ".join(p.name for p in removed))
+    return removed
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _no_space(root: Path, need: int, free: int, written: int = 0) -> NoSpace:
+    last = (root / "latest").read_text().strip() if (root / "latest").exists() else None
+    return NoSpace(f"checkpoint_dir={root}: the disk is full: a commit needs {'about' if need else 'more than'} "
+                   f"{max(need, written) / MB:.1f} MB, {free / MB:.1f} MB free; free some space or point "
+                   "checkpoint_dir elsewhere"
+                   + (f" (the last good commit, {last}, is intact: resume=true continues from it)" if last else ""))
+
+
 def commit(root: str | Path, epoch: int, history: list[dict[str, float]], save: Callable[[Path], None],
            keep: int = 2, **meta: Any) -> Path:
+    """Write the commit `epoch-<epoch>` completely under a temporary name, then rename it into place and name
+    it in `latest`. A commit that fails (a full disk) removes its temporary folder; the previous one stays."""
     root = Path(root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
+    sweep_stale(root)
     name = f"epoch-{epoch}"
-    tmp = root / f".{name}.tmp-{os.getpid()}"
+    previous = latest_folder(root)
+    need = int(_size(previous) * 1.1) + MB if previous else 0  # about what the last commit took
+    free = shutil.disk_usage(root).free
+    if need > free:
+        raise _no_space(root, need, free)
+    tmp = root / f".{name}{_tmp_prefix()}{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save(tmp)
-    save_random_state(tmp)
-    (tmp / "meta.json").write_text(json.dumps({"epoch": epoch, "history": history, **meta}))
+    try:
+        tmp.mkdir()
+        save(tmp)
+        save_random_state(tmp)
+        (tmp / "meta.json").write_text(json.dumps({"epoch": epoch, "history": history, **meta}))
+    except BaseException as e:
+        written = _size(tmp) if tmp.exists() else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "Write incomplete" in str(e)
+        if full:  # MXNet's writer says "FileStream.Write incomplete", Python's says ENOSPC
+            raise _no_space(root, need, shutil.disk_usage(root).free, written) from None
+        raise
     final = root / name
     shutil.rmtree(final, ignore_errors=True)  # a commit of the same epoch from a rolled-back attempt
     os.replace(tmp, final)
-    pointer = root / f".latest.tmp-{os.getpid()}"
-    pointer.write_text(name)
+    pointer = root / f".latest{_tmp_prefix()}{os.getpid()}"
+    try:
+        pointer.write_text(name)
+    except OSError as e:
+        pointer.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _no_space(root, 4096, shutil.disk_usage(root).free) from None
+        raise
     os.replace(pointer, root / "latest")
     done = sorted((p for p in root.glob("epoch-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def latest_folder(root: Path) -> Path | None:
+    try:
+        folder = root / (root / "latest").read_text().strip()
+    except OSError:
+        return None
+    return folder if folder.is_dir() else None
 
 
 RANDOM_STATE = "random_state.json"  # JSON, not pickle: loading a commit runs no code
@@ -109,6 +183,8 @@ class Checkpointer(Callback):
                  every: int = 1, keep: int = 2, last_epoch: int | None = None):
         self.root, self.save, self.history, self.rank = root, save, history, rank
         self.every, self.keep, self.last = every, keep, last_epoch
+        if rank == 0 and Path(root).expanduser().is_dir():
+            sweep_stale(root)  # what a process killed mid-commit left: it would fill the disk again
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         if self.rank == 0 and (epoch % self.every == 0 or epoch == self.last):
