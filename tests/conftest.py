@@ -6,6 +6,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,8 @@ import torch  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+# xp's state folder (the index of runs' spools waiting for a store, xp.spool): the test session's own
+os.environ.setdefault("XP_STATE_DIR", tempfile.mkdtemp(prefix="xp-test-state-"))
 
 
 @pytest.fixture

@@ -197,8 +197,9 @@ def _open_tracker(plan: Plan, uri: str, name: str, job: JobInfo, trial: Any, reo
         tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
                      "optuna.trial_state": "RUNNING"})
     tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
+    spool = job.output_dir / "mlflow-spool" if job.output_dir is not None else None  # the run's writes wait here
     return tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags,
-                       attach_run_id=job.run_id, reopen_run_id=reopen)
+                       attach_run_id=job.run_id, reopen_run_id=reopen, spool_dir=spool)
 
 
 def _attach_files(tracker: Any, job: JobInfo, trial: Any) -> None:
@@ -238,7 +239,7 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, uri: str, before: An
     history = History(done)
     billed = plan.workers if plan.elastic.enabled else 1
     phases: dict[str, list[Callback]] = {
-        "measure": [Progress(plan.rank), meter, *telemetry(plan, tracker.run_id, uri)],
+        "measure": [Progress(plan.rank), meter, *telemetry(plan, tracker.run_id, uri, lambda m, step: tracker.log_metrics(m, step=step))],
         "aggregate": [WorkerMetrics(backend.gather, meter.name),
                       CostMeter(plan.cost_per_hour, plan.target_accuracy, done, billed)],
         "record": [history, TrackingCallback(tracker)],

@@ -48,6 +48,7 @@ def first_use(uri: str, what: str, wait_s: float = WAIT_S) -> Iterator[None]:
         return
     lock = path.with_name(path.name + ".lock")
     try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise ConfigError(f"{what}={uri}: cannot create {lock} ({e.strerror}); point it at a writable place") from None

@@ -116,6 +116,16 @@ def check_database(url: str, what: str) -> None:
         raise ConfigError(f"{what} {redact(url)}: cannot connect ({type(e).__name__}: {reason[:300]})") from None
 
 
+def _offer_pending(uri: str) -> None:
+    """Runs that ended while this store was away left their records in spools: say how to deliver them."""
+    from xp.spool import pending
+
+    left = pending(uri)
+    if left:
+        log.warning("%d earlier run(s) have records waiting for %s (it was away when they ended); deliver them "
+                    "with: python -m xp.sync", len(left), redact(uri))
+
+
 def open_client(uri: str):
     """An MlflowClient on `uri`. Opening a SQLite store creates or migrates its schema: that happens under the
     store's first-use lock (xp.storefile), so processes starting together never race through the migrations."""
@@ -123,6 +133,12 @@ def open_client(uri: str):
 
     from xp.storefile import first_use
 
+    if uri.startswith(("http://", "https://")):
+        # the spool retries a server that went away (xp.spool): MLflow's own retries would only block it for
+        # minutes and print urllib3's "Retrying" lines
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     with first_use(uri, "tracking_uri"):
         return MlflowClient(tracking_uri=uri)
 
@@ -160,8 +176,10 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
-                 reopen_run_id: str | None = None):
+                 reopen_run_id: str | None = None, spool_dir: str | Path | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
+        self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
+        self._spool: Any = None
         self.parent_run_id = parent_run_id
         self.tags = dict(tags or {})
         self.run_id: str | None = None
@@ -202,14 +220,22 @@ class Tracker:
                 raise
             return exp.experiment_id
 
+    def _open_spool(self) -> None:
+        from xp.spool import Spool, state_dir
+
+        folder = Path(self.spool_dir) if self.spool_dir else state_dir() / "spools" / self.run_id
+        self._spool = Spool(folder, self.uri, self.run_id, lambda: self.client)
+
     def start(self) -> str:
         if self.attach_run_id:
             self.run_id = self.attach_run_id
+            self._open_spool()
             self.set_tags(self.tags)
             return self.run_id
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            self._open_spool()
             self.set_tags({**self.tags, "xp.pid": str(os.getpid()), "xp.pid_started": f"{_started(os.getpid()):.2f}",
                            "xp.host": socket.gethostname(), "xp.resumed": "true"})
             return self.run_id
@@ -227,6 +253,8 @@ class Tracker:
         except Exception as e:
             raise ConfigError(f"MLflow store {redact(self.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
         self.run_id = run.info.run_id
+        self._open_spool()
+        _offer_pending(self.uri)
         return self.run_id
 
     def end_orphans(self) -> list[str]:
@@ -252,55 +280,47 @@ class Tracker:
             ended.append(run.info.run_id)
         return ended
 
+    # Writes go to the run's spool and return at once; its thread delivers them in order (xp.spool).
     def log_params(self, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(str(k)[:250], redact(str(v))[:MAX_PARAM_LEN]) for k, v in sorted(params.items())]
+        items = [[str(k)[:250], redact(str(v))[:MAX_PARAM_LEN]] for k, v in sorted(params.items())]
         for i in range(0, len(items), 100):  # MLflow's batch limit for params
-            self.client.log_batch(self.run_id, params=items[i:i + 100], synchronous=True)
+            self._spool.put("batch", params=items[i:i + 100])
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         import time
 
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
-        self.client.log_batch(self.run_id, metrics=items, synchronous=True)
+        now = int(time.time() * 1000)  # the record's own timestamp: a batch sent twice is stored once
+        self._spool.put("batch", metrics=[[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None])
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        from mlflow.entities import RunTag
-
-        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()], synchronous=True)
+        self._spool.put("batch", tags=[[k, redact(str(v))] for k, v in tags.items()])
 
     def add_artifact_on_exit(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload `path` when the run ends, whatever the outcome (logs matter most for failed runs)."""
         self._artifacts.append((Path(path), artifact_path))
 
     def end(self, status: str) -> None:
-        if self.run_id is None:
+        """Spool the artifacts (copied, passwords hidden) and the end state, then wait a bounded time for the
+        store to take everything; if it is away, one line says where the records wait."""
+        import time
+
+        if self.run_id is None or self._spool is None:
             return
-        for path, dest in self._artifacts:
+        for i, (path, dest) in enumerate(self._artifacts):
             if path.exists():
-                try:
-                    self._upload_redacted(path, dest)
+                try:  # a copy as it is now: a config or log may hold a database URL's password
+                    name = Path("artifacts") / str(i) / path.name
+                    (self._spool.folder / name).parent.mkdir(parents=True, exist_ok=True)
+                    (self._spool.folder / name).write_text(redact(path.read_text(errors="replace")))
+                    self._spool.put("artifact", file=str(name), dest=dest)
                 except Exception as e:  # an artifact problem must not hide the run's outcome
-                    log.warning("could not upload %s to MLflow: %s", path, one_line(e))
+                    log.warning("could not keep %s for MLflow: %s", path, one_line(e))
         if not self.attach_run_id:
-            self.client.set_terminated(self.run_id, status)
-
-    def _upload_redacted(self, path: Path, dest: str | None) -> None:
-        """Upload a text file with the passwords of its URLs hidden (a config or log may hold a database URL)."""
-        import tempfile
-
-        text = path.read_text(errors="replace")
-        if redact(text) == text:
-            self.client.log_artifact(self.run_id, str(path), dest)
-            return
-        with tempfile.TemporaryDirectory(prefix="xp-redacted-") as tmp:
-            copy = Path(tmp) / path.name
-            copy.write_text(redact(text))
-            self.client.log_artifact(self.run_id, str(copy), dest)
+            self._spool.put("end", status=status, time=int(time.time() * 1000))
+        left = self._spool.left()
+        if not self._spool.close():
+            log.warning("tracking store %s did not answer: %d records of run %s wait in %s; deliver them "
+                        "with: python -m xp.sync", redact(self.uri), left, self.run_id, self._spool.folder)
 
     def __enter__(self) -> Tracker:
         self.start()

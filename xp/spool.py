@@ -1,0 +1,264 @@
+"""A run's writes to MLflow go through a local write-ahead spool; a background thread drains it to the store.
+
+Training never waits on tracking: logging appends one JSON line to `records.jsonl` in the spool folder (under
+the run's output folder) and returns. The drain thread sends the records in order, batched, and writes the
+number of the last one the store took to `delivered`. While the store is away (a tracking server restarting,
+a database that does not answer) training goes on, the spool grows, and the thread retries with a bounded
+backoff; one line says the store went away, one that it is back. Each record carries its own timestamp and
+MLflow's stores take a metric (key, value, timestamp, step) once, so a batch sent again after a lost reply is
+not counted twice: every record is delivered in order, exactly once.
+
+A run that ends while the store is still away says so in one line and keeps its spool; `python -m xp.sync`
+delivers it later (the next xp start on that store offers it too). A folder of an index (xp's state folder,
+`$XP_STATE_DIR` or `~/.local/state/xp`) lists the spools left undelivered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from xp.errors import one_line, redact
+
+log = logging.getLogger("xp")
+
+RECORDS, DELIVERED, RUN = "records.jsonl", "delivered", "run.json"
+FLUSH_S = 15.0  # how long a run's end waits for the store to take what is left, before keeping the spool
+BACKOFF_S = (0.5, 5.0)  # the drain's wait after a failed send: first, and at most (doubling)
+# MLflow's log_batch limits
+LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
+# the store answered and refused the record (a changed param value, a deleted run): sending it again cannot help
+REFUSED = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST", "INVALID_STATE")
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("XP_STATE_DIR") or Path.home() / ".local" / "state" / "xp")
+
+
+def pending_index() -> Path:
+    return state_dir() / "pending"
+
+
+def pending(uri: str | None = None) -> list[Path]:
+    """Spool folders left undelivered (to `uri`, or to any store)."""
+    out = []
+    for entry in sorted(pending_index().glob("*")) if pending_index().is_dir() else []:
+        folder = Path(entry.read_text().strip())
+        try:
+            meta = json.loads((folder / RUN).read_text())
+        except (OSError, ValueError):
+            entry.unlink(missing_ok=True)  # delivered, or removed by its user
+            continue
+        if _started(meta.get("pid", 0)) == meta.get("started", -1):
+            continue  # its run is still going: its own process delivers it
+        if uri is None or meta["uri"] == uri:
+            out.append(folder)
+    return out
+
+
+def _started(pid: int) -> float:
+    import psutil
+
+    try:
+        return round(psutil.Process(pid).create_time(), 2) if pid else 0.0
+    except psutil.Error:
+        return 0.0
+
+
+class Spool:
+    """The records of one MLflow run; `client()` makes the MlflowClient the drain sends through."""
+
+    def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any]):
+        self.folder, self.uri, self.run_id, self.client = Path(folder), uri, run_id, client
+        self.folder.mkdir(parents=True, exist_ok=True)
+        run_file = self.folder / RUN
+        if not run_file.exists():  # a new spool: listed at once, so that one whose process is killed is found too
+            run_file.write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
+                                            "started": _started(os.getpid())}))
+            entry = pending_index() / run_id
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            entry.write_text(str(self.folder.resolve()))
+        self._delivered = _read_int(self.folder / DELIVERED)
+        self._queue = [r for r in _read_records(self.folder / RECORDS) if r["seq"] > self._delivered]
+        self._seq = max([self._delivered, *(r["seq"] for r in self._queue)])
+        self._file = open(self.folder / RECORDS, "a")
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._abandoned = threading.Event()  # the run ended with the store away: the spool waits for xp.sync
+        self._thread: threading.Thread | None = None
+        self.away_since: float | None = None  # when the store stopped answering (None: it answers)
+
+    @classmethod
+    def load(cls, folder: Path, client: Callable[[str], Any]) -> Spool:
+        meta = json.loads((Path(folder) / RUN).read_text())
+        return cls(Path(folder), meta["uri"], meta["run_id"], lambda: client(meta["uri"]))
+
+    # --- the training side: append and return --------------------------------------------------
+    def put(self, op: str, **data: Any) -> None:
+        with self._lock:
+            self._seq += 1
+            record = {"seq": self._seq, "op": op, **data}
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+            self._queue.append(record)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="xp-tracking-spool", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def ends(self) -> bool:
+        """Whether the records still to deliver end the run (a run whose process died has no end record)."""
+        with self._lock:
+            return any(r["op"] == "end" for r in self._queue)
+
+    def left(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def close(self, timeout_s: float = FLUSH_S) -> bool:
+        """Wait (at most timeout_s) for the store to take every record; True if it did. The spool folder goes
+        when it is delivered; otherwise it stays, listed in the pending index, for xp.sync."""
+        with self._lock:
+            self._closing = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=timeout_s)
+        self._abandoned.set()
+        with self._lock:
+            done = not self._queue
+            self._file.close()
+        if done:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            (pending_index() / self.run_id).unlink(missing_ok=True)
+        return done
+
+    # --- the drain ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        wait = BACKOFF_S[0]
+        while True:
+            with self._lock:
+                if not self._queue:
+                    if self._closing:
+                        return
+                    self._wake.clear()
+                    idle = True
+                else:
+                    idle = False
+            if idle:
+                self._wake.wait(1.0)
+                continue
+            if self.deliver_some():
+                wait = BACKOFF_S[0]
+                continue
+            if self._abandoned.wait(wait):  # the store is away: try again, less and less often
+                return
+            wait = min(2 * wait, BACKOFF_S[1])
+
+    def deliver_some(self) -> bool:
+        """Send the oldest records (one batch, or one artifact or end); False if the store is away."""
+        with self._lock:
+            records = _batch(self._queue)
+        try:
+            self._send(records)
+        except Exception as e:
+            if _refused(e):
+                log.warning("MLflow refused %s of run %s (%s): left out", _what(records), self.run_id,
+                            one_line(e)[:200])
+            else:
+                if self.away_since is None:
+                    self.away_since = time.monotonic()
+                    log.warning("tracking store %s is away (%s): training goes on; its records wait in %s",
+                                redact(self.uri), _reason(e), self.folder)
+                return False
+        if self.away_since is not None:
+            log.warning("tracking store %s is back after %.0f s: delivering what waited", redact(self.uri),
+                        time.monotonic() - self.away_since)
+            self.away_since = None
+        with self._lock:
+            del self._queue[:len(records)]
+            self._delivered = records[-1]["seq"]
+        _write_int(self.folder / DELIVERED, self._delivered)
+        return True
+
+    def _send(self, records: list[dict[str, Any]]) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        client = self.client()
+        first = records[0]
+        if first["op"] == "artifact":
+            client.log_artifact(self.run_id, str(self.folder / first["file"]), first.get("dest"))
+        elif first["op"] == "end":
+            client.set_terminated(self.run_id, first["status"], end_time=first.get("time"))
+        elif first["op"] == "status":
+            client.update_run(self.run_id, status=first["status"])
+        else:
+            metrics = [Metric(k, v, t, s) for r in records for k, v, t, s in r.get("metrics", [])]
+            params = [Param(k, v) for r in records for k, v in r.get("params", [])]
+            tags = [RunTag(k, v) for r in records for k, v in r.get("tags", [])]
+            client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
+
+
+def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The oldest records that go in one call: consecutive batches within MLflow's limits, or one other record."""
+    if not queue or queue[0]["op"] != "batch":
+        return queue[:1]
+    out, counts = [], dict.fromkeys(LIMITS, 0)
+    for r in queue:
+        if r["op"] != "batch" or any(counts[k] + len(r.get(k, [])) > n for k, n in LIMITS.items()) and out:
+            break
+        out.append(r)
+        for k in LIMITS:
+            counts[k] += len(r.get(k, []))
+    return out
+
+
+def _refused(e: Exception) -> bool:
+    return getattr(e, "error_code", None) in REFUSED and "active" not in str(e)
+
+
+def _reason(e: Exception) -> str:
+    text = one_line(e)
+    for marker in ("Connection refused", "Max retries exceeded", "timed out", "database is locked",
+                   "Name or service not known", "503", "502"):
+        if marker in text:
+            return marker.lower()
+    return text[:120]
+
+
+def _what(records: list[dict[str, Any]]) -> str:
+    return ", ".join(sorted({r["op"] for r in records}))
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:  # a line cut by a kill mid-write: everything before it is whole
+                    break
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_int(path: Path, value: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(value))
+    os.replace(tmp, path)
