@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT, mlflow_runs, run_xp, xp_args, xp_env
+from mlflow_server import MlflowServer
 
 
 @pytest.mark.slow
@@ -105,3 +106,168 @@ def test_a_full_disk_during_a_commit_is_one_line_and_leaves_nothing_behind(tmp_p
     assert {f.split("/")[1] for f in files if f != "."} == {"ck", "ck2"}  # nothing outside checkpoint_dir
     _, runs = mlflow_runs(store)
     assert [r.info.status for r in runs] == ["FINISHED", "FAILED", "FAILED", "FINISHED"]
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = MlflowServer(tmp_path)
+    s.start()
+    yield s
+    s.kill()
+
+
+def timed_lines(proc):
+    """(seconds since start, line) of everything proc prints, read on a thread."""
+    import threading
+    import time
+
+    t0, lines = time.monotonic(), []
+
+    def read():
+        for line in proc.stdout:
+            lines.append((time.monotonic() - t0, line.rstrip("\n")))
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        time.sleep(0.1)
+
+
+def epochs_logged(uri: str, run_id: str, key: str = "val_accuracy") -> list:
+    from mlflow.tracking import MlflowClient
+
+    return sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def run_id_of(lines) -> str:
+    import re
+
+    return next(m.group(1) for _, line in lines if (m := re.search(r"MLflow run +([0-9a-f]{32})", line)))
+
+
+@pytest.mark.slow
+def test_training_goes_on_through_a_tracking_outage_and_every_epoch_arrives_once(tmp_path, server):
+    import re
+    import time
+
+    EPOCHS = 120
+    proc = subprocess.Popen(xp_args(tmp_path, f"epochs={EPOCHS}", f"tracking_uri={server.uri}"), cwd=ROOT,
+                            env=xp_env(server.uri, {"XP_STATE_DIR": str(tmp_path / "state")}), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = timed_lines(proc)
+        wait_until(lambda: any(re.match(r"epoch +5/", line) for _, line in lines), 120, "epoch 5")
+        server.kill()
+        down = time.monotonic()
+        time.sleep(6)
+        done_in_outage = sum(1 for _, line in lines if line.startswith("epoch "))
+        server.start()
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    text = "\n".join(line for _, line in lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert done_in_outage >= 15, f"training stalled while the store was away: {done_in_outage} epochs ({down})"
+    assert text.count("is away") == 1 and text.count("is back") == 1, text[-3000:]
+    assert "Retrying" not in text and "Traceback" not in text
+    run_id = run_id_of(lines)
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(server.uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and "summary.epochs_completed" in run.data.params
+    logged = epochs_logged(server.uri, run_id)
+    assert [s for s, _ in logged] == list(range(1, EPOCHS + 1))  # every epoch, exactly once, none lost
+    assert not (tmp_path / "run" / "mlflow-spool").exists()  # delivered: the spool is gone
+
+
+@pytest.mark.slow
+def test_a_store_that_never_returns_keeps_the_spool_and_sync_delivers_it_later(tmp_path, server):
+    import re
+    import sys
+
+    EPOCHS = 40
+    proc = subprocess.Popen(xp_args(tmp_path, f"epochs={EPOCHS}", f"tracking_uri={server.uri}"), cwd=ROOT,
+                            env=xp_env(server.uri, {"XP_STATE_DIR": str(tmp_path / "state")}), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = timed_lines(proc)
+        wait_until(lambda: any(re.match(r"epoch +3/", line) for _, line in lines), 120, "epoch 3")
+        server.kill()
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    text = "\n".join(line for _, line in lines)
+    assert proc.returncode == 0, text[-3000:]  # a healthy run: its records wait, it did not fail
+    notice = [line for _, line in lines if "did not answer" in line]
+    assert len(notice) == 1 and "python -m xp.sync" in notice[0], text[-3000:]
+    spool = tmp_path / "run" / "mlflow-spool"
+    assert (spool / "records.jsonl").exists()
+    # what the run itself printed, epoch by epoch: the server must end up with exactly that
+    printed = [(int(m.group(1)), float(m.group(2))) for _, line in lines
+               if (m := re.match(r"epoch +(\d+)/\d+ .*val_accuracy=([0-9.]+)", line))]
+    assert len(printed) == EPOCHS
+    run_id = run_id_of(lines)
+
+    sync = [sys.executable, "-m", "xp.sync", "--wait", "2"]
+    away = subprocess.run(sync, cwd=ROOT, env=xp_env(server.uri, {"XP_STATE_DIR": str(tmp_path / "state")}), capture_output=True, text=True, timeout=120)
+    assert away.returncode == 1 and "is still away" in away.stderr and spool.exists(), away.stderr
+    server.start()
+    r = subprocess.run(sync, cwd=ROOT, env=xp_env(server.uri, {"XP_STATE_DIR": str(tmp_path / "state")}), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"records of run {run_id}" in r.stdout and not spool.exists()
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(server.uri).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert [(s, round(v, 4)) for s, v in epochs_logged(server.uri, run_id)] == printed
+    assert "xp.log" in {a.path for a in MlflowClient(server.uri).list_artifacts(run_id)}
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_under_its_parent_reusing_the_finished_jobs(tmp_path, store):
+    """SIGKILL during the second of three jobs; the same command again reopens the parent, reuses the first job's
+    run, runs the other two, and the parent ends FINISHED with the summary of all three."""
+    import os
+    import re
+    import signal
+
+    args = ("-m", "batch=16,32,64", "epochs=20")
+    proc = subprocess.Popen(xp_args(tmp_path, *args), cwd=ROOT, env=xp_env(store), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        lines = timed_lines(proc)
+        wait_until(lambda: sum(1 for _, ln in lines if re.match(r"epoch +2/20", ln)) >= 2, 180, "job 2's epoch 2")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    client, runs = mlflow_runs(store)
+    first_parent = next(r.info.run_id for r in runs if r.data.tags.get("xp.sweep") == "true")
+    first_job = next(r for r in runs if r.info.run_name == "batch=16")
+    assert first_job.info.status == "FINISHED"
+
+    again = run_xp(tmp_path, store, *args, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"reusing MLflow run {first_job.info.run_id}" in again.stdout
+    _, runs = mlflow_runs(store)
+    parents = [r for r in runs if r.data.tags.get("xp.sweep") == "true"]
+    assert [p.info.run_id for p in parents] == [first_parent]  # the same parent, not a new one
+    assert parents[0].info.status == "FINISHED" and parents[0].data.params["summary.runs"] == "3"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent]
+    finished = sorted(r.info.run_name for r in children if r.info.status == "FINISHED")
+    assert finished == ["batch=16", "batch=32", "batch=64"]  # batch=16 once: reused, not trained again
+    assert [r.info.status for r in children if r.info.run_name == "batch=32"] == ["FAILED", "FINISHED"]
+    assert not [r for r in runs if r.info.status == "RUNNING"]

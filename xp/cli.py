@@ -524,17 +524,25 @@ def swept_keys(overrides: list[str]) -> list[str]:
 
 def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
-    from xp import summary
+    from xp import summary, sweepstate
     from xp.tracking import Tracker, resolve_uri, run_name
 
     uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
     chosen = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")
     kind = f"study {config['sweep'].get('name') or chosen}" if config.get("sweep") else "sweep"
-    parent = Tracker(uri, config.get("experiment") or "xp", f"{kind}: " + run_name(overrides),
-                     tags={"xp.sweep": "true"})
+    experiment = config.get("experiment") or "xp"
+    skey = sweepstate.key("sweep", experiment, overrides)
+    parent = Tracker(uri, experiment, f"{kind}: " + run_name(overrides),
+                     tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey})
+    parent.reopen_run_id = sweepstate.interrupted_parent(parent, skey)  # a killed sweep goes on where it was
     parent.start()
-    parent.log_params({"sweep.overrides": " ".join(overrides)})
+    if parent.reopen_run_id:
+        os.environ[sweepstate.RESUMED_ENV] = "1"
+        log.info(f"sweep: resuming the interrupted sweep of MLflow parent run {parent.run_id}: its finished jobs "
+                 "are reused")
+    else:
+        parent.log_params({"sweep.overrides": " ".join(overrides)})
     os.environ[PARENT_ENV] = parent.run_id
     from hydra._internal.utils import get_args_parser
 
@@ -550,8 +558,9 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     finally:
         os.environ.pop(PARENT_ENV, None)
         os.environ.pop(SWEPT_ENV, None)
+        os.environ.pop(sweepstate.RESUMED_ENV, None)
         try:
-            children = parent.child_runs()
+            children = sweepstate.latest_per_job(parent.child_runs())
             rows = [summary.row_from_mlflow(r) for r in children]
             parent.log_params(summary.parent_params(rows, children))
             parent.set_tags(summary.parent_tags(children))

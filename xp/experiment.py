@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from xp import checkpoint, elastic
+from xp import checkpoint, elastic, sweepstate
 from xp.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, ProgressBar, ProgressPrinter,
                           ThroughputMeter, WorkerMetrics)
 from xp.errors import ConfigError, Terminated
@@ -130,6 +130,12 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
                       else (dict(config), None))
     plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
     trial = attach(plan.study)
+    if job.parent_run_id and not trial and not job.run_id and os.environ.get(sweepstate.RESUMED_ENV):
+        earlier = sweepstate.finished_job(uri, job.parent_run_id, sweepstate.job_key(job.overrides))
+        if earlier is not None:  # a resumed sweep: this job finished before the sweep was killed
+            log.info(f"reusing MLflow run {earlier.info.run_id} ({earlier.info.run_name}): it finished in the "
+                     "interrupted sweep with the same settings and code")
+            return Outcome("FINISHED", float(earlier.data.metrics.get("val_accuracy", 0.0)))
     log.info(describe(plan, uri))
     if plan.test_io and plan.dataset.options.get("kind", plan.dataset.name) not in ("rec", "folder"):
         log.warning(f"test_io: dataset={plan.dataset.name} is held in memory; its figure times slicing arrays, not "
@@ -196,6 +202,8 @@ def _open_tracker(plan: Plan, uri: str, name: str, job: JobInfo, trial: Any, reo
     if trial:
         tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
                      "optuna.trial_state": "RUNNING"})
+    elif job.parent_run_id and not job.run_id:  # a sweep's job: found again if the sweep is killed and resumed
+        tags[sweepstate.JOB_KEY] = sweepstate.job_key(job.overrides)
     tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
     spool = job.output_dir / "mlflow-spool" if job.output_dir is not None else None  # the run's writes wait here
     return tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id, tags=tags,

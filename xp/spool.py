@@ -57,6 +57,11 @@ def pending(uri: str | None = None) -> list[Path]:
             continue
         if _started(meta.get("pid", 0)) == meta.get("started", -1):
             continue  # its run is still going: its own process delivers it
+        delivered = _read_int(folder / DELIVERED)
+        if not any(r["seq"] > delivered for r in _read_records(folder / RECORDS)):
+            shutil.rmtree(folder, ignore_errors=True)  # a killed process's spool, all of it delivered
+            entry.unlink(missing_ok=True)
+            continue
         if uri is None or meta["uri"] == uri:
             out.append(folder)
     return out
@@ -74,14 +79,13 @@ def _started(pid: int) -> float:
 class Spool:
     """The records of one MLflow run; `client()` makes the MlflowClient the drain sends through."""
 
-    def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any]):
+    def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any], own: bool = True):
         self.folder, self.uri, self.run_id, self.client = Path(folder), uri, run_id, client
         self.folder.mkdir(parents=True, exist_ok=True)
-        run_file = self.folder / RUN
-        if not run_file.exists():  # a new spool: listed at once, so that one whose process is killed is found too
-            run_file.write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
-                                            "started": _started(os.getpid())}))
-            entry = pending_index() / run_id
+        if own:  # this process writes the spool (a reopened run's may hold what a killed process left)
+            (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
+                                                       "started": _started(os.getpid())}))
+            entry = pending_index() / run_id  # listed at once: the spool of a process that is killed is found too
             entry.parent.mkdir(parents=True, exist_ok=True)
             entry.write_text(str(self.folder.resolve()))
         self._delivered = _read_int(self.folder / DELIVERED)
@@ -98,7 +102,7 @@ class Spool:
     @classmethod
     def load(cls, folder: Path, client: Callable[[str], Any]) -> Spool:
         meta = json.loads((Path(folder) / RUN).read_text())
-        return cls(Path(folder), meta["uri"], meta["run_id"], lambda: client(meta["uri"]))
+        return cls(Path(folder), meta["uri"], meta["run_id"], lambda: client(meta["uri"]), own=False)
 
     # --- the training side: append and return --------------------------------------------------
     def put(self, op: str, **data: Any) -> None:

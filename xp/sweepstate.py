@@ -1,0 +1,89 @@
+"""A killed sweep resumes: the same command again finds its interrupted parent run and reuses its finished jobs.
+
+A sweep's parent run carries the key of its command (experiment, overrides, and the code: git commit, and a
+hash of the changes when the tree has any); each job's run the key of its own overrides and the code. Run
+again after a kill, the sweep reopens the interrupted parent with the same key, and each job whose key has a
+FINISHED run under it is reused instead of trained again (runs are deterministic: same settings, same code,
+same result); the rest run, and the parent ends with its summary. A FINISHED parent is never reopened: the
+same command after a complete sweep is a new sweep.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("xp")
+
+SWEEP_KEY, JOB_KEY = "xp.sweep_key", "xp.job_key"
+RESUMED_ENV = "XP_SWEEP_RESUMED"  # set by the sweep for its jobs: the parent was reopened, look for earlier jobs
+
+
+@functools.lru_cache(maxsize=None)
+def code_identity() -> str:
+    """What the code is: xp's git commit, plus a hash of the uncommitted changes to tracked files; or xp's
+    version where it runs from an installed wheel."""
+    import subprocess
+    from pathlib import Path
+
+    from xp.tracking import _git, versions
+
+    git = _git()
+    if not git:
+        return "xp " + versions(()).get("xp", "?")
+    ident = git["mlflow.source.git.commit"]
+    if git.get("xp.git.dirty") == "true":
+        root = Path(__file__).resolve().parent.parent
+        try:
+            diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD"], capture_output=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError):
+            diff = os.urandom(8)  # unknown changes: never the same code as another run's
+        ident += "+" + hashlib.sha1(diff).hexdigest()[:12]
+    return ident
+
+
+def key(*parts: Any) -> str:
+    return hashlib.sha1(json.dumps([*parts, code_identity()], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def job_key(overrides: list[str]) -> str:
+    return key("job", sorted(o for o in overrides if not o.lstrip("+~").startswith("hydra")))
+
+
+def interrupted_parent(tracker: Any, sweep_key: str) -> str | None:
+    """The latest parent run of this sweep that did not finish (after ending the runs of dead processes)."""
+    tracker.experiment_id = tracker._experiment_id()
+    tracker.end_orphans()
+    runs = tracker.client.search_runs([tracker.experiment_id], f"tags.`{SWEEP_KEY}` = '{sweep_key}'",
+                                      order_by=["attributes.start_time DESC"], max_results=1)
+    if runs and runs[0].info.status in ("FAILED", "KILLED"):
+        return runs[0].info.run_id
+    return None
+
+
+def finished_job(uri: str, parent_run_id: str, job: str) -> Any:
+    """The FINISHED run of job key `job` under the parent, or None."""
+    from xp.tracking import open_client
+
+    client = open_client(uri)
+    exp = client.get_run(parent_run_id).info.experiment_id
+    runs = client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{JOB_KEY}` = '{job}' "
+                                     "and attributes.status = 'FINISHED'", max_results=1)
+    return runs[0] if runs else None
+
+
+def latest_per_job(children: list[Any]) -> list[Any]:
+    """A resumed sweep's children, one per job: its FINISHED run, else its latest (runs in start order)."""
+    best: dict[str, Any] = {}
+    order: list[str] = []
+    for c in children:
+        k = c.data.tags.get(JOB_KEY) or c.info.run_id
+        if k not in best:
+            order.append(k)
+        if k not in best or best[k].info.status != "FINISHED" or c.info.status == "FINISHED":
+            best[k] = c
+    return [best[k] for k in order]
