@@ -132,6 +132,7 @@ def test_an_unreadable_image_is_left_out_with_a_warning_or_fails_with_strict(tmp
     listed = next((tmp_path / "cache" / "recordio").glob("*_skipped.txt"))
     assert f"1 of 60 images could not be read and were left out (listed in {listed})" in proc.stdout + proc.stderr
     assert listed.read_text().split("\t")[1] == str(broken)
+    assert "3 steps of 12; 47 training, 12 validation" in proc.stdout  # the plan counts the images that train
     run = mlflow_runs(store)[1][0]
     assert run.info.status == "FINISHED" and run.data.params["summary.epochs_completed"] == "2"
     strict = run_xp(tmp_path, store, *args, "dataset.strict=true", env=env)

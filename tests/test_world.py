@@ -211,8 +211,9 @@ def test_a_store_that_never_returns_keeps_the_spool_and_sync_delivers_it_later(t
     assert proc.returncode == 0, text[-3000:]  # a healthy run: its records wait, it did not fail
     notice = [line for _, line in lines if "did not answer" in line]
     assert len(notice) == 1 and "python -m xp.sync" in notice[0], text[-3000:]
-    spool = tmp_path / "run" / "mlflow-spool"
-    assert (spool / "records.jsonl").exists()
+    spools = list((tmp_path / "run" / "mlflow-spool").glob("*/records.jsonl"))
+    assert len(spools) == 1  # one spool, this process's
+    spool = spools[0].parent
     # what the run itself printed, epoch by epoch: the server must end up with exactly that
     printed = [(int(m.group(1)), float(m.group(2))) for _, line in lines
                if (m := re.match(r"epoch +(\d+)/\d+ .*val_accuracy=([0-9.]+)", line))]
@@ -271,3 +272,87 @@ def test_a_killed_sweep_resumes_under_its_parent_reusing_the_finished_jobs(tmp_p
     assert finished == ["batch=16", "batch=32", "batch=64"]  # batch=16 once: reused, not trained again
     assert [r.info.status for r in children if r.info.run_name == "batch=32"] == ["FAILED", "FINISHED"]
     assert not [r for r in runs if r.info.status == "RUNNING"]
+
+
+# --- smaller items: each one line today, but a wrong or raw one -----------------------------------------------
+
+def test_slurm_messages_are_cut_at_a_word_never_mid_word():
+    from xp.slurm import clip
+
+    text = "slurm_load_partitions: Unable to contact slurm controller (connect failure) " * 6
+    cut = clip(text, 100)
+    assert len(cut) <= 104 and cut.endswith(" ...") and text.startswith(cut[:-4]) and text[len(cut) - 4] == " "
+    assert clip("short\nmessage", 100) == "short message"
+
+
+@pytest.mark.slow
+def test_a_login_node_without_a_controller_says_so_in_one_whole_line(tmp_path):
+    conf = tmp_path / "slurm.conf"  # a controller on a loopback port nothing listens on
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\nAuthType=auth/none\n"
+                    "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=main Nodes=n1 Default=YES\n")
+    r = run_xp(tmp_path, f"sqlite:///{tmp_path}/m.db", "launcher=slurm", "workers=2", "slurm.nodes=2",
+               "kvstore=dist_sync", "tracking_uri=http://10.9.9.9:5000", env={"SLURM_CONF": str(conf)}, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Unable to contact slurm controller (connect failure)" in lines[0], r.stderr
+    assert lines[0].endswith("is its controller (slurmctld) up and reachable?")
+
+
+def test_the_readme_exit_codes_name_what_xp_exits_with():
+    text = (ROOT / "README.md").read_text()
+    line = " ".join(text.split("Exit codes:", 1)[1].split("\n\n", 1)[0].split())
+    for fragment in ("0 done", "1 training failed", "a full disk at a checkpoint", "NODE_FAIL", "TIMEOUT",
+                     "2 usage or configuration error", "130 Ctrl-C", "143 SIGTERM"):
+        assert fragment in line, fragment
+    assert "backend=torch` trains in float16 there" in " ".join(text.split())
+
+
+def test_torch_float16_on_the_cpu_trains_with_a_warning(caplog):
+    from conftest import compose_config
+    from xp.experiment import plan_and_backend
+
+    plan, cls = plan_and_backend(compose_config("backend=torch", "dtype=float16", "epochs=1"))
+    with caplog.at_level("WARNING", logger="xp"):
+        cls().setup(plan)
+    assert any("dtype=float16 on the CPU" in r.getMessage() and "bfloat16" in r.getMessage() for r in caplog.records)
+
+
+def test_xp_experiments_open_in_mlflows_model_training_view(tmp_path):
+    """MLflow's UI (3.17) opens an experiment in its GenAI view unless told: xp tags its experiments and prints
+    the run's page with ?workflowType=machine_learning (seen in chromium: the Runs table, not Traces)."""
+    from mlflow.tracking import MlflowClient
+
+    from xp.tracking import EXPERIMENT_KIND, Tracker, run_url_hint
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    MlflowClient(uri).create_experiment("older", artifact_location=(tmp_path / "a").as_uri())  # made without it
+    for name in ("xp", "older"):
+        t = Tracker(uri, name, "r")
+        t.start()
+        t.end("FINISHED")
+        assert MlflowClient(uri).get_experiment_by_name(name).tags.get(EXPERIMENT_KIND[0]) == EXPERIMENT_KIND[1]
+    hint = run_url_hint(uri, t.experiment_id, t.run_id)
+    assert hint.endswith(f"/#/experiments/{t.experiment_id}/runs/{t.run_id}?workflowType=machine_learning")
+    assert run_url_hint("http://10.0.0.1:5000", "1", "abc") == \
+        "http://10.0.0.1:5000/#/experiments/1/runs/abc?workflowType=machine_learning"
+
+
+def test_the_view_hint_names_an_mlflow_that_exists_outside_the_checkout(tmp_path):
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "from xp.tracking import run_url_hint; print(run_url_hint('sqlite:///x'))"],
+                       cwd=tmp_path, env=xp_env("sqlite:///x", {"PYTHONPATH": str(ROOT)}), capture_output=True,
+                       text=True, timeout=60)
+    program = r.stdout.split(" ui ")[0].split(" -m ")[0]
+    assert not program.startswith(".venv") and (tmp_path / program).exists(), r.stdout + r.stderr
+
+
+def test_the_wheel_ships_the_tracked_studies_and_nothing_else():
+    """pyproject names the studies the wheel carries: exactly the tracked ones (an untracked file a user drops in
+    sweeps/ stays out of the wheel)."""
+    import tomllib
+
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["xp.sweeps"]
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "sweeps"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert sorted(shipped) == sorted(p.split("/", 1)[1] for p in tracked if p.endswith(".yaml"))

@@ -162,6 +162,28 @@ def _user_dirs(config_dir: str | None, overrides: list[Any]) -> list[Path]:
     return dirs
 
 
+def _parse_advice(overrides: list[str]) -> str | None:
+    """Hydra's parser on a value with a space (dataset.root=/data/my dir): the shell split it, or Hydra's grammar
+    needs it quoted. Say so, with the quoted spelling."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for i, o in enumerate(overrides):
+        if "=" not in o and i > 0 and "=" in overrides[i - 1]:  # the shell split KEY=a b into two arguments
+            key, value = overrides[i - 1].split("=", 1)
+            return (f"{o!r}: not KEY=VALUE; if it belongs to {key}'s value, quote the whole value for the shell "
+                    f"and for Hydra: \"{key}='{value} {o}'\"")
+        if "=" in o:
+            try:
+                parser.parse_override(o)
+            except Exception:
+                key, value = o.split("=", 1)
+                if any(c in value for c in " ()[]{},:'\"") and not value.startswith(("'", '"')):
+                    return (f"{o}: Hydra cannot read this value as it is (spaces and ()[]{{}},: are part of its "
+                            f"grammar); quote it: \"{key}='{value}'\"")
+    return None
+
+
 def _composition_error(e: Exception, override: list[str], known_keys: list[str]) -> ConfigError:
     text = str(e) + ("\n" + str(e.__cause__) if e.__cause__ else "")
     for o in override:
@@ -170,6 +192,9 @@ def _composition_error(e: Exception, override: list[str], known_keys: list[str])
             close = ([k for k in known_keys if k.endswith("." + key)]
                      or difflib.get_close_matches(key, known_keys, n=1))
             hint = f"did you mean {close[0]}?" if close else "see python -m xp --help"
+            if close and close[0] == key:  # a key of another option of its group (dataset.root is folder's)
+                group = key.split(".", 1)[0]
+                hint = f"the chosen {group} has no such key; it is one of another {group} option (choose it: {group}=...)"
             return ConfigError(f"{o}: unknown key {key!r}; {hint}")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     why = next((ln for ln in lines if "could not be converted" in ln), None)
@@ -194,7 +219,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     try:
         parsed = OverridesParser.create().parse_overrides(args.overrides)
     except Exception as e:
-        raise ConfigError(f"cannot parse the command line: {one_line(e)}") from e
+        raise ConfigError(_parse_advice(args.overrides) or f"cannot parse the command line: {one_line(e)}") from e
     dirs = _user_dirs(args.config_dir, parsed)  # the user's own options, beside xp's
     searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
     groups = _groups(dirs)

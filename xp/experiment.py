@@ -19,6 +19,7 @@ from xp.errors import ConfigError, Terminated
 from xp.gpu import visible_gpus
 from xp.worker import HOSTS_ENV
 from xp.plan import Plan, build_plan
+from xp.recordio import with_kept_images
 from xp.registry import Registry
 from xp.telemetry import telemetry
 from xp.trial import TrialPruned, TrialReporter, attach
@@ -129,6 +130,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     config, reopen = (checkpoint.resolve_resume(config, uri) if config.get("resume") is not None and not job.run_id
                       else (dict(config), None))
     plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
+    plan = with_kept_images(plan)  # an image folder is prepared now: the plan counts the images that train
     trial = attach(plan.study)
     if job.parent_run_id and not trial and not job.run_id and os.environ.get(sweepstate.RESUMED_ENV):
         earlier = sweepstate.finished_job(uri, job.parent_run_id, sweepstate.job_key(job.overrides))
@@ -304,7 +306,8 @@ def summarize_run(plan: Plan, cbs: RunCallbacks, tracker: Any, name: str, state:
     row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices) * plan.workers,
            **summary, "state": state}
     log.info("\n" + table([row]))
-    log.info(f"logged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); view with: {run_url_hint(uri)}")
+    log.info(f"logged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); view with: "
+             f"{run_url_hint(uri, getattr(tracker, 'experiment_id', None), tracker.run_id)}")
     return summary
 
 

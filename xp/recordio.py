@@ -334,3 +334,25 @@ def record_files(plan: Any) -> tuple[str, str]:
         for rec in (train, val):
             check_records(rec, rec[:-4] + ".idx", plan.dataset.num_classes, limit=8)
     return train, val
+
+
+def with_kept_images(plan: Any) -> Any:
+    """A folder data set's plan with the sizes of what was prepared: images that cannot be read are left out when
+    it is prepared (on first use, here; cached afterwards), and the plan counts only what trains."""
+    from dataclasses import replace
+
+    from xp.errors import ConfigError
+
+    if plan.dataset.listing is None:
+        return plan
+    train, val = record_files(plan)
+    sizes = [sum(1 for line in open(rec[:-4] + ".idx", "rb") if line.strip()) for rec in (train, val)]
+    if sizes == [plan.dataset.train_size, plan.dataset.val_size]:
+        return plan
+    steps = sizes[0] // plan.global_batch
+    if steps < 1:
+        raise ConfigError(f"batch={plan.batch}: the global batch ({plan.global_batch}) exceeds the {sizes[0]} "
+                          f"readable training images of dataset={plan.dataset.name}")
+    return replace(plan, dataset=replace(plan.dataset, train_size=sizes[0], val_size=sizes[1]),
+                   steps_per_epoch=steps, samples_per_epoch=steps * plan.global_batch)
+

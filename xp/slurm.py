@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xp.errors import ConfigError, Terminated, XPError
+from xp.errors import ConfigError, Terminated, XPError, one_line
 from xp.hosts import HostSlots
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
@@ -93,6 +93,14 @@ def _show(kind: str, name: str) -> str:
     return r.stdout if r.returncode == 0 else ""
 
 
+def clip(text: str, limit: int) -> str:
+    """Slurm's message on one line, cut at a word boundary (never mid-word) when longer than `limit`."""
+    text = one_line(text)
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def _field(record: str, key: str) -> str | None:
     for part in record.split():
         if part.startswith(key + "="):
@@ -104,7 +112,8 @@ def check(settings: Any) -> None:
     """Before anything is submitted: the partition exists and has the nodes asked for (one line each)."""
     r = _run(["sinfo", "-h", "-o", "%P %D"])
     if r.returncode != 0:
-        raise ConfigError(f"launcher=slurm: sinfo failed ({r.stderr.strip()[:200]}); is this a Slurm login node?")
+        raise ConfigError(f"launcher=slurm: sinfo failed ({clip(r.stderr, 300)}); is this a Slurm login node, and "
+                          "is its controller (slurmctld) up and reachable?")
     partitions = {p.rstrip("*"): int(n) for p, n in (line.split() for line in r.stdout.splitlines() if line.strip())}
     default = next((p.rstrip("*") for p in (line.split()[0] for line in r.stdout.splitlines()) if p.endswith("*")),
                    None)

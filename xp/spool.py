@@ -80,12 +80,14 @@ class Spool:
     """The records of one MLflow run; `client()` makes the MlflowClient the drain sends through."""
 
     def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any], own: bool = True):
+        import mlflow.entities  # noqa: F401  imported here, not first on the drain thread (a concurrent import fails)
+
         self.folder, self.uri, self.run_id, self.client = Path(folder), uri, run_id, client
         self.folder.mkdir(parents=True, exist_ok=True)
         if own:  # this process writes the spool (a reopened run's may hold what a killed process left)
             (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
                                                        "started": _started(os.getpid())}))
-            entry = pending_index() / run_id  # listed at once: the spool of a process that is killed is found too
+            entry = pending_index() / self.folder.name  # listed at once: a killed process's spool is found too
             entry.parent.mkdir(parents=True, exist_ok=True)
             entry.write_text(str(self.folder.resolve()))
         self._delivered = _read_int(self.folder / DELIVERED)
@@ -141,7 +143,11 @@ class Spool:
             self._file.close()
         if done:
             shutil.rmtree(self.folder, ignore_errors=True)
-            (pending_index() / self.run_id).unlink(missing_ok=True)
+            (pending_index() / self.folder.name).unlink(missing_ok=True)
+            try:
+                self.folder.parent.rmdir()  # the run's mlflow-spool/, when it was the only spool there
+            except OSError:
+                pass
         return done
 
     # --- the drain ---------------------------------------------------------------------------

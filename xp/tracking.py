@@ -21,6 +21,8 @@ log = logging.getLogger("xp")
 
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 MAX_PARAM_LEN = 6000  # MLflow 3's limit on a param value
+# MLflow's UI (3.x) opens an experiment without this tag in its GenAI mode (Traces, Evaluations): xp's are training
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 def resolve_uri(configured: str | None = None, cwd: str | Path | None = None) -> str:
@@ -211,9 +213,12 @@ class Tracker:
 
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is not None:
+            if EXPERIMENT_KIND[0] not in exp.tags:  # one xp made before it said so, or another tool's
+                self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
             return exp.experiment_id
         try:
-            return self.client.create_experiment(self.experiment, artifact_location=_artifact_root(self.uri))
+            return self.client.create_experiment(self.experiment, artifact_location=_artifact_root(self.uri),
+                                                 tags=dict([EXPERIMENT_KIND]))
         except MlflowException:  # another process created it first
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is None:
@@ -223,8 +228,10 @@ class Tracker:
     def _open_spool(self) -> None:
         from xp.spool import Spool, state_dir
 
-        folder = Path(self.spool_dir) if self.spool_dir else state_dir() / "spools" / self.run_id
-        self._spool = Spool(folder, self.uri, self.run_id, lambda: self.client)
+        # one spool per process: a distributed run's launcher and its rank 0 both write to the run
+        base = Path(self.spool_dir) if self.spool_dir else state_dir() / "spools"
+        self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
+        self._spool = Spool(base / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id, lambda: self.client)
 
     def start(self) -> str:
         if self.attach_run_id:
@@ -413,10 +420,30 @@ def _git() -> dict[str, str]:
 _git_tags: dict[str, str] | None = None
 
 
-def run_url_hint(uri: str) -> str:
-    if uri.startswith("sqlite:///"):
-        return f".venv/bin/mlflow ui --backend-store-uri {uri}"
-    return f"MLFLOW_TRACKING_URI={uri}"
+UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def run_url_hint(uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """How to look at a run: the `mlflow ui` of the environment xp runs in (its path as the user would type it:
+    relative inside the current folder, e.g. .venv/bin/mlflow in a checkout) and the run's page, or the page on
+    the tracking server. The page asks for MLflow's Model training view: the UI (3.x) opens in its GenAI view
+    (Traces, Evaluations) otherwise."""
+    import sys
+
+    page = ""
+    if experiment_id and run_id:
+        page = f"/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    if not uri.startswith("sqlite:///"):
+        return uri.rstrip("/") + page if page and uri.startswith(("http://", "https://")) else f"MLFLOW_TRACKING_URI={uri}"
+    exe = Path(sys.executable).parent / "mlflow"
+    if exe.is_file():
+        try:
+            program = str(exe.absolute().relative_to(Path.cwd()))
+        except ValueError:
+            program = str(exe)
+    else:
+        program = f"{sys.executable} -m mlflow"
+    return f"{program} ui --backend-store-uri {uri}" + (f", then {UI_URL}{page}" if page else "")
 
 
 def versions(distributions: Iterable[str]) -> dict[str, str]:
