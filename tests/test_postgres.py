@@ -90,3 +90,28 @@ def test_a_wrong_database_password_is_one_line_without_it(tmp_path, postgres):
     assert err.startswith("xp: error: ") and "\n" not in err and "Traceback" not in proc.stdout + err
     assert "password authentication failed" in err and "not-the-one" not in proc.stdout + err
     assert len(mlflow_runs(postgres.url("mlflow"))[1]) == before  # nothing was created
+
+
+@pytest.mark.slow
+def test_four_sweepers_on_one_postgres_study_never_propose_the_same_trial(tmp_path, postgres):
+    """Several machines share one PostgreSQL study by running the same command: before, each seeded its sampler
+    from the trial count they all read at once, and 4 of them ran 12 trials with 6 distinct parameter sets."""
+    import optuna
+
+    storage = postgres.url("optuna")
+    store = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    procs = [subprocess.Popen([sys.executable, "-m", "xp", "-m", "sweep=lr_batch", "sweep.study_name=four",
+                               "sweep.n_trials=8", "epochs=1", f"hydra.sweep.dir={tmp_path}/s{i}"], cwd=ROOT,
+                              env=xp_env(store, {"XP_OPTUNA_STORAGE": storage}), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    try:
+        outs = [p.communicate(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outs]
+    trials = optuna.load_study(study_name="four", storage=storage).get_trials()
+    proposed = [tuple(sorted(t.params.items())) for t in trials]
+    assert len(trials) >= 8 and len(set(proposed)) == len(proposed), proposed

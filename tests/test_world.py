@@ -356,3 +356,35 @@ def test_the_wheel_ships_the_tracked_studies_and_nothing_else():
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "sweeps"], capture_output=True, text=True,
                              check=True).stdout.split()
     assert sorted(shipped) == sorted(p.split("/", 1)[1] for p in tracked if p.endswith(".yaml"))
+
+
+def test_stale_temporary_commits_of_dead_processes_of_this_host_are_removed(tmp_path):
+    import os
+    import socket
+
+    from xp.checkpoint import sweep_stale
+
+    host = socket.gethostname()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = {f".epoch-3.tmp-{host}-{dead.pid}": False,  # this host, process gone: removed
+             f".epoch-3.tmp-{dead.pid}": False,  # the older name (no host): this host's
+             f".latest.tmp-{host}-{dead.pid}": False,
+             f".epoch-4.tmp-{host}-{os.getppid()}": True,  # a living process's commit in progress: kept
+             f".epoch-3.tmp-another-host-{dead.pid}": True}  # another host's (a shared folder): kept
+    for name in names:
+        (tmp_path / name).mkdir() if "epoch" in name else (tmp_path / name).write_text("epoch-3")
+    (tmp_path / "epoch-2").mkdir()
+    sweep_stale(tmp_path)
+    assert {n: (tmp_path / n).exists() for n in names} == names and (tmp_path / "epoch-2").is_dir()
+
+
+def test_sync_of_a_folder_that_is_no_spool_is_one_line_and_exit_2(tmp_path):
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "xp.sync", str(tmp_path)], cwd=ROOT, env=xp_env("sqlite:///x"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a spool folder" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "xp.sync"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=xp_env("sqlite:///x", {"XP_STATE_DIR": str(tmp_path / "state")}))
+    assert r.returncode == 0 and "nothing waits for delivery" in r.stdout
