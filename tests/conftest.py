@@ -104,6 +104,20 @@ def xp_process(tmp_path: Path, store_uri: str, *args: str, env: dict | None = No
             proc.wait(timeout=30)
 
 
+def run_together(commands: list[list[str]], env: dict, timeout: float = 400) -> list[subprocess.CompletedProcess]:
+    """Start every command at once (processes racing for the same stores), wait for all; kill what is left."""
+    procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in commands]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    return [subprocess.CompletedProcess(c, p.returncode, out, err) for c, p, (out, err) in zip(commands, procs, outs)]
+
+
 def metric_by_step(client, run_id: str, key: str) -> list[float]:
     """A metric's value at every step, in step order; a step logged twice (an epoch trained again
     after a rollback) keeps its later value."""

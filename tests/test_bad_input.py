@@ -23,8 +23,8 @@ CASES = [
     ("+lrr=0.1", "+lrr=0.1: xp has no key 'lrr', nothing would read it; did you mean lr?"),
     ("++model.widht=2", "xp has no key 'model.widht'"),
     # a value with a space, split by the shell; a key of another option of the group (issue 29)
-    ("dataset=folder dataset.root=/data/my dir", "'dir': not KEY=VALUE; if it belongs to dataset.root's value, quote "
-     "the whole value for the shell and for Hydra: \"dataset.root='/data/my dir'\""),
+    ("dataset=folder dataset.root=/data/my dir", "cannot parse the command line: 'dir' is not KEY=VALUE; if it belongs "
+     "to dataset.root's value, quote the whole value for the shell and for Hydra: \"dataset.root='/data/my dir'\""),
     ("dataset.root=/data", "dataset.root=/data: unknown key 'dataset.root'; the chosen dataset has no such key"),
     # wrong types and out-of-range numbers
     ("batch=0", "batch=0: must be an integer from 1"),

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import pg
-from conftest import ROOT, mlflow_runs, run_xp, xp_env
+from conftest import ROOT, mlflow_runs, run_together, run_xp, xp_env
 
 PASSWORD = "pg-Secret-42"
 
@@ -100,18 +100,10 @@ def test_four_sweepers_on_one_postgres_study_never_propose_the_same_trial(tmp_pa
 
     storage = postgres.url("optuna")
     store = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
-    procs = [subprocess.Popen([sys.executable, "-m", "xp", "-m", "sweep=lr_batch", "sweep.study_name=four",
-                               "sweep.n_trials=8", "epochs=1", f"hydra.sweep.dir={tmp_path}/s{i}"], cwd=ROOT,
-                              env=xp_env(store, {"XP_OPTUNA_STORAGE": storage}), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(4)]
-    try:
-        outs = [p.communicate(timeout=400) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
-    assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in outs]
+    done = run_together([[sys.executable, "-m", "xp", "-m", "sweep=lr_batch", "sweep.study_name=four", "sweep.n_trials=8",
+                          "epochs=1", f"hydra.sweep.dir={tmp_path}/s{i}"] for i in range(4)],
+                        xp_env(store, {"XP_OPTUNA_STORAGE": storage}))
+    assert all(r.returncode == 0 for r in done), [r.stderr[-1500:] for r in done]
     trials = optuna.load_study(study_name="four", storage=storage).get_trials()
     proposed = [tuple(sorted(t.params.items())) for t in trials]
     assert len(trials) >= 8 and len(set(proposed)) == len(proposed), proposed

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
+from contextlib import contextmanager
 
 import pytest
 
-from conftest import ROOT, mlflow_runs, run_xp, xp_args, xp_env
+from conftest import ROOT, mlflow_runs, run_together, run_xp, xp_args, xp_env
 from mlflow_server import MlflowServer
 
 
@@ -17,18 +18,10 @@ def test_eight_processes_on_new_stores_all_succeed_and_never_propose_the_same_tr
     """8 studies started together on a fresh SQLite MLflow store and a fresh Optuna SQLite storage: before,
     MLflow's migrations raced (the file left unusable) and every sweeper drew the same proposals."""
     store, storage = f"sqlite:///{tmp_path}/mlruns/mlflow.db", f"sqlite:///{tmp_path}/optuna.db"
-    procs = [subprocess.Popen([*xp_args(tmp_path / str(i), "-m", "sweep=lr_batch", "sweep.n_trials=8", "epochs=1")],
-                              cwd=ROOT, env=xp_env(store, {"XP_OPTUNA_STORAGE": storage}),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(8)]
-    try:
-        outs = [p.communicate(timeout=400) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-2000:]
+    done = run_together([xp_args(tmp_path / str(i), "-m", "sweep=lr_batch", "sweep.n_trials=8", "epochs=1")
+                         for i in range(8)], xp_env(store, {"XP_OPTUNA_STORAGE": storage}))
+    for r in done:
+        assert r.returncode == 0, r.stderr[-2000:]
     import optuna
 
     trials = optuna.load_study(study_name="lr_batch", storage=storage).get_trials()
@@ -116,6 +109,30 @@ def server(tmp_path):
     s.kill()
 
 
+@contextmanager
+def xp_lines(tmp_path, store: str, *args: str, env: dict | None = None):
+    """`python -m xp ARGS` in the background in its own session, its output (stderr merged) read on a thread as
+    (seconds, line); it and everything it started are killed if still running when the block ends."""
+    import os
+    import signal
+
+    proc = subprocess.Popen(xp_args(tmp_path, *args), cwd=ROOT, env=xp_env(store, env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        yield proc, timed_lines(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def epoch_seen(lines, n: int, times: int = 1):
+    """A predicate: the progress line of epoch n printed `times` times (the jobs of a sweep print one each)."""
+    import re
+
+    return lambda: sum(1 for _, line in lines if re.match(rf"epoch +{n}/", line)) >= times
+
+
 def timed_lines(proc):
     """(seconds since start, line) of everything proc prints, read on a thread."""
     import threading
@@ -154,26 +171,18 @@ def run_id_of(lines) -> str:
 
 @pytest.mark.slow
 def test_training_goes_on_through_a_tracking_outage_and_every_epoch_arrives_once(tmp_path, server):
-    import re
     import time
 
     EPOCHS = 120
-    proc = subprocess.Popen(xp_args(tmp_path, f"epochs={EPOCHS}", f"tracking_uri={server.uri}"), cwd=ROOT,
-                            env=xp_env(server.uri, {"XP_STATE_DIR": str(tmp_path / "state")}), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = timed_lines(proc)
-        wait_until(lambda: any(re.match(r"epoch +5/", line) for _, line in lines), 120, "epoch 5")
+    state = {"XP_STATE_DIR": str(tmp_path / "state")}
+    with xp_lines(tmp_path, server.uri, f"epochs={EPOCHS}", f"tracking_uri={server.uri}", env=state) as (proc, lines):
+        wait_until(epoch_seen(lines, 5), 120, "epoch 5")
         server.kill()
         down = time.monotonic()
         time.sleep(6)
         done_in_outage = sum(1 for _, line in lines if line.startswith("epoch "))
         server.start()
         proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     text = "\n".join(line for _, line in lines)
     assert proc.returncode == 0, text[-3000:]
     assert done_in_outage >= 15, f"training stalled while the store was away: {done_in_outage} epochs ({down})"
@@ -195,18 +204,11 @@ def test_a_store_that_never_returns_keeps_the_spool_and_sync_delivers_it_later(t
     import sys
 
     EPOCHS = 40
-    proc = subprocess.Popen(xp_args(tmp_path, f"epochs={EPOCHS}", f"tracking_uri={server.uri}"), cwd=ROOT,
-                            env=xp_env(server.uri, {"XP_STATE_DIR": str(tmp_path / "state")}), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = timed_lines(proc)
-        wait_until(lambda: any(re.match(r"epoch +3/", line) for _, line in lines), 120, "epoch 3")
+    state = {"XP_STATE_DIR": str(tmp_path / "state")}
+    with xp_lines(tmp_path, server.uri, f"epochs={EPOCHS}", f"tracking_uri={server.uri}", env=state) as (proc, lines):
+        wait_until(epoch_seen(lines, 3), 120, "epoch 3")
         server.kill()
         proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     text = "\n".join(line for _, line in lines)
     assert proc.returncode == 0, text[-3000:]  # a healthy run: its records wait, it did not fail
     notice = [line for _, line in lines if "did not answer" in line]
@@ -221,10 +223,10 @@ def test_a_store_that_never_returns_keeps_the_spool_and_sync_delivers_it_later(t
     run_id = run_id_of(lines)
 
     sync = [sys.executable, "-m", "xp.sync", "--wait", "2"]
-    away = subprocess.run(sync, cwd=ROOT, env=xp_env(server.uri, {"XP_STATE_DIR": str(tmp_path / "state")}), capture_output=True, text=True, timeout=120)
+    away = subprocess.run(sync, cwd=ROOT, env=xp_env(server.uri, state), capture_output=True, text=True, timeout=120)
     assert away.returncode == 1 and "is still away" in away.stderr and spool.exists(), away.stderr
     server.start()
-    r = subprocess.run(sync, cwd=ROOT, env=xp_env(server.uri, {"XP_STATE_DIR": str(tmp_path / "state")}), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(sync, cwd=ROOT, env=xp_env(server.uri, state), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"records of run {run_id}" in r.stdout and not spool.exists()
     from mlflow.tracking import MlflowClient
@@ -240,21 +242,13 @@ def test_a_killed_sweep_resumes_under_its_parent_reusing_the_finished_jobs(tmp_p
     """SIGKILL during the second of three jobs; the same command again reopens the parent, reuses the first job's
     run, runs the other two, and the parent ends FINISHED with the summary of all three."""
     import os
-    import re
     import signal
 
     args = ("-m", "batch=16,32,64", "epochs=20")
-    proc = subprocess.Popen(xp_args(tmp_path, *args), cwd=ROOT, env=xp_env(store), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        lines = timed_lines(proc)
-        wait_until(lambda: sum(1 for _, ln in lines if re.match(r"epoch +2/20", ln)) >= 2, 180, "job 2's epoch 2")
+    with xp_lines(tmp_path, store, *args) as (proc, lines):
+        wait_until(epoch_seen(lines, 2, times=2), 180, "job 2's epoch 2")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     client, runs = mlflow_runs(store)
     first_parent = next(r.info.run_id for r in runs if r.data.tags.get("xp.sweep") == "true")
     first_job = next(r for r in runs if r.info.run_name == "batch=16")

@@ -171,16 +171,15 @@ def _parse_advice(overrides: list[str]) -> str | None:
     for i, o in enumerate(overrides):
         if "=" not in o and i > 0 and "=" in overrides[i - 1]:  # the shell split KEY=a b into two arguments
             key, value = overrides[i - 1].split("=", 1)
-            return (f"{o!r}: not KEY=VALUE; if it belongs to {key}'s value, quote the whole value for the shell "
-                    f"and for Hydra: \"{key}='{value} {o}'\"")
-        if "=" in o:
+            return (f"cannot parse the command line: {o!r} is not KEY=VALUE; if it belongs to {key}'s value, quote "
+                    f"the whole value for the shell and for Hydra: \"{key}='{value} {o}'\"")
+        key, _, value = o.partition("=")
+        if " " in value.strip() and not value.startswith(("'", '"')):
             try:
                 parser.parse_override(o)
             except Exception:
-                key, value = o.split("=", 1)
-                if any(c in value for c in " ()[]{},:'\"") and not value.startswith(("'", '"')):
-                    return (f"{o}: Hydra cannot read this value as it is (spaces and ()[]{{}},: are part of its "
-                            f"grammar); quote it: \"{key}='{value}'\"")
+                return (f"cannot parse the command line: {o}: a value with spaces (and with Hydra's ()[]{{}},: in "
+                        f"it) must be quoted for Hydra: \"{key}='{value}'\"")
     return None
 
 

@@ -196,8 +196,6 @@ class Tracker:
     @property
     def client(self):
         if self._client is None:
-            from mlflow.tracking import MlflowClient
-
             # Creating or migrating the schema of a new store is routine, not news.
             for name in ("mlflow.store.db.utils", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
