@@ -11,7 +11,7 @@ import pytest
 from conftest import compose_config
 from xp.plan import build_plan
 from xp.registry import Registry
-from xp.train import fit
+from xp.train import fit, train_epoch
 
 BACKENDS = ["gluon", "module", "horovod", "torch"]
 SUITE = [*BACKENDS, "numpy"]  # numpy: the fixture plugin (tests/numpy_backend.py)
@@ -80,7 +80,7 @@ def test_test_io_reads_every_batch_and_trains_nothing(backend):
     b.setup(plan)
     before = b.get_params()
     seen = []
-    assert b.train_epoch(1, lambda step, n: seen.append(n)) == {}
+    assert train_epoch(b.plan, b, 1, lambda step, n: seen.append(n)) == {}
     assert len(seen) == plan.steps_per_epoch and set(seen) == {plan.global_batch}
     after = b.get_params()
     assert all(np.array_equal(before[k], after[k]) for k in before)

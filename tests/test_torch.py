@@ -14,7 +14,7 @@ import torch
 
 from conftest import compose_config, mlflow_runs, run_xp
 from xp.experiment import plan_and_backend
-from xp.train import fit
+from xp.train import fit, train_epoch
 
 EXACT = ["epochs=1", "dataset.val_fraction=0.89", "lr_schedule=constant"]
 
@@ -50,8 +50,8 @@ def test_torch_computes_what_gluon_computes_from_the_same_weights():
     for (name, value), target in zip(g.get_params().items(), state.values()):
         assert value.shape == tuple(target.shape), name
         target.copy_(torch.from_numpy(value))
-    g.train_epoch(1, lambda *a: None)
-    t.train_epoch(1, lambda *a: None)
+    train_epoch(g.plan, g, 1, lambda *a: None)
+    train_epoch(t.plan, t, 1, lambda *a: None)
     for (name, want), got in zip(g.get_params().items(), t.get_params().values()):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5, err_msg=name)
     gv, tv = g.evaluate(), t.evaluate()

@@ -12,7 +12,7 @@ from numpy_backend import NumpyBackend
 from xp.errors import Diverged
 from xp.metrics import Scores
 from xp.plan import build_plan
-from xp.train import train_epoch
+from xp.train import LoopState, train_epoch
 
 
 class Recording(NumpyBackend):
@@ -73,9 +73,10 @@ def test_an_interruption_leaves_scores_for_exactly_the_steps_its_position_counts
         if i == 7:
             raise KeyboardInterrupt
 
+    state = LoopState()
     with pytest.raises(KeyboardInterrupt):
-        train_epoch(backend.plan, backend, 1, interrupt)
-    assert backend.position == (1, 8)
-    assert backend.scores.n == 8 * backend.plan.global_batch  # the in-flight step was read before leaving
-    partial = backend.partial()
-    assert partial["step"] == 8 and partial["scores"]["n"] == backend.scores.n
+        train_epoch(backend.plan, backend, 1, interrupt, state)
+    assert state.position == (1, 8)
+    assert state.scores.n == 8 * backend.plan.global_batch  # the in-flight step was read before leaving
+    partial = state.partial()
+    assert partial["step"] == 8 and partial["scores"]["n"] == state.scores.n

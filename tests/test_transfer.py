@@ -58,11 +58,8 @@ class _Prepared:
     def setup(self, plan):
         pass
 
-    def train_epoch(self, epoch, on_batch):
-        return self.b.train_epoch(epoch, on_batch)
-
-    def evaluate(self):
-        return self.b.evaluate()
+    def __getattr__(self, name):  # everything else is the backend's
+        return getattr(self.b, name)
 
 
 def weights_sources(p):

@@ -76,31 +76,6 @@ class Backend(ABC):
         """
 
     plan: Plan  # set by setup: the plan with this worker's rank (the core reads plan.rank from it)
-    position: tuple[int, int] | None = None  # (epoch, batches of it trained): what a mid-epoch commit holds
-    resume_at: dict[str, Any] | None = None  # a mid-epoch commit's position, set by the core before training resumes
-    scores: Any = None  # the running training scores of the epoch (xp.metrics.Scores)
-
-    def begin_epoch(self, epoch: int) -> tuple[Any, int]:
-        """For the core's loop (xp.train.train_epoch): fresh training scores, and how many of the epoch's batches
-        to skip (those trained before an interruption, when the run resumes inside this epoch, with their
-        scores). The loop then sets self.position = (epoch, batches trained) after each batch."""
-        from xp.metrics import Scores
-
-        self.scores = Scores(self.plan.dataset.num_classes)
-        self.position = (epoch, 0)
-        if self.resume_at is None or self.resume_at["epoch"] != epoch:
-            return self.scores, 0
-        skip = self.resume_at["step"]
-        self.scores.__dict__.update(self.resume_at["scores"])
-        self.resume_at = None
-        return self.scores, skip
-
-    def partial(self) -> dict[str, Any] | None:
-        """Where an interrupted epoch stands (JSON-able), for a mid-epoch commit; None: at an epoch boundary.
-        The core's loop resumes from it when `resume_at` is set to it."""
-        if self.position is None or self.position[1] == 0:
-            return None
-        return {"epoch": self.position[0], "step": self.position[1], "scores": dict(self.scores.__dict__)}
 
     def save_state(self, folder: Path) -> None:
         """Write what training needs to continue (parameters, optimizer state) into `folder`."""
@@ -162,12 +137,6 @@ class Backend(ABC):
 
     def reseed(self, seed: int) -> None:
         """Seed the generator the network's random layers draw from (called per step when `draws`)."""
-
-    def train_epoch(self, epoch: int, on_batch: BatchHook) -> dict[str, float]:
-        """One training epoch through the core's loop (xp.train.train_epoch)."""
-        from xp.train import train_epoch
-
-        return train_epoch(self.plan, self, epoch, on_batch)
 
     @abstractmethod
     def evaluate(self) -> dict[str, float]:

@@ -237,12 +237,12 @@ def resolve_resume(config: dict[str, Any], uri: str) -> tuple[dict[str, Any], st
     return config, None
 
 
-def commit_interrupted(plan: Any, backend: Any, history: list[dict[str, float]]) -> None:
-    """A spot notice or Ctrl-C during training: rank 0 commits what was trained, mid-epoch position included,
-    so `resume=true` goes on from that batch."""
+def commit_interrupted(plan: Any, backend: Any, history: list[dict[str, float]],
+                       where: dict[str, Any] | None) -> None:
+    """A spot notice or Ctrl-C during training: rank 0 commits what was trained, mid-epoch position included
+    (`where`: the loop's LoopState.partial()), so `resume=true` goes on from that batch."""
     if not plan.checkpoint_dir or plan.rank != 0:
         return
-    where = backend.partial()
     commit(plan.checkpoint_dir, len(history), history, backend.save_state, keep=plan.checkpoint_keep, position=where)
     log.warning(f"interrupted: committed epoch {len(history)}"
                 + (f" and {where['step']} batches of epoch {where['epoch']}" if where else "")

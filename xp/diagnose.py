@@ -18,6 +18,7 @@ from typing import Any
 
 from xp.callbacks import ThroughputMeter, fire
 from xp.datasets import DatasetSpec
+from xp.train import train_epoch
 
 SLOW = 0.8  # "well below": less than 80% of the reference rate
 
@@ -68,7 +69,7 @@ def measure(plan: Any, backend_cls: type, extra: list | None = None) -> tuple[fl
     fire(callbacks, "on_train_begin")
     try:
         fire(callbacks, "on_epoch_begin", 1)
-        backend.train_epoch(1, lambda step, n: fire(callbacks, "on_batch_end", 1, step, n))
+        train_epoch(backend.plan, backend, 1, lambda step, n: fire(callbacks, "on_batch_end", 1, step, n))
         fire(callbacks, "on_train_epoch_end", 1)
         metrics: dict[str, float] = {}
         fire(callbacks, "on_epoch_end", 1, metrics)

@@ -24,7 +24,7 @@ from xp.registry import Registry
 from xp.telemetry import telemetry
 from xp.trial import TrialPruned, TrialReporter, attach
 from xp.tracking import NullTracker, Tracker, TrackingCallback, resolve_uri, run_name, run_url_hint, versions
-from xp.train import fit
+from xp.train import LoopState, fit
 
 log = logging.getLogger("xp")
 
@@ -274,14 +274,14 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, uri: str, before: An
 
 def _fit(plan: Plan, backend: Any, cbs: RunCallbacks, before: Any, trial: Any, tracker: Any) -> str:
     """Train (from a commit, if resuming); returns the trial state: COMPLETE, or PRUNED."""
+    loop = LoopState(resume_at=before.meta.get("position") if before else None)  # mid-epoch: go on from there
     if before is not None:
-        backend.resume_at = before.meta.get("position")  # an epoch interrupted mid-way goes on from there
         checkpoint.restore_random_state(before.folder)
     state = "COMPLETE"
     try:
-        fit(plan, backend, cbs.all, setup=False, start_epoch=before.epoch if before else 0)
+        fit(plan, backend, cbs.all, setup=False, start_epoch=before.epoch if before else 0, state=loop)
     except (KeyboardInterrupt, Terminated):
-        checkpoint.commit_interrupted(plan, backend, cbs.history.epochs)  # a spot notice or Ctrl-C
+        checkpoint.commit_interrupted(plan, backend, cbs.history.epochs, loop.partial())  # a spot notice, Ctrl-C
         raise
     except TrialPruned as e:
         state = "PRUNED"

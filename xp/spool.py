@@ -119,6 +119,10 @@ class Spool:
                 self._thread.start()
         self._wake.set()
 
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
     def ends(self) -> bool:
         """Whether the records still to deliver end the run (a run whose process died has no end record)."""
         with self._lock:

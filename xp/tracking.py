@@ -231,15 +231,29 @@ class Tracker:
         self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
         self._spool = Spool(base / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id, lambda: self.client)
 
+    def _deliver_earlier(self) -> None:
+        """Records of this run that a killed process left in its spool go to the store before this process
+        writes any: a resumed run's history stays whole and in order (its last epochs were committed, but their
+        metrics may not have been delivered when the process died)."""
+        from xp.spool import pending
+        from xp.sync import deliver
+
+        for folder in pending(self.uri):
+            if folder.name.startswith(self.run_id + "-"):
+                delivered, line = deliver(folder)
+                (log.info if delivered else log.warning)(line)
+
     def start(self) -> str:
         if self.attach_run_id:
             self.run_id = self.attach_run_id
+            self._deliver_earlier()
             self._open_spool()
             self.set_tags(self.tags)
             return self.run_id
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            self._deliver_earlier()
             self._open_spool()
             self.set_tags({**self.tags, "xp.pid": str(os.getpid()), "xp.pid_started": f"{_started(os.getpid()):.2f}",
                            "xp.host": socket.gethostname(), "xp.resumed": "true"})
@@ -309,8 +323,8 @@ class Tracker:
         store to take everything; if it is away, one line says where the records wait."""
         import time
 
-        if self.run_id is None or self._spool is None:
-            return
+        if self.run_id is None or self._spool is None or self._spool.closed:
+            return  # never started, or ended already
         for i, (path, dest) in enumerate(self._artifacts):
             if path.exists():
                 try:  # a copy as it is now: a config or log may hold a database URL's password

@@ -1,4 +1,5 @@
-"""The epoch loop: framework-agnostic, drives a backend and fires events."""
+"""The epoch loop: framework-agnostic, drives a backend and fires events. The loop owns where training stands
+(LoopState: epoch, position, resume point, scores, history); a backend supplies only what a framework does."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import signal
 import threading
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -21,15 +23,49 @@ class StopTraining(Exception):
     """Raised by a callback at an epoch's end: training stops there, cleanly (the epoch counts)."""
 
 
+@dataclass
+class LoopState:
+    """Where training stands, as the loop keeps it: a mid-epoch commit holds `partial()`, and a run resumed
+    from one sets `resume_at` to it (the loop then skips the batches it covered, with their scores)."""
+
+    epoch: int = 0  # the epoch being trained (1-based; 0 before the first)
+    position: tuple[int, int] | None = None  # (epoch, batches of it trained)
+    resume_at: dict[str, Any] | None = None  # a mid-epoch commit's position, to go on from
+    scores: Any = None  # the running training scores of the epoch (xp.metrics.Scores)
+    history: list[dict[str, float]] = field(default_factory=list)  # the metrics of the epochs this loop ran
+
+    def begin_epoch(self, epoch: int, num_classes: int) -> int:
+        """Fresh scores for `epoch`; returns how many of its batches to skip (those trained before an
+        interruption, when the run resumes inside this epoch: their scores are restored too)."""
+        from xp.metrics import Scores
+
+        self.epoch, self.scores, self.position = epoch, Scores(num_classes), (epoch, 0)
+        if self.resume_at is None or self.resume_at["epoch"] != epoch:
+            return 0
+        skip = self.resume_at["step"]
+        self.scores.__dict__.update(self.resume_at["scores"])
+        self.resume_at = None
+        return skip
+
+    def partial(self) -> dict[str, Any] | None:
+        """Where an interrupted epoch stands (JSON-able), for a mid-epoch commit; None: at an epoch boundary."""
+        if self.position is None or self.position[1] == 0:
+            return None
+        return {"epoch": self.position[0], "step": self.position[1], "scores": dict(self.scores.__dict__)}
+
+
 def fit(plan: Plan, backend: Backend, callbacks: list[Callback], setup: bool = True,
-        start_epoch: int = 0) -> list[dict[str, float]]:
-    """Train epochs start_epoch+1 .. plan.epochs; return their metrics (setup=False: already set up)."""
+        start_epoch: int = 0, state: LoopState | None = None) -> list[dict[str, float]]:
+    """Train epochs start_epoch+1 .. plan.epochs; return their metrics (setup=False: already set up). `state`:
+    the caller's, to read where an interrupted run stood or to resume mid-epoch (resume_at)."""
     if setup:
         backend.setup(plan)
+    plan = backend.plan  # with this worker's rank (the step seeds draw on it)
+    state = state if state is not None else LoopState()
     fire(callbacks, "on_train_begin")
     try:
         with deferred_interrupts() as pending:
-            return _epochs(plan, backend, callbacks, start_epoch, pending)
+            return _epochs(plan, backend, callbacks, start_epoch, pending, state)
     finally:
         fire(callbacks, "on_end")
 
@@ -63,11 +99,14 @@ READ_LAG = 1
 SCORE_EVERY = 16  # steps scored in one numpy pass
 
 
-def train_epoch(plan: Plan, backend: Backend, epoch: int, on_batch: BatchHook) -> dict[str, float]:
+def train_epoch(plan: Plan, backend: Backend, epoch: int, on_batch: BatchHook,
+                state: LoopState | None = None) -> dict[str, float]:
     """One training epoch (1-based), the same for every backend: the learning rate per step, random layers
     reseeded per step, the divergence stop, the resume position, the warm-up timing sync. Returns
     train_loss and train_accuracy once all the epoch's work has finished (so it can be timed). With
-    plan.test_io only the input pipeline runs (batches read, decoded, nothing trained; no metrics)."""
+    plan.test_io only the input pipeline runs (batches read, decoded, nothing trained; no metrics).
+    `state` (the loop's) holds the position and scores as they move."""
+    state = state if state is not None else LoopState()
     if plan.test_io:
         for i, batch in enumerate(backend.batches(epoch, 0)):
             if i == plan.steps_per_epoch:
@@ -75,7 +114,8 @@ def train_epoch(plan: Plan, backend: Backend, epoch: int, on_batch: BatchHook) -
             backend.read(batch)
             on_batch(i, backend.batch_size(batch))
         return {}
-    scores, skip = backend.begin_epoch(epoch)
+    skip = state.begin_epoch(epoch, plan.dataset.num_classes)
+    scores = state.scores
     first_step = (epoch - 1) * plan.steps_per_epoch
     flight = InFlight(backend, scores, epoch)
     try:  # (an error ends the run: the steps in flight are left unread)
@@ -91,7 +131,7 @@ def train_epoch(plan: Plan, backend: Backend, epoch: int, on_batch: BatchHook) -
             flight.add(i, lr, backend.train_step(batch, lr))
             if i == plan.timing_warmup_batches - 1:
                 backend.sync()  # throughput is timed from here: the warm-up's backward and update must be done
-            backend.position = (epoch, i + 1)
+            state.position = (epoch, i + 1)
             on_batch(i, backend.batch_size(batch))
     except (KeyboardInterrupt, Terminated):
         flight.drain()  # a commit's scores cover every step its position counts
@@ -144,8 +184,8 @@ def _check(pending: list[BaseException]) -> None:
 
 
 def _epochs(plan: Plan, backend: Backend, callbacks: list[Callback], start_epoch: int,
-            pending: list[BaseException]) -> list[dict[str, float]]:
-    history: list[dict[str, float]] = []
+            pending: list[BaseException], state: LoopState) -> list[dict[str, float]]:
+    history = state.history
 
     # per batch, only the callbacks that listen (the event costs microseconds of a LeNet step's 1.3 ms)
     listeners = [cb.on_batch_end for cb in callbacks if type(cb).on_batch_end is not Callback.on_batch_end]
@@ -158,7 +198,7 @@ def _epochs(plan: Plan, backend: Backend, callbacks: list[Callback], start_epoch
     for epoch in range(start_epoch + 1, plan.epochs + 1):
         _check(pending)  # an epoch boundary: the last epoch is complete (and committed)
         fire(callbacks, "on_epoch_begin", epoch)
-        metrics = dict(backend.train_epoch(epoch, lambda step, n, e=epoch: on_batch(e, step, n)))
+        metrics = dict(train_epoch(plan, backend, epoch, lambda step, n, e=epoch: on_batch(e, step, n), state))
         fire(callbacks, "on_train_epoch_end", epoch)
         if not plan.test_io:
             metrics.update(backend.evaluate())
