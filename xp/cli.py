@@ -436,7 +436,8 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
     """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
     from xp.launch import LaunchError, launch, prepare, spec_for
     from xp.worker import HOSTS_ENV
-    from xp.tracking import Tracker, check_reachable, resolve_uri, run_name
+    from xp.stores import check_reachable, resolve_uri
+    from xp.tracking import Tracker, run_name
 
     uri = resolve_uri(plan.tracking_uri)
     if plan.resume is not None and not Path(str(plan.resume)).expanduser().is_dir():
@@ -491,7 +492,7 @@ def _owned_run(tracker: Any, body: Any, expected: type[XPError]) -> int:
 def _check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
     """hydra/launcher=submitit_slurm: every job or trial runs on a cluster node, so the MLflow store, and a
     study's Optuna storage (its trials report every epoch for pruning), must be ones every node reaches."""
-    from xp.tracking import check_reachable, resolve_uri
+    from xp.stores import check_reachable, resolve_uri
 
     launcher = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
     if not launcher.startswith("submitit_slurm"):
@@ -515,7 +516,8 @@ def _slurm() -> Any:
 def _submit(argv: list[str], plan: Any, engine_cls: Any, uri: str, overrides: list[str]) -> int:
     """launcher=slurm from a login node: the run as a Slurm job; this process owns its MLflow run and ends it
     with the job's outcome (Slurm's reason when Slurm ended it)."""
-    from xp.tracking import Tracker, check_reachable, run_name
+    from xp.stores import check_reachable
+    from xp.tracking import Tracker, run_name
 
     slurm = _slurm()
     slurm.check(plan.launch.slurm)
@@ -549,7 +551,8 @@ def swept_keys(overrides: list[str]) -> list[str]:
 def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
     from xp import summary, sweepstate
-    from xp.tracking import Tracker, resolve_uri, run_name
+    from xp.stores import resolve_uri
+    from xp.tracking import Tracker, run_name
 
     uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]

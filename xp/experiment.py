@@ -23,7 +23,8 @@ from xp.recordio import with_kept_images
 from xp.registry import Registry
 from xp.telemetry import telemetry
 from xp.trial import TrialPruned, TrialReporter, attach
-from xp.tracking import NullTracker, Tracker, TrackingCallback, resolve_uri, run_name, run_url_hint, versions
+from xp.stores import resolve_uri
+from xp.tracking import NullTracker, Tracker, TrackingCallback, run_name, run_url_hint, versions
 from xp.train import LoopState, fit
 
 log = logging.getLogger("xp")

@@ -295,7 +295,7 @@ def _plots(rows: list[dict[str, Any]], out: Path, files: list[Path]) -> list[str
 
 def main(argv: list[str] | None = None) -> int:
     from xp.errors import XPError, one_line
-    from xp.tracking import resolve_uri
+    from xp.stores import resolve_uri
 
     ap = argparse.ArgumentParser(prog="python -m xp.report", description="Tables and plots from xp's MLflow runs.")
     ap.add_argument("--experiment", default="xp", help="MLflow experiment (default: xp)")
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"{DEFAULT_UI})")
     args = ap.parse_args(argv)
     try:
-        from xp.tracking import open_client
+        from xp.stores import open_client
 
         uri = resolve_uri(args.tracking_uri)
         client = open_client(uri)

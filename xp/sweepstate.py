@@ -67,7 +67,7 @@ def interrupted_parent(tracker: Any, sweep_key: str) -> str | None:
 
 def finished_job(uri: str, parent_run_id: str, job: str) -> Any:
     """The FINISHED run of job key `job` under the parent, or None."""
-    from xp.tracking import open_client
+    from xp.stores import open_client
 
     client = open_client(uri)
     exp = client.get_run(parent_run_id).info.experiment_id

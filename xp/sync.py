@@ -24,7 +24,7 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
     """(delivered everything, one line saying what happened) for one spool folder."""
     import functools
 
-    from xp.tracking import open_client
+    from xp.stores import open_client
 
     import json
 

@@ -16,106 +16,13 @@ from typing import Any, Iterable
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError, Terminated, one_line, redact
+from xp.stores import _artifact_root, check_database, check_server, open_client
 
 log = logging.getLogger("xp")
 
-DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 MAX_PARAM_LEN = 6000  # MLflow 3's limit on a param value
 # MLflow's UI (3.x) opens an experiment without this tag in its GenAI mode (Traces, Evaluations): xp's are training
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-
-
-def resolve_uri(configured: str | None = None, cwd: str | Path | None = None) -> str:
-    """The tracking URI to use, with a relative SQLite path made absolute against `cwd`.
-
-    Absolute, so that sweep workers, resumed runs and `mlflow ui` all see the same file.
-    """
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        path = (Path(cwd or os.getcwd()) / uri[len(prefix):]).resolve()
-        uri = prefix + str(path)
-    if uri.startswith(prefix):
-        folder = Path(uri[len(prefix):]).parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"tracking_uri={uri}: cannot create {folder} ({e.strerror}); "
-                              "point it at a writable place") from None
-    return uri
-
-
-def check_reachable(uri: str, hosts: list[str], host_ip: str | None, key: str = "tracking_uri",
-                    fix: str | None = None) -> None:
-    """Processes on other hosts (a launch's rank 0, a Slurm sweep's jobs) use the store `key` names: it must be
-    one every host reaches (and, for a server, one that answers)."""
-    from urllib.parse import urlparse
-
-    u = urlparse(uri)
-    where, at = ", ".join(hosts), host_ip or "ADDRESS"
-    fix = fix or (f"use an MLflow tracking server the hosts reach (make server HOST={at}, then "
-                  f"tracking_uri=http://{at}:5000) or PostgreSQL (tracking_uri=postgresql://USER:PASSWORD@HOST/DB)")
-    if u.scheme in ("sqlite", "file", ""):
-        raise ConfigError(f"{key}={redact(uri)}: a file on this machine, which the workers on {where} cannot "
-                          f"reach; {fix}")
-    host = u.hostname or ""
-    if host == "localhost" or host.startswith("127.") or host == "::1":
-        raise ConfigError(f"{key}={redact(uri)}: {host} is each host's own loopback, not this machine, for the "
-                          f"workers on {where}; {fix}")
-    if u.scheme in ("http", "https"):
-        port = u.port or (443 if u.scheme == "https" else 80)
-        try:
-            socket.create_connection((host, port), timeout=5).close()
-        except OSError as e:
-            raise ConfigError(f"{key}={redact(uri)}: no server answers at {host}:{port} "
-                              f"({e.strerror or type(e).__name__}); start one (make server HOST={at})") from None
-
-
-_reached: set[str] = set()  # databases and servers this process has reached already
-
-
-def check_server(uri: str, timeout_s: float = 5.0) -> None:
-    """An MLflow tracking server must answer (its /health, once per process and URI, within timeout_s)."""
-    import urllib.error
-    import urllib.request
-
-    if uri in _reached:
-        return
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
-    except urllib.error.HTTPError:
-        pass  # a server answered; what it says to the API is MLflow's to report
-    except (OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise ConfigError(f"tracking_uri={redact(uri)}: no MLflow server answers ({one_line(reason)}); start one "
-                          "(make server, or mlflow server) or use a database: tracking_uri=sqlite:///mlruns/mlflow.db")
-    _reached.add(uri)
-
-
-def check_database(url: str, what: str) -> None:
-    """Connect once to the database of `url` (what: how the user named it) before anything uses it: a wrong
-    password or an unreachable server is one line at once, not a minute of retries and a traceback.
-    Once per process and URL: a sweep's trials and its study reuse the answer."""
-    import re
-
-    import sqlalchemy
-
-    if url in _reached:
-        return
-
-    kwargs = {"connect_args": {"connect_timeout": 5}} if url.startswith("postgresql") else {}
-    try:
-        engine = sqlalchemy.create_engine(url, **kwargs)
-        with engine.connect():
-            pass
-        engine.dispose()
-        _reached.add(url)
-    except ModuleNotFoundError as e:
-        raise ConfigError(f"{what} {redact(url)}: needs the {e.name} driver "
-                          "(PostgreSQL: pip install 'psycopg[binary]')") from None
-    except Exception as e:
-        reason = re.sub(r"\s*\(Background on this error at: \S+\)", "", one_line(e))
-        raise ConfigError(f"{what} {redact(url)}: cannot connect ({type(e).__name__}: {reason[:300]})") from None
 
 
 def _offer_pending(uri: str) -> None:
@@ -126,30 +33,6 @@ def _offer_pending(uri: str) -> None:
     if left:
         log.warning("%d earlier run(s) have records waiting for %s (it was away when they ended); deliver them "
                     "with: python -m xp.sync", len(left), redact(uri))
-
-
-def open_client(uri: str):
-    """An MlflowClient on `uri`. Opening a SQLite store creates or migrates its schema: that happens under the
-    store's first-use lock (xp.storefile), so processes starting together never race through the migrations."""
-    from mlflow.tracking import MlflowClient
-
-    from xp.storefile import first_use
-
-    if uri.startswith(("http://", "https://")):
-        # the spool retries a server that went away (xp.spool): MLflow's own retries would only block it for
-        # minutes and print urllib3's "Retrying" lines
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-    with first_use(uri, "tracking_uri"):
-        return MlflowClient(tracking_uri=uri)
-
-
-def _artifact_root(uri: str) -> str | None:
-    """Artifacts of a SQLite store live beside the database; other stores decide for themselves."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
-    return None
 
 
 MAX_RUN_NAME = 250  # MLflow's column; PostgreSQL enforces it, SQLite does not

@@ -109,7 +109,7 @@ def make_pruner(spec: StudySpec) -> Any:
 
 def check_storage(url: str) -> None:
     """Connect once, before anything is created: an unreachable database is a usage error."""
-    from xp.tracking import check_database
+    from xp.stores import check_database
 
     check_database(url, "storage")
 
