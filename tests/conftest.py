@@ -90,6 +90,16 @@ def compose_config(*overrides: str) -> dict:
         return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 
 
+def plan_for(config: dict, **kwargs):
+    """build_plan with pretrained= weights resolved by the config's backend, as xp.experiment.plan_and_backend
+    does (the plan never looks a backend up itself)."""
+    from xp.plan import build_plan
+    from xp.registry import Registry
+
+    resolver = Registry().load(config["backend"]["name"]).resolve_pretrained
+    return build_plan(config, pretrained_by=resolver, **kwargs)
+
+
 @contextmanager
 def xp_process(tmp_path: Path, store_uri: str, *args: str, env: dict | None = None):
     """`python -m xp ARGS` running in the background (stdout and stderr piped); killed if still

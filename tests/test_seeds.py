@@ -2,9 +2,8 @@
 
 import pytest
 
-from conftest import compose_config, run_xp
+from conftest import compose_config, plan_for, run_xp
 from xp.errors import ConfigError
-from xp.plan import build_plan
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,7 @@ def mxnet_home(tmp_path_factory):
 
 
 def seed_plan(caltech, visible_gpus, *overrides):
-    return build_plan(compose_config("dataset=caltech256", f"dataset.root={caltech}", *overrides),
+    return plan_for(compose_config("dataset=caltech256", f"dataset.root={caltech}", *overrides),
                       visible_gpus=visible_gpus)
 
 
@@ -96,8 +95,8 @@ def test_resnet50_from_scratch_on_imagenet_rec_16_gpus_batch_1408(tmp_path):
            f"dataset.val_rec={tmp_path}/val.rec", "dataset.num_classes=1000", "gpus=16", "batch=88",
            "data_nthreads=32", "lr=0.1", "lr_ref_batch=256"]
     with pytest.raises(ConfigError, match=r"gpus=16: 16 GPUs asked for, 0 visible"):
-        build_plan(compose_config(*cmd), visible_gpus=0)
-    p = build_plan(compose_config(*cmd), visible_gpus=16)
+        plan_for(compose_config(*cmd), visible_gpus=0)
+    p = plan_for(compose_config(*cmd), visible_gpus=16)
     assert (p.global_batch, p.data_nthreads, p.steps_per_epoch) == (1408, 32, 2)
     assert p.effective_lr == pytest.approx(0.1 * 1408 / 256)
 
@@ -118,11 +117,11 @@ def test_folder_with_a_zoo_model_takes_the_pretrained_input(tmp_path, monkeypatc
     (tmp_path / "models" / "resnet18_v1-a0666292.params").touch()  # the plan only needs to find it
     monkeypatch.setenv("MXNET_HOME", str(tmp_path))
     root = make_folder(tmp_path / "imgs", per_class=4, with_photos=False)
-    auto = build_plan(compose_config("dataset=folder", f"dataset.root={root}", "model=resnet18",
+    auto = plan_for(compose_config("dataset=folder", f"dataset.root={root}", "model=resnet18",
                                      "pretrained=resnet18_v1", "batch=4"), visible_gpus=0)
     assert auto.dataset.image_shape == (3, 224, 224)
     assert auto.dataset.options["mean"] == (123.68, 116.28, 103.53)
-    own = build_plan(compose_config("dataset=folder", f"dataset.root={root}", "model=resnet18", "pretrained=resnet18_v1",
+    own = plan_for(compose_config("dataset=folder", f"dataset.root={root}", "model=resnet18", "pretrained=resnet18_v1",
                                     "pretrained_input=dataset", "batch=4"), visible_gpus=0)
     assert own.dataset.image_shape == (3, 64, 64)
 

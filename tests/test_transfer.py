@@ -7,9 +7,8 @@ checkpoint exported by Gluon), both backends, the loaded backbone equal to what 
 import numpy as np
 import pytest
 
-from conftest import compose_config
+from conftest import compose_config, plan_for
 from xp.errors import ConfigError
-from xp.plan import build_plan
 from xp.registry import Registry
 from xp.train import fit
 
@@ -27,7 +26,7 @@ def pretrained(tmp_path_factory):
     home = tmp_path_factory.mktemp("mxnet_home")
     mp = pytest.MonkeyPatch()
     mp.setenv("MXNET_HOME", str(home))
-    plan = build_plan(compose_config("dataset.classes=[0,1,2,3,4]", "epochs=6"), visible_gpus=0)
+    plan = plan_for(compose_config("dataset.classes=[0,1,2,3,4]", "epochs=6"), visible_gpus=0)
     backend = Registry().load("gluon")()
     history = fit(plan, backend, [])
     assert history[-1]["val_accuracy"] > 0.95
@@ -41,7 +40,7 @@ def pretrained(tmp_path_factory):
 
 
 def finetune(backend_name, *overrides):
-    plan = build_plan(compose_config(*FINETUNE, *overrides), visible_gpus=0)
+    plan = plan_for(compose_config(*FINETUNE, *overrides), visible_gpus=0)
     backend = Registry().load(backend_name)()
     backend.setup(plan)
     loaded = [p.data().asnumpy() for p in backend.backbone.collect_params().values()] if backend.backbone else None
@@ -107,7 +106,7 @@ def test_backbone_lr_mult_scales_the_backbone_update(pretrained, monkeypatch):
 def test_missing_weights_name_every_path_tried(tmp_path, monkeypatch):
     monkeypatch.setenv("MXNET_HOME", str(tmp_path))
     with pytest.raises(ConfigError) as e:
-        build_plan(compose_config("model=resnet50", "pretrained=resnet50_v1"), visible_gpus=0)
+        plan_for(compose_config("model=resnet50", "pretrained=resnet50_v1"), visible_gpus=0)
     msg = str(e.value)
     for fragment in (f"{tmp_path}/models/resnet50_v1-symbol.json", f"{tmp_path}/models/resnet50_v1-<sha1 prefix>.params",
                      "python -m xp.weights add"):
@@ -118,11 +117,11 @@ def test_missing_weights_name_every_path_tried(tmp_path, monkeypatch):
 def test_checkpoint_errors(pretrained, monkeypatch, tmp_path):
     monkeypatch.setenv("MXNET_HOME", str(pretrained["home"]))
     with pytest.raises(ConfigError, match=r"pretrained_layer=flatten0: no layer of that name in .*digits04-symbol.json"):
-        build_plan(compose_config(*FINETUNE, f"pretrained={pretrained['prefix']}"), visible_gpus=0)
+        plan_for(compose_config(*FINETUNE, f"pretrained={pretrained['prefix']}"), visible_gpus=0)
     with pytest.raises(ConfigError, match=r"pretrained=lenet: these are weights of lenet, but model=resnet18"):
-        build_plan(compose_config(*FINETUNE, "pretrained=lenet", "model=resnet18"), visible_gpus=0)
+        plan_for(compose_config(*FINETUNE, "pretrained=lenet", "model=resnet18"), visible_gpus=0)
     with pytest.raises(ConfigError, match=r"num_classes=7: dataset=digits has 5 classes"):
-        build_plan(compose_config(*FINETUNE, "num_classes=7"), visible_gpus=0)
+        plan_for(compose_config(*FINETUNE, "num_classes=7"), visible_gpus=0)
     # params that do not match the symbol
     import shutil
 
@@ -132,7 +131,7 @@ def test_checkpoint_errors(pretrained, monkeypatch, tmp_path):
     params = mx.nd.load(f"{pretrained['prefix']}-0000.params")
     del params["arg:lenet_conv1_weight"]
     mx.nd.save(str(tmp_path / "bad-0000.params"), params)
-    plan = build_plan(compose_config(*FINETUNE, f"pretrained={tmp_path}/bad", "pretrained_layer=lenet_dense0_relu_fwd"),
+    plan = plan_for(compose_config(*FINETUNE, f"pretrained={tmp_path}/bad", "pretrained_layer=lenet_dense0_relu_fwd"),
                       visible_gpus=0)
     from xp.mx.models import WeightsError
 

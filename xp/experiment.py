@@ -6,6 +6,7 @@ it too. It returns the objective (see run()).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field, replace
@@ -51,8 +52,12 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     auto = config.get("batch") == "auto"
     gpus = visible_gpus()
     hosts = int(os.environ.get(HOSTS_ENV) or 0) or None  # a launched worker: the launcher counted the hosts
-    plan = build_plan({**config, "batch": 1} if auto else config, visible_gpus=gpus, hosts=hosts)
-    backend_cls = Registry().load(plan.backend).for_plan(plan)
+    name = (config.get("backend") or {}).get("name")
+    chosen = Registry().load(name) if isinstance(name, str) else None  # (the plan names a missing one)
+    planned = functools.partial(build_plan, visible_gpus=gpus, hosts=hosts,
+                                pretrained_by=chosen.resolve_pretrained if chosen else None)
+    plan = planned({**config, "batch": 1} if auto else config)
+    backend_cls = (chosen or Registry().load(plan.backend)).for_plan(plan)
     _check_decode(plan, backend_cls)
     backend_cls.check(plan)
     if auto and resolve_auto:
@@ -60,15 +65,13 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
 
         devices_workers = len(plan.devices) * plan.workers
         limit = min(65536, plan.dataset.train_size // devices_workers)
-        batch, tried = largest_fitting(lambda b: backend_cls.fits(build_plan({**config, "batch": b}, visible_gpus=gpus,
-                                                                             hosts=hosts)),
-                                       limit)
+        batch, tried = largest_fitting(lambda b: backend_cls.fits(planned({**config, "batch": b})), limit)
         log.info(f"batch=auto: {batch} per device (tried {', '.join(map(str, tried))}; "
                  + ("the data set's size bounds it" if batch == limit else
                     "GPU memory" if plan.device_type == "gpu" else
                     f"auto_batch_memory_mb={plan.auto_batch_memory_mb:g}") + ")")
         config["batch"] = batch
-        plan = replace(build_plan(config, visible_gpus=gpus, hosts=hosts), batch_auto=True)
+        plan = replace(planned(config), batch_auto=True)
     return plan, backend_cls
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
 from dataclasses import replace
+from typing import Any, Callable
 
 from xp import datasets
 from xp.datasets import DatasetSpec
 from xp.errors import ConfigError
 from xp.pretrained import PretrainedRequest, PretrainedSpec
+
+# a backend's resolve_pretrained(request, model): pretrained= weights found on disk
+PretrainedResolver = Callable[[PretrainedRequest, "ModelSpec"], PretrainedSpec]
 
 IMAGENET_MEAN = (123.68, 116.28, 103.53)  # RGB, 0-255 scale: what GluonCV's ImageNet models were trained on
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -324,18 +326,20 @@ def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str 
 
 
 def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0,
-               hosts: int | None = None) -> Plan:
+               hosts: int | None = None, pretrained_by: PretrainedResolver | None = None) -> Plan:
     """Validate a resolved config (plain dict) and derive the plan, one builder per group of settings.
 
     visible_gpus: GPUs this process can see (NVML); injected so it can be tested.
     hosts: instances the run occupies (its cost), as the launcher counted them from its hosts (launched
     workers learn it from XP_HOSTS); None: one, this machine.
+    pretrained_by: the backend's Backend.resolve_pretrained, which finds pretrained= weights on disk (the plan
+    never looks up a backend itself: xp.experiment.plan_and_backend hands it the selected one's).
     """
     backend = _group(cfg, "backend")
     kvstore = _choice(_group(cfg, "kvstore")["name"], "kvstore", KVSTORES)
     dtype = _choice(_group(cfg, "dtype")["name"], "dtype", DTYPES)
     model = _model(_group(cfg, "model"))
-    dataset, pretrained = _data(cfg, model, backend["name"])
+    dataset, pretrained = _data(cfg, model, pretrained_by)
     hardware = _hardware(cfg)
     device_type, devices = _devices(cfg, hardware, visible_gpus, kvstore)
     workers = _int(cfg, "workers", 1, 4096) if workers is None else workers
@@ -388,14 +392,15 @@ def _model(m: dict) -> ModelSpec:
     return model
 
 
-def _data(cfg: dict, model: ModelSpec, backend: str) -> tuple[DatasetSpec, PretrainedSpec | None]:
+def _data(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None
+          ) -> tuple[DatasetSpec, PretrainedSpec | None]:
     dataset_cfg = _group(cfg, "dataset")
     dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"})
     classes = cfg.get("num_classes")
     if classes is not None and classes != dataset.num_classes:
         raise ConfigError(f"num_classes={classes!r}: dataset={dataset.name} has {dataset.num_classes} classes; "
                           f"leave num_classes unset or give {dataset.num_classes}")
-    pretrained = _pretrained(cfg, model, backend)
+    pretrained = _pretrained(cfg, model, pretrained_by)
     if pretrained and pretrained.imagenet_input and cfg.get("pretrained_input", "auto") == "auto" \
             and dataset.options.get("kind") in ("folder", "rec"):
         # the input the ImageNet network was trained on: MXNet zoo ResNets normalise raw pixels themselves
@@ -512,7 +517,7 @@ def _measurement(cfg: dict) -> dict[str, Any]:
     }
 
 
-def _pretrained(cfg: dict, model: ModelSpec, backend: str) -> PretrainedSpec | None:
+def _pretrained(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None) -> PretrainedSpec | None:
     """The pretrained_* settings, resolved to files by the backend's package (Backend.resolve_pretrained)."""
     value = cfg.get("pretrained")
     if value is None:
@@ -523,9 +528,10 @@ def _pretrained(cfg: dict, model: ModelSpec, backend: str) -> PretrainedSpec | N
     layer = cfg.get("pretrained_layer")
     request = PretrainedRequest(value, _int(cfg, "pretrained_epoch", 0, 9999), str(layer) if layer else None,
                                 _bool(cfg, "freeze_backbone"), _float(cfg, "backbone_lr_mult", 0.0, 100.0))
-    from xp.registry import Registry
-
-    return Registry().load(backend).resolve_pretrained(request, model)
+    if pretrained_by is None:
+        raise ConfigError(f"pretrained={value}: the backend resolves pretrained weights; plan the run through "
+                          "xp.experiment.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")
+    return pretrained_by(request, model)
 
 
 def learning_rate(plan: Plan, step: int) -> float:
