@@ -63,6 +63,29 @@ def test_sampler_aggregates_per_epoch_and_per_gpu():
     assert s._thread is None  # stopped
 
 
+class FakeNVMLv2(FakeNVML):
+    """An NVML with v2 memory info: v1 counts the driver's reserve (500 MiB here) as used, v2 does not."""
+
+    nvmlMemory_v2 = 0x02000028
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        reserve = 0 if version == self.nvmlMemory_v2 else 500
+        return SimpleNamespace(used=(self.mem[h % 2] + reserve) * 2**20)
+
+
+def test_memory_is_read_as_nvidia_smi_shows_it_without_the_drivers_reserve():
+    """On an H100 NVML's v1 memory info said 14,339 MiB where nvidia-smi said 13,859: v1 counts the reserve."""
+    for nvml, want in ((FakeNVMLv2(), 3000), (FakeNVML(), 3000)):  # v2 where NVML has it; v1 otherwise
+        s = GPUSampler([0, 1], interval_s=0.01, nvml=nvml)
+        s.on_train_begin()
+        s.on_epoch_begin(1)
+        time.sleep(0.05)
+        metrics = {}
+        s.on_epoch_end(1, metrics)
+        s.on_end()
+        assert metrics["gpu_memory_mb"] == pytest.approx(want), type(nvml).__name__
+
+
 class FakeGPM(FakeNVML):
     """A Hopper-like NVML: GPM samples are counters (cycles active, warps resident, tensor cycles) that the script
     advances; metrics between two samples are their ratios, as NVML computes them. GPU 3 has no GPM."""
