@@ -180,6 +180,8 @@ class Spool:
         """Send the oldest records (one batch, or one artifact or end); False if the store is away."""
         with self._lock:
             records = _batch(self._queue)
+        if not records:
+            return True
         try:
             self._send(records)
         except Exception as e:
