@@ -475,18 +475,20 @@ def _launch(argv: list[str], plan: Any, engine_cls: Any) -> int:
 def _owned_run(tracker: Any, body: Any, expected: type[XPError]) -> int:
     """body() in the MLflow run this process owns, which it ends FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
     (`expected`: one line and its exit code; anything else propagates)."""
-    status = "FAILED"
+    from xp.tracking import end_state
+
+    error: BaseException | None = None
     try:
         body()
-        status = "FINISHED"
         return 0
     except expected as e:
+        error = e
         return _err(e, e.exit_code)
-    except (KeyboardInterrupt, Terminated):
-        status = "KILLED"
+    except BaseException as e:
+        error = e
         raise
     finally:
-        tracker.end(status)
+        tracker.end(end_state(error))
 
 
 def _check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
@@ -552,7 +554,7 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
     from xp import summary, sweepstate
     from xp.stores import resolve_uri
-    from xp.tracking import Tracker, run_name
+    from xp.tracking import Tracker, end_state, run_name
 
     uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
@@ -574,15 +576,16 @@ def _sweep(argv: list[str], config: dict[str, Any]) -> int:
     from hydra._internal.utils import get_args_parser
 
     os.environ[SWEPT_ENV] = ",".join(swept_keys(get_args_parser().parse_args(argv).overrides))
-    status = "FAILED"
+    error: BaseException | None = None
+    rc = 1
     try:
         rc = _hydra(argv)
-        status = "FINISHED" if rc == 0 else "FAILED"
         return rc
-    except (KeyboardInterrupt, Terminated):
-        status = "KILLED"
+    except BaseException as e:
+        error = e
         raise
     finally:
+        status = end_state(error, failed=rc != 0)
         os.environ.pop(PARENT_ENV, None)
         os.environ.pop(SWEPT_ENV, None)
         os.environ.pop(sweepstate.RESUMED_ENV, None)

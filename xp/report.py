@@ -353,8 +353,10 @@ def _log(client: Any, experiment_id: str, parent: str | None, out: Path, ui: str
     import tempfile
     from urllib.parse import quote
 
+    from xp.tracking import end_state
+
     target = parent or client.create_run(experiment_id, run_name="report", tags={"xp.report": "true"}).info.run_id
-    status = "FAILED"
+    error: BaseException | None = None
     try:
         client.log_artifacts(target, str(out), "report")
         link = lambda name: f"{ui.rstrip('/')}/get-artifact?path={quote('report/' + name, safe='')}&run_uuid={target}"  # noqa: E731
@@ -364,10 +366,12 @@ def _log(client: Any, experiment_id: str, parent: str | None, out: Path, ui: str
         with tempfile.TemporaryDirectory(prefix="xp-report-") as tmp:
             (Path(tmp) / "report.md").write_text(text)
             client.log_artifact(target, str(Path(tmp) / "report.md"), "report")
-        status = "FINISHED"
+    except BaseException as e:
+        error = e
+        raise
     finally:
         if not parent:
-            client.set_terminated(target, status)
+            client.set_terminated(target, end_state(error))
     return target
 
 

@@ -25,6 +25,15 @@ MAX_PARAM_LEN = 6000  # MLflow 3's limit on a param value
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
+def end_state(error: BaseException | None = None, failed: bool = False) -> str:
+    """The state a run ends in, decided here for every caller (a run, a launched job, a Slurm submission, a
+    sweep's parent, a report): KILLED for Ctrl-C and SIGTERM, FAILED for any other error or a failed outcome,
+    FINISHED otherwise."""
+    if isinstance(error, (KeyboardInterrupt, Terminated)):
+        return "KILLED"
+    return "FAILED" if error is not None or failed else "FINISHED"
+
+
 def _offer_pending(uri: str) -> None:
     """Runs that ended while this store was away left their records in spools: say how to deliver them."""
     from xp.spool import pending
@@ -229,13 +238,7 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            status = "FINISHED"
-        elif issubclass(exc_type, (KeyboardInterrupt, Terminated)):
-            status = "KILLED"
-        else:
-            status = "FAILED"
-        self.end(status)
+        self.end(end_state(exc))
 
     def child_runs(self) -> list[Any]:
         return self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
