@@ -1,0 +1,189 @@
+"""The launching side of a run: a distributed job's processes started through its engine and watched, a Slurm
+submission followed, a sweep's jobs run under one MLflow parent; this process owns those MLflow runs and ends
+them (xp.tracking.end_state decides how)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from xp.errors import ConfigError, XPError, one_line
+from xp.worker import RUN_ENV
+
+PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
+SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
+
+log = logging.getLogger("xp")
+
+
+def error_line(msg: object, code: int) -> int:
+    """Print the one line of an error (stderr) and return its exit code."""
+    print(f"xp: error: {one_line(msg)}", file=sys.stderr)
+    return code
+
+
+def engine_of(config: dict[str, Any]) -> tuple[Any, Any]:
+    """The run's plan and the distributed engine it needs (its backend decides), or None for one process."""
+    from xp.experiment import plan_and_backend
+
+    plan, backend_cls = plan_and_backend(config)
+    return plan, backend_cls.launch(plan)
+
+
+def launch_job(argv: list[str], plan: Any, engine_cls: Any) -> int:
+    """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
+    from xp.launch import LaunchError, launch, prepare, spec_for
+    from xp.worker import HOSTS_ENV
+    from xp.stores import check_reachable, resolve_uri
+    from xp.tracking import Tracker, run_name
+
+    uri = resolve_uri(plan.tracking_uri)
+    if plan.resume is not None and not Path(str(plan.resume)).expanduser().is_dir():
+        raise ConfigError(f"resume={plan.resume}: a distributed run resumes from a folder "
+                          "(resume=CHECKPOINT_DIR, a new MLflow run)")
+    overrides = [a for a in argv if not a.startswith("-")]
+    if plan.launch.launcher == "slurm" and not slurm_module().inside():
+        return submit(argv, plan, engine_cls, uri, overrides)
+    elastic_on = plan.elastic.enabled
+    spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri}, elastic=elastic_on)
+    engine = engine_cls(spec)
+    prepare(engine, [h.name for h in spec.hosts] if elastic_on else None,  # elastic: every listed host
+            before_probe=lambda: check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip))
+    if spec.remote and not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
+        spec.env[HOSTS_ENV] = str(len(engine.hosts()))
+    submitted = os.environ.get(RUN_ENV) if spec.launcher == "slurm" else None  # the run xp's sbatch created
+    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides), attach_run_id=submitted,
+                      tags={"xp.launcher": spec.launcher, "xp.engine": engine.name, "xp.workers": str(spec.workers),
+                            **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
+    tracker.start()
+    spec.env[RUN_ENV] = tracker.run_id
+    print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
+
+    def run() -> None:
+        if elastic_on:
+            from xp import elastic
+
+            elastic.run(engine, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
+        else:
+            launch(engine)
+
+    return owned_run(tracker, run, LaunchError)
+
+
+def owned_run(tracker: Any, body: Any, expected: type[XPError]) -> int:
+    """body() in the MLflow run this process owns, which it ends FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
+    (`expected`: one line and its exit code; anything else propagates)."""
+    from xp.tracking import end_state
+
+    error: BaseException | None = None
+    try:
+        body()
+        return 0
+    except expected as e:
+        error = e
+        return error_line(e, e.exit_code)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        tracker.end(end_state(error))
+
+
+def check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
+    """hydra/launcher=submitit_slurm: every job or trial runs on a cluster node, so the MLflow store, and a
+    study's Optuna storage (its trials report every epoch for pruning), must be ones every node reaches."""
+    from xp.stores import check_reachable, resolve_uri
+
+    launcher = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
+    if not launcher.startswith("submitit_slurm"):
+        return
+    nodes = [f"the Slurm jobs' nodes (hydra/launcher={launcher})"]
+    check_reachable(resolve_uri(config.get("tracking_uri")), nodes, None)
+    if config.get("sweep"):
+        from xp.study import storage_url
+
+        check_reachable(storage_url(config["sweep"].get("storage")), nodes, None, key="sweep.storage",
+                        fix="give the study a database every node reaches: "
+                            "sweep.storage=postgresql://USER:PASSWORD@HOST/DB (or $XP_OPTUNA_STORAGE)")
+
+
+def slurm_module() -> Any:
+    from xp import slurm
+
+    return slurm
+
+
+def submit(argv: list[str], plan: Any, engine_cls: Any, uri: str, overrides: list[str]) -> int:
+    """launcher=slurm from a login node: the run as a Slurm job; this process owns its MLflow run and ends it
+    with the job's outcome (Slurm's reason when Slurm ended it)."""
+    from xp.stores import check_reachable
+    from xp.tracking import Tracker, run_name
+
+    slurm = slurm_module()
+    slurm.check(plan.launch.slurm)
+    check_reachable(uri, ["the Slurm job's nodes"], None)
+    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides),
+                      tags={"xp.launcher": "slurm", "xp.engine": engine_cls.name if engine_cls else "none",
+                            "xp.workers": str(plan.workers)})
+    tracker.start()
+    return owned_run(tracker, lambda: slurm.submit(plan, argv, tracker), slurm.SlurmError)
+
+
+def swept_keys(overrides: list[str]) -> list[str]:
+    """The keys a multirun varies (KEY=a,b or a sweep function), as Hydra's override parser reads them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()]
+
+
+def sweep(argv: list[str], config: dict[str, Any], hydra_main: Callable[[list[str]], int]) -> int:
+    """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
+    from xp import summary, sweepstate
+    from xp.stores import resolve_uri
+    from xp.tracking import Tracker, end_state, run_name
+
+    uri = resolve_uri(config.get("tracking_uri"))
+    overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
+    chosen = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")
+    kind = f"study {config['sweep'].get('name') or chosen}" if config.get("sweep") else "sweep"
+    experiment = config.get("experiment") or "xp"
+    skey = sweepstate.key("sweep", experiment, overrides)
+    parent = Tracker(uri, experiment, f"{kind}: " + run_name(overrides),
+                     tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey})
+    parent.reopen_run_id = sweepstate.interrupted_parent(parent, skey)  # a killed sweep goes on where it was
+    parent.start()
+    if parent.reopen_run_id:
+        os.environ[sweepstate.RESUMED_ENV] = "1"
+        log.info(f"sweep: resuming the interrupted sweep of MLflow parent run {parent.run_id}: its finished jobs "
+                 "are reused")
+    else:
+        parent.log_params({"sweep.overrides": " ".join(overrides)})
+    os.environ[PARENT_ENV] = parent.run_id
+    from hydra._internal.utils import get_args_parser
+
+    os.environ[SWEPT_ENV] = ",".join(swept_keys(get_args_parser().parse_args(argv).overrides))
+    error: BaseException | None = None
+    rc = 1
+    try:
+        rc = hydra_main(argv)
+        return rc
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        status = end_state(error, failed=rc != 0)
+        os.environ.pop(PARENT_ENV, None)
+        os.environ.pop(SWEPT_ENV, None)
+        os.environ.pop(sweepstate.RESUMED_ENV, None)
+        try:
+            children = sweepstate.latest_per_job(parent.child_runs())
+            rows = [summary.row_from_mlflow(r) for r in children]
+            parent.log_params(summary.parent_params(rows, children))
+            parent.set_tags(summary.parent_tags(children))
+        finally:
+            parent.end(status)
+        print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
+        print(summary.table(rows))

@@ -1,0 +1,250 @@
+"""Before anything runs: every job the command line describes (each combination of a -m sweep, each study's
+search space) composed with Hydra and validated into a plan, so a bad value fails in a second with one line,
+not after an hour of the sweep. Imports no framework; plans through xp.experiment.plan_and_backend."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from xp import shipped
+from xp.errors import ConfigError, one_line
+
+CONF_DIR = shipped("conf")
+
+
+def study_fields() -> tuple[str, ...]:
+    from xp.study import FIELDS
+
+    return tuple(f for f in FIELDS if f != "name")
+
+
+def _groups(dirs: list[Path]) -> dict[str, list[str]]:
+    """Each config group's options: xp's, the study files, and those of the user's config directories."""
+    from xp import study
+
+    groups: dict[str, set[str]] = {"sweep": set(study.names())}
+    for d in [CONF_DIR, *dirs]:
+        for g in (p for p in d.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+            groups.setdefault(g.name, set()).update(f.stem for f in g.glob("*.yaml"))
+    return {g: sorted(options) for g, options in groups.items()}
+
+
+def _user_dirs(config_dir: str | None, overrides: list[Any]) -> list[Path]:
+    """The user's config directories: --config-dir, and file:// entries of hydra.searchpath=[...]."""
+    dirs = [Path(config_dir).expanduser().resolve()] if config_dir else []
+    for o in overrides:
+        if o.key_or_group == "hydra.searchpath" and not o.is_delete():
+            for entry in o.value() or []:
+                if str(entry).startswith("file://"):
+                    dirs.append(Path(str(entry)[len("file://"):]).expanduser().resolve())
+    for d in dirs:
+        if not d.is_dir():
+            raise ConfigError(f"config directory {d}: no such folder")
+    return dirs
+
+
+def _parse_advice(overrides: list[str]) -> str | None:
+    """Hydra's parser on a value with a space (dataset.root=/data/my dir): the shell split it, or Hydra's grammar
+    needs it quoted. Say so, with the quoted spelling."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for i, o in enumerate(overrides):
+        if "=" not in o and i > 0 and "=" in overrides[i - 1]:  # the shell split KEY=a b into two arguments
+            key, value = overrides[i - 1].split("=", 1)
+            return (f"cannot parse the command line: {o!r} is not KEY=VALUE; if it belongs to {key}'s value, quote "
+                    f"the whole value for the shell and for Hydra: \"{key}='{value} {o}'\"")
+        key, _, value = o.partition("=")
+        if " " in value.strip() and not value.startswith(("'", '"')):
+            try:
+                parser.parse_override(o)
+            except Exception:
+                return (f"cannot parse the command line: {o}: a value with spaces (and with Hydra's ()[]{{}},: in "
+                        f"it) must be quoted for Hydra: \"{key}='{value}'\"")
+    return None
+
+
+def _composition_error(e: Exception, override: list[str], known_keys: list[str]) -> ConfigError:
+    text = str(e) + ("\n" + str(e.__cause__) if e.__cause__ else "")
+    for o in override:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if f"Key '{key.split('.')[-1]}' is not in struct" in text or f"Could not override '{key}'" in text:
+            close = ([k for k in known_keys if k.endswith("." + key)]
+                     or difflib.get_close_matches(key, known_keys, n=1))
+            hint = f"did you mean {close[0]}?" if close else "see python -m xp --help"
+            if close and close[0] == key:  # a key of another option of its group (dataset.root is folder's)
+                group = key.split(".", 1)[0]
+                hint = f"the chosen {group} has no such key; it is one of another {group} option (choose it: {group}=...)"
+            return ConfigError(f"{o}: unknown key {key!r}; {hint}")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    why = next((ln for ln in lines if "could not be converted" in ln), None)
+    if why:  # a typed field (a study's): "Value 'abc' of type 'str' could not be converted to Integer"
+        bad = next((o for o in override if o in lines[0]), lines[0])
+        return ConfigError(f"{bad}: {why.split('full_key')[0].strip()}")
+    return ConfigError(" ".join(lines[:2]) or type(e).__name__)
+
+
+def preflight(argv: list[str]) -> list[dict[str, Any]]:
+    """Compose and validate every job of the command line; return their resolved configs."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from xp.experiment import plan_and_backend
+
+    args = get_args_parser().parse_args(argv)
+    if args.config_path or args.config_name:
+        return []  # another config tree: Hydra composes it; each job still validates as it starts
+    try:
+        parsed = OverridesParser.create().parse_overrides(args.overrides)
+    except Exception as e:
+        raise ConfigError(_parse_advice(args.overrides) or f"cannot parse the command line: {one_line(e)}") from e
+    dirs = _user_dirs(args.config_dir, parsed)  # the user's own options, beside xp's
+    searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
+    groups = _groups(dirs)
+    _check_options(parsed, groups)
+    jobs, space = _jobs([o for o in parsed if not o.key_or_group.startswith("hydra")], args.multirun)
+
+    configs = []
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
+        known = _known_keys(compose, groups, dirs)
+        _check_added(parsed, known, groups)
+        jobs = [[*searchpath, *job] for job in jobs]
+        jobs = _study_jobs(jobs, args.multirun, known, compose, space) or jobs
+        for job in jobs:
+            try:
+                config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
+            except Exception as e:
+                raise _composition_error(e, job, known) from e
+            plan_and_backend(config)
+            configs.append(config)
+        hydra_overrides = [o.input_line for o in parsed
+                           if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
+        if hydra_overrides:  # Hydra's own settings must apply too, or a sweep fails after its parent run began
+            try:
+                compose("config", overrides=[*hydra_overrides, *jobs[0]], return_hydra_config=True)
+            except Exception as e:
+                raise _composition_error(e, hydra_overrides, known) from e
+    return configs
+
+
+def _check_options(parsed: list[Any], groups: dict[str, list[str]]) -> None:
+    """No _target_ from the command line; every group option exists."""
+    for o in parsed:
+        key = o.key_or_group
+        if "_target_" in key.split(".") or "_target_" in key.split("/"):
+            # Hydra instantiates _target_ (hydra.callbacks too): from a command line that is running any code
+            raise ConfigError(f"{o.input_line}: setting _target_ from the command line is refused; xp builds only "
+                              "registered backends (backend=NAME) and the targets of its own config files")
+        if key in groups and not o.is_delete():
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            for v in values:
+                if v not in groups[key]:
+                    what = "study" if key == "sweep" else key
+                    raise ConfigError(f"{key}={v}: no such {what}; valid: {', '.join(groups[key])}")
+
+
+def _jobs(user: list[Any], multirun: bool) -> tuple[list[list[str]], tuple[Any, ...]]:
+    """The jobs the overrides describe, and a study's search space given on the command line."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    _check_study_fields(user)
+    space: tuple[Any, ...] = ()
+    if multirun and any(o.key_or_group == "sweep" and not o.is_delete() for o in user):
+        # a study: KEY=interval(...)/choice(...)/range(...)/a,b are its search space, not jobs
+        from xp import study
+
+        space, rest = study.space_from_overrides(user)
+        user = OverridesParser.create().parse_overrides(rest)
+    if multirun:
+        try:
+            return [job for batch in BasicSweeper.split_arguments(user, None) for job in batch], space
+        except Exception as e:
+            raise ConfigError(one_line(e)) from e
+    sweeps = [o.input_line for o in user if o.is_sweep_override()]
+    if sweeps:
+        raise ConfigError(f"{sweeps[0]}: several values need a sweep; add -m to run one experiment per value")
+    return [[o.input_line for o in user]], space
+
+
+def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) -> list[str]:
+    """Every key a config can have: the defaults', and those of every option (dataset.root lives in folder.yaml)."""
+    from omegaconf import OmegaConf
+
+    from xp.plan import flatten
+
+    known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
+    for group in groups:
+        for f in (f for d in [CONF_DIR, *dirs] for f in (d / group).glob("*.yaml")):
+            known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)) or {})
+    return sorted(known)
+
+
+def _check_added(parsed: list[Any], known: list[str], groups: dict[str, list[str]]) -> None:
+    """+KEY=V (and ++KEY=V) adds a key Hydra did not have: one xp does not know would be silently unused."""
+    sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
+    for o in parsed:
+        key = o.key_or_group
+        if not (o.is_add() or o.is_force_add()) or key.startswith(("hydra", "sweep")) or key in groups:
+            continue
+        if key not in known and key not in sections:
+            close = ([k for k in known if k.endswith("." + key)] or difflib.get_close_matches(key, known, n=1))
+            raise ConfigError(f"{o.input_line}: xp has no key {key!r}, nothing would read it"
+                              + (f"; did you mean {close[0]}?" if close else "; see python -m xp --help"))
+
+
+def _check_study_fields(overrides: list[Any]) -> None:
+    """sweep.FIELD=V: a field of a study, and a study chosen with it."""
+    chosen = any(o.key_or_group == "sweep" and not o.is_delete() for o in overrides)
+    for o in overrides:
+        if not o.key_or_group.startswith("sweep."):
+            continue
+        field = o.key_or_group.split(".")[1]
+        if field not in study_fields():
+            close = difflib.get_close_matches(field, study_fields(), n=1)
+            raise ConfigError(f"{o.input_line}: a study has no field {field!r}"
+                              + (f"; did you mean sweep.{close[0]}?" if close else f"; fields: {', '.join(study_fields())}"))
+        if not chosen:
+            raise no_study(o.input_line)
+
+
+def no_study(override: str) -> ConfigError:
+    from xp.study import names
+
+    return ConfigError(f"{override}: sets a field of a study; choose the study too: -m sweep=NAME "
+                       f"(studies: {', '.join(names())})")
+
+
+def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose: Any,
+                space: tuple[Any, ...]) -> list[list[str]]:
+    """With sweep=NAME: check the study (its file, sweep.* overrides, a search space given on the command line)
+    and return one job per corner of its search space (each choice, each bound), so a value the plan refuses
+    fails now, not in trial 17."""
+    from omegaconf import OmegaConf
+
+    from xp import study
+    from xp.trial import check_storage
+
+    base = jobs[0]
+    try:
+        node = OmegaConf.to_container(compose("config", overrides=base), resolve=True).get("sweep")
+    except Exception:
+        return []  # composition errors are reported by the caller
+    if not node:
+        return []
+    name = node.get("name") or next(o.split("=", 1)[1] for o in base if o.lstrip("+").startswith("sweep="))
+    if not multirun:
+        raise ConfigError(f"sweep={name}: a study runs many experiments; add -m")
+    for p in space:
+        if p.name not in known:
+            close = difflib.get_close_matches(p.name, known, n=1)
+            raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
+    spec = study.spec_from(node, name, set(known), extra=space)
+    check_storage(spec.storage)
+    corners = [[*base, f"{p.name}={int(v) if p.kind == 'int' else v}"] for p in spec.params
+               for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
+    return corners
