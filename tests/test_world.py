@@ -382,3 +382,16 @@ def test_sync_of_a_folder_that_is_no_spool_is_one_line_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "xp.sync"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env=xp_env("sqlite:///x", {"XP_STATE_DIR": str(tmp_path / "state")}))
     assert r.returncode == 0 and "nothing waits for delivery" in r.stdout
+
+
+def test_a_run_is_planned_once_in_its_process(tmp_path):
+    """The preflight plans the job; the launch decision and the run use that plan (before: three plans)."""
+    import sys
+
+    code = ("import xp.experiment as e, xp.cli as c\nn = [0]\nf = e.build_plan\n"
+            "def counted(*a, **k):\n    n[0] += 1\n    return f(*a, **k)\n"
+            f"e.build_plan = counted\nrc = c.main(['epochs=1', 'hydra.run.dir={tmp_path}/run'])\n"
+            "print('PLANS', n[0], 'RC', rc)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=xp_env(f"sqlite:///{tmp_path}/m.db"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip().splitlines()[-1] == "PLANS 1 RC 0", r.stdout[-2000:] + r.stderr[-2000:]

@@ -44,14 +44,23 @@ class JobInfo:
     swept: tuple[str, ...] = ()  # a sweep job: the keys the sweep varies (they name the run)
 
 
+_planned: dict[str, tuple[Plan, type]] = {}  # this process's plans by what they were made of
+
+
 def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     """Validate the resolved config into a plan and load its backend; raises ConfigError/PluginError.
 
     batch=auto is checked as batch=1; with resolve_auto it is replaced by the largest batch that fits.
+    A process plans a config once: the preflight's plan is the one its launch decision and its run use.
     """
+    import json
+
     auto = config.get("batch") == "auto"
     gpus = visible_gpus()
     hosts = int(os.environ.get(HOSTS_ENV) or 0) or None  # a launched worker: the launcher counted the hosts
+    key = json.dumps([config, gpus, hosts], sort_keys=True, default=str)
+    if key in _planned and not (auto and resolve_auto):
+        return _planned[key]
     name = (config.get("backend") or {}).get("name")
     chosen = Registry().load(name) if isinstance(name, str) else None  # (the plan names a missing one)
     planned = functools.partial(build_plan, visible_gpus=gpus, hosts=hosts,
@@ -71,7 +80,8 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
                     "GPU memory" if plan.device_type == "gpu" else
                     f"auto_batch_memory_mb={plan.auto_batch_memory_mb:g}") + ")")
         config["batch"] = batch
-        plan = replace(planned(config), batch_auto=True)
+        return replace(planned(config), batch_auto=True), backend_cls
+    _planned[key] = plan, backend_cls
     return plan, backend_cls
 
 
