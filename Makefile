@@ -18,6 +18,7 @@ bench: setup
 	.venv/bin/python benchmarks/comm_overhead.py
 	.venv/bin/python benchmarks/backends_side_by_side.py
 	.venv/bin/python benchmarks/torch_pipeline.py
+	.venv/bin/python benchmarks/tracking_outage.py
 ui: setup
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host $(HOST) --port 5000
 dashboard: setup
