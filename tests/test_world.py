@@ -395,3 +395,25 @@ def test_a_run_is_planned_once_in_its_process(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=xp_env(f"sqlite:///{tmp_path}/m.db"),
                        capture_output=True, text=True, timeout=300)
     assert r.stdout.strip().splitlines()[-1] == "PLANS 1 RC 0", r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_sweepers_sharing_a_small_discrete_study_never_run_one_parameter_set_twice(tmp_path):
+    """8 parameter sets, 4 sweepers started together: per-trial seeds alone collide in so small a space; a
+    proposal a running trial already has is dropped (FAIL, duplicate_of, not counted) and asked again."""
+    import optuna
+
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    (d / "tiny.yaml").write_text("study_name: tiny\nn_trials: 8\nsampler: random\nsampler_seed: 0\npruner: none\n"
+                                 "params:\n  batch: {type: categorical, choices: [16, 32, 64, 128]}\n"
+                                 "  lr: {type: categorical, choices: [0.01, 0.1]}\n")
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    done = run_together([xp_args(tmp_path / str(i), "-m", "sweep=tiny", "epochs=1") for i in range(4)],
+                        xp_env(f"sqlite:///{tmp_path}/mlruns/mlflow.db",
+                               {"XP_OPTUNA_STORAGE": storage, "XP_SWEEPS_DIR": str(d)}))
+    assert all(r.returncode == 0 for r in done), [r.stderr[-1500:] for r in done]
+    trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
+    ran = [t for t in trials if "duplicate_of" not in t.user_attrs and "reused_from_trial" not in t.user_attrs]
+    proposed = [tuple(sorted(t.params.items())) for t in ran]
+    assert len(set(proposed)) == len(proposed), proposed

@@ -78,13 +78,16 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
 
 def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
     """Up to n new trials to run, and how many asked trials reused an earlier result instead (they count)."""
-    trials, reused = [], 0
+    trials, reused, duplicates = [], 0, 0
     while len(trials) < n - reused:
         with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
             warnings.simplefilter("ignore", UserWarning)
             t = study.ask(dists)
         if _reuse_earlier(study, t):  # the same parameters already ran: runs are deterministic
             reused += 1
+            continue
+        if _running_already(study, t, duplicates):  # another sweeper (or this one) is running them now
+            duplicates += 1
             continue
         trials.append(t)
     return trials, reused
@@ -102,6 +105,28 @@ def _tell(study: Any, trials: list[Any], results: list[Any]) -> None:
             study.tell(t, state=TrialState.PRUNED)
         else:
             study.tell(t, state=TrialState.FAIL)
+
+
+DUPLICATE = "duplicate_of"  # user attribute of a proposal dropped because a trial in flight has its parameters
+MAX_DUPLICATES = 10  # proposals dropped in a row before one is run anyway (a search space smaller than the sweepers)
+
+
+def _running_already(study: Any, trial: Any, dropped: int) -> bool:
+    """Drop `trial` (FAIL, marked duplicate_of, not counted towards the budget) if a trial in flight has the same
+    parameters: sweepers sharing a study must not run one parameter set twice at once (their per-trial seeds make
+    that rare in continuous spaces, not in small discrete ones). After MAX_DUPLICATES drops in a row it runs."""
+    from optuna.trial import TrialState
+
+    if dropped >= MAX_DUPLICATES:
+        return False
+    for other in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+        if other.number != trial.number and other.params == trial.params:
+            trial.set_user_attr(DUPLICATE, other.number)
+            study.tell(trial, state=TrialState.FAIL)
+            log.info(f"trial {trial.number}: the same parameters as trial {other.number}, which is running: "
+                     "asking again")
+            return True
+    return False
 
 
 def _reuse_earlier(study: Any, trial: Any) -> bool:
@@ -128,7 +153,7 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     """Print the best trial (or the Pareto front) and log it on the sweep's parent MLflow run."""
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
+    trials = [t for t in study.get_trials(deepcopy=False) if DUPLICATE not in t.user_attrs]  # dropped proposals
     states = {s: sum(1 for t in trials if t.state == getattr(TrialState, s)) for s in FINISHED}
     best = study.best_trials
     front = [{"trial": t.number, "values": dict(zip([o.metric for o in spec.objectives], t.values)),

@@ -191,7 +191,8 @@ def _counts(study: Any) -> tuple[int, int]:
     was retried does not count: its retry does."""
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    done = sum(1 for t in trials if t.state.name in FINISHED and t.number not in retried)
+    done = sum(1 for t in trials if t.state.name in FINISHED and t.number not in retried
+               and "duplicate_of" not in t.user_attrs)  # a proposal dropped as a duplicate of a running trial
     return done, sum(1 for t in trials if t.state.name == "RUNNING")
 
 
