@@ -9,13 +9,18 @@ import socket
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Protocol
 
 from xp.errors import ConfigError
 from xp.hosts import SSH, HostSlots
 
-if TYPE_CHECKING:
-    from xp.launch import Job
+
+class Job(Protocol):
+    """What an engine knows of the job starting its roles (xp.launch.Job is one): its id, which every process
+    carries, and its folder of files on this machine."""
+
+    id: str
+    folder: str
 
 LOOPBACK = "127.0.0.1"
 

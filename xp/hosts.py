@@ -14,14 +14,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import psutil
 
 from xp.errors import ConfigError
 
-if TYPE_CHECKING:
-    from xp.engine import Spec
 
 NO_CHECKOUT = 97  # exit code of the remote probe command when the checkout or its Python is missing
 
@@ -124,27 +122,27 @@ def local_addresses() -> dict[str, list[str]]:
             for name, addrs in psutil.net_if_addrs().items()}
 
 
-def check_here(spec: Spec, interface_here: bool = False) -> None:
+def check_here(host_ip: str | None, interface: str | None, interface_here: bool = False) -> None:
     """launcher=ssh, on this machine: host_ip is one of its addresses (and the interface is here, where the
     engine needs it). One line each (ConfigError)."""
     here = local_addresses()
-    if not spec.host_ip:
+    if not host_ip:
         raise ConfigError("launcher=ssh: needs host_ip=ADDRESS, this machine's address as the hosts reach it "
                           f"(its addresses: {', '.join(a for v in here.values() for a in v)})")
-    if not any(spec.host_ip in v for v in here.values()):
-        raise ConfigError(f"host_ip={spec.host_ip}: not an address of this machine (its addresses: "
+    if not any(host_ip in v for v in here.values()):
+        raise ConfigError(f"host_ip={host_ip}: not an address of this machine (its addresses: "
                           f"{', '.join(a for v in here.values() for a in v)})")
-    if spec.interface and interface_here and spec.interface not in here:
-        raise ConfigError(f"network_interface={spec.interface}: this machine has no such interface "
+    if interface and interface_here and interface not in here:
+        raise ConfigError(f"network_interface={interface}: this machine has no such interface "
                           f"(it has: {', '.join(sorted(here))})")
 
 
-def probe(spec: Spec, hosts: list[str]) -> None:
+def probe(ssh: SSH, interface: str | None, hosts: list[str]) -> None:
     """launcher=ssh: every host at once, over ssh: reachable, the key accepted, the checkout and its Python at
     this path, the interface there, its own name resolving. One line each (ConfigError)."""
     py, cwd = shlex.quote(sys.executable), shlex.quote(os.getcwd())
     command = f"cd {cwd} 2>/dev/null && test -x {py} && exec {py} -m xp.remote probe; exit {NO_CHECKOUT}"
-    for host, r in on_hosts(spec.ssh, hosts, command, spec.ssh.connect_timeout_s + 20).items():
+    for host, r in on_hosts(ssh, hosts, command, ssh.connect_timeout_s + 20).items():
         if r.returncode == NO_CHECKOUT or (r.returncode == 1 and "No module named" in r.stderr):
             raise ConfigError(f"host {host}: no xp checkout at {os.getcwd()} with its Python {sys.executable} (the "
                               "checkout and its .venv must be at the same path on every host)")
@@ -159,6 +157,6 @@ def probe(spec: Spec, hosts: list[str]) -> None:
         if not info.get("resolves", True):
             raise ConfigError(f"host {host}: its own name {info['hostname']!r} does not resolve there (gloo and "
                               "ps-lite look it up); add the hosts' names to DNS or /etc/hosts")
-        if spec.interface and spec.interface not in info["interfaces"]:
-            raise ConfigError(f"network_interface={spec.interface}: host {host} has no such interface (it has: "
+        if interface and interface not in info["interfaces"]:
+            raise ConfigError(f"network_interface={interface}: host {host} has no such interface (it has: "
                               f"{', '.join(sorted(info['interfaces']))})")

@@ -354,10 +354,10 @@ def prepare(engine: Engine, hosts: list[str] | None = None, before_probe: Callab
     host over ssh (default: those the job uses)."""
     engine.check()
     if engine.spec.remote:
-        check_here(engine.spec, interface_here=engine.interface_here)
+        check_here(engine.spec.host_ip, engine.spec.interface, interface_here=engine.interface_here)
         if before_probe is not None:
             before_probe()
-        probe(engine.spec, engine.hosts() if hosts is None else hosts)
+        probe(engine.spec.ssh, engine.spec.interface, engine.hosts() if hosts is None else hosts)
 
 
 def launch(engine: Engine) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from xp.engine import LOOPBACK, Engine, Role, free_port, python, worker_command
 
 if TYPE_CHECKING:
-    from xp.launch import Job
+    from xp.engine import Job
 
 BIND_ENV = "XP_BIND"
 _EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")

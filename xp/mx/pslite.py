@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from xp.engine import LOOPBACK, Engine, Role, check_port, free_port, python, worker_command
 
 if TYPE_CHECKING:
-    from xp.launch import Job
+    from xp.engine import Job
 
 
 class PsLite(Engine):

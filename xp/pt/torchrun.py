@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from xp.engine import LOOPBACK, Engine, Role, check_port, free_port, python
 
 if TYPE_CHECKING:
-    from xp.launch import Job
+    from xp.engine import Job
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's failure summary: rank, then exitcode
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
