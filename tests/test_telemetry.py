@@ -45,15 +45,21 @@ class FakeNVML:
         return self.cc
 
 
-def test_sampler_aggregates_per_epoch_and_per_gpu():
-    nvml = FakeNVML()
-    s = GPUSampler([2, 3], interval_s=0.01, nvml=nvml)
+def one_sampled_epoch(nvml, indices, seconds: float = 0.1) -> tuple[GPUSampler, dict]:
+    """A GPUSampler over `nvml` through one epoch of `seconds`; the sampler and the epoch's metrics."""
+    s = GPUSampler(indices, interval_s=0.01, nvml=nvml)
     s.on_train_begin()
     s.on_epoch_begin(1)
-    time.sleep(0.1)
+    time.sleep(seconds)
     metrics = {}
     s.on_epoch_end(1, metrics)
     s.on_end()
+    return s, metrics
+
+
+def test_sampler_aggregates_per_epoch_and_per_gpu():
+    nvml = FakeNVML()
+    s, metrics = one_sampled_epoch(nvml, [2, 3])
     assert nvml.queried == {2, 3} and nvml.inits == 1 and nvml.shutdowns == 1
     assert metrics["gpu_utilization_pct"] == pytest.approx(60)  # mean over both GPUs and all samples
     assert (metrics["gpu_utilization_pct_min"], metrics["gpu_utilization_pct_max"]) == (50, 70)
@@ -75,15 +81,9 @@ class FakeNVMLv2(FakeNVML):
 
 def test_memory_is_read_as_nvidia_smi_shows_it_without_the_drivers_reserve():
     """On an H100 NVML's v1 memory info said 14,339 MiB where nvidia-smi said 13,859: v1 counts the reserve."""
-    for nvml, want in ((FakeNVMLv2(), 3000), (FakeNVML(), 3000)):  # v2 where NVML has it; v1 otherwise
-        s = GPUSampler([0, 1], interval_s=0.01, nvml=nvml)
-        s.on_train_begin()
-        s.on_epoch_begin(1)
-        time.sleep(0.05)
-        metrics = {}
-        s.on_epoch_end(1, metrics)
-        s.on_end()
-        assert metrics["gpu_memory_mb"] == pytest.approx(want), type(nvml).__name__
+    for nvml in (FakeNVMLv2(), FakeNVML()):  # v2 where NVML has it; v1 otherwise
+        _, metrics = one_sampled_epoch(nvml, [0, 1], 0.05)
+        assert metrics["gpu_memory_mb"] == pytest.approx(3000), type(nvml).__name__
 
 
 class FakeGPM(FakeNVML):
@@ -257,6 +257,7 @@ def test_mlflow_system_metrics_are_logged(tmp_path, store):
 def test_system_metrics_are_sampled_at_the_start_and_the_end_of_a_short_run(tmp_path):
     """MLflow's own monitor samples every 10 s and logs nothing for a run shorter than that; xp samples at the
     start of training, at doubling intervals, and at the end."""
+    from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     from xp.telemetry import SystemMetrics
@@ -267,7 +268,8 @@ def test_system_metrics_are_sampled_at_the_start_and_the_end_of_a_short_run(tmp_
     points = {}
     for name, seconds in (("instant", 0.0), ("short", 0.6)):
         run_id = client.create_run(exp, run_name=name).info.run_id
-        s = SystemMetrics(run_id, uri, interval_s=10)
+        s = SystemMetrics(lambda m, step, r=run_id: client.log_batch(  # as the run's tracker logs them
+            r, metrics=[Metric(k, v, int(time.time() * 1000), step) for k, v in m.items()]), interval_s=10)
         s.on_train_begin()
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:  # a busy training loop: CPU % must say so

@@ -169,22 +169,38 @@ def run_id_of(lines) -> str:
     return next(m.group(1) for _, line in lines if (m := re.search(r"MLflow run +([0-9a-f]{32})", line)))
 
 
+def train_through_outage(tmp_path, server, epochs: int, kill_at: int, meanwhile):
+    """The default experiment against `server`, which is killed once epoch `kill_at` is printed; meanwhile() runs
+    then with the lines so far (it may start the server again). Returns the finished process, its timed lines and its text; the run
+    must exit 0 whatever the store did (a healthy run's records wait, it does not fail)."""
+    state = {"XP_STATE_DIR": str(tmp_path / "state")}
+    with xp_lines(tmp_path, server.uri, f"epochs={epochs}", f"tracking_uri={server.uri}", env=state) as (proc, lines):
+        wait_until(epoch_seen(lines, kill_at), 120, f"epoch {kill_at}")
+        server.kill()
+        meanwhile(lines)
+        proc.wait(timeout=300)
+    text = "\n".join(line for _, line in lines)
+    assert proc.returncode == 0, text[-3000:]
+    return proc, lines, text
+
+
 @pytest.mark.slow
 def test_training_goes_on_through_a_tracking_outage_and_every_epoch_arrives_once(tmp_path, server):
     import time
 
     EPOCHS = 120
-    state = {"XP_STATE_DIR": str(tmp_path / "state")}
-    with xp_lines(tmp_path, server.uri, f"epochs={EPOCHS}", f"tracking_uri={server.uri}", env=state) as (proc, lines):
-        wait_until(epoch_seen(lines, 5), 120, "epoch 5")
-        server.kill()
+    outage = {}
+
+    def away_for_a_while(lines):
         down = time.monotonic()
         time.sleep(6)
-        done_in_outage = sum(1 for _, line in lines if line.startswith("epoch "))
+        outage["epochs"] = sum(1 for _, line in lines if line.startswith("epoch "))
+        outage["s"] = time.monotonic() - down
         server.start()
-        proc.wait(timeout=300)
-    text = "\n".join(line for _, line in lines)
-    assert proc.returncode == 0, text[-3000:]
+
+    proc, lines, text = train_through_outage(tmp_path, server, EPOCHS, 5, away_for_a_while)
+    done_in_outage = outage["epochs"]
+    down = outage["s"]
     assert done_in_outage >= 15, f"training stalled while the store was away: {done_in_outage} epochs ({down})"
     assert text.count("is away") == 1 and text.count("is back") == 1, text[-3000:]
     assert "Retrying" not in text and "Traceback" not in text
@@ -205,12 +221,7 @@ def test_a_store_that_never_returns_keeps_the_spool_and_sync_delivers_it_later(t
 
     EPOCHS = 40
     state = {"XP_STATE_DIR": str(tmp_path / "state")}
-    with xp_lines(tmp_path, server.uri, f"epochs={EPOCHS}", f"tracking_uri={server.uri}", env=state) as (proc, lines):
-        wait_until(epoch_seen(lines, 3), 120, "epoch 3")
-        server.kill()
-        proc.wait(timeout=300)
-    text = "\n".join(line for _, line in lines)
-    assert proc.returncode == 0, text[-3000:]  # a healthy run: its records wait, it did not fail
+    proc, lines, text = train_through_outage(tmp_path, server, EPOCHS, 3, lambda lines: None)  # the server stays away
     notice = [line for _, line in lines if "did not answer" in line]
     assert len(notice) == 1 and "python -m xp.sync" in notice[0], text[-3000:]
     spools = list((tmp_path / "run" / "mlflow-spool").glob("*/records.jsonl"))
