@@ -222,5 +222,5 @@ def test_test_io_times_its_first_epoch_from_a_reset_reader():
         EpochIter(inner, 2, keep_ahead=keep_ahead).set_epoch(1)
     assert resets == [False]  # only the test_io reader starts over
     plan = build_plan(compose_config("test_io=true", "timing_warmup_batches=3"), visible_gpus=0)
-    cbs = build_callbacks(plan, SimpleNamespace(gather=lambda v: [v]), NullTracker(), "", None, None)
+    cbs = build_callbacks(plan, SimpleNamespace(gather=lambda v: [v]), NullTracker(), None, None)
     assert (cbs.meter.warmup, cbs.meter.name) == (0, "io_throughput_samples_per_s")

@@ -171,7 +171,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         before = checkpoint.require(plan.resume) if plan.resume else None
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
-        cbs = build_callbacks(plan, backend, tracker, uri, before, trial)
+        cbs = build_callbacks(plan, backend, tracker, before, trial)
         state = _fit(plan, backend, cbs, before, trial, tracker)  # a trial's state: COMPLETE or PRUNED
         if cbs.stop is not None and cbs.stop.stopped:
             log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
@@ -252,7 +252,7 @@ class RunCallbacks:
     stop: Any = None  # elastic.StopAtMembershipChange, in a relaunched elastic worker
 
 
-def build_callbacks(plan: Plan, backend: Any, tracker: Any, uri: str, before: Any, trial: Any) -> RunCallbacks:
+def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: Any) -> RunCallbacks:
     """Every callback of a run, by phase. At each epoch's end they see one metrics dict in this order:
     measure (time, throughput, telemetry) -> aggregate (across workers, cost) -> record (history, MLflow)
     -> commit (checkpoint: after it is logged, so an epoch interrupted in between is trained again to the
@@ -262,8 +262,9 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, uri: str, before: An
     meter = ThroughputMeter(0, IO_THROUGHPUT) if plan.test_io else ThroughputMeter(plan.timing_warmup_batches)
     history = History(done)
     billed = plan.workers if plan.elastic.enabled else 1
+    system_log = (lambda m, step: tracker.log_metrics(m, step=step)) if tracker.run_id else None  # rank 0
     phases: dict[str, list[Callback]] = {
-        "measure": [Progress(plan.rank), meter, *telemetry(plan, tracker.run_id, uri, lambda m, step: tracker.log_metrics(m, step=step))],
+        "measure": [Progress(plan.rank), meter, *telemetry(plan, system_log)],
         "aggregate": [WorkerMetrics(backend.gather, meter.name),
                       CostMeter(plan.cost_per_hour, plan.target_accuracy, done, billed)],
         "record": [history, TrackingCallback(tracker)],

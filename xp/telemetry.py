@@ -221,10 +221,8 @@ class SystemMetrics(Callback):
     and once more at the end: a run of seconds gets a few points, one of hours one every interval_s, and every
     run its start and its end. CPU % is the average since the previous sample (psutil)."""
 
-    def __init__(self, run_id: str, tracking_uri: str, interval_s: float,
-                 log_metrics: Callable[[dict[str, float], int], None] | None = None):
-        self.run_id, self.uri, self.interval = run_id, tracking_uri, interval_s
-        self.log_metrics = log_metrics  # the run's tracker (its spool: no wait on the store); else MLflow's logger
+    def __init__(self, log_metrics: Callable[[dict[str, float], int], None], interval_s: float):
+        self.log_metrics, self.interval = log_metrics, interval_s  # the run's tracker: its spool, no wait on MLflow
         self._step = 0
         self.monitor: Any = None
         self._stop = threading.Event()
@@ -235,7 +233,8 @@ class SystemMetrics(Callback):
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
             logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-            self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.interval, tracking_uri=self.uri)
+            # only its monitors are used (collect, aggregate): the samples go to log_metrics, not to its logger
+            self.monitor = SystemMetricsMonitor("", sampling_interval=self.interval)
         except Exception as e:  # a missing psutil must not stop training
             log.warning("MLflow system metrics are off: %s", e)
             return
@@ -245,9 +244,6 @@ class SystemMetrics(Callback):
     def sample(self) -> None:
         """One point of every system metric (on the sampling thread: psutil's CPU % is per thread)."""
         self.monitor.collect_metrics()
-        if self.log_metrics is None:
-            self.monitor.publish_metrics(self.monitor.aggregate_metrics())
-            return
         self.log_metrics({f"system/{k}": v for k, v in self.monitor.aggregate_metrics().items()}, self._step)
         self._step += 1
         for monitor in self.monitor.monitors:
@@ -276,19 +272,13 @@ class SystemMetrics(Callback):
         self._stop.set()
         self._thread.join(timeout=30)
         self._thread = None
-        if self.log_metrics is not None:
-            return
-        try:
-            self.monitor.mlflow_logger.flush()
-        except Exception as e:
-            log.warning("could not log the last system metrics: %s", e)
 
 
-def telemetry(plan: Any, run_id: str | None = None, tracking_uri: str | None = None,
-              log_metrics: Callable[[dict[str, float], int], None] | None = None) -> list[Callback]:
+def telemetry(plan: Any, log_metrics: Callable[[dict[str, float], int], None] | None = None) -> list[Callback]:
+    """The run's samplers: NVML on GPUs; MLflow's system metrics into log_metrics (the run's tracker), if any."""
     out: list[Callback] = []
     if plan.device_type == "gpu":
         out.append(GPUSampler(nvml_indices(len(plan.devices)), plan.telemetry_interval_s))
-    if run_id and plan.system_metrics_interval_s:
-        out.append(SystemMetrics(run_id, tracking_uri, plan.system_metrics_interval_s, log_metrics))
+    if log_metrics and plan.system_metrics_interval_s:
+        out.append(SystemMetrics(log_metrics, plan.system_metrics_interval_s))
     return out
