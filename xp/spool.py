@@ -55,7 +55,7 @@ def pending(uri: str | None = None) -> list[Path]:
         except (OSError, ValueError):
             entry.unlink(missing_ok=True)  # delivered, or removed by its user
             continue
-        if _started(meta.get("pid", 0)) == meta.get("started", -1):
+        if same_process(meta.get("pid", 0), meta.get("started", -1)):
             continue  # its run is still going: its own process delivers it
         delivered = _read_int(folder / DELIVERED)
         if not any(r["seq"] > delivered for r in _read_records(folder / RECORDS)):
@@ -67,13 +67,20 @@ def pending(uri: str | None = None) -> list[Path]:
     return out
 
 
-def _started(pid: int) -> float:
+def started(pid: int) -> float:
+    """When process `pid` started (seconds since the epoch, to 0.01 s), or 0.0 if there is none."""
     import psutil
 
     try:
         return round(psutil.Process(pid).create_time(), 2) if pid else 0.0
     except psutil.Error:
         return 0.0
+
+
+def same_process(pid: int, started_at: float | str | None) -> bool:
+    """Process `pid` lives and is the one that started at `started_at` (None: any), not a reuse of its pid."""
+    now = started(pid)
+    return bool(now) and (started_at is None or abs(now - float(started_at)) < 1.0)
 
 
 class Spool:
@@ -86,7 +93,7 @@ class Spool:
         self.folder.mkdir(parents=True, exist_ok=True)
         if own:  # this process writes the spool (a reopened run's may hold what a killed process left)
             (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
-                                                       "started": _started(os.getpid())}))
+                                                       "started": started(os.getpid())}))
             entry = pending_index() / self.folder.name  # listed at once: a killed process's spool is found too
             entry.parent.mkdir(parents=True, exist_ok=True)
             entry.write_text(str(self.folder.resolve()))

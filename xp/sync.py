@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from xp.errors import one_line, redact
-from xp.spool import RUN, Spool, _started, pending
+from xp.spool import RUN, Spool, pending, same_process
 
 WAIT_S = 30.0  # how long one spool's store may stay away before sync gives up on it
 
@@ -29,7 +29,7 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
     import json
 
     meta = json.loads((folder / RUN).read_text())
-    if meta.get("pid") and _started(meta["pid"]) == meta.get("started"):
+    if same_process(meta.get("pid", 0), meta.get("started", -1)):
         return False, f"{folder}: its run is still going (process {meta['pid']}), which delivers it itself"
     spool = Spool.load(folder, functools.lru_cache(None)(open_client))
     n, uri = spool.left(), redact(spool.uri)

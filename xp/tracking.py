@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from xp.callbacks import Callback
 from xp.errors import ConfigError, Terminated, one_line, redact
+from xp.spool import same_process, started
 from xp.stores import _artifact_root, check_database, check_server, open_client
 
 log = logging.getLogger("xp")
@@ -147,14 +148,14 @@ class Tracker:
             self.client.update_run(self.run_id, status="RUNNING")
             self._deliver_earlier()
             self._open_spool()
-            self.set_tags({**self.tags, "xp.pid": str(os.getpid()), "xp.pid_started": f"{_started(os.getpid()):.2f}",
+            self.set_tags({**self.tags, "xp.pid": str(os.getpid()), "xp.pid_started": f"{started(os.getpid()):.2f}",
                            "xp.host": socket.gethostname(), "xp.resumed": "true"})
             return self.run_id
         try:
             self.experiment_id = self._experiment_id()
             self.end_orphans()
             tags = {**source_tags(), "xp.host": socket.gethostname(), "xp.pid": str(os.getpid()),
-                    "xp.pid_started": f"{_started(os.getpid()):.2f}", **self.tags}
+                    "xp.pid_started": f"{started(os.getpid()):.2f}", **self.tags}
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=self.run_name,
@@ -180,9 +181,8 @@ class Tracker:
             tags = run.data.tags
             if tags.get("xp.host") != host or not str(tags.get("xp.pid", "")).isdigit():
                 continue
-            pid, started = int(tags["xp.pid"]), tags.get("xp.pid_started")
-            alive = _started(pid)
-            if alive and (started is None or abs(alive - float(started)) < 1.0):
+            pid, started_at = int(tags["xp.pid"]), tags.get("xp.pid_started")
+            if same_process(pid, started_at):
                 continue  # its process lives (the same one: the start time matches)
             self.client.set_tag(run.info.run_id, "xp.ended_by", f"xp: process {pid} on {host} was gone")
             self.client.set_terminated(run.info.run_id, "FAILED")
@@ -355,13 +355,3 @@ def versions(distributions: Iterable[str]) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[dist] = "not installed"
     return out
-
-
-def _started(pid: int) -> float:
-    """The start time of process `pid` (seconds since the epoch), or 0.0 if there is none."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
