@@ -106,7 +106,6 @@ def commit(root: str | Path, epoch: int, history: list[dict[str, float]], save: 
     it in `latest`. A commit that fails (a full disk) removes its temporary folder; the previous one stays."""
     root = Path(root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    sweep_stale(root)
     name = f"epoch-{epoch}"
     previous = latest_folder(root)
     need = int(_size(previous) * 1.1) + MB if previous else 0  # about what the last commit took

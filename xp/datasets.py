@@ -167,7 +167,8 @@ def _folder(options: dict[str, Any]) -> DatasetSpec:
                        len(listing.train), len(listing.val), {**options, **opts}, listing)
 
 
-def _count_lines(path: str) -> int:
+def count_lines(path: str) -> int:
+    """Non-empty lines of a file (an .idx file's records)."""
     with open(path, "rb") as f:
         return sum(1 for line in f if line.strip())
 
@@ -189,7 +190,7 @@ def _rec(options: dict[str, Any]) -> DatasetSpec:
                                   "python -m xp.prepare IMAGE_FOLDER OUT_PREFIX)")
             if not os.access(path, os.R_OK):
                 raise ConfigError(f"dataset.{part}_rec: {path}: not readable")
-        sizes[part] = _count_lines(rec[:-4] + ".idx")
+        sizes[part] = count_lines(rec[:-4] + ".idx")
         if sizes[part] == 0:
             raise ConfigError(f"dataset.{part}_rec: {rec[:-4]}.idx lists no records")
     classes = options.get("num_classes")

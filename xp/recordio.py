@@ -341,12 +341,13 @@ def with_kept_images(plan: Any) -> Any:
     it is prepared (on first use, here; cached afterwards), and the plan counts only what trains."""
     from dataclasses import replace
 
+    from xp.datasets import count_lines
     from xp.errors import ConfigError
 
     if plan.dataset.listing is None:
         return plan
     train, val = record_files(plan)
-    sizes = [sum(1 for line in open(rec[:-4] + ".idx", "rb") if line.strip()) for rec in (train, val)]
+    sizes = [count_lines(rec[:-4] + ".idx") for rec in (train, val)]
     if sizes == [plan.dataset.train_size, plan.dataset.val_size]:
         return plan
     steps = sizes[0] // plan.global_batch
