@@ -1,7 +1,7 @@
 """The same experiment on every backend, side by side: xp's logged throughput for gluon, module and torch.
 
 One fixed random batch in memory (dataset=synthetic), the same model, batch and optimizer, one CPU
-device; each candidate is a full `xp.experiment.run` (tracking included), interleaved A B C A B C.
+device; each candidate is a full `xp.run.experiment.run` (tracking included), interleaved A B C A B C.
 No target: a measurement, reported as torch / gluon and module / gluon. Then `xp.report` builds
 its "Backends side by side" section from the runs, as a user would.
 
@@ -21,7 +21,7 @@ def main() -> int:
 
     from mlflow.tracking import MlflowClient
 
-    from xp import report as xp_report
+    from xp.report import build as xp_report
 
     overrides = synthetic_overrides(args)
     client = MlflowClient(uri)

@@ -32,9 +32,9 @@ ENGINES = ("ps-lite", "horovod", "torchrun")
 
 def inner(engine: str, addresses: list[str], host_ip: str, ssh_config: str, elements: int, steps: int) -> None:
     """In the launcher's namespace: launch the workers with xp's engine and let them print their result."""
-    from xp.engine import Spec
-    from xp.hosts import SSH, HostSlots
-    from xp.launch import Job, prepare
+    from xp.launching.engine import Spec
+    from xp.launching.hosts import SSH, HostSlots
+    from xp.launching.job import Job, prepare
     from xp.mx.horovodrun import Horovod
     from xp.mx.pslite import PsLite
     from xp.pt.torchrun import Torchrun

@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 
-from xp.worker import report_progress
+from xp.run.worker import report_progress
 
 
 def main() -> None:

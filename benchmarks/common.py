@@ -57,7 +57,7 @@ def logged_throughput(*overrides: str) -> float:
     """Run the experiment through xp (tracking included) and return the throughput it logged (median of its epochs)."""
     from mlflow.tracking import MlflowClient
 
-    from xp.experiment import run
+    from xp.run.experiment import run
 
     run(compose(*overrides))
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])

@@ -84,7 +84,7 @@ def synthetic(args) -> int:
     import mxnet as mx
 
     from xp.mx.models import build_net
-    from xp.plan import ModelSpec
+    from xp.run.plan import ModelSpec
 
     classes = 10
     shape = (3, args.size, args.size)
@@ -120,9 +120,9 @@ def digits(args) -> int:
     import mxnet as mx
     import torch
 
-    from xp import datasets
+    from xp.data import datasets
     from xp.mx.models import build_net
-    from xp.plan import build_plan
+    from xp.run.plan import build_plan
     from xp.pt.models import build_model
 
     overrides = [f"epochs={args.epochs}", f"batch={args.batch}"]

@@ -33,9 +33,9 @@ def main() -> int:
     import mxnet as mx
 
     from images import make_folder
-    from xp.datasets import list_folder
-    from xp.experiment import run
-    from xp.recordio import prepare
+    from xp.data.datasets import list_folder
+    from xp.run.experiment import run
+    from xp.data.recordio import prepare
 
     work = Path(tempfile.mkdtemp(prefix="xp-bench-io-"))
     per_class = args.images // 3

@@ -11,7 +11,7 @@ side by side, interleaved. Target: torch / gluon >= 0.9 at every size.
 On a GPU machine, `--gpu` measures the torch backend's CPU path against its GPU path
 (dataset.decode=gpu: nvJPEG decode and augmentation on the GPU), one epoch of the input
 pipeline alone each (warm-up batches excluded), through xp's plan, TorchBackend and
-xp.diagnose.measure: it needs neither MXNet nor MLflow (torch, torchvision, OpenCV,
+xp.run.diagnose.measure: it needs neither MXNet nor MLflow (torch, torchvision, OpenCV,
 hydra-core, omegaconf):
 
     python benchmarks/torch_pipeline.py --gpu [--images 4000] [--sizes 224] [--threads 8] [--reps 3]
@@ -45,8 +45,8 @@ def main() -> int:
     temp_store()
 
     from images import make_folder
-    from xp.datasets import list_folder
-    from xp.recordio import prepare
+    from xp.data.datasets import list_folder
+    from xp.data.recordio import prepare
 
     work = Path(tempfile.mkdtemp(prefix="xp-bench-torch-io-"))
     per_class = -(-args.images * 10 // 9) // 3  # a tenth goes to the validation part
@@ -65,7 +65,7 @@ def main() -> int:
                        f"data_nthreads={args.threads}", "test_io=true", f"epochs={args.epochs}", *extra)
 
     def test_io(backend: str, size: int, *extra: str):
-        from xp.experiment import run
+        from xp.run.experiment import run
 
         cfg = config(backend, size, *extra)
         return lambda: run(cfg).objective  # a test_io run's images/s: the median over its epochs
@@ -76,8 +76,8 @@ def main() -> int:
         import torch
 
         from plugins.torch_ddp import TorchBackend
-        from xp.diagnose import measure
-        from xp.plan import build_plan
+        from xp.run.diagnose import measure
+        from xp.run.plan import build_plan
 
         plan = build_plan(config("torch", size, "gpus=1", *extra), visible_gpus=torch.cuda.device_count())
         TorchBackend.check(plan)

@@ -50,10 +50,10 @@ def main() -> int:
     from omegaconf import OmegaConf
 
     from plugins.torch_ddp import TorchBackend
-    from xp.callbacks import ThroughputMeter
-    from xp.plan import build_plan
-    from xp.telemetry import GPUSampler, nvml_indices
-    from xp.train import fit
+    from xp.run.callbacks import ThroughputMeter
+    from xp.run.plan import build_plan
+    from xp.run.telemetry import GPUSampler, nvml_indices
+    from xp.run.train import fit
 
     gpus = torch.cuda.device_count()
     overrides = ["backend=torch", f"model={args.model}", "dataset=synthetic", "dataset.num_classes=1000",

@@ -14,10 +14,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from xp import datasets
-from xp.backend import Backend
+from xp.data import datasets
+from xp.run.backend import Backend
 from xp.errors import ConfigError
-from xp.metrics import Scores
+from xp.run.metrics import Scores
 
 HIDDEN = 64
 
@@ -41,7 +41,7 @@ class NumpyBackend(Backend):
                        "b2": np.zeros(plan.dataset.num_classes)}
         self.velocity = {k: np.zeros_like(v) for k, v in self.params.items()}
         if plan.resume:
-            from xp.checkpoint import require
+            from xp.run.checkpoint import require
 
             self.load_state(require(plan.resume).folder)
 

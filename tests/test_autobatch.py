@@ -3,10 +3,10 @@
 import pytest
 
 from conftest import compose_config
-from xp.autobatch import largest_fitting
+from xp.run.autobatch import largest_fitting
 from xp.errors import ConfigError
-from xp.experiment import plan_and_backend
-from xp.plan import build_plan
+from xp.run.experiment import plan_and_backend
+from xp.run.plan import build_plan
 
 
 def test_doubling_then_bisecting_finds_the_seeds_1408():

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import compose_config
-from xp.plan import build_plan
-from xp.registry import Registry
-from xp.train import fit, train_epoch
+from xp.run.plan import build_plan
+from xp.run.registry import Registry
+from xp.run.train import fit, train_epoch
 
 BACKENDS = ["gluon", "module", "horovod", "torch"]
 SUITE = [*BACKENDS, "numpy"]  # numpy: the fixture plugin (tests/numpy_backend.py)
@@ -88,7 +88,7 @@ def test_test_io_reads_every_batch_and_trains_nothing(backend):
 
 def test_the_fixture_backend_resumes_from_a_commit_exactly(tmp_path):
     """State out and in through the interface: 1 epoch, committed, resumed for the 2nd == 2 epochs in one go."""
-    from xp.checkpoint import commit
+    from xp.run.checkpoint import commit
 
     whole, _ = train("numpy", "epochs=2")
     part, history = train("numpy", "epochs=1")

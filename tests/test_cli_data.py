@@ -46,8 +46,8 @@ def test_test_io_sweep_logs_io_throughput_per_thread_count(tmp_path, store, digi
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from xp.datasets import list_folder
-    from xp.recordio import prepare
+    from xp.data.datasets import list_folder
+    from xp.data.recordio import prepare
 
     root = make_folder(tmp_path_factory.mktemp("imgs"), per_class=6)
     return prepare(list_folder(str(root)), tmp_path_factory.mktemp("rec"), "set", resize=24, threads=2)
@@ -119,7 +119,7 @@ def test_bad_data_is_one_line_exit_2_and_nothing_running(tmp_path, store, prepar
 def test_an_unreadable_image_is_left_out_with_a_warning_or_fails_with_strict(tmp_path, store, backend):
     """One broken file in the training part: the run trains on the rest (its last batch wraps around), warns
     naming the list; dataset.strict=true makes it one line and exit 2, no run left RUNNING."""
-    from xp.datasets import list_folder
+    from xp.data.datasets import list_folder
 
     root = make_folder(tmp_path / "imgs", per_class=20, size=(32, 40), with_photos=False)
     broken = root / list_folder(str(root)).train[0][0]  # 48 training images: batch 12 fills 4 steps exactly

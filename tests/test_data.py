@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from xp import callbacks, datasets
-from xp.callbacks import ThroughputMeter
+from xp.run import callbacks
+from xp.data import datasets
+from xp.run.callbacks import ThroughputMeter
 from xp.mx.data import ArrayIter
-from xp.metrics import Scores
+from xp.run.metrics import Scores
 
 
 def _ids(it):

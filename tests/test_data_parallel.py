@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import compose_config
-from xp.plan import build_plan
-from xp.train import fit
+from xp.run.plan import build_plan
+from xp.run.train import fit
 from xp_plugins.gluon import GluonBackend
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import mlflow_runs, run_xp
 from images import make_folder
-from xp.diagnose import judge
+from xp.run.diagnose import judge
 
 
 def test_input_bound_when_training_waits_for_the_pipeline():

@@ -22,9 +22,9 @@ import pytest
 
 from conftest import ROOT, compose_config, metric_by_step, mlflow_runs, run_xp, wait_for_line, xp_process
 from xp.errors import ConfigError
-from xp.experiment import plan_and_backend
-from xp.engine import Spec, free_port
-from xp.train import fit
+from xp.run.experiment import plan_and_backend
+from xp.launching.engine import Spec, free_port
+from xp.run.train import fit
 
 # 198 training images: 6 steps of a global batch of 32
 EXACT = ["epochs=1", "dataset.val_fraction=0.89", "lr_schedule=constant"]
@@ -243,7 +243,7 @@ def test_distributed_settings_are_validated(overrides, message):
 
 
 def test_hosts_files_and_placement():
-    from xp.hosts import HostSlots, parse_hosts
+    from xp.launching.hosts import HostSlots, parse_hosts
 
     hosts = parse_hosts("10.0.0.1\n# a comment\n10.0.0.2:2\nnode3 slots=3\n\n10.0.0.1:1\n", "hosts_file=f")
     assert hosts == [HostSlots("10.0.0.1", 2), HostSlots("10.0.0.2", 2), HostSlots("node3", 3)]
@@ -257,8 +257,8 @@ def test_hosts_files_and_placement():
 
 def test_the_parameter_server_roles_across_hosts():
     """The scheduler here on host_ip; servers round robin over the hosts; workers fill the hosts' slots."""
-    from xp.hosts import HostSlots
-    from xp.launch import Job
+    from xp.launching.hosts import HostSlots
+    from xp.launching.job import Job
     from xp.mx.pslite import PsLite
 
     hosts = [HostSlots("10.0.0.1", 1), HostSlots("10.0.0.2", 2)]
@@ -276,7 +276,7 @@ def test_the_parameter_server_roles_across_hosts():
 
 
 def test_every_ssh_xp_makes_takes_the_ssh_settings(tmp_path):
-    from xp.hosts import SSH
+    from xp.launching.hosts import SSH
 
     ssh = SSH(config=str(tmp_path / "cfg"), identity=None, connect_timeout_s=3)
     argv = ssh.argv("10.0.0.2", "true")
@@ -327,7 +327,7 @@ def test_workers_join_and_leave_at_epoch_boundaries_with_the_same_accuracy(tmp_p
     assert run.data.params["derived.global_batch"] == "48"
     assert _epoch_values(store, "elastic.launch_workers") == [2, 3, 2]  # three jobs: 2, then 3, then 2 workers
     # the report shows the worker count over time
-    from xp.report import main as report_main
+    from xp.report.build import main as report_main
 
     assert report_main(["--tracking-uri", store, "--out", str(tmp_path / "report")]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
@@ -359,7 +359,7 @@ def test_a_worker_lost_mid_epoch_rolls_back_and_training_goes_on(tmp_path, store
 
 
 def test_discovery_and_worker_counts():
-    from xp.elastic import usable
+    from xp.launching.elastic import usable
 
     assert usable(3, 1, 8, 48, 1) == 3
     assert usable(5, 1, 8, 48, 1) == 4  # 5 does not divide 48: one waits as a spare
@@ -369,7 +369,7 @@ def test_discovery_and_worker_counts():
 
 
 def test_discovery_sources(tmp_path):
-    from xp.elastic import read_slots
+    from xp.launching.elastic import read_slots
 
     f = tmp_path / "hosts"
     f.write_text("127.0.0.1:2\n# a comment\nlocalhost\n\n")

@@ -118,7 +118,7 @@ def _remote_workers(c, host) -> list[int]:
     found = []
     for line in c.processes(host):
         pid, cmd = line.split(" ", 1)
-        if " -m xp " in cmd + " " and "xp.remote" not in cmd:
+        if " -m xp " in cmd + " " and "xp.launching.remote" not in cmd:
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes()
             except OSError:

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import compose_config
 from xp.errors import ConfigError
-from xp.plan import build_plan, learning_rate
+from xp.run.plan import build_plan, learning_rate
 
 
 def plan_for(*overrides, visible_gpus=0, workers=1):

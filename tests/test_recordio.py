@@ -11,10 +11,10 @@ import pytest
 
 from conftest import ROOT, compose_config
 from images import make_folder, sample_photos
-from xp.datasets import list_folder
+from xp.data.datasets import list_folder
 from xp.errors import ConfigError
-from xp.recordio import DataError, check_records, prepare
-from xp.plan import build_plan
+from xp.data.recordio import DataError, check_records, prepare
+from xp.run.plan import build_plan
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_recordio_files_are_byte_identical_to_mxnets(tmp_path):
     boundary are split into parts (and joined on reading); image headers pack as IRHeader does."""
     import struct
 
-    from xp.recordio import MAGIC, RecordFile, pack_image, unpack_image
+    from xp.data.recordio import MAGIC, RecordFile, pack_image, unpack_image
 
     magic = struct.pack("<I", MAGIC)
     records = [b"abc", b"", magic, b"1234" + magic + b"xy", magic + magic + b"z", b"12" + magic + b"345",
@@ -211,9 +211,9 @@ def test_test_io_times_its_first_epoch_from_a_reset_reader():
     full buffer at a figure no later epoch reaches) and times every batch, none excluded as warm-up."""
     from types import SimpleNamespace
 
-    from xp.experiment import build_callbacks
+    from xp.run.experiment import build_callbacks
     from xp.mx.data import EpochIter
-    from xp.tracking import NullTracker
+    from xp.tracking.tracker import NullTracker
 
     resets = []
     for keep_ahead in (True, False):

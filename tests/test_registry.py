@@ -5,9 +5,9 @@ import sys
 import pytest
 
 from plugin_fixtures import install_test_plugins
-from xp.backend import Backend
+from xp.run.backend import Backend
 from xp.errors import PluginError
-from xp.registry import Registry
+from xp.run.registry import Registry
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_broken_plugin_fails_only_when_selected(third_party):
 
 
 def test_entry_point_that_is_not_a_backend_is_refused(third_party):
-    with pytest.raises(PluginError, match="is not a subclass of xp.backend.Backend"):
+    with pytest.raises(PluginError, match="is not a subclass of xp.run.backend.Backend"):
         Registry().load("notabackend")
 
 

@@ -3,7 +3,7 @@
 import pytest
 from mlflow.tracking import MlflowClient
 
-from xp import report
+from xp.report import build as report
 
 
 def make_run(client, exp_id, parent=None, *, devices, throughput, acc, batch=16, lr=0.02, cost=0.01,
@@ -165,7 +165,7 @@ def test_a_study_report_shows_swept_params_states_and_keeps_pruned_trials_apart(
 
 
 def test_accuracy_axis_is_never_tighter_than_the_epoch_noise(tmp_path):
-    from xp import plots
+    from xp.report import plots
 
     rows = [{"model": "m", "global_batch": b, "lr": 0.1, "val_accuracy": a, "noise": 0.01}
             for b, a in ((16, 0.900), (32, 0.902))]

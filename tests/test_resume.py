@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import metric_by_step, mlflow_runs, run_xp, wait_for_line, xp_process
-from xp import checkpoint
+from xp.run import checkpoint
 
 METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
 

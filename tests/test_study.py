@@ -6,7 +6,8 @@ import textwrap
 import pytest
 
 from conftest import mlflow_runs, run_xp, wait_for_line, xp_process
-from xp import study, trial
+from xp.studies import study
+from xp.studies import trial
 from xp.errors import ConfigError
 
 KNOWN = {"lr", "batch", "momentum", "wd", "warmup_epochs", "epochs"}
@@ -26,7 +27,7 @@ def sweeps(tmp_path, monkeypatch):
 
 def test_every_shipped_study_is_valid():
     from conftest import compose_config
-    from xp.plan import flatten
+    from xp.run.plan import flatten
 
     known = set(flatten(compose_config()))
     assert {"lr_batch", "accuracy_throughput", "grid_lr_batch", "tpe_lr_batch"} <= set(study.names())

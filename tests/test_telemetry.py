@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from xp import callbacks
-from xp.callbacks import CostMeter
+from xp.run import callbacks
+from xp.run.callbacks import CostMeter
 from xp.errors import ConfigError
-from xp.telemetry import GPUSampler, nvml_indices
+from xp.run.telemetry import GPUSampler, nvml_indices
 
 
 class FakeNVML:
@@ -217,7 +217,7 @@ def test_cost_is_wall_time_times_price_and_target_is_timed(monkeypatch):
 
 def test_spot_pricing_and_missing_spot_price():
     from conftest import compose_config
-    from xp.plan import build_plan
+    from xp.run.plan import build_plan
 
     p = build_plan(compose_config("hardware=p3.16xlarge", "pricing=spot", "hardware.spot_price_per_hour=7.34"),
                    visible_gpus=0)
@@ -228,7 +228,7 @@ def test_spot_pricing_and_missing_spot_price():
 
 
 def test_progress_bar_counts_samples_when_enabled():
-    from xp.callbacks import ProgressBar
+    from xp.run.callbacks import ProgressBar
 
     bar = ProgressBar(steps=4, samples_per_step=8, enabled=True)
     bar.on_epoch_begin(1)
@@ -260,7 +260,7 @@ def test_system_metrics_are_sampled_at_the_start_and_the_end_of_a_short_run(tmp_
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from xp.telemetry import SystemMetrics
+    from xp.run.telemetry import SystemMetrics
 
     uri = f"sqlite:///{tmp_path}/m.db"
     client = MlflowClient(uri)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import compose_config, mlflow_runs, run_xp
-from xp.experiment import plan_and_backend
-from xp.train import fit, train_epoch
+from xp.run.experiment import plan_and_backend
+from xp.run.train import fit, train_epoch
 
 EXACT = ["epochs=1", "dataset.val_fraction=0.89", "lr_schedule=constant"]
 
@@ -70,7 +70,7 @@ def test_dtypes_train_through_autocast_on_the_cpu():
 
 def test_gpu_plans_are_checked_before_anything_starts():
     from xp.errors import ConfigError
-    from xp.plan import build_plan
+    from xp.run.plan import build_plan
     from xp_plugins.torch_ddp import TorchBackend
 
     plan = build_plan(compose_config("backend=torch", "gpus=1", "workers=2"), visible_gpus=1)
@@ -111,7 +111,7 @@ def test_records_decode_to_the_pixels_mxnet_reads(tmp_path, monkeypatch):
     """The DataLoader's workers decode a .rec file (no MXNet) to the batches MXNet's C++ reader gives."""
     from images import make_folder
     from xp.mx.data import make_iters
-    from xp.plan import build_plan
+    from xp.run.plan import build_plan
     from xp.pt.data import make_batches
 
     monkeypatch.setenv("XP_CACHE_DIR", str(tmp_path / "cache"))
@@ -161,8 +161,8 @@ def test_torchvision_weights_load_from_the_local_cache(tmp_path, store):
 def _record_sources(tmp_path, monkeypatch, *overrides: str):
     """A generated folder prepared as RecordIO (cached under tmp_path): the plan and its (train, val) files."""
     from images import make_folder
-    from xp.plan import build_plan
-    from xp.recordio import record_files
+    from xp.run.plan import build_plan
+    from xp.data.recordio import record_files
 
     monkeypatch.setenv("XP_CACHE_DIR", str(tmp_path / "cache"))
     root = make_folder(tmp_path / "imgs", per_class=16, with_photos=True)
@@ -201,7 +201,7 @@ def test_the_gpu_decoding_path_draws_what_the_cpu_path_draws(tmp_path, monkeypat
     with the same crops and mirrors; validation pixels (a centre crop, no resize) identical, augmented ones within
     one 8-bit level of OpenCV's resize. A record nvJPEG cannot decode (a PNG) is decoded by OpenCV instead."""
     from xp.pt.data import RecordBatches
-    from xp.recordio import RecordFile, pack_image
+    from xp.data.recordio import RecordFile, pack_image
 
     plan, (train_rec, val_rec) = _record_sources(tmp_path, monkeypatch, "dataset.image_shape=[3,24,24]",
                                                  "dataset.store_size=24", "dataset.resize=24")
@@ -221,7 +221,7 @@ def test_the_gpu_decoding_path_draws_what_the_cpu_path_draws(tmp_path, monkeypat
     # one validation record re-encoded as PNG: decoded on the CPU and copied to the device, the same pixels
     import cv2
 
-    from xp.recordio import unpack_image
+    from xp.data.recordio import unpack_image
 
     png_rec, png_idx = tmp_path / "png.rec", tmp_path / "png.idx"
     source = RecordFile(val_rec[:-4] + ".idx", val_rec)

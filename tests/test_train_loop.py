@@ -1,4 +1,4 @@
-"""The core's batch loop (xp.train.train_epoch) against a real backend (the NumPy one): it never waits on the
+"""The core's batch loop (xp.run.train.train_epoch) against a real backend (the NumPy one): it never waits on the
 step it has just given, yet scores every step exactly once, stops at the batch that diverged, and leaves scores
 that match the position an interruption commits."""
 
@@ -10,9 +10,9 @@ import pytest
 from conftest import compose_config
 from numpy_backend import NumpyBackend
 from xp.errors import Diverged
-from xp.metrics import Scores
-from xp.plan import build_plan
-from xp.train import LoopState, train_epoch
+from xp.run.metrics import Scores
+from xp.run.plan import build_plan
+from xp.run.train import LoopState, train_epoch
 
 
 class Recording(NumpyBackend):

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import compose_config, plan_for
 from xp.errors import ConfigError
-from xp.registry import Registry
-from xp.train import fit
+from xp.run.registry import Registry
+from xp.run.train import fit
 
 # few training images of 5-9 (a 90% hold-out leaves 87) and few steps: where pretrained features
 # matter. With plenty of data these easy digits are learnt from scratch in 3 epochs as well.
@@ -21,7 +21,7 @@ FINETUNE = ["dataset.classes=[5,6,7,8,9]", "dataset.val_fraction=0.9", "epochs=2
 def pretrained(tmp_path_factory):
     """LeNet trained on digits 0-4, saved as a zoo-cache file and as a checkpoint."""
 
-    from xp.weights import add
+    from xp.run.weights import add
 
     home = tmp_path_factory.mktemp("mxnet_home")
     mp = pytest.MonkeyPatch()

@@ -282,7 +282,7 @@ def test_a_killed_sweep_resumes_under_its_parent_reusing_the_finished_jobs(tmp_p
 # --- smaller items: each one line today, but a wrong or raw one -----------------------------------------------
 
 def test_slurm_messages_are_cut_at_a_word_never_mid_word():
-    from xp.slurm import clip
+    from xp.launching.slurm import clip
 
     text = "slurm_load_partitions: Unable to contact slurm controller (connect failure) " * 6
     cut = clip(text, 100)
@@ -314,7 +314,7 @@ def test_the_readme_exit_codes_name_what_xp_exits_with():
 
 def test_torch_float16_on_the_cpu_trains_with_a_warning(caplog):
     from conftest import compose_config
-    from xp.experiment import plan_and_backend
+    from xp.run.experiment import plan_and_backend
 
     plan, cls = plan_and_backend(compose_config("backend=torch", "dtype=float16", "epochs=1"))
     with caplog.at_level("WARNING", logger="xp"):
@@ -327,7 +327,7 @@ def test_xp_experiments_open_in_mlflows_model_training_view(tmp_path):
     the run's page with ?workflowType=machine_learning (seen in chromium: the Runs table, not Traces)."""
     from mlflow.tracking import MlflowClient
 
-    from xp.tracking import EXPERIMENT_KIND, Tracker, run_url_hint
+    from xp.tracking.tracker import EXPERIMENT_KIND, Tracker, run_url_hint
 
     uri = f"sqlite:///{tmp_path}/m.db"
     MlflowClient(uri).create_experiment("older", artifact_location=(tmp_path / "a").as_uri())  # made without it
@@ -345,7 +345,7 @@ def test_xp_experiments_open_in_mlflows_model_training_view(tmp_path):
 def test_the_view_hint_names_an_mlflow_that_exists_outside_the_checkout(tmp_path):
     import sys
 
-    r = subprocess.run([sys.executable, "-c", "from xp.tracking import run_url_hint; print(run_url_hint('sqlite:///x'))"],
+    r = subprocess.run([sys.executable, "-c", "from xp.tracking.tracker import run_url_hint; print(run_url_hint('sqlite:///x'))"],
                        cwd=tmp_path, env=xp_env("sqlite:///x", {"PYTHONPATH": str(ROOT)}), capture_output=True,
                        text=True, timeout=60)
     program = r.stdout.split(" ui ")[0].split(" -m ")[0]
@@ -367,7 +367,7 @@ def test_stale_temporary_commits_of_dead_processes_of_this_host_are_removed(tmp_
     import os
     import socket
 
-    from xp.checkpoint import sweep_stale
+    from xp.run.checkpoint import sweep_stale
 
     host = socket.gethostname()
     dead = subprocess.Popen(["true"])
@@ -399,7 +399,7 @@ def test_a_run_is_planned_once_in_its_process(tmp_path):
     """The preflight plans the job; the launch decision and the run use that plan (before: three plans)."""
     import sys
 
-    code = ("import xp.experiment as e, xp.cli as c\nn = [0]\nf = e.build_plan\n"
+    code = ("import xp.run.experiment as e, xp.cli as c\nn = [0]\nf = e.build_plan\n"
             "def counted(*a, **k):\n    n[0] += 1\n    return f(*a, **k)\n"
             f"e.build_plan = counted\nrc = c.main(['epochs=1', 'hydra.run.dir={tmp_path}/run'])\n"
             "print('PLANS', n[0], 'RC', rc)\n")

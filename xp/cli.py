@@ -20,7 +20,7 @@ from typing import Any
 
 from xp import drive, preflight
 from xp.errors import ConfigError, Terminated, XPError, one_line
-from xp.worker import RUN_ENV, WORKER_ENV
+from xp.run.worker import RUN_ENV, WORKER_ENV
 
 CONF_DIR = preflight.CONF_DIR
 # Flags Hydra answers without running a job.
@@ -79,7 +79,7 @@ def sweeper_spelling(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xp import study
+    from xp.studies import study
 
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     study.register()  # the study files are options of the config group `sweep`
@@ -146,7 +146,7 @@ def _task(cfg: Any) -> float:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from xp.experiment import JobInfo, run
+    from xp.run.experiment import JobInfo, run
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
@@ -179,11 +179,11 @@ def _task(cfg: Any) -> float:
 
 
 def _remember_command(argv: list[str]) -> None:
-    """The command line as typed, for the runs' tags (xp.tracking.source_tags); a sweep's jobs, a study's trials
+    """The command line as typed, for the runs' tags (xp.tracking.tracker.source_tags); a sweep's jobs, a study's trials
     and launched workers inherit the first process's."""
     import shlex
 
-    from xp.tracking import COMMAND_ENV
+    from xp.tracking.tracker import COMMAND_ENV
 
     if not os.environ.get(COMMAND_ENV):
         entry = "python -m xp" if sys.argv[0].endswith("__main__.py") else "xp"

@@ -1,6 +1,6 @@
 """The launching side of a run: a distributed job's processes started through its engine and watched, a Slurm
 submission followed, a sweep's jobs run under one MLflow parent; this process owns those MLflow runs and ends
-them (xp.tracking.end_state decides how)."""
+them (xp.tracking.tracker.end_state decides how)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.errors import ConfigError, XPError, one_line
-from xp.worker import RUN_ENV
+from xp.run.worker import RUN_ENV
 
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
 SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
@@ -27,7 +27,7 @@ def error_line(msg: object, code: int) -> int:
 
 def engine_of(config: dict[str, Any]) -> tuple[Any, Any]:
     """The run's plan and the distributed engine it needs (its backend decides), or None for one process."""
-    from xp.experiment import plan_and_backend
+    from xp.run.experiment import plan_and_backend
 
     plan, backend_cls = plan_and_backend(config)
     return plan, backend_cls.launch(plan)
@@ -35,10 +35,10 @@ def engine_of(config: dict[str, Any]) -> tuple[Any, Any]:
 
 def launch_job(argv: list[str], plan: Any, engine_cls: Any) -> int:
     """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
-    from xp.launch import LaunchError, launch, prepare, spec_for
-    from xp.worker import HOSTS_ENV
-    from xp.stores import check_reachable, resolve_uri
-    from xp.tracking import Tracker, run_name
+    from xp.launching.job import LaunchError, launch, prepare, spec_for
+    from xp.run.worker import HOSTS_ENV
+    from xp.tracking.stores import check_reachable, resolve_uri
+    from xp.tracking.tracker import Tracker, run_name
 
     uri = resolve_uri(plan.tracking_uri)
     if plan.resume is not None and not Path(str(plan.resume)).expanduser().is_dir():
@@ -64,7 +64,7 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any) -> int:
 
     def run() -> None:
         if elastic_on:
-            from xp import elastic
+            from xp.launching import elastic
 
             elastic.run(engine, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
         else:
@@ -76,7 +76,7 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any) -> int:
 def owned_run(tracker: Any, body: Any, expected: type[XPError]) -> int:
     """body() in the MLflow run this process owns, which it ends FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED
     (`expected`: one line and its exit code; anything else propagates)."""
-    from xp.tracking import end_state
+    from xp.tracking.tracker import end_state
 
     error: BaseException | None = None
     try:
@@ -95,7 +95,7 @@ def owned_run(tracker: Any, body: Any, expected: type[XPError]) -> int:
 def check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
     """hydra/launcher=submitit_slurm: every job or trial runs on a cluster node, so the MLflow store, and a
     study's Optuna storage (its trials report every epoch for pruning), must be ones every node reaches."""
-    from xp.stores import check_reachable, resolve_uri
+    from xp.tracking.stores import check_reachable, resolve_uri
 
     launcher = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
     if not launcher.startswith("submitit_slurm"):
@@ -103,7 +103,7 @@ def check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
     nodes = [f"the Slurm jobs' nodes (hydra/launcher={launcher})"]
     check_reachable(resolve_uri(config.get("tracking_uri")), nodes, None)
     if config.get("sweep"):
-        from xp.study import storage_url
+        from xp.studies.study import storage_url
 
         check_reachable(storage_url(config["sweep"].get("storage")), nodes, None, key="sweep.storage",
                         fix="give the study a database every node reaches: "
@@ -111,7 +111,7 @@ def check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
 
 
 def slurm_module() -> Any:
-    from xp import slurm
+    from xp.launching import slurm
 
     return slurm
 
@@ -119,8 +119,8 @@ def slurm_module() -> Any:
 def submit(argv: list[str], plan: Any, engine_cls: Any, uri: str, overrides: list[str]) -> int:
     """launcher=slurm from a login node: the run as a Slurm job; this process owns its MLflow run and ends it
     with the job's outcome (Slurm's reason when Slurm ended it)."""
-    from xp.stores import check_reachable
-    from xp.tracking import Tracker, run_name
+    from xp.tracking.stores import check_reachable
+    from xp.tracking.tracker import Tracker, run_name
 
     slurm = slurm_module()
     slurm.check(plan.launch.slurm)
@@ -141,9 +141,10 @@ def swept_keys(overrides: list[str]) -> list[str]:
 
 def sweep(argv: list[str], config: dict[str, Any], hydra_main: Callable[[list[str]], int]) -> int:
     """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
-    from xp import summary, sweepstate
-    from xp.stores import resolve_uri
-    from xp.tracking import Tracker, end_state, run_name
+    from xp.tracking import summary
+    from xp.tracking import sweepstate
+    from xp.tracking.stores import resolve_uri
+    from xp.tracking.tracker import Tracker, end_state, run_name
 
     uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]

@@ -1,6 +1,6 @@
 """Before anything runs: every job the command line describes (each combination of a -m sweep, each study's
 search space) composed with Hydra and validated into a plan, so a bad value fails in a second with one line,
-not after an hour of the sweep. Imports no framework; plans through xp.experiment.plan_and_backend."""
+not after an hour of the sweep. Imports no framework; plans through xp.run.experiment.plan_and_backend."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ CONF_DIR = shipped("conf")
 
 
 def study_fields() -> tuple[str, ...]:
-    from xp.study import FIELDS
+    from xp.studies.study import FIELDS
 
     return tuple(f for f in FIELDS if f != "name")
 
 
 def _groups(dirs: list[Path]) -> dict[str, list[str]]:
     """Each config group's options: xp's, the study files, and those of the user's config directories."""
-    from xp import study
+    from xp.studies import study
 
     groups: dict[str, set[str]] = {"sweep": set(study.names())}
     for d in [CONF_DIR, *dirs]:
@@ -93,7 +93,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from xp.experiment import plan_and_backend
+    from xp.run.experiment import plan_and_backend
 
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name:
@@ -156,7 +156,7 @@ def _jobs(user: list[Any], multirun: bool) -> tuple[list[list[str]], tuple[Any, 
     space: tuple[Any, ...] = ()
     if multirun and any(o.key_or_group == "sweep" and not o.is_delete() for o in user):
         # a study: KEY=interval(...)/choice(...)/range(...)/a,b are its search space, not jobs
-        from xp import study
+        from xp.studies import study
 
         space, rest = study.space_from_overrides(user)
         user = OverridesParser.create().parse_overrides(rest)
@@ -175,7 +175,7 @@ def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) ->
     """Every key a config can have: the defaults', and those of every option (dataset.root lives in folder.yaml)."""
     from omegaconf import OmegaConf
 
-    from xp.plan import flatten
+    from xp.run.plan import flatten
 
     known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
     for group in groups:
@@ -213,7 +213,7 @@ def _check_study_fields(overrides: list[Any]) -> None:
 
 
 def no_study(override: str) -> ConfigError:
-    from xp.study import names
+    from xp.studies.study import names
 
     return ConfigError(f"{override}: sets a field of a study; choose the study too: -m sweep=NAME "
                        f"(studies: {', '.join(names())})")
@@ -226,8 +226,8 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
     fails now, not in trial 17."""
     from omegaconf import OmegaConf
 
-    from xp import study
-    from xp.trial import check_storage
+    from xp.studies import study
+    from xp.studies.trial import check_storage
 
     base = jobs[0]
     try:

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from xp.backend import Backend
+from xp.run.backend import Backend
 from xp.errors import ConfigError, XPError
-from xp.plan import Plan
+from xp.run.plan import Plan
 
 
 _amp_target: str | None = None  # MXNet's AMP, once initialised, stays on for the whole process
@@ -47,8 +47,8 @@ def check_compute_capability(count: int, nvml: Any = None, wheel: str | None = N
     """Refuse GPUs the installed MXNet wheel has no kernels for, before anything starts."""
     from importlib import metadata
 
-    from xp.gpu import describe_gpus
-    from xp.telemetry import nvml_indices
+    from xp.run.gpu import describe_gpus
+    from xp.run.telemetry import nvml_indices
 
     if wheel is None:
         wheel = next((w for w in MXNET_MAX_ARCH if _installed(metadata, w)), None)
@@ -122,7 +122,7 @@ class MXNetBackend(Backend):
                 raise ConfigError(f"kvstore=nccl: the installed mxnet {mx.__version__} was built without NCCL; "
                                   "use kvstore=device")
         if plan.dataset.options.get("kind") == "rec":
-            from xp.recordio import check_records
+            from xp.data.recordio import check_records
 
             o = plan.dataset.options
             for part in ("train", "val"):  # a bad file fails before any run starts, naming the file
@@ -188,7 +188,7 @@ class MXNetBackend(Backend):
         from xp.mx.data import make_iters
         from xp.mx.models import build_net, initialize, load_pretrained
 
-        from xp.worker import report_progress
+        from xp.run.worker import report_progress
 
         self.kv = None
         plan = self.connect(plan)
@@ -224,7 +224,7 @@ class MXNetBackend(Backend):
         self.train_iter, self.val_iter = make_iters(plan)
         self.prepare()
         if plan.resume:
-            from xp.checkpoint import require
+            from xp.run.checkpoint import require
 
             self.load_state(require(plan.resume).folder)  # every worker loads the same commit
         if plan.workers > 1 or self.kv is not None:
@@ -244,7 +244,7 @@ class MXNetBackend(Backend):
         if plan.kvstore.startswith("dist_"):
             import mxnet as mx
 
-            from xp.worker import check_scheduler
+            from xp.run.worker import check_scheduler
 
             check_scheduler()  # mx.kv.create would wait forever for a scheduler that is not there
             self.kv = mx.kv.create(plan.kvstore)  # ps-lite assigns the rank
@@ -331,7 +331,7 @@ class MXNetBackend(Backend):
         return {name: to_numpy(p.data(self.contexts[0])) for name, p in self.net.collect_params().items()}
 
 
-    # --- what the core's loop asks (xp.train.train_epoch) --------------------------------------------------
+    # --- what the core's loop asks (xp.run.train.train_epoch) --------------------------------------------------
     def batches(self, epoch: int, skip: int) -> Any:
         self.train_iter.set_epoch(epoch)
         for i, batch in enumerate(self.train_iter):
@@ -364,7 +364,7 @@ class MXNetBackend(Backend):
         mx.random.seed(seed)
 
     def evaluate(self) -> dict[str, float]:
-        from xp.metrics import Scores
+        from xp.run.metrics import Scores
 
         scores = Scores(self.plan.dataset.num_classes)
         self.val_iter.reset()

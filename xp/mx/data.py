@@ -5,8 +5,8 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 
-from xp import datasets
-from xp.plan import Plan
+from xp.data import datasets
+from xp.run.plan import Plan
 
 
 class ArrayIter(mx.io.DataIter):
@@ -14,7 +14,7 @@ class ArrayIter(mx.io.DataIter):
 
     Each epoch's order is a function of (seed, epoch) and identical on every
     worker; at each step a worker reads its share of the global batch
-    (xp.datasets.worker_slice). Every worker runs exactly `steps` steps: an
+    (xp.data.datasets.worker_slice). Every worker runs exactly `steps` steps: an
     uneven shard would make distributed kvstores wait forever at epoch end.
 
     For evaluation (shuffle=False, pad_last=True) the last batch is filled up
@@ -164,7 +164,7 @@ def record_iter(rec: str, plan: Plan, train: bool) -> mx.io.DataIter:
     try:
         it = mx.io.ImageRecordIter(**kwargs)
     except mx.base.MXNetError as e:
-        from xp.recordio import DataError
+        from xp.data.recordio import DataError
 
         raise DataError(f"{rec}: MXNet cannot read it ({_mx_reason(e)})") from e
     return EpochIter(it, plan.steps_per_epoch, keep_ahead=not plan.test_io) if train else it
@@ -179,7 +179,7 @@ def make_iters(plan: Plan) -> tuple[mx.io.DataIter, mx.io.DataIter | None]:
     """(train, val) iterators for this worker; no val iterator for test_io runs."""
     d = plan.dataset
     if d.options.get("kind", d.name) in ("rec", "folder"):
-        from xp.recordio import record_files
+        from xp.data.recordio import record_files
 
         train_rec, val_rec = record_files(plan)
         # test_io never evaluates; a validation reader would prefetch on the same cores

@@ -16,10 +16,10 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from xp.engine import LOOPBACK, Engine, Role, free_port, python, worker_command
+from xp.launching.engine import LOOPBACK, Engine, Role, free_port, python, worker_command
 
 if TYPE_CHECKING:
-    from xp.engine import Job
+    from xp.launching.engine import Job
 
 BIND_ENV = "XP_BIND"
 _EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
@@ -47,7 +47,7 @@ class Horovod(Engine):
             shim = Path(job.folder) / "bin"
             shim.mkdir()
             real = shutil.which("ssh") or "/usr/bin/ssh"  # the shim must not find itself
-            via = (f"{shlex.quote(python())} -m xp.slurm ssh" if s.launcher == "slurm"  # srun in an allocation
+            via = (f"{shlex.quote(python())} -m xp.launching.slurm ssh" if s.launcher == "slurm"  # srun in an allocation
                    else f"{shlex.quote(real)} {shlex.join(s.ssh.options())}")
             (shim / "ssh").write_text(f"#!/bin/sh\nexec {via} \"$@\"\n")
             (shim / "ssh").chmod(0o755)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from xp.errors import XPError
-from xp.plan import ModelSpec
-from xp.pretrained import PretrainedSpec
+from xp.run.plan import ModelSpec
+from xp.run.pretrained import PretrainedSpec
 
 
 class WeightsError(XPError):

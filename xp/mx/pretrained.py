@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from xp.errors import ConfigError
-from xp.plan import ModelSpec
-from xp.pretrained import PretrainedRequest, PretrainedSpec
+from xp.run.plan import ModelSpec
+from xp.run.pretrained import PretrainedRequest, PretrainedSpec
 
 
 def cache_dir() -> Path:

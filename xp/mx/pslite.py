@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from xp.engine import LOOPBACK, Engine, Role, check_port, free_port, python, worker_command
+from xp.launching.engine import LOOPBACK, Engine, Role, check_port, free_port, python, worker_command
 
 if TYPE_CHECKING:
-    from xp.engine import Job
+    from xp.launching.engine import Job
 
 
 class PsLite(Engine):

@@ -7,7 +7,7 @@ from typing import Any
 
 import mxnet as mx
 
-from xp.plan import learning_rate
+from xp.run.plan import learning_rate
 
 
 class ServerOptimizer(mx.optimizer.Optimizer):

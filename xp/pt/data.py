@@ -1,6 +1,6 @@
 """Batches for the PyTorch backend, on the sample order and sharding of the MXNet iterators.
 
-Every process reads its share of each global batch (xp.datasets.worker_slice, with the
+Every process reads its share of each global batch (xp.data.datasets.worker_slice, with the
 process's rank among all processes), so N processes x B/N see the samples one process
 with B sees. In-memory data sets are sliced directly; RecordIO files (those xp prepares
 from image folders, or given) are decoded and augmented in DataLoader worker processes
@@ -18,8 +18,8 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 import torch
 
-from xp import datasets
-from xp.plan import Plan
+from xp.data import datasets
+from xp.run.plan import Plan
 
 log = logging.getLogger("xp")
 
@@ -75,7 +75,7 @@ class RecordImages(torch.utils.data.Dataset):
     function of (seed, epoch, record)."""
 
     def __init__(self, rec: str, options: dict[str, Any], image_shape: tuple[int, int, int], train: bool, seed: int):
-        from xp.recordio import RecordFile
+        from xp.data.recordio import RecordFile
 
         self.file = RecordFile(rec[:-4] + ".idx", rec)
         self.keys = list(self.file.keys)
@@ -88,7 +88,7 @@ class RecordImages(torch.utils.data.Dataset):
 
     def record(self, i: int) -> tuple[int, bytes]:
         """(label, encoded image) of record number i."""
-        from xp.recordio import DataError, unpack_image
+        from xp.data.recordio import DataError, unpack_image
 
         key = self.keys[i]
         try:
@@ -105,7 +105,7 @@ class RecordImages(torch.utils.data.Dataset):
     def __getitem__(self, items: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         import cv2
 
-        from xp.recordio import DataError
+        from xp.data.recordio import DataError
 
         c, h, w = self.shape
         x, y = _batch_tensor((len(items), c, h, w)), torch.empty(len(items), dtype=torch.int64)
@@ -264,7 +264,7 @@ class GpuDecoder:
     def _cpu_decode(self, part: torch.Tensor, i: int) -> torch.Tensor:
         import cv2
 
-        from xp.recordio import DataError
+        from xp.data.recordio import DataError
 
         c = self.images.shape[0]
         img = cv2.imdecode(part.numpy(), cv2.IMREAD_GRAYSCALE if c == 1 else cv2.IMREAD_COLOR)
@@ -343,7 +343,7 @@ def make_batches(plan: Plan, shards: int, shard: int, pin: bool, device: Any = "
     Synthetic batches are made on `device`; the others are read into (pinned, with pin) host memory."""
     d = plan.dataset
     if d.options.get("kind", d.name) in ("rec", "folder"):
-        from xp.recordio import record_files
+        from xp.data.recordio import record_files
 
         train_rec, val_rec = record_files(plan)
         gpu, fallback = None, ""

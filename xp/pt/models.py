@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from xp.errors import ConfigError
-from xp.plan import ModelSpec
+from xp.run.plan import ModelSpec
 
 
 def lenet(classes: int, image_shape: tuple[int, int, int], dropout: float = 0.0) -> nn.Sequential:

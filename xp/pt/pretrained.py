@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from xp.errors import ConfigError
-from xp.pretrained import PretrainedRequest, PretrainedSpec
+from xp.run.pretrained import PretrainedRequest, PretrainedSpec
 
 
 def torch_cache() -> Path:

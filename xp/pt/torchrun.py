@@ -15,10 +15,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from xp.engine import LOOPBACK, Engine, Role, check_port, free_port, python
+from xp.launching.engine import LOOPBACK, Engine, Role, check_port, free_port, python
 
 if TYPE_CHECKING:
-    from xp.engine import Job
+    from xp.launching.engine import Job
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's failure summary: rank, then exitcode
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")

@@ -14,10 +14,9 @@ import socket
 from pathlib import Path
 from typing import Any, Iterable
 
-from xp.callbacks import Callback
 from xp.errors import ConfigError, Terminated, one_line, redact
-from xp.spool import same_process, started
-from xp.stores import _artifact_root, check_database, check_server, open_client
+from xp.tracking.spool import same_process, started
+from xp.tracking.stores import _artifact_root, check_database, check_server, open_client
 
 log = logging.getLogger("xp")
 
@@ -37,7 +36,7 @@ def end_state(error: BaseException | None = None, failed: bool = False) -> str:
 
 def _offer_pending(uri: str) -> None:
     """Runs that ended while this store was away left their records in spools: say how to deliver them."""
-    from xp.spool import pending
+    from xp.tracking.spool import pending
 
     left = pending(uri)
     if left:
@@ -117,7 +116,7 @@ class Tracker:
             return exp.experiment_id
 
     def _open_spool(self) -> None:
-        from xp.spool import Spool, state_dir
+        from xp.tracking.spool import Spool, state_dir
 
         # one spool per process: a distributed run's launcher and its rank 0 both write to the run
         base = Path(self.spool_dir) if self.spool_dir else state_dir() / "spools"
@@ -128,8 +127,8 @@ class Tracker:
         """Records of this run that a killed process left in its spool go to the store before this process
         writes any: a resumed run's history stays whole and in order (its last epochs were committed, but their
         metrics may not have been delivered when the process died)."""
-        from xp.spool import pending
-        from xp.sync import deliver
+        from xp.tracking.spool import pending
+        from xp.tracking.sync import deliver
 
         for folder in pending(self.uri):
             if folder.name.startswith(self.run_id + "-"):
@@ -258,20 +257,6 @@ class NullTracker(Tracker):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def end(self, status: str) -> None: ...
-
-
-# figures an epoch carries once in a run: the summary's params say them, not one-point charts
-ONCE = ("time_to_target_s", "cost_to_target_usd")
-
-
-class TrackingCallback(Callback):
-    """Logs every epoch's metrics (the curves); step = epochs completed."""
-
-    def __init__(self, tracker: Tracker):
-        self.tracker = tracker
-
-    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        self.tracker.log_metrics({k: v for k, v in metrics.items() if k not in ONCE}, step=epoch)
 
 
 def source_tags(entry: str = "xp") -> dict[str, str]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -161,7 +162,7 @@ class Progress(Callback):
     """A distributed worker tells its launcher it is moving (see xp.worker); a stalled worker fails the job."""
 
     def __init__(self, rank: int):
-        from xp.worker import report_progress
+        from xp.run.worker import report_progress
 
         self.rank, self.report = rank, report_progress
         self.report(rank)
@@ -190,3 +191,71 @@ class WorkerMetrics(Callback):
                 if name in metrics:
                     shards = self.gather(metrics[name])
                     metrics[name] = sum(shards) / len(shards)
+
+
+# figures an epoch carries once in a run: the summary's params say them, not one-point charts
+ONCE = ("time_to_target_s", "cost_to_target_usd")
+
+
+class TrackingCallback(Callback):
+    """Logs every epoch's metrics (the curves); step = epochs completed."""
+
+    def __init__(self, tracker: Any):
+        self.tracker = tracker
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.tracker.log_metrics({k: v for k, v in metrics.items() if k not in ONCE}, step=epoch)
+
+
+class TrialReporter(Callback):
+    """Reports the first objective after every epoch and raises TrialPruned when told to stop."""
+
+    def __init__(self, trial: Any, metric: str, epochs: int):
+        self.trial, self.metric, self.epochs = trial, metric, epochs
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        if self.metric in metrics:
+            self.trial.report(metrics[self.metric], epoch)
+            # after the last epoch there is nothing left to save: the trial is complete
+            if epoch < self.epochs and self.trial.should_prune():
+                from xp.studies.trial import TrialPruned
+
+                raise TrialPruned(f"pruned after epoch {epoch}")
+
+
+# --- elastic training, the worker's side --------------------------------------------------------
+class StopAtMembershipChange(Callback):
+    """At an epoch's end: stop if the launcher asked (the workers decide together, by a collective)."""
+
+    def __init__(self, gather: Callable[[float], list[float]], flag: str, epochs: int):
+        self.gather, self.flag, self.epochs = gather, Path(flag), epochs
+        self.stopped = False
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        from xp.run.train import StopTraining
+
+        asked = max(self.gather(1.0 if self.flag.exists() else 0.0)) > 0
+        if asked and epoch < self.epochs:
+            self.stopped = True
+            raise StopTraining()
+
+
+class WorkerHours(Callback):
+    """workers per epoch, worker-hours so far, and what they cost at on-demand and (if known) spot prices;
+    cost_usd itself is CostMeter's, which bills every worker as an instance in elastic runs."""
+
+    def __init__(self, workers: int, hardware: Any, before: list[dict[str, float]]):
+        self.workers, self.hw = workers, hardware
+        self.hours = before[-1].get("worker_hours", 0.0) if before else 0.0
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        self._t = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        self.hours += (time.perf_counter() - self._t) * self.workers / 3600
+        metrics["workers"] = self.workers
+        metrics["worker_hours"] = self.hours
+        if self.hw.price_per_hour:  # hardware without a price: no cost, not $0
+            metrics["cost_on_demand_usd"] = self.hours * self.hw.price_per_hour
+        if self.hw.spot_price_per_hour:
+            metrics["cost_spot_usd"] = self.hours * self.hw.spot_price_per_hour

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 if TYPE_CHECKING:
-    from xp.engine import Engine
-    from xp.plan import ModelSpec, Plan
-    from xp.pretrained import PretrainedRequest, PretrainedSpec
+    from xp.run.plan import ModelSpec, Plan
+    from xp.run.pretrained import PretrainedRequest, PretrainedSpec
 
 # on_batch(step_in_epoch, samples): the core's loop calls it once per step, after the step was given (the step
 # before it has been read back, so batch times are within a step of the work done).
@@ -42,8 +41,8 @@ class Backend(ABC):
         """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
 
     @classmethod
-    def launch(cls, plan: Plan) -> type[Engine] | None:
-        """The engine that starts the run's processes (an xp.engine.Engine beside the framework), or None:
+    def launch(cls, plan: Plan) -> type | None:
+        """The engine that starts the run's processes (an xp.launching.engine.Engine beside the framework), or None:
         this process trains."""
         return None
 
@@ -99,7 +98,7 @@ class Backend(ABC):
         """Every worker's value (a collective: all workers call it), indexed by rank."""
         return [value]
 
-    # --- what the core's batch loop (xp.train.train_epoch) asks of a backend -----------------------------
+    # --- what the core's batch loop (xp.run.train.train_epoch) asks of a backend -----------------------------
     draws: bool = False  # the network has random layers (dropout): the core reseeds them per step
 
     @abstractmethod

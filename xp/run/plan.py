@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import replace
 from typing import Any, Callable
 
-from xp import datasets
-from xp.datasets import DatasetSpec
+from xp.data import datasets
+from xp.data.datasets import DatasetSpec
 from xp.errors import ConfigError
-from xp.pretrained import PretrainedRequest, PretrainedSpec
+from xp.run.pretrained import PretrainedRequest, PretrainedSpec
 
 # a backend's resolve_pretrained(request, model): pretrained= weights found on disk
 PretrainedResolver = Callable[[PretrainedRequest, "ModelSpec"], PretrainedSpec]
@@ -257,7 +257,7 @@ def _launch(cfg: dict) -> LaunchSettings:
     if not isinstance(ssh, dict):
         raise ConfigError(f"ssh={ssh!r}: must be the ssh group (ssh.config, ssh.identity, ssh.connect_timeout_s)")
     flat = {f"ssh.{k}": v for k, v in ssh.items()}
-    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the launcher (xp.launch.spec_for)
+    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the launcher (xp.launching.job.spec_for)
         _text(flat, key)
     settings = LaunchSettings(
         launcher=launcher, hosts_file=_text(cfg, "hosts_file"), host_ip=_text(cfg, "host_ip"),
@@ -333,7 +333,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     hosts: instances the run occupies (its cost), as the launcher counted them from its hosts (launched
     workers learn it from XP_HOSTS); None: one, this machine.
     pretrained_by: the backend's Backend.resolve_pretrained, which finds pretrained= weights on disk (the plan
-    never looks up a backend itself: xp.experiment.plan_and_backend hands it the selected one's).
+    never looks up a backend itself: xp.run.experiment.plan_and_backend hands it the selected one's).
     """
     backend = _group(cfg, "backend")
     kvstore = _choice(_group(cfg, "kvstore")["name"], "kvstore", KVSTORES)
@@ -530,7 +530,7 @@ def _pretrained(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver |
                                 _bool(cfg, "freeze_backbone"), _float(cfg, "backbone_lr_mult", 0.0, 100.0))
     if pretrained_by is None:
         raise ConfigError(f"pretrained={value}: the backend resolves pretrained weights; plan the run through "
-                          "xp.experiment.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")
+                          "xp.run.experiment.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")
     return pretrained_by(request, model)
 
 

@@ -1,6 +1,6 @@
 """What a launch engine is: the spec of a job (what to run, where), the processes (roles) it starts, and the
 small `Engine` interface each engine implements beside its framework (xp/mx/pslite.py, xp/mx/horovodrun.py,
-xp/pt/torchrun.py). `xp.launch.Job` starts the roles and watches them.
+xp/pt/torchrun.py). `xp.launching.job.Job` starts the roles and watches them.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
 from xp.errors import ConfigError
-from xp.hosts import SSH, HostSlots
+from xp.launching.hosts import SSH, HostSlots
 
 
 class Job(Protocol):
-    """What an engine knows of the job starting its roles (xp.launch.Job is one): its id, which every process
+    """What an engine knows of the job starting its roles (xp.launching.job.Job is one): its id, which every process
     carries, and its folder of files on this machine."""
 
     id: str

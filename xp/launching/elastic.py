@@ -20,14 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.callbacks import Callback
+from xp.run.worker import RESUMED_ENV, STOP_ENV
 from xp.errors import ConfigError
-from xp.engine import Engine
-from xp.hosts import HostSlots, discovered_hosts
-from xp.launch import LaunchError, launch
+from xp.launching.engine import Engine
+from xp.launching.hosts import HostSlots, discovered_hosts
+from xp.launching.job import LaunchError, launch
 
-STOP_ENV = "XP_ELASTIC_STOP"  # the flag file: stop after this epoch, the workers change
-RESUMED_ENV = "XP_ELASTIC_RESUMED"  # set for relaunched jobs: the run's params are logged already
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
@@ -48,44 +46,6 @@ def usable(available: int, lo: int, hi: int, global_batch: int, devices: int) ->
         if global_batch % (n * devices) == 0:
             return n
     return None
-
-
-# --- worker side -------------------------------------------------------------------------------
-class StopAtMembershipChange(Callback):
-    """At an epoch's end: stop if the launcher asked (the workers decide together, by a collective)."""
-
-    def __init__(self, gather: Callable[[float], list[float]], flag: str, epochs: int):
-        self.gather, self.flag, self.epochs = gather, Path(flag), epochs
-        self.stopped = False
-
-    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        from xp.train import StopTraining
-
-        asked = max(self.gather(1.0 if self.flag.exists() else 0.0)) > 0
-        if asked and epoch < self.epochs:
-            self.stopped = True
-            raise StopTraining()
-
-
-class WorkerHours(Callback):
-    """workers per epoch, worker-hours so far, and what they cost at on-demand and (if known) spot prices;
-    cost_usd itself is CostMeter's, which bills every worker as an instance in elastic runs."""
-
-    def __init__(self, workers: int, hardware: Any, before: list[dict[str, float]]):
-        self.workers, self.hw = workers, hardware
-        self.hours = before[-1].get("worker_hours", 0.0) if before else 0.0
-
-    def on_epoch_begin(self, epoch: int) -> None:
-        self._t = time.perf_counter()
-
-    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        self.hours += (time.perf_counter() - self._t) * self.workers / 3600
-        metrics["workers"] = self.workers
-        metrics["worker_hours"] = self.hours
-        if self.hw.price_per_hour:  # hardware without a price: no cost, not $0
-            metrics["cost_on_demand_usd"] = self.hours * self.hw.price_per_hour
-        if self.hw.spot_price_per_hour:
-            metrics["cost_spot_usd"] = self.hours * self.hw.spot_price_per_hour
 
 
 # --- launcher side -------------------------------------------------------------------------------
@@ -131,7 +91,7 @@ class Membership:
 def run(engine: Engine, plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
     """Run the elastic job (`plan`: its plan as launched) to its last epoch; raise LaunchError when it
     cannot go on."""
-    from xp import checkpoint
+    from xp.run import checkpoint
 
     e, keep = plan.elastic, bool(plan.checkpoint_dir)
     root = Path(plan.checkpoint_dir).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))

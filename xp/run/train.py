@@ -12,11 +12,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from xp.backend import Backend, BatchHook
-from xp.callbacks import Callback, fire
+from xp.run.backend import Backend, BatchHook
+from xp.run.callbacks import Callback, fire
 from xp.errors import Diverged, Terminated
-from xp.metrics import step_seed
-from xp.plan import Plan, learning_rate
+from xp.run.metrics import step_seed
+from xp.run.plan import Plan, learning_rate
 
 
 class StopTraining(Exception):
@@ -31,13 +31,13 @@ class LoopState:
     epoch: int = 0  # the epoch being trained (1-based; 0 before the first)
     position: tuple[int, int] | None = None  # (epoch, batches of it trained)
     resume_at: dict[str, Any] | None = None  # a mid-epoch commit's position, to go on from
-    scores: Any = None  # the running training scores of the epoch (xp.metrics.Scores)
+    scores: Any = None  # the running training scores of the epoch (xp.run.metrics.Scores)
     history: list[dict[str, float]] = field(default_factory=list)  # the metrics of the epochs this loop ran
 
     def begin_epoch(self, epoch: int, num_classes: int) -> int:
         """Fresh scores for `epoch`; returns how many of its batches to skip (those trained before an
         interruption, when the run resumes inside this epoch: their scores are restored too)."""
-        from xp.metrics import Scores
+        from xp.run.metrics import Scores
 
         self.epoch, self.scores, self.position = epoch, Scores(num_classes), (epoch, 0)
         if self.resume_at is None or self.resume_at["epoch"] != epoch:

@@ -13,7 +13,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from xp.callbacks import Callback
+from xp.run.callbacks import Callback
 
 log = logging.getLogger("xp")
 

@@ -19,8 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from xp import plots
-from xp.summary import num as _num, row_from_mlflow
+from xp.report import plots
+from xp.tracking.summary import num as _num, row_from_mlflow
 
 
 # --- the report ------------------------------------------------------------------------
@@ -295,7 +295,7 @@ def _plots(rows: list[dict[str, Any]], out: Path, files: list[Path]) -> list[str
 
 def main(argv: list[str] | None = None) -> int:
     from xp.errors import XPError, one_line
-    from xp.stores import resolve_uri
+    from xp.tracking.stores import resolve_uri
 
     ap = argparse.ArgumentParser(prog="python -m xp.report", description="Tables and plots from xp's MLflow runs.")
     ap.add_argument("--experiment", default="xp", help="MLflow experiment (default: xp)")
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"{DEFAULT_UI})")
     args = ap.parse_args(argv)
     try:
-        from xp.stores import open_client
+        from xp.tracking.stores import open_client
 
         uri = resolve_uri(args.tracking_uri)
         client = open_client(uri)
@@ -353,7 +353,7 @@ def _log(client: Any, experiment_id: str, parent: str | None, out: Path, ui: str
     import tempfile
     from urllib.parse import quote
 
-    from xp.tracking import end_state
+    from xp.tracking.tracker import end_state
 
     target = parent or client.create_run(experiment_id, run_name="report", tags={"xp.report": "true"}).info.run_id
     error: BaseException | None = None

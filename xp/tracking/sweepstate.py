@@ -30,7 +30,7 @@ def code_identity() -> str:
     import subprocess
     from pathlib import Path
 
-    from xp.tracking import _git, versions
+    from xp.tracking.tracker import _git, versions
 
     git = _git()
     if not git:
@@ -69,7 +69,7 @@ def interrupted_parent(tracker: Any, sweep_key: str) -> str | None:
 
 def finished_job(uri: str, parent_run_id: str, job: str) -> Any:
     """The FINISHED run of job key `job` under the parent, or None."""
-    from xp.stores import open_client
+    from xp.tracking.stores import open_client
 
     client = open_client(uri)
     exp = client.get_run(parent_run_id).info.experiment_id

@@ -1,7 +1,7 @@
 """Starting the processes of a distributed run, on this machine or on other hosts, and watching them.
 
-Beside it: xp/engine.py (the job's spec, its roles, the Engine interface), xp/hosts.py (hosts files, ssh,
-probing and reaping hosts), xp/worker.py (the worker's side: the variables it gets, progress reports).
+Beside it: xp/launching/engine.py (the job's spec, its roles, the Engine interface), xp/launching/hosts.py (hosts files, ssh,
+probing and reaping hosts), xp/run/worker.py (the worker's side: the variables it gets, progress reports).
 
 Framework-neutral: an *engine* (xp/mx/pslite.py, xp/mx/horovodrun.py, xp/pt/torchrun.py) says which
 processes a job needs, where and with what command (`Engine.roles`); the `Job` here starts them (locally,
@@ -43,10 +43,10 @@ from typing import Any, Callable
 
 import psutil
 
-from xp.engine import LOOPBACK, Engine, Role, Spec, python
+from xp.launching.engine import LOOPBACK, Engine, Role, Spec, python
 from xp.errors import ConfigError, XPError
-from xp.hosts import SSH, check_here, discovered_hosts, on_hosts, probe, read_hosts, reap
-from xp.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV
+from xp.launching.hosts import SSH, check_here, discovered_hosts, on_hosts, probe, read_hosts, reap
+from xp.run.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV
 
 # variables a remote process gets from the launcher's environment (the rest is the host's own)
 FORWARDED = ("XP_", "MLFLOW_", "OMP_", "MXNET_", "PYTHON", "TORCH", "NCCL_", "GLOO_", "HOROVOD_", "DMLC_")
@@ -107,7 +107,7 @@ class Job:
                                     stderr=subprocess.STDOUT if piped else None, text=piped)
         else:
             forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED) and k not in env}
-            command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(python())} -m xp.remote run 2>&1"
+            command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(python())} -m xp.launching.remote run 2>&1"
             proc = subprocess.Popen(self.spec.ssh.argv(role.host, command), start_new_session=True,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             # what to run goes through the session, not a command line (the environment may hold a password);
@@ -239,7 +239,7 @@ class Job:
         unreachable = []
         py = shlex.quote(python())
         answers = on_hosts(self.spec.ssh, sorted(remote), "", self.spec.ssh.connect_timeout_s + 5, command_for=lambda h: (
-            f"{py} -m xp.remote state " + " ".join(str(b.pid) for b in self.beats.values() if b.host == h)))
+            f"{py} -m xp.launching.remote state " + " ".join(str(b.pid) for b in self.beats.values() if b.host == h)))
         for host, r in answers.items():
             ranks = [rank for rank, b in self.beats.items() if b.host == host]
             if r.returncode != 0:
@@ -335,7 +335,7 @@ def spec_for(plan: Any, argv: list[str], engine_cls: type[Engine], env: dict[str
     if ls.launcher == "ssh":  # elastic: the hosts the discovery source lists now
         hosts = discovered_hosts(plan.elastic.discovery) if elastic else read_hosts(ls.hosts_file)
     elif ls.launcher == "slurm":  # inside the allocation: its nodes, reached with srun
-        from xp import slurm
+        from xp.launching import slurm
 
         hosts, here = slurm.allocation(ls.slurm.tasks_per_node)
         ssh, host_ip = slurm.Srun(), host_ip or here

@@ -1,4 +1,4 @@
-"""The host side of a job launched over ssh: `python -m xp.remote probe|run|reap`.
+"""The host side of a job launched over ssh: `python -m xp.launching.remote probe|run|reap`.
 
 - `probe`: what the launcher checks before anything starts: this host's name, Python and interfaces (JSON).
 - `run`: read one line of JSON from stdin ({"argv": [...], "env": {...}}: what to run, and the launcher's
@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
         return reap(argv[1])
     if argv == ["run"]:
         run()
-    print("usage: python -m xp.remote probe | run | state PID... | reap JOB", file=sys.stderr)
+    print("usage: python -m xp.launching.remote probe | run | state PID... | reap JOB", file=sys.stderr)
     return 2
 
 

@@ -112,7 +112,7 @@ def open_client(uri: str):
     store's first-use lock (xp.storefile), so processes starting together never race through the migrations."""
     from mlflow.tracking import MlflowClient
 
-    from xp.storefile import first_use
+    from xp.tracking.storefile import first_use
 
     if uri.startswith(("http://", "https://")):
         # the spool retries a server that went away (xp.spool): MLflow's own retries would only block it for

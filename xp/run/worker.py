@@ -19,6 +19,8 @@ JOB_ENV = "XP_JOB"  # the job's id: every process it starts, on any host, carrie
 HOST_ENV = "XP_HOST"  # the host a process runs on, as the hosts file names it
 ROLE_ENV = "XP_ROLE"  # the index of the role (process) the launcher started
 HOSTS_ENV = "XP_HOSTS"  # the hosts the job occupies (its cost), counted by the launcher
+STOP_ENV = "XP_ELASTIC_STOP"  # elastic: the flag file that says stop after this epoch, the workers change
+RESUMED_ENV = "XP_ELASTIC_RESUMED"  # elastic: set for relaunched jobs: the run's params are logged already
 CONNECT_ENV = "XP_CONNECT_TIMEOUT_S"  # how long a worker tries to reach the scheduler
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from xp.callbacks import Callback
+from xp.run.callbacks import Callback
 from xp.errors import ConfigError, XPError
 
 log = logging.getLogger("xp")
@@ -199,7 +199,7 @@ def resolve_resume(config: dict[str, Any], uri: str) -> tuple[dict[str, Any], st
     """
     import re
 
-    from xp.tracking import Tracker
+    from xp.tracking.tracker import Tracker
 
     value = config.get("resume")
     if value is True or str(value).lower() == "true" or re.fullmatch(r"[0-9a-f]{32}", str(value)):

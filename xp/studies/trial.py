@@ -9,10 +9,9 @@ import warnings
 from contextlib import contextmanager
 from typing import Any
 
-from xp.callbacks import Callback
 from xp.errors import ConfigError, one_line, redact
-from xp.storefile import first_use
-from xp.study import FINISHED, StudySpec, spec_from
+from xp.tracking.storefile import first_use
+from xp.studies.study import FINISHED, StudySpec, spec_from
 
 log = logging.getLogger("xp")
 
@@ -109,7 +108,7 @@ def make_pruner(spec: StudySpec) -> Any:
 
 def check_storage(url: str) -> None:
     """Connect once, before anything is created: an unreachable database is a usage error."""
-    from xp.stores import check_database
+    from xp.tracking.stores import check_database
 
     check_database(url, "storage")
 
@@ -197,20 +196,6 @@ def _counts(study: Any) -> tuple[int, int]:
 
 
 # --- the job side: a run that is a trial ------------------------------------------
-
-class TrialReporter(Callback):
-    """Reports the first objective after every epoch and raises TrialPruned when told to stop."""
-
-    def __init__(self, trial: Any, metric: str, epochs: int):
-        self.trial, self.metric, self.epochs = trial, metric, epochs
-
-    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        if self.metric in metrics:
-            self.trial.report(metrics[self.metric], epoch)
-            # after the last epoch there is nothing left to save: the trial is complete
-            if epoch < self.epochs and self.trial.should_prune():
-                raise TrialPruned(f"pruned after epoch {epoch}")
-
 
 def attach(settings: Any) -> tuple[Any, StudySpec] | None:
     """The trial a run is (the plan's StudySettings, from the sweeper's optuna.* overrides), or None."""

@@ -11,8 +11,8 @@ import warnings
 from typing import Any
 
 from xp.errors import redact
-from xp.study import FINISHED, StudySpec, space_from_overrides, spec_from
-from xp.trial import _counts, distributions, heartbeat, open_study, retry_dead_trials
+from xp.studies.study import FINISHED, StudySpec, space_from_overrides, spec_from
+from xp.studies.trial import _counts, distributions, heartbeat, open_study, retry_dead_trials
 
 log = logging.getLogger("xp")
 
@@ -70,7 +70,7 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
         job += len(trials)
         done, elsewhere = _counts(study)
         remaining = spec.n_trials - done - elsewhere
-    from xp.stores import resolve_uri
+    from xp.tracking.stores import resolve_uri
 
     summarize(study, spec, resolve_uri(config.get("tracking_uri")))
     return returns
@@ -166,7 +166,7 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if parent and tracking_uri:
-        from xp.stores import open_client
+        from xp.tracking.stores import open_client
 
         client = open_client(tracking_uri)
         client.set_tag(parent, "optuna.study", spec.study_name)

@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from xp.callbacks import ThroughputMeter, fire
-from xp.datasets import DatasetSpec
-from xp.train import train_epoch
+from xp.run.callbacks import ThroughputMeter, fire
+from xp.data.datasets import DatasetSpec
+from xp.run.train import train_epoch
 
 SLOW = 0.8  # "well below": less than 80% of the reference rate
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from xp.errors import ConfigError, Terminated, XPError, one_line
-from xp.hosts import HostSlots
+from xp.launching.hosts import HostSlots
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE")
@@ -140,7 +140,7 @@ def batch_command(plan: Any, argv: list[str]) -> list[str]:
 
 def submit(plan: Any, argv: list[str], tracker: Any) -> None:
     """Submit the run as a job, relay its output, follow it to its end; SlurmError if it did not complete."""
-    from xp.worker import RUN_ENV
+    from xp.run.worker import RUN_ENV
 
     os.environ[RUN_ENV] = tracker.run_id  # the job inherits it (--export=ALL): rank 0 logs into this run
     r = _run(batch_command(plan, argv))
@@ -208,8 +208,8 @@ def ssh_as_srun(args: list[str]) -> list[str]:
     return Srun().argv(args[i], " ".join(args[options(i + 1):]) or "true")
 
 
-if __name__ == "__main__":  # python -m xp.slurm ssh ARGS: horovodrun's ssh inside a Slurm allocation
+if __name__ == "__main__":  # python -m xp.launching.slurm ssh ARGS: horovodrun's ssh inside a Slurm allocation
     if sys.argv[1:2] != ["ssh"]:
-        raise SystemExit("usage: python -m xp.slurm ssh [OPTIONS] HOST COMMAND")
+        raise SystemExit("usage: python -m xp.launching.slurm ssh [OPTIONS] HOST COMMAND")
     argv = ssh_as_srun(sys.argv[2:])
     os.execvp(argv[0], argv)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xp.datasets import FolderListing
+from xp.data.datasets import FolderListing
 from xp.errors import XPError
 
 log = logging.getLogger("xp")
@@ -341,7 +341,7 @@ def with_kept_images(plan: Any) -> Any:
     it is prepared (on first use, here; cached afterwards), and the plan counts only what trains."""
     from dataclasses import replace
 
-    from xp.datasets import count_lines
+    from xp.data.datasets import count_lines
     from xp.errors import ConfigError
 
     if plan.dataset.listing is None:

@@ -13,20 +13,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from xp import checkpoint, elastic, sweepstate
-from xp.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, ProgressBar, ProgressPrinter,
-                          ThroughputMeter, WorkerMetrics)
+from xp.run import checkpoint
+from xp.tracking import sweepstate
+from xp.run.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, ProgressBar, ProgressPrinter,
+                              StopAtMembershipChange, ThroughputMeter, TrackingCallback, TrialReporter, WorkerHours,
+                              WorkerMetrics)
 from xp.errors import ConfigError, Terminated
-from xp.gpu import visible_gpus
-from xp.worker import HOSTS_ENV
-from xp.plan import Plan, build_plan
-from xp.recordio import with_kept_images
-from xp.registry import Registry
-from xp.telemetry import telemetry
-from xp.trial import TrialPruned, TrialReporter, attach
-from xp.stores import resolve_uri
-from xp.tracking import NullTracker, Tracker, TrackingCallback, run_name, run_url_hint, versions
-from xp.train import LoopState, fit
+from xp.run.gpu import visible_gpus
+from xp.run.worker import HOSTS_ENV, RESUMED_ENV, STOP_ENV
+from xp.run.plan import Plan, build_plan
+from xp.data.recordio import with_kept_images
+from xp.run.registry import Registry
+from xp.run.telemetry import telemetry
+from xp.studies.trial import TrialPruned, attach
+from xp.tracking.stores import resolve_uri
+from xp.tracking.tracker import NullTracker, Tracker, run_name, run_url_hint, versions
+from xp.run.train import LoopState, fit
 
 log = logging.getLogger("xp")
 
@@ -70,7 +72,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     _check_decode(plan, backend_cls)
     backend_cls.check(plan)
     if auto and resolve_auto:
-        from xp.autobatch import largest_fitting
+        from xp.run.autobatch import largest_fitting
 
         devices_workers = len(plan.devices) * plan.workers
         limit = min(65536, plan.dataset.train_size // devices_workers)
@@ -161,7 +163,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     name = _name(plan, job, trial)
     with _open_tracker(plan, uri, name, job, trial, reopen) as tracker:
         _attach_files(tracker, job, trial)
-        if not (os.environ.get(elastic.RESUMED_ENV) or reopen):  # a resumed run has its params already
+        if not (os.environ.get(RESUMED_ENV) or reopen):  # a resumed run has its params already
             tracker.log_params(_params(plan, backend_cls))
         if backend is not None:
             tracker.set_tags({"xp.input": backend.input_path})  # where the batches are made (a fallback shows)
@@ -249,7 +251,7 @@ class RunCallbacks:
     all: list[Callback]
     meter: ThroughputMeter
     history: History
-    stop: Any = None  # elastic.StopAtMembershipChange, in a relaunched elastic worker
+    stop: Any = None  # StopAtMembershipChange, in a relaunched elastic worker
 
 
 def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: Any) -> RunCallbacks:
@@ -273,14 +275,14 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
         "decide": [],
     }
     if plan.elastic.enabled:
-        phases["aggregate"].append(elastic.WorkerHours(plan.workers, plan.hardware, done))
+        phases["aggregate"].append(WorkerHours(plan.workers, plan.hardware, done))
     if plan.checkpoint_dir:
         phases["commit"].append(checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state,
                                                         lambda: history.epochs, plan.rank, plan.checkpoint_every,
                                                         plan.checkpoint_keep, plan.epochs))
     stop = None
-    if os.environ.get(elastic.STOP_ENV):
-        stop = elastic.StopAtMembershipChange(backend.gather, os.environ[elastic.STOP_ENV], plan.epochs)
+    if os.environ.get(STOP_ENV):
+        stop = StopAtMembershipChange(backend.gather, os.environ[STOP_ENV], plan.epochs)
         phases["decide"].append(stop)
     if trial and not trial[1].multi_objective:
         phases["decide"].append(TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))
@@ -314,7 +316,7 @@ def _fit(plan: Plan, backend: Any, cbs: RunCallbacks, before: Any, trial: Any, t
 
 def summarize_run(plan: Plan, cbs: RunCallbacks, tracker: Any, name: str, state: str, uri: str) -> dict[str, Any]:
     """The end-of-run summary: logged once, printed as the report's one-row table."""
-    from xp.summary import as_params, summarize, table
+    from xp.tracking.summary import as_params, summarize, table
 
     summary = summarize(cbs.history.epochs, plan.cost_per_hour, cbs.meter.name)
     tracker.log_params(as_params(summary, cbs.meter.name))
@@ -329,7 +331,7 @@ def summarize_run(plan: Plan, cbs: RunCallbacks, tracker: Any, name: str, state:
 def _diagnose(plan: Plan, backend_cls: type, tracker: Tracker) -> float:
     import os
 
-    from xp.diagnose import diagnose
+    from xp.run.diagnose import diagnose
 
     log.info(f"diagnosis: {min(plan.steps_per_epoch, plan.diagnose_steps)} batches each with real data, "
              "IO only and synthetic data" + (", and synthetic on one device" if len(plan.devices) > 1 else ""))

@@ -1,0 +1,5 @@
+import sys
+
+from xp.report.build import main
+
+sys.exit(main())

@@ -1,0 +1,93 @@
+"""Deliver the records of runs that ended while their tracking store was away (xp.spool).
+
+    python -m xp.sync                       every spool left undelivered on this machine
+    python -m xp.sync FOLDER [FOLDER ...]   those spools (a run's output folder's mlflow-spool/)
+    python -m xp.sync --tracking-uri URI    only the spools of that store
+
+Exit 0 when everything was delivered, 1 when a store is still away (its spool is kept), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from xp.errors import one_line, redact
+from xp.tracking.spool import RUN, Spool, pending, same_process
+
+WAIT_S = 30.0  # how long one spool's store may stay away before sync gives up on it
+
+
+def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
+    """(delivered everything, one line saying what happened) for one spool folder."""
+    import functools
+
+    from xp.tracking.stores import open_client
+
+    import json
+
+    meta = json.loads((folder / RUN).read_text())
+    if same_process(meta.get("pid", 0), meta.get("started", -1)):
+        return False, f"{folder}: its run is still going (process {meta['pid']}), which delivers it itself"
+    spool = Spool.load(folder, functools.lru_cache(None)(open_client))
+    n, uri = spool.left(), redact(spool.uri)
+    ended = spool.ends()
+    deadline = time.monotonic() + wait_s
+    was = None
+    while spool.left():
+        try:
+            if was is None:  # a run ended (by its end record, or as an orphan) takes no more records: reopen it
+                was = spool.client().get_run(spool.run_id).info.status
+                if was != "RUNNING":
+                    spool.client().update_run(spool.run_id, status="RUNNING")
+        except Exception as e:
+            if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
+                return False, f"{folder}: run {spool.run_id} no longer exists in {uri}; nothing delivered"
+            was = None
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+            continue
+        if not spool.deliver_some():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+    left = spool.left()
+    if not left and not ended and was not in (None, "RUNNING"):
+        spool.client().set_terminated(spool.run_id, was)  # as it was: its process ended it, or the reaper did
+    done = spool.close(0)
+    if done:
+        return True, f"delivered {n} records of run {spool.run_id} to {uri}"
+    return False, f"{uri} is still away: {left} of {n} records of run {spool.run_id} wait in {folder}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m xp.sync", description=__doc__.splitlines()[0])
+    ap.add_argument("folders", nargs="*", type=Path, help="spool folders (default: every undelivered one)")
+    ap.add_argument("--tracking-uri", help="only the spools of this store")
+    ap.add_argument("--wait", type=float, default=WAIT_S, help="seconds a store may stay away (per spool)")
+    args = ap.parse_args(argv)
+    for f in args.folders:
+        if not (f / RUN).is_file():
+            print(f"xp.sync: error: {f}: not a spool folder (it has no {RUN}: a run's output folder holds one as "
+                  "mlflow-spool/ while its records wait)", file=sys.stderr)
+            return 2
+    folders = args.folders or pending(args.tracking_uri)
+    if not folders:
+        print("xp.sync: nothing waits for delivery")
+        return 0
+    ok = True
+    for f in folders:
+        try:
+            delivered, line = deliver(f, args.wait)
+        except Exception as e:
+            delivered, line = False, f"{f}: {type(e).__name__}: {one_line(e)[:300]}"
+        ok &= delivered
+        print(("xp.sync: " if delivered else "xp.sync: error: ") + line, file=sys.stdout if delivered else sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
