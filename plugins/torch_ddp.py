@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from xp.backend import Backend
+from xp.run.backend import Backend
 from xp.errors import ConfigError, XPError
-from xp.metrics import Scores
-from xp.plan import Plan
+from xp.run.metrics import Scores
+from xp.run.plan import Plan
 
 log = logging.getLogger("xp")
 
@@ -70,7 +70,7 @@ class TorchBackend(Backend):
             raise ConfigError(f"pretrained={plan.pretrained.name}: model={plan.model.name} is xp's own; "
                               "torchvision weights fit torchvision models (model=resnet50, ...)")
         if plan.dataset.options.get("kind") == "rec":
-            from xp.recordio import check_records
+            from xp.data.recordio import check_records
 
             for part in ("train", "val"):
                 rec = plan.dataset.options[f"{part}_rec"]
@@ -106,7 +106,7 @@ class TorchBackend(Backend):
         import torch
         from torch import nn
 
-        from xp.worker import report_progress
+        from xp.run.worker import report_progress
         from xp.pt.data import make_batches
         from xp.pt.models import build_model, load_pretrained
 
@@ -152,7 +152,7 @@ class TorchBackend(Backend):
         self.loss = nn.CrossEntropyLoss()
         self.train_data, self.val_data = make_batches(plan, self.world, rank, pin=gpu, device=self.device)
         if plan.resume:
-            from xp.checkpoint import require
+            from xp.run.checkpoint import require
 
             self.load_state(require(plan.resume).folder)
         if self.world > 1:

@@ -24,6 +24,6 @@ class XPOptunaSweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from xp.sweeper import run_study
+        from xp.studies.sweeper import run_study
 
         return run_study(self.config, arguments, self.launcher)
