@@ -33,17 +33,20 @@ ENGINES = ("ps-lite", "horovod", "torchrun")
 def inner(engine: str, addresses: list[str], host_ip: str, ssh_config: str, elements: int, steps: int) -> None:
     """In the launcher's namespace: launch the workers with xp's engine and let them print their result."""
     from xp.launching.engine import Spec
-    from xp.launching.hosts import SSH, HostSlots
+    from xp.launching.hosts import HostSlots
     from xp.launching.job import Job, prepare
+    from xp.launching.launcher import Ssh
+    from xp.run.settings import LaunchSettings
     from xp.mx.horovodrun import Horovod
     from xp.mx.pslite import PsLite
     from xp.pt.torchrun import Torchrun
 
     cls = {"ps-lite": PsLite, "horovod": Horovod, "torchrun": Torchrun}[engine]
     n = len(addresses)
-    spec = Spec([engine, str(elements), str(steps)], workers=n, servers=n, launcher="ssh",
+    launcher = Ssh(LaunchSettings("ssh", host_ip=host_ip, interface="eth0", ssh_config=ssh_config))
+    spec = Spec([engine, str(elements), str(steps)], workers=n, servers=n, launcher=launcher,
                 hosts=[HostSlots(a, 1) for a in addresses], host_ip=host_ip, interface="eth0",
-                ssh=SSH(ssh_config), timeout_s=600, module="benchmarks.comm_worker")
+                transport=launcher.transport(), timeout_s=600, module="benchmarks.comm_worker")
     job_engine = cls(spec)
     prepare(job_engine)
     Job(job_engine).run()

@@ -68,7 +68,8 @@ def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> str:
                 return line
     proc.kill()
     proc.wait(timeout=30)
-    raise AssertionError(f"{needle!r} not seen within {timeout}s; output:\n{''.join(seen)[-3000:]}")
+    err = proc.stderr.read()[-3000:] if proc.stderr is not None else ""
+    raise AssertionError(f"{needle!r} not seen within {timeout}s; output:\n{''.join(seen)[-3000:]}\nstderr:\n{err}")
 
 
 def mlflow_runs(store_uri: str, experiment: str = "xp"):

@@ -20,10 +20,12 @@ import numpy as np
 import psutil
 import pytest
 
+from conformance import conformance
 from conftest import ROOT, compose_config, metric_by_step, mlflow_runs, run_xp, wait_for_line, xp_process
 from xp.errors import ConfigError
 from xp.run.experiment import plan_and_backend
 from xp.launching.engine import Spec, free_port
+from xp.launching.launcher import Ssh, launcher_for
 from xp.run.train import fit
 
 # 198 training images: 6 steps of a global batch of 32
@@ -57,12 +59,12 @@ def the_run(store):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend, kvstore", [("gluon", "dist_sync"), ("module", "dist_sync"),
-                                              ("gluon", "dist_device_sync")])
-def test_parameter_server_workers_compute_what_one_process_computes(tmp_path, store, backend, kvstore):
+@conformance("exact", "launcher, backend, kvstore", [("local", "gluon", "dist_sync"), ("local", "module", "dist_sync"),
+                                                     ("local", "gluon", "dist_device_sync")])
+def test_parameter_server_workers_compute_what_one_process_computes(tmp_path, store, launcher, backend, kvstore):
     want = one_process(backend, *EXACT, "batch=32")
-    got, r = distributed(tmp_path, store, f"backend={backend}", *EXACT, "batch=16", "workers=2",
-                         f"kvstore={kvstore}")
+    got, r = distributed(tmp_path, store, f"launcher={launcher}", f"backend={backend}", *EXACT, "batch=16",
+                         "workers=2", f"kvstore={kvstore}")
     assert_same_params(got, want)
     run = the_run(store)
     assert run.info.status == "FINISHED"
@@ -76,11 +78,12 @@ def test_parameter_server_workers_compute_what_one_process_computes(tmp_path, st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("api", ["gluon", "module"])
-def test_horovod_workers_compute_what_one_process_computes(tmp_path, store, api):
+@conformance("exact", "launcher, api", [("local", "gluon"), ("local", "module")])
+def test_horovod_workers_compute_what_one_process_computes(tmp_path, store, launcher, api):
     reference = "gluon" if api == "gluon" else "module"
     want = one_process(reference, *EXACT, "batch=32")
-    got, r = distributed(tmp_path, store, "backend=horovod", f"backend.api={api}", *EXACT, "batch=16", "workers=2")
+    got, r = distributed(tmp_path, store, f"launcher={launcher}", "backend=horovod", f"backend.api={api}", *EXACT,
+                         "batch=16", "workers=2")
     assert_same_params(got, want)
     run = the_run(store)
     assert run.info.status == "FINISHED" and run.data.tags["xp.engine"] == "horovod"
@@ -164,9 +167,10 @@ def _nothing_left(started: list[psutil.Process]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["kvstore=dist_sync", "backend=horovod", "backend=torch"])
-def test_a_killed_worker_fails_the_job_naming_its_rank(tmp_path, store, engine):
-    rank, err, took, started = _fail_one_worker(tmp_path, store, signal.SIGKILL, engine)
+@conformance("killed", "launcher, engine", [("local", "kvstore=dist_sync"), ("local", "backend=horovod"),
+                                            ("local", "backend=torch")])
+def test_a_killed_worker_fails_the_job_naming_its_rank(tmp_path, store, launcher, engine):
+    rank, err, took, started = _fail_one_worker(tmp_path, store, signal.SIGKILL, engine, f"launcher={launcher}")
     last = err.strip().splitlines()[-1]
     assert last == (f"xp: error: worker rank {rank} was killed by signal 9; the other processes were stopped "
                     "(its error is in the log above)")
@@ -239,7 +243,7 @@ def test_a_missing_horovod_build_is_a_clear_error(tmp_path, store):
 ])
 def test_distributed_settings_are_validated(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        plan_and_backend(compose_config(*overrides))
+        launcher_for(plan_and_backend(compose_config(*overrides))[0])
 
 
 def test_hosts_files_and_placement():
@@ -247,10 +251,10 @@ def test_hosts_files_and_placement():
 
     hosts = parse_hosts("10.0.0.1\n# a comment\n10.0.0.2:2\nnode3 slots=3\n\n10.0.0.1:1\n", "hosts_file=f")
     assert hosts == [HostSlots("10.0.0.1", 2), HostSlots("10.0.0.2", 2), HostSlots("node3", 3)]
-    spec = Spec(["kvstore=dist_sync"], workers=5, servers=2, launcher="ssh", hosts=hosts, host_ip="10.0.0.9")
+    spec = Spec(["kvstore=dist_sync"], workers=5, servers=2, launcher=Ssh(), hosts=hosts, host_ip="10.0.0.9")
     assert spec.placement() == [("10.0.0.1", 2), ("10.0.0.2", 2), ("node3", 1)]  # slots filled in order
     with pytest.raises(ConfigError, match=r"workers: 8 processes need 8 slots; the hosts list 7"):
-        Spec([], workers=8, launcher="ssh", hosts=hosts).placement()
+        Spec([], workers=8, launcher=Ssh(), hosts=hosts).placement()
     with pytest.raises(ConfigError, match=r"'10.0.0.4:x' is not HOST, HOST:SLOTS"):
         parse_hosts("10.0.0.4:x\n", "hosts_file=f")
 
@@ -262,7 +266,7 @@ def test_the_parameter_server_roles_across_hosts():
     from xp.mx.pslite import PsLite
 
     hosts = [HostSlots("10.0.0.1", 1), HostSlots("10.0.0.2", 2)]
-    spec = Spec(["kvstore=dist_sync", "workers=3"], workers=3, servers=2, launcher="ssh", hosts=hosts,
+    spec = Spec(["kvstore=dist_sync", "workers=3"], workers=3, servers=2, launcher=Ssh(), hosts=hosts,
                 host_ip="127.0.0.1", interface="eth0", port=9000)
     engine = PsLite(spec)
     roles = engine.roles(Job(engine))

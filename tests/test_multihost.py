@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import nsenter_launcher
+from conformance import conformance
 from conftest import ROOT, metric_by_step, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
@@ -34,14 +36,17 @@ def cluster(tmp_path_factory):
     with hosts.Cluster(4) as c:
         c.db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
         c.uri = c.mlflow_server(c.db)
+        c.nsenter_env = nsenter_launcher.install(tmp_path_factory.mktemp("nsenter"), c)
         yield c
 
 
 def xp_on_launcher(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
-    """python -m xp on h1 with the cluster's launch settings (an argument with the same key replaces one)."""
+    """python -m xp on h1 with the cluster's launch settings (an argument with the same key replaces one;
+    launcher=nsenter: the fixture launcher, its variables set on the command)."""
     settings = unless_given(("launcher=ssh", f"host_ip={c.launcher.address}", "network_interface=eth0",
                              f"ssh.config={c.ssh_config}", f"tracking_uri={c.uri}"), args)
-    return c.on_launcher([sys.executable, "-m", "xp", *settings, f"experiment={experiment}", *args,
+    variables = [f"{k}={v}" for k, v in c.nsenter_env.items()] if "launcher=nsenter" in args else []
+    return c.on_launcher(["env", *variables, sys.executable, "-m", "xp", *settings, f"experiment={experiment}", *args,
                           f"hydra.run.dir={tmp_path}/run"])
 
 
@@ -80,9 +85,10 @@ ENGINES = {
 }
 
 
-@pytest.mark.parametrize("engine, n_hosts", [("ps-lite", 2), ("ps-lite", 3), ("horovod", 2), ("horovod", 3),
-                                             ("torchrun", 2), ("torchrun", 3)])
-def test_workers_on_other_hosts_compute_what_one_process_computes(cluster, tmp_path, engine, n_hosts):
+@conformance("exact", "launcher, engine, n_hosts", [
+    ("ssh", "ps-lite", 2), ("ssh", "ps-lite", 3), ("ssh", "horovod", 2), ("ssh", "horovod", 3), ("ssh", "torchrun", 2),
+    ("ssh", "torchrun", 3), ("nsenter", "ps-lite", 2), ("nsenter", "horovod", 2), ("nsenter", "torchrun", 2)])
+def test_workers_on_other_hosts_compute_what_one_process_computes(cluster, tmp_path, launcher, engine, n_hosts):
     c = cluster
     backend = ENGINES[engine][0].split("=")[1]
     reference = {"horovod": "gluon"}.get(backend, backend)
@@ -90,9 +96,10 @@ def test_workers_on_other_hosts_compute_what_one_process_computes(cluster, tmp_p
     want = one_process(reference, *EXACT, f"batch={global_batch}")
     names = [h.name for h in c.workers[:n_hosts]]
     hosts_file = c.hosts_file(tmp_path / "hosts", names)
-    out = c.shared / f"{engine}-{n_hosts}.npz"
-    experiment = f"exact-{engine}-{n_hosts}"
-    r = subprocess.run(xp_on_launcher(c, tmp_path, *ENGINES[engine], *EXACT, f"hosts_file={hosts_file}",
+    out = c.shared / f"{launcher}-{engine}-{n_hosts}.npz"
+    experiment = f"exact-{launcher}-{engine}-{n_hosts}"
+    r = subprocess.run(xp_on_launcher(c, tmp_path, f"launcher={launcher}", *ENGINES[engine], *EXACT,
+                                      f"hosts_file={hosts_file}",
                                       f"workers={n_hosts}", f"batch={global_batch // n_hosts}", f"save_params={out}",
                                       "dist_timeout_s=120", experiment=experiment),
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
@@ -128,13 +135,16 @@ def _remote_workers(c, host) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
-def test_a_remote_worker_that_dies_or_stalls_fails_the_job_naming_rank_and_host(cluster, tmp_path, how):
+@conformance("killed", "launcher, how", [pytest.param("ssh", signal.SIGKILL, id="ssh-killed"),
+                                         pytest.param("ssh", signal.SIGSTOP, id="ssh-stopped"),
+                                         pytest.param("nsenter", signal.SIGKILL, id="nsenter-killed")])
+def test_a_remote_worker_that_dies_or_stalls_fails_the_job_naming_rank_and_host(cluster, tmp_path, launcher, how):
     c = cluster
     hosts_file = c.hosts_file(tmp_path / "hosts", ["h2", "h3"])
-    experiment = f"fail-{how.name}"
+    experiment = f"fail-{launcher}-{how.name}"
     timeout_s = 20
-    proc = subprocess.Popen(xp_on_launcher(c, tmp_path, "kvstore=dist_sync", "workers=2", "batch=16", "epochs=400",
+    proc = subprocess.Popen(xp_on_launcher(c, tmp_path, f"launcher={launcher}", "kvstore=dist_sync", "workers=2",
+                                           "batch=16", "epochs=400",
                                            f"hosts_file={hosts_file}", f"dist_timeout_s={timeout_s}",
                                            experiment=experiment),
                             cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

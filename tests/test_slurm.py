@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conformance import assert_killed_line, conformance, kill_one_worker
 from conftest import ROOT, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
@@ -79,17 +80,17 @@ def nothing_left(c) -> None:
     assert "xp-" not in queued, queued
 
 
-@pytest.mark.parametrize("engine, args, reference", [
-    ("ps-lite", ["backend=gluon", "kvstore=dist_sync"], "gluon"),
-    ("torchrun", ["backend=torch"], "torch"),
-    ("horovod", ["backend=horovod"], "gluon"),
+@conformance("exact", "launcher, engine, args, reference", [
+    ("slurm", "ps-lite", ["backend=gluon", "kvstore=dist_sync"], "gluon"),
+    ("slurm", "torchrun", ["backend=torch"], "torch"),
+    ("slurm", "horovod", ["backend=horovod"], "gluon"),
 ])
-def test_a_2_node_job_from_the_login_node_computes_what_one_process_computes(cluster, tmp_path, engine, args,
-                                                                             reference):
+def test_a_2_node_job_from_the_login_node_computes_what_one_process_computes(cluster, tmp_path, launcher, engine,
+                                                                             args, reference):
     c, experiment = cluster, f"slurm-{engine}"
     want = one_process(reference, *EXACT, "batch=48")
     out = c.shared / f"{engine}.npz"
-    r = submit(c, tmp_path, *args, *EXACT, "workers=2", "slurm.nodes=2", "batch=24", f"save_params={out}",
+    r = submit(c, tmp_path, f"launcher={launcher}", *args, *EXACT, "workers=2", "slurm.nodes=2", "batch=24", f"save_params={out}",
                experiment=experiment)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "submitted Slurm job" in r.stdout and "epoch 1/1" in r.stdout  # the job's output, relayed
@@ -97,6 +98,30 @@ def test_a_2_node_job_from_the_login_node_computes_what_one_process_computes(clu
     run = the_run(c, experiment)
     assert run.info.status == "FINISHED" and run.data.tags["xp.slurm.state"] == "COMPLETED"
     assert run.data.tags["xp.launcher"] == "slurm" and run.data.params["derived.global_batch"] == "48"
+    nothing_left(c)
+
+
+@conformance("killed", "launcher", ["slurm"])
+def test_a_killed_worker_fails_the_job_naming_rank_and_node(cluster, tmp_path, launcher):
+    """Inside the job, xp's launcher sees the worker on h3 die and fails the job naming it; the Slurm job ends
+    FAILED, and so does the run."""
+    c = cluster
+    proc = subprocess.Popen(c.on_launcher(xp_argv(c, tmp_path, f"launcher={launcher}", "kvstore=dist_sync",
+                                                  "workers=2", "slurm.nodes=2", "batch=16", "epochs=400",
+                                                  experiment="slurm-killed")),
+                            cwd=ROOT, env=env(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "/400", timeout=180)  # "epoch   1/400": the job trains
+        kill_one_worker(c.host("h3").pids)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 1, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("xp: error: Slurm job ") and "FAILED" in err, err[-2000:]
+    assert_killed_line(out, host="h3")  # relayed from the job's output
+    assert the_run(c, "slurm-killed").info.status == "FAILED"
     nothing_left(c)
 
 

@@ -21,7 +21,7 @@ FINETUNE = ["dataset.classes=[5,6,7,8,9]", "dataset.val_fraction=0.9", "epochs=2
 def pretrained(tmp_path_factory):
     """LeNet trained on digits 0-4, saved as a zoo-cache file and as a checkpoint."""
 
-    from xp.run.weights import add
+    from xp.mx.weights import add
 
     home = tmp_path_factory.mktemp("mxnet_home")
     mp = pytest.MonkeyPatch()

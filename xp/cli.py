@@ -90,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         argv = sweeper_spelling(argv)
         configs = preflight.preflight(argv)
-        plan, engine = drive.engine_of(configs[0]) if configs and not os.environ.get(WORKER_ENV) else (None, None)
-        submit = plan is not None and plan.launch.launcher == "slurm" and not drive.slurm_module().inside()
-        if engine or submit:
+        plan, engine, launcher = (drive.job_of(configs[0]) if configs and not os.environ.get(WORKER_ENV)
+                                  else (None, None, None))
+        if engine or (launcher and launcher.submits()):
             if "-m" in argv or "--multirun" in argv:
-                raise ConfigError(f"{engine.name if engine else 'launcher=slurm'} runs are launched one at a time; "
-                                  "run each configuration as its own command (a sweep's jobs go to Slurm with "
-                                  "hydra/launcher=submitit_slurm)")
-            return drive.launch_job(argv, plan, engine)
+                raise ConfigError(f"{engine.name if engine else f'launcher={launcher.name}'} runs are launched one "
+                                  "at a time; run each configuration as its own command (a sweep's jobs go to Slurm "
+                                  "with hydra/launcher=submitit_slurm)")
+            return drive.launch_job(argv, plan, engine, launcher)
         if "-m" in argv or "--multirun" in argv:
             drive.check_cluster_sweep(argv, configs[0] if configs else {})
             if configs and configs[0].get("sweep"):

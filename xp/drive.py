@@ -25,16 +25,19 @@ def error_line(msg: object, code: int) -> int:
     return code
 
 
-def engine_of(config: dict[str, Any]) -> tuple[Any, Any]:
-    """The run's plan and the distributed engine it needs (its backend decides), or None for one process."""
+def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The run's plan, the distributed engine it needs (its backend decides; None: this process trains) and
+    its launcher."""
+    from xp.launching.launcher import launcher_for
     from xp.run.experiment import plan_and_backend
 
     plan, backend_cls = plan_and_backend(config)
-    return plan, backend_cls.launch(plan)
+    return plan, backend_cls.launch(plan), launcher_for(plan)
 
 
-def launch_job(argv: list[str], plan: Any, engine_cls: Any) -> int:
-    """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills."""
+def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> int:
+    """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills (or, for
+    a batch system, submits the run and follows it)."""
     from xp.launching.job import LaunchError, launch, prepare, spec_for
     from xp.run.worker import HOSTS_ENV
     from xp.tracking.stores import check_reachable, resolve_uri
@@ -45,18 +48,18 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any) -> int:
         raise ConfigError(f"resume={plan.resume}: a distributed run resumes from a folder "
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
     overrides = [a for a in argv if not a.startswith("-")]
-    if plan.launch.launcher == "slurm" and not slurm_module().inside():
-        return submit(argv, plan, engine_cls, uri, overrides)
+    if launcher.submits():
+        return submit(argv, plan, engine_cls, launcher, uri, overrides)
     elastic_on = plan.elastic.enabled
-    spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri}, elastic=elastic_on)
+    spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri}, launcher=launcher,
+                    elastic=elastic_on)
     engine = engine_cls(spec)
     prepare(engine, [h.name for h in spec.hosts] if elastic_on else None,  # elastic: every listed host
             before_probe=lambda: check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip))
     if spec.remote and not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
         spec.env[HOSTS_ENV] = str(len(engine.hosts()))
-    submitted = os.environ.get(RUN_ENV) if spec.launcher == "slurm" else None  # the run xp's sbatch created
-    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides), attach_run_id=submitted,
-                      tags={"xp.launcher": spec.launcher, "xp.engine": engine.name, "xp.workers": str(spec.workers),
+    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides), attach_run_id=launcher.submitted_run(),
+                      tags={"xp.launcher": launcher.name, "xp.engine": engine.name, "xp.workers": str(spec.workers),
                             **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
     tracker.start()
     spec.env[RUN_ENV] = tracker.run_id
@@ -110,26 +113,19 @@ def check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
                             "sweep.storage=postgresql://USER:PASSWORD@HOST/DB (or $XP_OPTUNA_STORAGE)")
 
 
-def slurm_module() -> Any:
-    from xp.launching import slurm
-
-    return slurm
-
-
-def submit(argv: list[str], plan: Any, engine_cls: Any, uri: str, overrides: list[str]) -> int:
-    """launcher=slurm from a login node: the run as a Slurm job; this process owns its MLflow run and ends it
-    with the job's outcome (Slurm's reason when Slurm ended it)."""
+def submit(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, uri: str, overrides: list[str]) -> int:
+    """The run as a batch job (launcher=slurm from a login node); this process owns its MLflow run and ends it
+    with the job's outcome (the batch system's reason when it ended the job)."""
     from xp.tracking.stores import check_reachable
     from xp.tracking.tracker import Tracker, run_name
 
-    slurm = slurm_module()
-    slurm.check(plan.launch.slurm)
-    check_reachable(uri, ["the Slurm job's nodes"], None)
+    launcher.check_submission()
+    check_reachable(uri, [f"the {launcher.name} job's nodes"], None)
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides),
-                      tags={"xp.launcher": "slurm", "xp.engine": engine_cls.name if engine_cls else "none",
+                      tags={"xp.launcher": launcher.name, "xp.engine": engine_cls.name if engine_cls else "none",
                             "xp.workers": str(plan.workers)})
     tracker.start()
-    return owned_run(tracker, lambda: slurm.submit(plan, argv, tracker), slurm.SlurmError)
+    return owned_run(tracker, lambda: launcher.submit(plan, argv, tracker), XPError)
 
 
 def swept_keys(overrides: list[str]) -> list[str]:

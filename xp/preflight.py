@@ -5,6 +5,7 @@ not after an hour of the sweep. Imports no framework; plans through xp.run.exper
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,9 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
+    from xp.launching.launcher import launcher_for
     from xp.run.experiment import plan_and_backend
+    from xp.run.worker import WORKER_ENV
 
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name:
@@ -119,7 +122,9 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
                 config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
             except Exception as e:
                 raise _composition_error(e, job, known) from e
-            plan_and_backend(config)
+            plan, _ = plan_and_backend(config)
+            if not os.environ.get(WORKER_ENV):  # the launching process's launcher (a worker was launched already)
+                launcher_for(plan)
             configs.append(config)
         hydra_overrides = [o.input_line for o in parsed
                            if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]

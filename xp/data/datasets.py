@@ -222,8 +222,8 @@ def _image_options(options: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"dataset.std={v!r}: must be positive")
     decode = options.get("decode", "cpu")
     if decode not in ("cpu", "gpu"):
-        raise ConfigError(f"dataset.decode={decode!r}: must be cpu (the decode workers) or gpu (nvJPEG, backend=torch "
-                          "on GPUs)")
+        raise ConfigError(f"dataset.decode={decode!r}: must be cpu (the decode workers) or gpu (on the GPUs, by a "
+                          "backend that decodes there)")
     return {"image_shape": tuple(shape)}
 
 

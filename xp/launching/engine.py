@@ -1,6 +1,8 @@
 """What a launch engine is: the spec of a job (what to run, where), the processes (roles) it starts, and the
 small `Engine` interface each engine implements beside its framework (xp/mx/pslite.py, xp/mx/horovodrun.py,
-xp/pt/torchrun.py). `xp.launching.job.Job` starts the roles and watches them.
+xp/pt/torchrun.py). Where the roles go is the launcher's (xp/launching/launcher.py): an engine reads the
+spec's hosts, transport and bind address, never the launcher's name. `xp.launching.job.Job` starts the roles
+and watches them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
 from xp.errors import ConfigError
-from xp.launching.hosts import SSH, HostSlots
+from xp.launching.hosts import HostSlots, Transport
+from xp.launching.launcher import Launcher, Local
 
 
 class Job(Protocol):
@@ -27,16 +30,16 @@ LOOPBACK = "127.0.0.1"
 
 @dataclass
 class Spec:
-    """What to launch; built from the run's plan by the CLI."""
+    """What to launch and where: built from the run's plan and its launcher (xp.launching.job.spec_for)."""
     worker_argv: list[str]  # python -m MODULE arguments for every worker
     workers: int  # worker processes (torchrun: one per device and worker)
     servers: int = 1
-    launcher: str = "local"  # local | ssh | slurm (inside the allocation: its nodes, srun for ssh)
+    launcher: Launcher = field(default_factory=Local)  # where the processes go (placement, transport, checks)
     port: int | None = None  # the scheduler's / rendezvous port, None: a free one
-    hosts: list[HostSlots] = field(default_factory=list)  # launcher=ssh
-    host_ip: str | None = None  # launcher=ssh: this machine's address as the hosts reach it
-    interface: str | None = None  # launcher=ssh: the network interface workers talk over
-    ssh: SSH = field(default_factory=SSH)  # or xp.slurm.Srun inside a Slurm allocation
+    hosts: list[HostSlots] = field(default_factory=list)  # a remote launcher's hosts, with their slots
+    host_ip: str | None = None  # a remote launcher: this machine's address as the hosts reach it
+    interface: str | None = None  # a remote launcher: the network interface workers talk over
+    transport: Transport | None = None  # a remote launcher: how a command runs on a host (ssh, srun, ...)
     timeout_s: float = 300.0  # a worker without progress for this long fails the job
     env: dict[str, str] = field(default_factory=dict)  # extra variables for every worker
     on_poll: Callable[[], None] | None = None  # called every poll_s while the job runs (elastic discovery)
@@ -45,12 +48,8 @@ class Spec:
 
     @property
     def remote(self) -> bool:
-        return self.launcher in ("ssh", "slurm")
-
-    @property
-    def transport(self) -> str:
-        """How roles reach the hosts: ssh, or srun inside a Slurm allocation."""
-        return "srun" if self.launcher == "slurm" else "ssh"
+        """The processes go to the hosts (through the transport), not only this machine."""
+        return self.launcher.remote
 
     @property
     def bind(self) -> str:
@@ -87,7 +86,10 @@ class Role:
 class Engine(ABC):
     """How one distributed engine starts its processes; one small object per engine, beside its framework."""
     name: ClassVar[str]
-    interface_here: ClassVar[bool] = False  # launcher=ssh: network_interface must exist on this machine too
+    interface_here: ClassVar[bool] = False  # across hosts: network_interface must exist on this machine too
+    per_device: ClassVar[bool] = False  # a process per device and worker (torchrun), not one per worker
+    forwarded: ClassVar[tuple[str, ...]] = ()  # prefixes of this process's variables remote processes get too
+    not_inherited: ClassVar[tuple[str, ...]] = ()  # prefixes a local role takes from its Role.env only
 
     def __init__(self, spec: Spec):
         self.spec = spec
@@ -109,7 +111,7 @@ class Engine(ABC):
         """Refuse, before anything starts, what this engine cannot launch (ConfigError)."""
 
     def hosts(self) -> list[str]:
-        """The hosts this job starts processes on (launcher=ssh)."""
+        """The hosts this job starts processes on (a remote launcher)."""
         return [h for h, _ in self.spec.placement()] if self.spec.remote else []
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:

@@ -1,5 +1,10 @@
-"""Reaching other hosts over ssh: hosts files, the ssh options every connection uses, probing the hosts before
-a job starts (xp.remote probe), and ending what a job left there (xp.remote reap).
+"""Reaching other hosts: hosts files, the `Transport` interface (how a command runs on a host: ssh here, srun in
+xp/launching/slurm.py, a test's nsenter), probing the hosts before a job starts (xp.launching.remote probe), and
+ending what a job left there (xp.launching.remote reap).
+
+`python -m xp.launching.hosts as-ssh MODULE:CLASS JSON [SSH OPTIONS] HOST COMMAND...` runs COMMAND on HOST
+through the transport CLASS(**JSON): what a runner that reaches hosts itself with ssh (horovodrun) runs as its
+`ssh` when the transport is not ssh.
 """
 
 from __future__ import annotations
@@ -8,13 +13,15 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import psutil
 
@@ -70,8 +77,40 @@ def discovered_hosts(source: str, timeout_s: float = 10.0) -> list[HostSlots]:
     return parse_hosts(out, f"elastic.discovery={source}")
 
 
+class Transport(ABC):
+    """How a shell command runs on one host. A transport is a dataclass: `as_ssh` rebuilds it in another
+    process from its fields."""
+    name: ClassVar[str]
+    connect_timeout_s: float
+
+    @abstractmethod
+    def argv(self, host: str, command: str) -> list[str]:
+        """The command line that runs the shell command `command` on `host`, its stdin and stdout joined to ours."""
+
+    def as_ssh(self) -> str:
+        """A shell command that takes ssh's arguments ([OPTIONS] HOST COMMAND...) and runs COMMAND on HOST through
+        this transport: what runners that start remote processes themselves with ssh (horovodrun) are given."""
+        cls = type(self)
+        return shlex.join([sys.executable, "-m", "xp.launching.hosts", "as-ssh", f"{cls.__module__}:{cls.__qualname__}",
+                           json.dumps(asdict(self))])
+
+
+def ssh_arguments(args: list[str]) -> tuple[str, str]:
+    """(host, command) of ssh's arguments: options come before and after the host (horovodrun puts some after)."""
+    def options(i: int) -> int:
+        while i < len(args) and args[i].startswith("-"):
+            i += 2 if args[i] in ("-o", "-p", "-i", "-F", "-l", "-E") else 1
+        return i
+
+    i = options(0)
+    if i >= len(args):
+        raise SystemExit("as-ssh: no host given")
+    return args[i], " ".join(args[options(i + 1):]) or "true"
+
+
 @dataclass(frozen=True)
-class SSH:
+class SSH(Transport):
+    name: ClassVar[str] = "ssh"
     config: str | None = None  # ssh_config file (ssh -F)
     identity: str | None = None  # private key (ssh -i)
     connect_timeout_s: float = 10.0
@@ -88,11 +127,15 @@ class SSH:
     def argv(self, host: str, command: str) -> list[str]:
         return ["ssh", *self.options(), host, command]
 
+    def as_ssh(self) -> str:
+        real = shutil.which("ssh") or "/usr/bin/ssh"  # the real one, not a shim earlier on PATH
+        return shlex.join([real, *self.options()])
 
-def on_hosts(ssh: SSH, hosts: list[str], command: str, timeout: float,
+
+def on_hosts(ssh: Transport, hosts: list[str], command: str, timeout: float,
              command_for: Callable[[str], str] | None = None) -> dict[str, subprocess.CompletedProcess]:
-    """Run `command` (or command_for(host)) on every host at once over ssh; a host that does not answer in
-    time gets code 255."""
+    """Run `command` (or command_for(host)) on every host at once through the transport; a host that does not
+    answer in time gets code 255."""
     def one(host: str) -> subprocess.CompletedProcess:
         try:
             return subprocess.run(ssh.argv(host, command_for(host) if command_for else command),
@@ -104,7 +147,7 @@ def on_hosts(ssh: SSH, hosts: list[str], command: str, timeout: float,
         return dict(zip(hosts, pool.map(one, hosts)))
 
 
-def reap(ssh: SSH, hosts: list[str], job: str) -> None:
+def reap(ssh: Transport, hosts: list[str], job: str) -> None:
     """End, on every host, whatever carries the job's id; a host that cannot be reached is noted."""
     command = f"{shlex.quote(sys.executable)} -m xp.launching.remote reap {job}"
     for host, r in on_hosts(ssh, hosts, command, ssh.connect_timeout_s + 20).items():
@@ -137,7 +180,7 @@ def check_here(host_ip: str | None, interface: str | None, interface_here: bool 
                           f"(it has: {', '.join(sorted(here))})")
 
 
-def probe(ssh: SSH, interface: str | None, hosts: list[str]) -> None:
+def probe(ssh: Transport, interface: str | None, hosts: list[str]) -> None:
     """launcher=ssh: every host at once, over ssh: reachable, the key accepted, the checkout and its Python at
     this path, the interface there, its own name resolving. One line each (ConfigError)."""
     py, cwd = shlex.quote(sys.executable), shlex.quote(os.getcwd())
@@ -160,3 +203,18 @@ def probe(ssh: SSH, interface: str | None, hosts: list[str]) -> None:
         if interface and interface not in info["interfaces"]:
             raise ConfigError(f"network_interface={interface}: host {host} has no such interface (it has: "
                               f"{', '.join(sorted(info['interfaces']))})")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 4 or argv[0] != "as-ssh":
+        raise SystemExit("usage: python -m xp.launching.hosts as-ssh MODULE:CLASS JSON [OPTIONS] HOST COMMAND...")
+    import importlib
+
+    module, _, name = argv[1].partition(":")
+    transport = getattr(importlib.import_module(module), name)(**json.loads(argv[2]))
+    command = transport.argv(*ssh_arguments(argv[3:]))
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

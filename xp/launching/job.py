@@ -1,26 +1,22 @@
 """Starting the processes of a distributed run, on this machine or on other hosts, and watching them.
 
-Beside it: xp/launching/engine.py (the job's spec, its roles, the Engine interface), xp/launching/hosts.py (hosts files, ssh,
-probing and reaping hosts), xp/run/worker.py (the worker's side: the variables it gets, progress reports).
+Beside it: xp/launching/engine.py (the job's spec, its roles, the Engine interface), xp/launching/launcher.py
+(where processes go: the Launcher interface, local, ssh, slurm), xp/launching/hosts.py (hosts files,
+transports, probing and reaping hosts), xp/run/worker.py (the worker's side: its variables, progress reports).
 
 Framework-neutral: an *engine* (xp/mx/pslite.py, xp/mx/horovodrun.py, xp/pt/torchrun.py) says which
 processes a job needs, where and with what command (`Engine.roles`); the `Job` here starts them (locally,
-or over ssh on the hosts of a hosts file), watches them and ends them.
-
-- launcher=local: every process on this machine, every socket on 127.0.0.1.
-- launcher=ssh: the processes on the hosts of `hosts_file` (HOST or HOST:SLOTS a line), started over ssh
-  with the same command paths (the checkout and its .venv are at the same path on every host). Before
-  anything starts every host is probed (reachable, key accepted, checkout present, network_interface
-  there) and host_ip must be an address of this machine: each fails with one line.
+or through the launcher's transport on its hosts), watches them and ends them.
 
 Liveness crosses hosts: workers send progress datagrams (UDP: rank, host, pid, role) to a socket the
 launcher binds on host_ip (127.0.0.1 locally), at most one a second. A worker that exits non-zero, whose
-ssh connection drops, or that stays silent for dist_timeout_s fails the job, naming its rank and host.
+connection drops, or that stays silent for dist_timeout_s fails the job, naming its rank and host.
 
 Ending: local processes by the process groups the job created (and descendants seen); on every host, the
-ssh sessions' wrappers (xp.remote run) end their process group when the launcher closes the session or
-dies, and a last `xp.remote reap JOB` over ssh ends whatever carries the job's id (what horovodrun started
-itself included). The launching process owns the MLflow run; rank 0 logs into it.
+sessions' wrappers (xp.launching.remote run) end their process group when the launcher closes the session or
+dies, and a last `xp.launching.remote reap JOB` through the transport ends whatever carries the job's id
+(what a runner such as horovodrun started itself included). The launching process owns the MLflow run;
+rank 0 logs into it.
 """
 
 from __future__ import annotations
@@ -38,18 +34,19 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import psutil
 
 from xp.launching.engine import LOOPBACK, Engine, Role, Spec, python
-from xp.errors import ConfigError, XPError
-from xp.launching.hosts import SSH, check_here, discovered_hosts, on_hosts, probe, read_hosts, reap
+from xp.errors import XPError
+from xp.launching.hosts import on_hosts
+from xp.launching.launcher import Launcher, hosts_for
 from xp.run.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV
 
-# variables a remote process gets from the launcher's environment (the rest is the host's own)
-FORWARDED = ("XP_", "MLFLOW_", "OMP_", "MXNET_", "PYTHON", "TORCH", "NCCL_", "GLOO_", "HOROVOD_", "DMLC_")
+# variables a remote process gets from the launcher's environment (the rest is the host's own), with those its
+# engine names (Engine.forwarded)
+FORWARDED = ("XP_", "MLFLOW_", "OMP_", "PYTHON")
 
 
 class LaunchError(XPError):
@@ -87,9 +84,7 @@ class Job:
         self.beats: dict[int, Beat] = {}  # rank -> its last progress
         self.env = {WORKER_ENV: "1", JOB_ENV: self.id, **self.spec.env,
                     PROGRESS_ENV: f"{self.spec.bind}:{self.progress.getsockname()[1]}"}
-        if not self.spec.remote and "OMP_NUM_THREADS" not in os.environ:
-            # workers on one machine share its cores: N workers x all cores each would oversubscribe them
-            self.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.spec.workers))
+        self.env.update(self.spec.launcher.env(self.spec.workers))
         self.seen: dict[int, float] = {}  # local descendants: pid -> create time (ended too, if left over)
         self.exits: dict[int, int] = {}  # runners: rank -> exit code, from their reports
         self.runner_state: dict[str, Any] = {}
@@ -101,14 +96,16 @@ class Job:
         env = {**self.env, **role.env, ROLE_ENV: index, **({HOST_ENV: role.host} if role.host else {})}
         piped = role.host is not None or role.runner
         if role.host is None:
-            inherited = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+            own = self.engine.not_inherited  # the engine's own variables come from the role, not this process
+            inherited = {k: v for k, v in os.environ.items() if not (own and k.startswith(own))}
             proc = subprocess.Popen(role.argv, env={**inherited, **env}, start_new_session=True, preexec_fn=_die_with_us,
                                     stdout=subprocess.PIPE if piped else None,
                                     stderr=subprocess.STDOUT if piped else None, text=piped)
         else:
-            forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED) and k not in env}
+            prefixes = FORWARDED + self.engine.forwarded
+            forwarded = {k: v for k, v in os.environ.items() if k.startswith(prefixes) and k not in env}
             command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(python())} -m xp.launching.remote run 2>&1"
-            proc = subprocess.Popen(self.spec.ssh.argv(role.host, command), start_new_session=True,
+            proc = subprocess.Popen(self.spec.transport.argv(role.host, command), start_new_session=True,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             # what to run goes through the session, not a command line (the environment may hold a password);
             # stdin then stays open: when it closes (the job ends, or this process dies) the host ends the process
@@ -238,7 +235,7 @@ class Job:
             return stopped, []
         unreachable = []
         py = shlex.quote(python())
-        answers = on_hosts(self.spec.ssh, sorted(remote), "", self.spec.ssh.connect_timeout_s + 5, command_for=lambda h: (
+        answers = on_hosts(self.spec.transport, sorted(remote), "", self.spec.transport.connect_timeout_s + 5, command_for=lambda h: (
             f"{py} -m xp.launching.remote state " + " ".join(str(b.pid) for b in self.beats.values() if b.host == h)))
         for host, r in answers.items():
             ranks = [rank for rank, b in self.beats.items() if b.host == host]
@@ -290,7 +287,7 @@ class Job:
                     pass
         self._end_descendants()
         if self.spec.remote:
-            reap(self.spec.ssh, self.engine.hosts(), self.id)
+            self.spec.launcher.reap(self.engine.hosts(), self.id)
         self.progress.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -322,42 +319,29 @@ def _is_stopped(pid: int) -> bool:
         return False
 
 
-def spec_for(plan: Any, argv: list[str], engine_cls: type[Engine], env: dict[str, str], elastic: bool = False) -> Spec:
-    """The launch spec of a plan (its launch settings): hosts file (or elastic discovery source) read, ssh files
-    checked, enough slots."""
+def spec_for(plan: Any, argv: list[str], engine_cls: type[Engine], env: dict[str, str], launcher: Launcher,
+             elastic: bool = False) -> Spec:
+    """The launch spec of a plan: the launcher's hosts (elastic: the discovery source's), transport and address,
+    and enough slots."""
     ls = plan.launch
-    for key, path in (("ssh.config", ls.ssh_config), ("ssh.identity", ls.ssh_identity)):
-        if path and not Path(path).expanduser().is_file():
-            raise ConfigError(f"{key}={path}: no such file")
-    ssh = SSH(*(str(Path(p).expanduser()) if p else None for p in (ls.ssh_config, ls.ssh_identity)),
-              ls.ssh_connect_timeout_s)
-    hosts, host_ip = [], ls.host_ip
-    if ls.launcher == "ssh":  # elastic: the hosts the discovery source lists now
-        hosts = discovered_hosts(plan.elastic.discovery) if elastic else read_hosts(ls.hosts_file)
-    elif ls.launcher == "slurm":  # inside the allocation: its nodes, reached with srun
-        from xp.launching import slurm
-
-        hosts, here = slurm.allocation(ls.slurm.tasks_per_node)
-        ssh, host_ip = slurm.Srun(), host_ip or here
+    hosts = hosts_for(launcher, plan, elastic)
     # torchrun starts a process per device and worker; the other engines a process per worker
-    processes = len(plan.devices) * plan.workers if engine_cls.name == "torchrun" else plan.workers
-    spec = Spec(argv, processes, plan.servers, ls.launcher, ls.port, hosts, host_ip, ls.interface, ssh,
-                ls.timeout_s, {**engine_cls.env_for(plan), **env})
+    processes = len(plan.devices) * plan.workers if engine_cls.per_device else plan.workers
+    spec = Spec(argv, processes, plan.servers, launcher, ls.port, hosts, launcher.address(), ls.interface,
+                launcher.transport(), ls.timeout_s, {**engine_cls.env_for(plan), **env})
     if spec.remote and not elastic:
         spec.placement()  # enough slots
     return spec
 
 
 def prepare(engine: Engine, hosts: list[str] | None = None, before_probe: Callable[[], None] | None = None) -> None:
-    """Everything checked before anything starts: the engine's own checks, then (launcher=ssh) this machine's
-    address and interface, `before_probe` (checks that need no host, such as the tracking store), and every
-    host over ssh (default: those the job uses)."""
+    """Everything checked before anything starts: the engine's own checks, then the launcher's (a remote one:
+    this machine's address and interface, `before_probe` (checks that need no host, such as the tracking store),
+    and every host through the transport; default: those the job uses)."""
     engine.check()
-    if engine.spec.remote:
-        check_here(engine.spec.host_ip, engine.spec.interface, interface_here=engine.interface_here)
-        if before_probe is not None:
-            before_probe()
-        probe(engine.spec.ssh, engine.spec.interface, engine.hosts() if hosts is None else hosts)
+    spec = engine.spec
+    spec.launcher.check(engine.hosts() if hosts is None else hosts, spec.interface, engine.interface_here,
+                        before_probe)
 
 
 def launch(engine: Engine) -> None:

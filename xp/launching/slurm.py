@@ -20,10 +20,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from xp.errors import ConfigError, Terminated, XPError, one_line
-from xp.launching.hosts import HostSlots
+from xp.launching.hosts import HostSlots, Transport
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE")
@@ -52,12 +53,11 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
                           "(is slurmctld up?)") from None
 
 
-class Srun:
+@dataclass(frozen=True)
+class Srun(Transport):
     """The transport inside an allocation, in place of ssh: one task on one node of the job."""
-    connect_timeout_s = 10.0
-
-    def options(self) -> list[str]:
-        return []
+    name: ClassVar[str] = "srun"
+    connect_timeout_s: float = 10.0
 
     def argv(self, host: str, command: str) -> list[str]:
         return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--overlap", "--quiet",
@@ -193,23 +193,3 @@ def _relay(path: Path, offset: int) -> int:
         sys.stdout.write(data.decode(errors="replace"))
         sys.stdout.flush()
     return offset + len(data)
-
-
-def ssh_as_srun(args: list[str]) -> list[str]:
-    """horovodrun's `ssh [OPTIONS] HOST COMMAND...` as srun inside the allocation (its ssh shim runs this)."""
-    def options(i: int) -> int:  # ssh takes options before and after the host (horovodrun puts some after)
-        while i < len(args) and args[i].startswith("-"):
-            i += 2 if args[i] in ("-o", "-p", "-i", "-F", "-l", "-E") else 1
-        return i
-
-    i = options(0)
-    if i >= len(args):
-        raise SystemExit("xp.slurm ssh: no host given")
-    return Srun().argv(args[i], " ".join(args[options(i + 1):]) or "true")
-
-
-if __name__ == "__main__":  # python -m xp.launching.slurm ssh ARGS: horovodrun's ssh inside a Slurm allocation
-    if sys.argv[1:2] != ["ssh"]:
-        raise SystemExit("usage: python -m xp.launching.slurm ssh [OPTIONS] HOST COMMAND")
-    argv = ssh_as_srun(sys.argv[2:])
-    os.execvp(argv[0], argv)

@@ -17,6 +17,7 @@ import numpy as np
 
 from xp.run.backend import Backend
 from xp.errors import ConfigError, XPError
+from xp.mx import kvstore as kvstores
 from xp.run.plan import Plan
 
 
@@ -41,6 +42,7 @@ def enable_amp(device_type: str) -> str:
 # no PTX, so a newer GPU cannot JIT-compile them: mxnet-cu112 1.9.1 stops at sm_86
 # (Ampere), and an H100 (sm_90) fails at its first kernel.
 MXNET_MAX_ARCH = {"mxnet-cu112": (8, 6)}
+ZOOS = ("xp", "gluoncv")  # where model definitions come from: xp's own, or the GluonCV model zoo
 
 
 def check_compute_capability(count: int, nvml: Any = None, wheel: str | None = None) -> None:
@@ -95,7 +97,14 @@ class MXNetBackend(Backend):
         return resolve(request, model)
 
     @classmethod
+    def planned(cls, plan: Plan) -> Plan:
+        return kvstores.planned(plan)
+
+    @classmethod
     def check(cls, plan: Plan) -> None:
+        kvstores.check(plan)
+        if plan.model.zoo not in ZOOS:
+            raise ConfigError(f"model.zoo={plan.model.zoo!r}: not supported; valid: {', '.join(ZOOS)}")
         if plan.dtype == "float16" and plan.device_type != "gpu":
             raise ConfigError("dtype=float16: MXNet 1.9.1 has no float16 CPU kernels for dense layers "
                               "(\"FP16 gemm on cpu not implemented\"); on the CPU use dtype=float32 or dtype=amp "
@@ -115,7 +124,7 @@ class MXNetBackend(Backend):
             if seen < len(plan.devices):
                 raise ConfigError(f"gpus={len(plan.devices)}: the installed mxnet {mx.__version__} can use {seen} "
                                   "GPUs (a CPU build?); install the GPU build: pip install -e '.[gpu]'")
-        if plan.kvstore == "nccl":
+        if plan.kvstore == "nccl":  # on GPUs (kvstore.check)
             import mxnet as mx
 
             if not mx.runtime.Features().is_enabled("NCCL"):
@@ -244,7 +253,7 @@ class MXNetBackend(Backend):
         if plan.kvstore.startswith("dist_"):
             import mxnet as mx
 
-            from xp.run.worker import check_scheduler
+            from xp.mx.pslite import check_scheduler
 
             check_scheduler()  # mx.kv.create would wait forever for a scheduler that is not there
             self.kv = mx.kv.create(plan.kvstore)  # ps-lite assigns the rank

@@ -2,21 +2,21 @@
 rendezvous server bound to one address.
 
 Horovod 0.28's HTTP rendezvous server listens on every interface; xp binds it to the address the workers
-reach (XP_BIND: 127.0.0.1 for launcher=local, host_ip for launcher=ssh). Across hosts horovodrun starts the
-remote workers itself over ssh: xp puts an `ssh` first on its PATH that adds xp's ssh options (ssh.config,
-ssh.identity), and the job's id travels in the environment horovodrun exports, so xp ends them all.
+reach (XP_BIND: 127.0.0.1 on this machine, host_ip across hosts). Across hosts horovodrun starts the remote
+workers itself with ssh: xp puts an `ssh` first on its PATH that is the launcher's transport (ssh with xp's
+options, srun inside a Slurm allocation, ...), and the job's id travels in the environment horovodrun exports,
+so xp ends them all.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from xp.launching.engine import LOOPBACK, Engine, Role, free_port, python, worker_command
+from xp.run.worker import HOST_FROM_ENV
 
 if TYPE_CHECKING:
     from xp.launching.engine import Job
@@ -27,6 +27,7 @@ _EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 
 class Horovod(Engine):
     name = "horovod"
+    forwarded = ("MXNET_", "HOROVOD_", "GLOO_", "NCCL_")
     interface_here = True  # horovodrun takes its rendezvous address from the interface here
 
     def check(self) -> None:
@@ -40,16 +41,14 @@ class Horovod(Engine):
 
     def roles(self, job: Job) -> list[Role]:
         s = self.spec
-        env = {BIND_ENV: s.bind}
+        env = {BIND_ENV: s.bind, HOST_FROM_ENV: "HOROVOD_HOSTNAME"}  # the host horovodrun names its processes by
         if s.remote:
             hosts = ",".join(f"{h}:{n}" for h, n in s.placement())
             nic = s.interface  # None: horovodrun finds the interfaces the hosts share itself
             shim = Path(job.folder) / "bin"
             shim.mkdir()
-            real = shutil.which("ssh") or "/usr/bin/ssh"  # the shim must not find itself
-            via = (f"{shlex.quote(python())} -m xp.launching.slurm ssh" if s.launcher == "slurm"  # srun in an allocation
-                   else f"{shlex.quote(real)} {shlex.join(s.ssh.options())}")
-            (shim / "ssh").write_text(f"#!/bin/sh\nexec {via} \"$@\"\n")
+            # horovodrun reaches the hosts with ssh: the launcher's transport, as ssh (ssh with xp's options, srun...)
+            (shim / "ssh").write_text(f"#!/bin/sh\nexec {s.transport.as_ssh()} \"$@\"\n")
             (shim / "ssh").chmod(0o755)
             env["PATH"] = f"{shim}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         else:

@@ -10,16 +10,46 @@ command in a daemon thread whose failure nobody sees, and cannot end what it sta
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 from typing import TYPE_CHECKING, Any
 
+from xp.errors import ConfigError
 from xp.launching.engine import LOOPBACK, Engine, Role, check_port, free_port, python, worker_command
 
 if TYPE_CHECKING:
     from xp.launching.engine import Job
 
 
+CONNECT_ENV = "XP_CONNECT_TIMEOUT_S"  # how long a worker tries to reach the scheduler
+
+
+def check_scheduler() -> None:
+    """In a ps-lite worker: fail with a clear error when the scheduler cannot be reached (MXNet would wait forever)."""
+    role = os.environ.get("DMLC_ROLE")
+    host, port = os.environ.get("DMLC_PS_ROOT_URI"), os.environ.get("DMLC_PS_ROOT_PORT")
+    if role != "worker" or not host or not (port or "").isdigit():
+        raise ConfigError("kvstore=dist_*: this process is not a parameter-server worker (DMLC_ROLE=worker, "
+                          "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT are set by the launcher); "
+                          "run it through python -m xp, which launches the roles")
+    timeout = float(os.environ.get(CONNECT_ENV, "60"))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2.0):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"cannot reach the parameter-server scheduler at {host}:{port} within {timeout:g} s "
+                                  "(DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT); is it running and reachable?") from None
+            time.sleep(0.5)
+
+
 class PsLite(Engine):
     name = "ps-lite"
+    forwarded = ("MXNET_", "DMLC_")
+    not_inherited = ("DMLC_",)  # each role's DMLC_ROLE and addresses are its own
 
     @classmethod
     def env_for(cls, plan: Any) -> dict[str, str]:
@@ -71,5 +101,5 @@ class PsLite(Engine):
         s = self.spec
         if not s.remote:
             return f"{s.workers} workers and {s.servers} servers on {LOOPBACK}"
-        return (f"{s.workers} workers and {s.servers} servers on {', '.join(self.hosts())} over {s.transport} "
+        return (f"{s.workers} workers and {s.servers} servers on {', '.join(self.hosts())} over {s.transport.name} "
                 f"(scheduler here on {s.bind})")

@@ -26,6 +26,8 @@ _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 class Torchrun(Engine):
     name = "torchrun"
+    per_device = True
+    forwarded = ("TORCH", "NCCL_", "GLOO_")
 
     def check(self) -> None:
         if self.spec.port:
@@ -65,7 +67,7 @@ class Torchrun(Engine):
 
     def describe(self) -> str:
         if self.spec.remote:
-            return (f"{self.spec.workers} PyTorch DDP processes (one torchrun per host, over {self.spec.transport}) on "
+            return (f"{self.spec.workers} PyTorch DDP processes (one torchrun per host, over {self.spec.transport.name}) on "
                     f"{', '.join(self.hosts())}, rendezvous here on {self.spec.bind}")
         return f"{self.spec.workers} PyTorch DDP processes (torchrun) on {LOOPBACK}"
 

@@ -47,6 +47,12 @@ class Backend(ABC):
         return None
 
     @classmethod
+    def planned(cls, plan: Plan) -> Plan:
+        """The plan with what this backend's own options change in it (MXNet's dist_async: the batch an update
+        sees); called once, after `check`."""
+        return plan
+
+    @classmethod
     def for_plan(cls, plan: Plan) -> type[Backend]:
         """The class that runs `plan`: a plugin with variants (an API option) may pick one here."""
         return cls

@@ -71,6 +71,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     backend_cls = (chosen or Registry().load(plan.backend)).for_plan(plan)
     _check_decode(plan, backend_cls)
     backend_cls.check(plan)
+    plan = backend_cls.planned(plan)
     if auto and resolve_auto:
         from xp.run.autobatch import largest_fitting
 
@@ -82,7 +83,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
                     "GPU memory" if plan.device_type == "gpu" else
                     f"auto_batch_memory_mb={plan.auto_batch_memory_mb:g}") + ")")
         config["batch"] = batch
-        return replace(planned(config), batch_auto=True), backend_cls
+        return replace(backend_cls.planned(planned(config)), batch_auto=True), backend_cls
     _planned[key] = plan, backend_cls
     return plan, backend_cls
 
@@ -91,8 +92,10 @@ def _check_decode(plan: Plan, backend_cls: type) -> None:
     if plan.dataset.options.get("decode", "cpu") != "gpu":
         return
     if not backend_cls.decodes_on_gpu:
+        registry = Registry()
+        able = [f"backend={n}" for n in registry.names() if getattr(registry.load(n), "decodes_on_gpu", False)]
         raise ConfigError(f"dataset.decode=gpu: backend={plan.backend} decodes on the CPU (data_nthreads threads); "
-                          "backend=torch decodes on GPUs")
+                          f"{' and '.join(able) or 'no installed backend'} decode{'s' if len(able) == 1 else ''} on GPUs")
     if plan.device_type != "gpu":
         raise ConfigError("dataset.decode=gpu: needs GPUs (gpus=N); on the CPU the data_nthreads workers decode "
                           "(dataset.decode=cpu)")

@@ -17,6 +17,8 @@ from xp.data import datasets
 from xp.data.datasets import DatasetSpec
 from xp.errors import ConfigError
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
+from xp.run.settings import (ElasticSettings, LaunchSettings, StudySettings, choice, elastic_settings,
+                             flag, group, integer, is_int, launch_settings, number, study_settings, text)
 
 # a backend's resolve_pretrained(request, model): pretrained= weights found on disk
 PretrainedResolver = Callable[[PretrainedRequest, "ModelSpec"], PretrainedSpec]
@@ -24,20 +26,16 @@ PretrainedResolver = Callable[[PretrainedRequest, "ModelSpec"], PretrainedSpec]
 IMAGENET_MEAN = (123.68, 116.28, 103.53)  # RGB, 0-255 scale: what GluonCV's ImageNet models were trained on
 IMAGENET_STD = (58.395, 57.12, 57.375)
 
-KVSTORES = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_async")
 DTYPES = ("float32", "float16", "bfloat16", "amp")
-LAUNCHERS = ("local", "ssh", "slurm")  # local: every process on this machine; ssh: on the hosts of a hosts file;
-# slurm: a Slurm job's nodes (xp submits it, or runs inside it)
 OPTIMIZERS = ("sgd", "nag")
 LR_SCHEDULES = ("constant", "step", "cosine")
-MODEL_ZOOS = ("xp", "gluoncv")
 MAX_DEVICES = 64
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    zoo: str  # xp | gluoncv
+    zoo: str  # xp (its own networks), or a zoo the backend knows (MXNet's: gluoncv)
     arch: str  # network name inside that zoo
     dropout: float = 0.0  # xp's lenet: dropout before the classifier
     # the model group's other keys, for the backends' packages (e.g. torchvision: the network's name there)
@@ -60,62 +58,13 @@ class HardwareSpec:
 
 
 @dataclass(frozen=True)
-class LaunchSettings:
-    """How a distributed run's processes start (xp.launch)."""
-    launcher: str = "local"  # local | ssh
-    hosts_file: str | None = None  # launcher=ssh: HOST or HOST:SLOTS a line
-    host_ip: str | None = None  # launcher=ssh: this machine's address as the hosts reach it
-    interface: str | None = None  # launcher=ssh: the network interface the workers talk over
-    port: int | None = None  # scheduler / rendezvous port; None: a free one
-    timeout_s: float = 300.0  # a worker without progress for this long fails the job
-    ssh_config: str | None = None  # ssh -F
-    ssh_identity: str | None = None  # ssh -i
-    ssh_connect_timeout_s: float = 10.0
-    slurm: SlurmSettings | None = None  # launcher=slurm
-
-
-@dataclass(frozen=True)
-class SlurmSettings:
-    """launcher=slurm: the job xp submits (xp.slurm)."""
-    partition: str | None
-    nodes: int
-    tasks_per_node: int
-    gpus_per_node: int
-    time_min: int
-    account: str | None
-    output_dir: str
-    poll_s: float
-
-
-@dataclass(frozen=True)
-class ElasticSettings:
-    """Workers joining and leaving at epoch boundaries (xp.elastic)."""
-    enabled: bool = False
-    discovery: str | None = None  # file of HOST:SLOTS lines, or an executable printing them
-    min_workers: int = 1
-    max_workers: int = 64
-    poll_s: float = 1.0  # how often the discovery source is read
-    wait_s: float = 300.0  # how long to wait for min_workers
-    max_restarts: int = 10  # lost workers the job survives
-
-
-@dataclass(frozen=True)
-class StudySettings:
-    """The Optuna trial a run is (the study's sweeper sets optuna.* on each trial's command line)."""
-    sweep: dict[str, Any]  # the study's settings (the config group sweep, with its overrides)
-    study: str  # the Optuna study's name
-    storage: str  # its RDB URL
-    trial_id: int
-
-
-@dataclass(frozen=True)
 class Plan:
     backend: str
     backend_options: dict[str, Any]
     model: ModelSpec
     dataset: DatasetSpec
     pretrained: PretrainedSpec | None
-    kvstore: str
+    kvstore: str  # how gradients are aggregated: the kvstore group's name, which the backend checks
     dtype: str
     hardware: HardwareSpec
     # devices and batch
@@ -124,7 +73,7 @@ class Plan:
     workers: int
     rank: int
     hosts: int  # instances the run occupies (cost); the local launcher puts every role on one
-    servers: int  # parameter-server processes (dist_* kvstores)
+    servers: int  # parameter-server processes, where the backend's engine has servers
     save_params: str | None  # where rank 0 writes the trained parameters
     checkpoint_dir: str | None  # where rank 0 commits the training state
     checkpoint_every: int  # epochs between commits
@@ -197,134 +146,6 @@ class Plan:
         return asdict(self)
 
 
-# --- small validators: each names the key, the value given and what is valid ---
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int(cfg: dict, key: str, lo: int, hi: int | None = None) -> int:
-    v = cfg.get(key)
-    if not _is_int(v) or v < lo or (hi is not None and v > hi):
-        valid = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
-        raise ConfigError(f"{key}={v!r}: must be {valid}")
-    return v
-
-
-def _float(cfg: dict, key: str, lo: float, hi: float | None = None, *, lo_open: bool = False,
-           hi_open: bool = False) -> float:
-    v = cfg.get(key)
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if ok:
-        ok = (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))
-    if not ok:
-        left = f"> {lo}" if lo_open else f">= {lo}"
-        right = "" if hi is None else (f" and < {hi}" if hi_open else f" and <= {hi}")
-        raise ConfigError(f"{key}={v!r}: must be a number {left}{right}")
-    return float(v)
-
-
-def _bool(cfg: dict, key: str) -> bool:
-    v = cfg.get(key, False)
-    if not isinstance(v, bool):
-        raise ConfigError(f"{key}={v!r}: must be true or false")
-    return v
-
-
-def _choice(value: Any, key: str, valid: tuple[str, ...] | list[str]) -> str:
-    if value not in valid:
-        raise ConfigError(f"{key}={value!r}: not supported; valid: {', '.join(valid)}")
-    return value
-
-
-def _group(cfg: dict, key: str) -> dict:
-    v = cfg.get(key)
-    if not isinstance(v, dict) or not isinstance(v.get("name"), str):
-        raise ConfigError(f"{key}: missing config group; choose one with {key}=NAME")
-    return v
-
-
-def _text(cfg: dict, key: str) -> str | None:
-    v = cfg.get(key)
-    if v is not None and (not isinstance(v, str) or not v.strip()):
-        raise ConfigError(f"{key}={v!r}: must be a non-empty string, or null")
-    return v
-
-
-def _launch(cfg: dict) -> LaunchSettings:
-    launcher = _choice(cfg.get("launcher", "local"), "launcher", LAUNCHERS)
-    ssh = cfg.get("ssh") or {}
-    if not isinstance(ssh, dict):
-        raise ConfigError(f"ssh={ssh!r}: must be the ssh group (ssh.config, ssh.identity, ssh.connect_timeout_s)")
-    flat = {f"ssh.{k}": v for k, v in ssh.items()}
-    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the launcher (xp.launching.job.spec_for)
-        _text(flat, key)
-    settings = LaunchSettings(
-        launcher=launcher, hosts_file=_text(cfg, "hosts_file"), host_ip=_text(cfg, "host_ip"),
-        interface=_text(cfg, "network_interface"),
-        port=None if cfg.get("port") is None else _int(cfg, "port", 1024, 65535),
-        timeout_s=300.0 if cfg.get("dist_timeout_s") is None else _float(cfg, "dist_timeout_s", 1, 86400),
-        ssh_config=flat.get("ssh.config"), ssh_identity=flat.get("ssh.identity"),
-        ssh_connect_timeout_s=(_float(flat, "ssh.connect_timeout_s", 1, 3600)
-                               if flat.get("ssh.connect_timeout_s") is not None else 10.0))
-    if launcher == "slurm":
-        settings = replace(settings, slurm=_slurm(cfg))
-    if launcher == "ssh" and not settings.hosts_file and not (cfg.get("elastic") or {}).get("enabled"):
-        raise ConfigError("launcher=ssh: needs hosts_file=PATH (HOST or HOST:SLOTS a line)")
-    if launcher == "ssh" and settings.host_ip:
-        import ipaddress
-
-        try:
-            ipaddress.IPv4Address(settings.host_ip)
-        except ValueError:
-            raise ConfigError(f"host_ip={settings.host_ip}: must be an IPv4 address of this machine") from None
-    return settings
-
-
-def _slurm(cfg: dict) -> SlurmSettings:
-    raw = cfg.get("slurm") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"slurm={raw!r}: must be the slurm group (slurm.partition, slurm.nodes, ...)")
-    flat = {f"slurm.{k}": v for k, v in raw.items()}
-    s = SlurmSettings(partition=_text(flat, "slurm.partition"), nodes=_int(flat, "slurm.nodes", 1, 100_000),
-                      tasks_per_node=_int(flat, "slurm.tasks_per_node", 1, 1024),
-                      gpus_per_node=_int(flat, "slurm.gpus_per_node", 0, 64),
-                      time_min=_int(flat, "slurm.time_min", 1, 525_600), account=_text(flat, "slurm.account"),
-                      output_dir=_text(flat, "slurm.output_dir") or "slurm",
-                      poll_s=_float(flat, "slurm.poll_s", 0.1, 600))
-    workers = _int(cfg, "workers", 1, 4096)
-    if workers != s.nodes * s.tasks_per_node:
-        raise ConfigError(f"workers={workers}: launcher=slurm runs slurm.nodes x slurm.tasks_per_node = "
-                          f"{s.nodes} x {s.tasks_per_node} = {s.nodes * s.tasks_per_node} workers; make them agree")
-    return s
-
-
-def _elastic(e: dict, kvstore: str, launch: LaunchSettings, checkpoint_dir: str | None) -> ElasticSettings:
-    if not e.get("enabled"):
-        return ElasticSettings()
-    if kvstore not in ("dist_sync", "dist_device_sync"):
-        raise ConfigError(f"elastic.enabled=true: needs kvstore=dist_sync (or dist_device_sync), not {kvstore}; "
-                          "xp relaunches the parameter-server job when the workers change")
-    if launch.launcher == "ssh" and not e.get("discovery"):
-        raise ConfigError("elastic.enabled=true launcher=ssh: needs elastic.discovery=FILE|SCRIPT listing the "
-                          "hosts (HOST:SLOTS a line)")
-    if launch.launcher == "ssh" and not checkpoint_dir:
-        raise ConfigError("elastic.enabled=true launcher=ssh: needs checkpoint_dir=PATH on storage every host and "
-                          "this machine share (rank 0 commits there; a relaunch resumes from it)")
-    lo, hi = e.get("min_workers"), e.get("max_workers")
-    if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi):
-        raise ConfigError(f"elastic.min_workers={lo!r}, elastic.max_workers={hi!r}: need integers with "
-                          "1 <= min_workers <= max_workers")
-    for key, top in (("poll_s", 3600), ("wait_s", 86400)):
-        v = e.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.05 <= v <= top:
-            raise ConfigError(f"elastic.{key}={v!r}: must be a number of seconds in [0.05, {top}]")
-    if not _is_int(e.get("max_restarts")) or e["max_restarts"] < 0:
-        raise ConfigError(f"elastic.max_restarts={e.get('max_restarts')!r}: must be an integer >= 0")
-    return ElasticSettings(True, _text({"elastic.discovery": e.get("discovery")}, "elastic.discovery"), lo, hi,
-                           float(e["poll_s"]), float(e["wait_s"]), e["max_restarts"])
-
-
 def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0,
                hosts: int | None = None, pretrained_by: PretrainedResolver | None = None) -> Plan:
     """Validate a resolved config (plain dict) and derive the plan, one builder per group of settings.
@@ -335,28 +156,26 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     pretrained_by: the backend's Backend.resolve_pretrained, which finds pretrained= weights on disk (the plan
     never looks up a backend itself: xp.run.experiment.plan_and_backend hands it the selected one's).
     """
-    backend = _group(cfg, "backend")
-    kvstore = _choice(_group(cfg, "kvstore")["name"], "kvstore", KVSTORES)
-    dtype = _choice(_group(cfg, "dtype")["name"], "dtype", DTYPES)
-    model = _model(_group(cfg, "model"))
+    backend = group(cfg, "backend")
+    kvstore = text({"kvstore": group(cfg, "kvstore")["name"]}, "kvstore") or "local"
+    dtype = choice(group(cfg, "dtype")["name"], "dtype", DTYPES)
+    model = _model(group(cfg, "model"))
     dataset, pretrained = _data(cfg, model, pretrained_by)
     hardware = _hardware(cfg)
-    device_type, devices = _devices(cfg, hardware, visible_gpus, kvstore)
-    workers = _int(cfg, "workers", 1, 4096) if workers is None else workers
-    servers = _int(cfg, "servers", 1, 1024)
-    launch = _launch(cfg)
-    if launch.launcher == "local" and cfg.get("checkpoint_dir"):
-        _writable_folder(str(cfg["checkpoint_dir"]), "checkpoint_dir")  # over ssh: rank 0's host's disk, not this one
-    elastic = _elastic(cfg.get("elastic") or {}, kvstore, launch, cfg.get("checkpoint_dir"))
+    device_type, devices = _devices(cfg, hardware, visible_gpus)
+    workers = integer(cfg, "workers", 1, 4096) if workers is None else workers
+    servers = integer(cfg, "servers", 1, 1024)
+    launch = launch_settings(cfg)
+    elastic = elastic_settings(cfg.get("elastic") or {})
     sizes = _batch(cfg, dataset, len(devices), workers)
     return Plan(
         backend=backend["name"], backend_options={k: v for k, v in backend.items() if k != "name"},
         model=model, dataset=dataset, pretrained=pretrained, kvstore=kvstore, dtype=dtype, hardware=hardware,
         device_type=device_type, devices=devices, workers=workers, rank=rank,
         hosts=hosts or 1, servers=servers, **_state(cfg), **sizes,
-        **_optimisation(cfg, kvstore, sizes), **_measurement(cfg),
+        **_optimisation(cfg, sizes), **_measurement(cfg),
         experiment=str(cfg.get("experiment") or "xp"), tracking_uri=cfg.get("tracking_uri"),
-        run_name=cfg.get("run_name"), launch=launch, elastic=elastic, study=_study(cfg), requested=flatten(cfg))
+        run_name=cfg.get("run_name"), launch=launch, elastic=elastic, study=study_settings(cfg), requested=flatten(cfg))
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -371,20 +190,10 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _study(cfg: dict) -> StudySettings | None:
-    o = cfg.get("optuna") or {}
-    if o.get("trial_id") is None:
-        return None
-    if not isinstance(cfg.get("sweep"), dict) or not o.get("study") or not o.get("storage") \
-            or not _is_int(o["trial_id"]):
-        raise ConfigError("optuna.*: set by a study's sweeper for each trial (sweep, optuna.study, optuna.storage, "
-                          "optuna.trial_id together); run studies with python -m xp -m sweep=NAME")
-    return StudySettings(dict(cfg["sweep"]), str(o["study"]), str(o["storage"]), int(o["trial_id"]))
-
-
 def _model(m: dict) -> ModelSpec:
-    model = ModelSpec(m["name"], _choice(m.get("zoo"), "model.zoo", MODEL_ZOOS), str(m.get("arch") or m["name"]),
-                      _float({"model.dropout": m.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True),
+    zoo = text({"model.zoo": m.get("zoo")}, "model.zoo") or "xp"  # "xp": its own; others the backend checks
+    model = ModelSpec(m["name"], zoo, str(m.get("arch") or m["name"]),
+                      number({"model.dropout": m.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True),
                       {k: v for k, v in m.items() if k not in ("name", "zoo", "arch", "dropout")})
     if model.dropout and model.zoo != "xp":
         raise ConfigError(f"model.dropout={model.dropout:g}: applies to xp's own models; model={model.name} comes "
@@ -394,7 +203,7 @@ def _model(m: dict) -> ModelSpec:
 
 def _data(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None
           ) -> tuple[DatasetSpec, PretrainedSpec | None]:
-    dataset_cfg = _group(cfg, "dataset")
+    dataset_cfg = group(cfg, "dataset")
     dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"})
     classes = cfg.get("num_classes")
     if classes is not None and classes != dataset.num_classes:
@@ -411,14 +220,14 @@ def _data(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None
 
 
 def _hardware(cfg: dict) -> HardwareSpec:
-    hw_cfg = _group(cfg, "hardware")
+    hw_cfg = group(cfg, "hardware")
     hw_gpus = hw_cfg.get("gpus")
-    if hw_gpus is not None and (not _is_int(hw_gpus) or hw_gpus < 0):
+    if hw_gpus is not None and (not is_int(hw_gpus) or hw_gpus < 0):
         raise ConfigError(f"hardware.gpus={hw_gpus!r}: must be an integer >= 0, or null to count visible GPUs")
     price = hw_cfg.get("price_per_hour", 0.0)
     if not isinstance(price, (int, float)) or isinstance(price, bool) or not math.isfinite(price) or price < 0:
         raise ConfigError(f"hardware.price_per_hour={price!r}: must be a number >= 0 (USD per hour)")
-    pricing = _choice(cfg.get("pricing", "on_demand"), "pricing", ("on_demand", "spot"))
+    pricing = choice(cfg.get("pricing", "on_demand"), "pricing", ("on_demand", "spot"))
     spot = hw_cfg.get("spot_price_per_hour")
     if spot is not None and (not isinstance(spot, (int, float)) or isinstance(spot, bool) or spot < 0):
         raise ConfigError(f"hardware.spot_price_per_hour={spot!r}: must be a number >= 0 (USD per hour)")
@@ -429,24 +238,21 @@ def _hardware(cfg: dict) -> HardwareSpec:
                         None if spot is None else float(spot), pricing)
 
 
-def _devices(cfg: dict, hardware: HardwareSpec, visible_gpus: int, kvstore: str) -> tuple[str, tuple[str, ...]]:
-    gpus = _int(cfg, "gpus", 0, MAX_DEVICES)
+def _devices(cfg: dict, hardware: HardwareSpec, visible_gpus: int) -> tuple[str, tuple[str, ...]]:
+    gpus = integer(cfg, "gpus", 0, MAX_DEVICES)
     if hardware.gpus is not None and gpus > hardware.gpus:
         raise ConfigError(f"gpus={gpus}: hardware={hardware.name} has {hardware.gpus} GPUs; "
                           f"valid: 0 to {hardware.gpus}")
     if gpus > visible_gpus:
         raise ConfigError(f"gpus={gpus}: {gpus} GPU{'s' if gpus > 1 else ''} asked for, {visible_gpus} visible on this machine; "
                           f"valid: 0 to {visible_gpus} (gpus=0 trains on the CPU)")
-    if kvstore == "nccl" and not gpus:
-        raise ConfigError("kvstore=nccl: NCCL aggregates gradients between GPUs and gpus=0; "
-                          "on the CPU use kvstore=local or kvstore=device")
     if gpus:
         return "gpu", tuple(f"gpu({i})" for i in range(gpus))
-    return "cpu", tuple(f"cpu({i})" for i in range(_int(cfg, "cpu_devices", 1, MAX_DEVICES)))
+    return "cpu", tuple(f"cpu({i})" for i in range(integer(cfg, "cpu_devices", 1, MAX_DEVICES)))
 
 
 def _batch(cfg: dict, dataset: DatasetSpec, devices: int, workers: int) -> dict[str, int]:
-    batch = _int(cfg, "batch", 1, 65536)
+    batch = integer(cfg, "batch", 1, 65536)
     worker_batch = batch * devices
     global_batch = worker_batch * workers
     steps_per_epoch = dataset.train_size // global_batch
@@ -458,7 +264,7 @@ def _batch(cfg: dict, dataset: DatasetSpec, devices: int, workers: int) -> dict[
             "steps_per_epoch": steps_per_epoch, "samples_per_epoch": steps_per_epoch * global_batch}
 
 
-def _writable_folder(path: str, key: str) -> None:
+def writable_folder(path: str, key: str) -> None:
     """A folder this process can write in: made now if missing, so a file in its place or a read-only parent is
     one line before the run starts, not an error after its first epoch."""
     import os
@@ -477,43 +283,43 @@ def _writable_folder(path: str, key: str) -> None:
 
 def _state(cfg: dict) -> dict[str, Any]:
     return {"save_params": cfg.get("save_params"), "checkpoint_dir": cfg.get("checkpoint_dir"),
-            "checkpoint_every": _int(cfg, "checkpoint_every", 1, 10**6) if "checkpoint_every" in cfg else 1,
-            "checkpoint_keep": _int(cfg, "checkpoint_keep", 1, 10**6) if "checkpoint_keep" in cfg else 2,
+            "checkpoint_every": integer(cfg, "checkpoint_every", 1, 10**6) if "checkpoint_every" in cfg else 1,
+            "checkpoint_keep": integer(cfg, "checkpoint_keep", 1, 10**6) if "checkpoint_keep" in cfg else 2,
             "resume": cfg.get("resume")}
 
 
-def _optimisation(cfg: dict, kvstore: str, sizes: dict[str, int]) -> dict[str, Any]:
-    lr = _float(cfg, "lr", 0.0, 100.0, lo_open=True)
-    lr_ref_batch = _int(cfg, "lr_ref_batch", 1)
-    epochs = _int(cfg, "epochs", 1, 100_000)
-    schedule = _choice(cfg.get("lr_schedule"), "lr_schedule", LR_SCHEDULES)
+def _optimisation(cfg: dict, sizes: dict[str, int]) -> dict[str, Any]:
+    lr = number(cfg, "lr", 0.0, 100.0, lo_open=True)
+    lr_ref_batch = integer(cfg, "lr_ref_batch", 1)
+    epochs = integer(cfg, "epochs", 1, 100_000)
+    schedule = choice(cfg.get("lr_schedule"), "lr_schedule", LR_SCHEDULES)
     steps = cfg.get("lr_steps") or []
-    if not isinstance(steps, (list, tuple)) or not all(_is_int(s) and s >= 1 for s in steps):
+    if not isinstance(steps, (list, tuple)) or not all(is_int(s) and s >= 1 for s in steps):
         raise ConfigError(f"lr_steps={steps!r}: must be a list of epochs (integers >= 1)")
-    # dist_async applies each worker's gradient on its own: an update sees one worker's batch
-    update_batch = sizes["worker_batch"] if kvstore == "dist_async" else sizes["global_batch"]
-    return {"optimizer": _choice(cfg.get("optimizer"), "optimizer", OPTIMIZERS), "lr": lr,
+    # an update sees the global batch (a backend whose updates see less says so: Backend.planned)
+    update_batch = sizes["global_batch"]
+    return {"optimizer": choice(cfg.get("optimizer"), "optimizer", OPTIMIZERS), "lr": lr,
             "lr_ref_batch": lr_ref_batch, "effective_lr": lr * update_batch / lr_ref_batch, "lr_schedule": schedule,
-            "lr_steps": tuple(sorted(steps)), "lr_decay": _float(cfg, "lr_decay", 0.0, 1.0, lo_open=True),
-            "warmup_epochs": _float(cfg, "warmup_epochs", 0.0, float(epochs)),
-            "momentum": _float(cfg, "momentum", 0.0, 1.0, hi_open=True), "wd": _float(cfg, "wd", 0.0, 1.0),
-            "epochs": epochs, "seed": _int(cfg, "seed", 0, 2**31 - 1)}
+            "lr_steps": tuple(sorted(steps)), "lr_decay": number(cfg, "lr_decay", 0.0, 1.0, lo_open=True),
+            "warmup_epochs": number(cfg, "warmup_epochs", 0.0, float(epochs)),
+            "momentum": number(cfg, "momentum", 0.0, 1.0, hi_open=True), "wd": number(cfg, "wd", 0.0, 1.0),
+            "epochs": epochs, "seed": integer(cfg, "seed", 0, 2**31 - 1)}
 
 
 def _measurement(cfg: dict) -> dict[str, Any]:
-    if _bool(cfg, "diagnose") and _bool(cfg, "test_io"):
+    if flag(cfg, "diagnose") and flag(cfg, "test_io"):
         raise ConfigError("diagnose=true test_io=true: pick one; diagnose measures the input pipeline alone itself "
                           "(its io figure), beside real and synthetic training")
     return {
-        "data_nthreads": _int(cfg, "data_nthreads", 1, 256),
-        "timing_warmup_batches": _int(cfg, "timing_warmup_batches", 0, 10_000),
-        "test_io": _bool(cfg, "test_io"),
-        "auto_batch_memory_mb": _float(cfg, "auto_batch_memory_mb", 1.0, 10**7),
-        "diagnose": _bool(cfg, "diagnose"),
-        "diagnose_steps": _int(cfg, "diagnose_steps", 3, 100_000),
-        "telemetry_interval_s": _float(cfg, "telemetry_interval_s", 0.01, 3600.0),
-        "system_metrics_interval_s": _float(cfg, "system_metrics_interval_s", 0.0, 3600.0),
-        "target_accuracy": None if cfg.get("target_accuracy") is None else _float(cfg, "target_accuracy", 0.0, 1.0),
+        "data_nthreads": integer(cfg, "data_nthreads", 1, 256),
+        "timing_warmup_batches": integer(cfg, "timing_warmup_batches", 0, 10_000),
+        "test_io": flag(cfg, "test_io"),
+        "auto_batch_memory_mb": number(cfg, "auto_batch_memory_mb", 1.0, 10**7),
+        "diagnose": flag(cfg, "diagnose"),
+        "diagnose_steps": integer(cfg, "diagnose_steps", 3, 100_000),
+        "telemetry_interval_s": number(cfg, "telemetry_interval_s", 0.01, 3600.0),
+        "system_metrics_interval_s": number(cfg, "system_metrics_interval_s", 0.0, 3600.0),
+        "target_accuracy": None if cfg.get("target_accuracy") is None else number(cfg, "target_accuracy", 0.0, 1.0),
     }
 
 
@@ -524,10 +330,10 @@ def _pretrained(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver |
         return None
     if not isinstance(value, str) or not value:
         raise ConfigError(f"pretrained={value!r}: must be a model-zoo name or a checkpoint prefix")
-    _choice(cfg.get("pretrained_input", "auto"), "pretrained_input", ("auto", "dataset"))
+    choice(cfg.get("pretrained_input", "auto"), "pretrained_input", ("auto", "dataset"))
     layer = cfg.get("pretrained_layer")
-    request = PretrainedRequest(value, _int(cfg, "pretrained_epoch", 0, 9999), str(layer) if layer else None,
-                                _bool(cfg, "freeze_backbone"), _float(cfg, "backbone_lr_mult", 0.0, 100.0))
+    request = PretrainedRequest(value, integer(cfg, "pretrained_epoch", 0, 9999), str(layer) if layer else None,
+                                flag(cfg, "freeze_backbone"), number(cfg, "backbone_lr_mult", 0.0, 100.0))
     if pretrained_by is None:
         raise ConfigError(f"pretrained={value}: the backend resolves pretrained weights; plan the run through "
                           "xp.run.experiment.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")

@@ -1,5 +1,5 @@
-"""The worker's side of a launched job: the variables the launcher sets, reporting progress, and finding
-the parameter-server scheduler. Light on purpose: every launched worker imports it.
+"""The worker's side of a launched job: the variables the launcher sets, and reporting progress. Light on
+purpose: every launched worker imports it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import socket
 import sys
 import time
 
-from xp.errors import ConfigError
 
 WORKER_ENV = "XP_DIST_WORKER"  # set in workers: run as a worker, do not launch again
 RUN_ENV = "XP_RUN_ID"  # the MLflow run the launcher created; rank 0 logs into it
@@ -21,28 +20,7 @@ ROLE_ENV = "XP_ROLE"  # the index of the role (process) the launcher started
 HOSTS_ENV = "XP_HOSTS"  # the hosts the job occupies (its cost), counted by the launcher
 STOP_ENV = "XP_ELASTIC_STOP"  # elastic: the flag file that says stop after this epoch, the workers change
 RESUMED_ENV = "XP_ELASTIC_RESUMED"  # elastic: set for relaunched jobs: the run's params are logged already
-CONNECT_ENV = "XP_CONNECT_TIMEOUT_S"  # how long a worker tries to reach the scheduler
-
-
-def check_scheduler() -> None:
-    """In a ps-lite worker: fail with a clear error when the scheduler cannot be reached (MXNet would wait forever)."""
-    role = os.environ.get("DMLC_ROLE")
-    host, port = os.environ.get("DMLC_PS_ROOT_URI"), os.environ.get("DMLC_PS_ROOT_PORT")
-    if role != "worker" or not host or not (port or "").isdigit():
-        raise ConfigError("kvstore=dist_*: this process is not a parameter-server worker (DMLC_ROLE=worker, "
-                          "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT are set by the launcher); "
-                          "run it through python -m xp, which launches the roles")
-    timeout = float(os.environ.get(CONNECT_ENV, "60"))
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, int(port)), timeout=2.0):
-                return
-        except OSError:
-            if time.monotonic() >= deadline:
-                raise ConfigError(f"cannot reach the parameter-server scheduler at {host}:{port} within {timeout:g} s "
-                                  "(DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT); is it running and reachable?") from None
-            time.sleep(0.5)
+HOST_FROM_ENV = "XP_HOST_FROM"  # the variable a runner's processes find their host's name in
 
 
 _last_report = -1e9
@@ -57,8 +35,9 @@ def report_progress(rank: int) -> None:
     now = time.monotonic()
     if not target or now - _last_report < 1.0:
         return
-    # the host as the launcher names it: xp's remote roles are told; horovodrun tells the processes it starts
-    host = os.environ.get(HOST_ENV) or os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    # the host as the launcher names it: xp's remote roles are told; a runner that starts processes itself
+    # (horovodrun) tells them through the variable its engine names (HOST_FROM_ENV)
+    host = os.environ.get(HOST_ENV) or os.environ.get(os.environ.get(HOST_FROM_ENV, ""), "") or socket.gethostname()
     if _last_report < 0:
         sys.stdout.write(f"xp: worker rank {rank} is pid {os.getpid()} on {host}\n")  # one write: workers share a pipe
         sys.stdout.flush()

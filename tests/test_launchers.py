@@ -1,0 +1,76 @@
+"""Launchers are plugins as backends are: found through entry points, refused with one line when unknown,
+and every registered one runs the conformance suite (tests/conformance.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+import nsenter_launcher
+from conformance import missing
+from xp.errors import ConfigError, PluginError
+from xp.launching.hosts import Transport
+from xp.launching.launcher import Launcher, launcher_for, launchers
+
+
+@pytest.fixture
+def third_party(tmp_path, monkeypatch):
+    """The fixture launcher registered as a third party's would be, visible to this process."""
+    nsenter_launcher.register(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_the_shipped_launchers_are_registered_through_entry_points():
+    assert {"local", "ssh", "slurm"} <= set(launchers().names())
+    assert all(issubclass(launchers().load(n), Launcher) for n in ("local", "ssh", "slurm"))
+
+
+def test_every_registered_launcher_runs_the_conformance_suite(third_party):
+    registered = launchers().names()
+    assert "nsenter" in registered  # the test's own launcher is found like any plugin
+    assert missing(registered) == {}, "launchers the conformance suite does not run (tests/conformance.py)"
+    # a launcher someone registers without adding it to the suite fails it
+    assert missing([*registered, "k8s"]) == {"exact": ["k8s"], "killed": ["k8s"]}
+
+
+def test_a_launcher_registered_twice_is_refused(third_party):
+    nsenter_launcher.register(third_party, "nsenter = nsenter_launcher:NsenterLauncher\n"
+                                           "ssh = nsenter_launcher:NsenterLauncher\n")
+    with pytest.raises(PluginError, match="launcher 'ssh' is registered twice in xp.launchers"):
+        launchers()
+
+
+def test_an_unknown_launcher_is_one_line_naming_the_registered_ones():
+    from conftest import compose_config
+    from xp.run.experiment import plan_and_backend
+
+    plan, _ = plan_and_backend(compose_config("kvstore=dist_sync", "workers=2", "launcher=k8s"))
+    with pytest.raises(ConfigError, match=r"launcher='k8s': not supported; valid: local, ssh, slurm$"):
+        launcher_for(plan)
+
+
+@dataclass(frozen=True)
+class Here(Transport):
+    """A transport that runs the command on this machine, whatever the host: enough to see `as_ssh` work."""
+    name: ClassVar[str] = "here"
+    connect_timeout_s: float = 5.0
+    tag: str = ""
+
+    def argv(self, host: str, command: str) -> list[str]:
+        return ["sh", "-c", f"echo {self.tag}@{host}; {command}"]
+
+
+def test_any_transport_stands_in_for_ssh_for_runners_that_call_ssh(tmp_path):
+    """What horovodrun is given as `ssh`: its options before and after the host are ssh's, the rest is the
+    command, and it runs through the transport (rebuilt from its fields in a new process)."""
+    shim = Here(tag="rebuilt").as_ssh()
+    r = subprocess.run(f"{shim} -o StrictHostKeyChecking=no node7 -p 22 echo hello there", shell=True,
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={"PYTHONPATH": str(Path(__file__).parent), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["rebuilt@node7", "hello there"]

@@ -1,0 +1,105 @@
+"""The layout holds what the README's architecture says: the core names no framework, its packages import
+one way, and no file or function outgrows a reader (xp/ files ~400 lines, functions ~60)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+XP = ROOT / "xp"
+FRAMEWORK_PARTS = ("mx", "pt")  # xp/mx and xp/pt: each framework beside xp's core
+# what the core may not name in code (strings, names, imports; docstrings and comments may)
+FRAMEWORKS = re.compile(r"mxnet|gluoncv|horovod|torch|DMLC_|MXNET_|NCCL_", re.I)
+# Optuna's GP sampler needs the torch package: the study checks Optuna's own dependency, not a framework xp
+# trains with
+ALLOWED = {("xp/studies/study.py", "torch")}
+# packages, lowest first: each imports only those before it (xp/__init__'s `shipped` is everybody's)
+LAYERS = ("errors", "data", "tracking", "studies", "run", "launching", "mx", "pt")
+
+
+def core_files() -> list[Path]:
+    return [f for f in sorted(XP.rglob("*.py")) if f.relative_to(XP).parts[0] not in FRAMEWORK_PARTS]
+
+
+def docstring_lines(tree: ast.AST) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                lines.update(range(first.lineno, first.end_lineno + 1))
+    return lines
+
+
+def framework_names(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    docs, found = docstring_lines(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            words = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            words = [node.module or "", *(a.name for a in node.names)]
+            words = [w for w in words if not w.startswith("xp.")]  # xp's own framework parts are named by path
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.lineno not in docs:
+            words = [node.value]
+        elif isinstance(node, ast.Name):
+            words = [node.id]
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        else:
+            continue
+        rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+        for w in words:
+            for m in FRAMEWORKS.finditer(w):
+                if (rel, m.group(0).lower()) not in ALLOWED:
+                    found.append(f"{rel}:{node.lineno}: {m.group(0)} in {w[:60]!r}")
+    return found
+
+
+def test_the_core_names_no_framework():
+    found = [hit for f in core_files() for hit in framework_names(f)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_check_sees_a_framework_named_in_code(tmp_path):
+    """The scan above can fail: a core file that imports MXNet or lists DMLC_ variables is caught."""
+    bad = tmp_path / "core_module.py"
+    bad.write_text('"""Docstrings may say mxnet."""\nimport mxnet\nFORWARD = ("DMLC_",)\n')
+    assert [h.split(": ", 1)[1] for h in framework_names(bad)] == ["mxnet in 'mxnet'", "DMLC_ in 'DMLC_'"]
+
+
+def imports_of(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("xp."):
+            out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.ImportFrom) and node.module == "xp":
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names if a.name.startswith("xp."))
+    return out
+
+
+def test_packages_import_one_way():
+    wrong = []
+    for f in sorted(XP.rglob("*.py")):
+        part = f.relative_to(XP).parts[0].removesuffix(".py")
+        if part not in LAYERS:
+            continue  # the entry points (cli, preflight, drive) and the commands sit on top
+        below = set(LAYERS[:LAYERS.index(part) + 1]) | {"shipped"}
+        wrong += [f"{f.relative_to(ROOT)} imports xp.{m}" for m in imports_of(f) - below]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_no_file_or_function_outgrows_a_reader():
+    long_files = [f"{f.relative_to(ROOT)}: {n} lines" for f in sorted(XP.rglob("*.py"))
+                  if (n := len(f.read_text().splitlines())) > 400]
+    long_functions = []
+    for f in sorted(XP.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_functions.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: "
+                                      f"{node.end_lineno - node.lineno + 1} lines")
+    assert long_files == [] and long_functions == [], "\n".join(long_files + long_functions)

@@ -1,0 +1,220 @@
+"""Where a run's processes go and how they get there: the `Launcher` interface, and the launchers xp ships.
+
+A launcher owns placement (this machine, or the hosts it lists with their slots), the `Transport` that runs a
+command on a host (xp/launching/hosts.py), the checks before anything starts (this machine's address, every
+host probed), ending what a job left on its hosts, and, for a batch system, whether this process submits the
+run or runs inside its allocation. Engines (ps-lite, horovodrun, torchrun) ask it for hosts and transport and
+never test which launcher they run under; `xp.launching.job.Job` starts what they ask for.
+
+Launchers register in the entry-point group `xp.launchers` (pyproject.toml), as backends do in `xp.backends`:
+`launcher=NAME` picks one; a name registered twice is an error. The README's "Adding a launcher" shows one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from xp.errors import ConfigError
+from xp.launching.hosts import SSH, HostSlots, Transport, check_here, discovered_hosts, probe, reap, read_hosts
+
+GROUP = "xp.launchers"
+SHIPPED = ("local", "ssh", "slurm")  # named first where launchers are listed
+
+
+class Launcher:
+    """Placement and transport for a job's processes; this base class is the local launcher's behaviour."""
+    name: ClassVar[str]
+    remote: ClassVar[bool] = False  # processes go to other hosts (through `transport`), not only this machine
+
+    def __init__(self, settings: Any = None):
+        self.settings = settings  # the plan's LaunchSettings
+
+    @classmethod
+    def check_plan(cls, plan: Any) -> None:
+        """Refuse, when the run is planned (every job of a sweep before the first starts), what this launcher
+        cannot launch (ConfigError, one line)."""
+
+    def hosts(self) -> list[HostSlots]:
+        """The hosts processes may go to, with their slots (remote launchers)."""
+        return []
+
+    def address(self) -> str | None:
+        """This machine's address as the hosts reach it (remote launchers)."""
+        return None
+
+    def transport(self) -> Transport | None:
+        return None
+
+    def submits(self) -> bool:
+        """The run goes to a batch system from here (`submit`) rather than being started by this process."""
+        return False
+
+    def check_submission(self) -> None:
+        """Before a run is submitted: the batch system takes it (ConfigError, one line)."""
+
+    def submit(self, plan: Any, argv: list[str], tracker: Any) -> None:
+        """Submit the run (`argv`: the command line) as a batch job, follow it to its end; XPError if it did not
+        complete. The job's processes log into `tracker`'s run."""
+        raise NotImplementedError
+
+    def submitted_run(self) -> str | None:
+        """Inside a batch job: the MLflow run the submitting process created."""
+        return None
+
+    def check(self, hosts: list[str], interface: str | None, interface_here: bool,
+              before_probe: Callable[[], None] | None = None) -> None:
+        """Everything checked before anything starts; `before_probe`: checks that need no host."""
+
+    def reap(self, hosts: list[str], job: str) -> None:
+        """End, on every host, whatever carries the job's id."""
+
+    def env(self, workers: int) -> dict[str, str]:
+        """Variables every process of a job of `workers` processes gets from this launcher."""
+        return {}
+
+
+class Local(Launcher):
+    """Every process on this machine, every socket on 127.0.0.1."""
+    name = "local"
+
+    @classmethod
+    def check_plan(cls, plan: Any) -> None:
+        if plan.checkpoint_dir:  # on this machine (a remote launcher's is on rank 0's host)
+            from xp.run.plan import writable_folder
+
+            writable_folder(str(plan.checkpoint_dir), "checkpoint_dir")
+
+    def env(self, workers: int) -> dict[str, str]:
+        if "OMP_NUM_THREADS" in os.environ:
+            return {}
+        # workers on one machine share its cores: N workers x all cores each would oversubscribe them
+        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+
+
+class OnHosts(Launcher):
+    """Processes on other hosts reached through a transport: the hosts are probed before the job starts and
+    reaped after it. Subclasses say which hosts and which transport."""
+    remote = True
+
+    def address(self) -> str | None:
+        return self.settings.host_ip
+
+    def check(self, hosts: list[str], interface: str | None, interface_here: bool,
+              before_probe: Callable[[], None] | None = None) -> None:
+        check_here(self.address(), interface, interface_here=interface_here)
+        if before_probe is not None:
+            before_probe()
+        probe(self.transport(), interface, hosts)
+
+    def reap(self, hosts: list[str], job: str) -> None:
+        reap(self.transport(), hosts, job)
+
+
+class Ssh(OnHosts):
+    """The hosts of `hosts_file` (HOST or HOST:SLOTS a line), over ssh with xp's options."""
+    name = "ssh"
+
+    @classmethod
+    def check_plan(cls, plan: Any) -> None:
+        elastic = plan.elastic.enabled
+        if not plan.launch.hosts_file and not elastic:
+            raise ConfigError("launcher=ssh: needs hosts_file=PATH (HOST or HOST:SLOTS a line)")
+        if elastic and not plan.elastic.discovery:
+            raise ConfigError("elastic.enabled=true launcher=ssh: needs elastic.discovery=FILE|SCRIPT listing the "
+                              "hosts (HOST:SLOTS a line)")
+        if elastic and not plan.checkpoint_dir:
+            raise ConfigError("elastic.enabled=true launcher=ssh: needs checkpoint_dir=PATH on storage every host "
+                              "and this machine share (rank 0 commits there; a relaunch resumes from it)")
+
+    def hosts(self) -> list[HostSlots]:
+        return read_hosts(self.settings.hosts_file)
+
+    def transport(self) -> SSH:
+        s = self.settings
+        for key, path in (("ssh.config", s.ssh_config), ("ssh.identity", s.ssh_identity)):
+            if path and not Path(path).expanduser().is_file():
+                raise ConfigError(f"{key}={path}: no such file")
+        return SSH(*(str(Path(p).expanduser()) if p else None for p in (s.ssh_config, s.ssh_identity)),
+                   s.ssh_connect_timeout_s)
+
+
+class Slurm(OnHosts):
+    """A Slurm job: submitted from a login node (sbatch, followed to its end); inside the allocation its nodes
+    are the hosts and srun the transport."""
+    name = "slurm"
+
+    @classmethod
+    def check_plan(cls, plan: Any) -> None:
+        s = plan.launch.slurm
+        if s is None:
+            raise ConfigError("launcher=slurm: needs the slurm group (slurm.nodes, slurm.tasks_per_node, ...)")
+        if plan.workers != s.nodes * s.tasks_per_node:
+            raise ConfigError(f"workers={plan.workers}: launcher=slurm runs slurm.nodes x slurm.tasks_per_node = "
+                              f"{s.nodes} x {s.tasks_per_node} = {s.nodes * s.tasks_per_node} workers; make them "
+                              "agree")
+
+    def _allocation(self) -> tuple[list[HostSlots], str]:
+        if not hasattr(self, "_nodes"):
+            from xp.launching import slurm
+
+            self._nodes = slurm.allocation(self.settings.slurm.tasks_per_node)
+        return self._nodes
+
+    def hosts(self) -> list[HostSlots]:
+        return self._allocation()[0]
+
+    def address(self) -> str | None:
+        return self.settings.host_ip or self._allocation()[1]
+
+    def transport(self) -> Transport:
+        from xp.launching.slurm import Srun
+
+        return Srun()
+
+    def submits(self) -> bool:
+        from xp.launching import slurm
+
+        return not slurm.inside()
+
+    def check_submission(self) -> None:
+        from xp.launching import slurm
+
+        slurm.check(self.settings.slurm)
+
+    def submit(self, plan: Any, argv: list[str], tracker: Any) -> None:
+        from xp.launching import slurm
+
+        slurm.submit(plan, argv, tracker)
+
+    def submitted_run(self) -> str | None:
+        from xp.run.worker import RUN_ENV
+
+        return os.environ.get(RUN_ENV) or None
+
+
+def launchers() -> Any:
+    """The registry of launchers (entry-point group xp.launchers)."""
+    from xp.run.registry import Registry
+
+    return Registry(group=GROUP, base=Launcher, kind="launcher")
+
+
+def launcher_for(plan: Any) -> Launcher:
+    """The plan's launcher, the plan checked against it."""
+    registry, name = launchers(), plan.launch.launcher
+    if name not in registry.names():  # a setting given wrong, not a broken plugin
+        shipped = [n for n in SHIPPED if n in registry.names()]
+        valid = [*shipped, *sorted(set(registry.names()) - set(shipped))]
+        raise ConfigError(f"launcher={name!r}: not supported; valid: {', '.join(valid)}")
+    cls = registry.load(name)
+    cls.check_plan(plan)
+    return cls(plan.launch)
+
+
+def hosts_for(launcher: Launcher, plan: Any, elastic: bool) -> list[HostSlots]:
+    """The hosts a job starts on: the launcher's, or (elastic, remote) those the discovery source lists now."""
+    if elastic and launcher.remote:
+        return discovered_hosts(plan.elastic.discovery)
+    return launcher.hosts()

@@ -1,0 +1,186 @@
+"""The settings a plan carries beside the run itself (launching, Slurm, elastic membership, a study's trial),
+and the small validators every part of the plan is checked with: each names the key, the value given and
+what is valid."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from xp.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How a distributed run's processes start: the launcher (xp.launching.launcher) and what it reads."""
+    launcher: str = "local"  # a registered launcher: local | ssh | slurm | a plugin's
+    hosts_file: str | None = None  # launcher=ssh: HOST or HOST:SLOTS a line
+    host_ip: str | None = None  # launcher=ssh: this machine's address as the hosts reach it
+    interface: str | None = None  # launcher=ssh: the network interface the workers talk over
+    port: int | None = None  # scheduler / rendezvous port; None: a free one
+    timeout_s: float = 300.0  # a worker without progress for this long fails the job
+    ssh_config: str | None = None  # ssh -F
+    ssh_identity: str | None = None  # ssh -i
+    ssh_connect_timeout_s: float = 10.0
+    slurm: SlurmSettings | None = None  # the slurm group (launcher=slurm reads it)
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """launcher=slurm: the job xp submits (xp.slurm)."""
+    partition: str | None
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    time_min: int
+    account: str | None
+    output_dir: str
+    poll_s: float
+
+
+@dataclass(frozen=True)
+class ElasticSettings:
+    """Workers joining and leaving at epoch boundaries (xp.elastic)."""
+    enabled: bool = False
+    discovery: str | None = None  # file of HOST:SLOTS lines, or an executable printing them
+    min_workers: int = 1
+    max_workers: int = 64
+    poll_s: float = 1.0  # how often the discovery source is read
+    wait_s: float = 300.0  # how long to wait for min_workers
+    max_restarts: int = 10  # lost workers the job survives
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """The Optuna trial a run is (the study's sweeper sets optuna.* on each trial's command line)."""
+    sweep: dict[str, Any]  # the study's settings (the config group sweep, with its overrides)
+    study: str  # the Optuna study's name
+    storage: str  # its RDB URL
+    trial_id: int
+
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def integer(cfg: dict, key: str, lo: int, hi: int | None = None) -> int:
+    v = cfg.get(key)
+    if not is_int(v) or v < lo or (hi is not None and v > hi):
+        valid = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+        raise ConfigError(f"{key}={v!r}: must be {valid}")
+    return v
+
+
+def number(cfg: dict, key: str, lo: float, hi: float | None = None, *, lo_open: bool = False,
+           hi_open: bool = False) -> float:
+    v = cfg.get(key)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if ok:
+        ok = (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))
+    if not ok:
+        left = f"> {lo}" if lo_open else f">= {lo}"
+        right = "" if hi is None else (f" and < {hi}" if hi_open else f" and <= {hi}")
+        raise ConfigError(f"{key}={v!r}: must be a number {left}{right}")
+    return float(v)
+
+
+def flag(cfg: dict, key: str) -> bool:
+    v = cfg.get(key, False)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}={v!r}: must be true or false")
+    return v
+
+
+def choice(value: Any, key: str, valid: tuple[str, ...] | list[str]) -> str:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r}: not supported; valid: {', '.join(valid)}")
+    return value
+
+
+def group(cfg: dict, key: str) -> dict:
+    v = cfg.get(key)
+    if not isinstance(v, dict) or not isinstance(v.get("name"), str):
+        raise ConfigError(f"{key}: missing config group; choose one with {key}=NAME")
+    return v
+
+
+def text(cfg: dict, key: str) -> str | None:
+    v = cfg.get(key)
+    if v is not None and (not isinstance(v, str) or not v.strip()):
+        raise ConfigError(f"{key}={v!r}: must be a non-empty string, or null")
+    return v
+
+
+def launch_settings(cfg: dict) -> LaunchSettings:
+    """The launch settings, typed; what a launcher needs of them it checks itself (Launcher.check_settings)."""
+    launcher = cfg.get("launcher", "local")
+    if not isinstance(launcher, str) or not launcher:
+        raise ConfigError(f"launcher={launcher!r}: must be the name of a launcher (local, ssh, slurm, ...)")
+    ssh = cfg.get("ssh") or {}
+    if not isinstance(ssh, dict):
+        raise ConfigError(f"ssh={ssh!r}: must be the ssh group (ssh.config, ssh.identity, ssh.connect_timeout_s)")
+    flat = {f"ssh.{k}": v for k, v in ssh.items()}
+    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the ssh launcher
+        text(flat, key)
+    settings = LaunchSettings(
+        launcher=launcher, hosts_file=text(cfg, "hosts_file"), host_ip=text(cfg, "host_ip"),
+        interface=text(cfg, "network_interface"),
+        port=None if cfg.get("port") is None else integer(cfg, "port", 1024, 65535),
+        timeout_s=300.0 if cfg.get("dist_timeout_s") is None else number(cfg, "dist_timeout_s", 1, 86400),
+        ssh_config=flat.get("ssh.config"), ssh_identity=flat.get("ssh.identity"),
+        ssh_connect_timeout_s=(number(flat, "ssh.connect_timeout_s", 1, 3600)
+                               if flat.get("ssh.connect_timeout_s") is not None else 10.0))
+    if cfg.get("slurm") is not None:
+        settings = replace(settings, slurm=_slurm(cfg))
+    if settings.host_ip:
+        import ipaddress
+
+        try:
+            ipaddress.IPv4Address(settings.host_ip)
+        except ValueError:
+            raise ConfigError(f"host_ip={settings.host_ip}: must be an IPv4 address of this machine") from None
+    return settings
+
+
+def _slurm(cfg: dict) -> SlurmSettings:
+    raw = cfg.get("slurm") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"slurm={raw!r}: must be the slurm group (slurm.partition, slurm.nodes, ...)")
+    flat = {f"slurm.{k}": v for k, v in raw.items()}
+    s = SlurmSettings(partition=text(flat, "slurm.partition"), nodes=integer(flat, "slurm.nodes", 1, 100_000),
+                      tasks_per_node=integer(flat, "slurm.tasks_per_node", 1, 1024),
+                      gpus_per_node=integer(flat, "slurm.gpus_per_node", 0, 64),
+                      time_min=integer(flat, "slurm.time_min", 1, 525_600), account=text(flat, "slurm.account"),
+                      output_dir=text(flat, "slurm.output_dir") or "slurm",
+                      poll_s=number(flat, "slurm.poll_s", 0.1, 600))
+    return s
+
+
+def elastic_settings(e: dict) -> ElasticSettings:
+    if not e.get("enabled"):
+        return ElasticSettings()
+    lo, hi = e.get("min_workers"), e.get("max_workers")
+    if not (is_int(lo) and is_int(hi) and 1 <= lo <= hi):
+        raise ConfigError(f"elastic.min_workers={lo!r}, elastic.max_workers={hi!r}: need integers with "
+                          "1 <= min_workers <= max_workers")
+    for key, top in (("poll_s", 3600), ("wait_s", 86400)):
+        v = e.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.05 <= v <= top:
+            raise ConfigError(f"elastic.{key}={v!r}: must be a number of seconds in [0.05, {top}]")
+    if not is_int(e.get("max_restarts")) or e["max_restarts"] < 0:
+        raise ConfigError(f"elastic.max_restarts={e.get('max_restarts')!r}: must be an integer >= 0")
+    return ElasticSettings(True, text({"elastic.discovery": e.get("discovery")}, "elastic.discovery"), lo, hi,
+                           float(e["poll_s"]), float(e["wait_s"]), e["max_restarts"])
+
+
+def study_settings(cfg: dict) -> StudySettings | None:
+    o = cfg.get("optuna") or {}
+    if o.get("trial_id") is None:
+        return None
+    if not isinstance(cfg.get("sweep"), dict) or not o.get("study") or not o.get("storage") \
+            or not is_int(o["trial_id"]):
+        raise ConfigError("optuna.*: set by a study's sweeper for each trial (sweep, optuna.study, optuna.storage, "
+                          "optuna.trial_id together); run studies with python -m xp -m sweep=NAME")
+    return StudySettings(dict(cfg["sweep"]), str(o["study"]), str(o["storage"]), int(o["trial_id"]))
