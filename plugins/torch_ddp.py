@@ -58,6 +58,9 @@ class TorchBackend(Backend):
         if plan.kvstore.startswith("dist_") or plan.kvstore == "nccl":
             raise ConfigError(f"kvstore={plan.kvstore}: backend=torch allreduces gradients with DDP (NCCL on GPUs, "
                               "gloo on CPUs) itself; leave kvstore at its default")
+        if plan.elastic.enabled:
+            raise ConfigError("elastic.enabled=true: needs kvstore=dist_sync (or dist_device_sync) on an MXNet "
+                              "backend; backend=torch trains with a fixed set of processes")
         if plan.device_type == "gpu" and plan.workers > 1 and plan.launch.launcher == "local":
             raise ConfigError(f"workers={plan.workers}: backend=torch runs one process per GPU on this machine; "
                               f"use gpus={len(plan.devices) * plan.workers} (NCCL cannot share a GPU between ranks)")
