@@ -408,6 +408,46 @@ def test_a_run_is_planned_once_in_its_process(tmp_path):
     assert r.stdout.strip().splitlines()[-1] == "PLANS 1 RC 0", r.stdout[-2000:] + r.stderr[-2000:]
 
 
+COUNT_PLANS = """
+import atexit, os, sys
+sys.path.insert(0, os.environ["XP_CHECKOUT"])  # this checkout's xp, as python -m xp finds it
+import xp.run.plan as plan, xp.run.handoff as handoff
+built, received = [0], [0]
+def count(f, n):
+    def counted(*a, **k):
+        n[0] += 1
+        return f(*a, **k)
+    return counted
+plan.build_plan, handoff.received = count(plan.build_plan, built), count(handoff.received, received)
+role = "worker" if os.environ.get("XP_DIST_WORKER") else "launcher"
+@atexit.register
+def report():
+    if "xp.run.experiment" not in sys.modules:  # a runner (torchrun), a scheduler or a server: it trains nothing
+        return
+    with open(os.path.join(os.environ["XP_COUNT_DIR"], str(os.getpid())), "w") as f:
+        f.write(f"{role} {built[0]} {received[0]}")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["kvstore=dist_sync", "backend=torch"])
+def test_a_launched_job_is_planned_once_and_its_workers_get_that_plan(tmp_path, engine):
+    """The launching process plans the job; each worker reads the plan it was handed and plans nothing."""
+    hook, counts = tmp_path / "hook", tmp_path / "counts"
+    hook.mkdir()
+    counts.mkdir()
+    (hook / "sitecustomize.py").write_text(COUNT_PLANS)  # every Python process of the job runs it first
+    r = subprocess.run(xp_args(tmp_path, engine, "workers=2", "epochs=1", "batch=16"), cwd=ROOT,
+                       env=xp_env(f"sqlite:///{tmp_path}/m.db", {"PYTHONPATH": str(hook), "XP_COUNT_DIR": str(counts),
+                                                                    "XP_CHECKOUT": str(ROOT)}),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    seen = sorted(f.read_text() for f in counts.iterdir())
+    workers = [s for s in seen if s.startswith("worker")]
+    assert "launcher 1 0" in seen, seen  # the launching process: one plan
+    assert workers and set(workers) == {"worker 0 1"}, seen  # every worker: the plan it was handed
+
+
 @pytest.mark.slow
 def test_sweepers_sharing_a_small_discrete_study_never_run_one_parameter_set_twice(tmp_path):
     """8 parameter sets, 4 sweepers started together: per-trial seeds alone collide in so small a space; a

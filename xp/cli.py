@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from xp import drive, preflight
-from xp.errors import ConfigError, Terminated, XPError, one_line
-from xp.run.worker import RUN_ENV, WORKER_ENV
+from xp.errors import Terminated, XPError, one_line
+from xp.run.worker import RUN_ENV
 
 CONF_DIR = preflight.CONF_DIR
 # Flags Hydra answers without running a job.
@@ -56,28 +56,6 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return flags + overrides
 
 
-def sweeper_spelling(argv: list[str]) -> list[str]:
-    """hydra-optuna-sweeper's spelling, accepted with a pointer: hydra.sweeper.FIELD=V is sweep.FIELD=V and
-    hydra.sweeper.params.KEY=SPACE is KEY=SPACE (xp's studies are the config group `sweep`)."""
-    out = []
-    chosen = any(a.lstrip("+").startswith("sweep=") for a in argv)
-    for a in argv:
-        key, eq, value = a.lstrip("+~").partition("=")
-        if not key.startswith("hydra.sweeper.") or not eq:
-            out.append(a)
-            continue
-        if not chosen:
-            raise preflight.no_study(a)
-        rest = key[len("hydra.sweeper."):]
-        mine = rest[len("params."):] if rest.startswith("params.") else f"sweep.{rest}"
-        if mine.startswith("sweep.") and rest not in preflight.study_fields():
-            raise ConfigError(f"{a}: xp's studies have no field {rest!r}; they take sweep.FIELD=VALUE with "
-                              f"FIELD one of {', '.join(preflight.study_fields())}")
-        print(f"xp: note: {a}: xp's studies are the config group sweep: taken as {mine}={value}", file=sys.stderr)
-        out.append(f"{mine}={value}")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     from xp.studies import study
 
@@ -88,37 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     _remember_command(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        argv = sweeper_spelling(argv)
-        configs = preflight.preflight(argv)
-        plan, engine, launcher = (drive.job_of(configs[0]) if configs and not os.environ.get(WORKER_ENV)
-                                  else (None, None, None))
-        if engine or (launcher and launcher.submits()):
-            if "-m" in argv or "--multirun" in argv:
-                raise ConfigError(f"{engine.name if engine else f'launcher={launcher.name}'} runs are launched one "
-                                  "at a time; run each configuration as its own command (a sweep's jobs go to Slurm "
-                                  "with hydra/launcher=submitit_slurm)")
-            return drive.launch_job(argv, plan, engine, launcher)
-        if "-m" in argv or "--multirun" in argv:
-            drive.check_cluster_sweep(argv, configs[0] if configs else {})
-            if configs and configs[0].get("sweep"):
-                _register_study_sweeper()
-                argv = [*argv, "hydra/sweeper=xp_optuna"]
-            return drive.sweep(argv, configs[0] if configs else {}, _hydra)
-        return _hydra(argv)
+        argv = preflight.sweeper_spelling(argv)
+        return drive.start(argv, preflight.preflight(argv), _hydra)
     except XPError as e:
         return drive.error_line(e, e.exit_code)
     except KeyboardInterrupt:
         return drive.error_line("interrupted (Ctrl-C)", 130)
     except Terminated:
         return drive.error_line("terminated (SIGTERM)", 143)
-
-
-def _register_study_sweeper() -> None:
-    """Hydra instantiates sweepers only from hydra_plugins; ours is installed there and registered here."""
-    from hydra.core.plugins import Plugins
-    from hydra_plugins.xp_optuna_sweeper import XPOptunaSweeper
-
-    Plugins.instance().register(XPOptunaSweeper)
 
 
 # --- running -------------------------------------------------------------------

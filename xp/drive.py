@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from xp.errors import ConfigError, XPError, one_line
-from xp.run.worker import RUN_ENV
+from xp.run.worker import RUN_ENV, WORKER_ENV
 
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
 SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
@@ -23,6 +24,35 @@ def error_line(msg: object, code: int) -> int:
     """Print the one line of an error (stderr) and return its exit code."""
     print(f"xp: error: {one_line(msg)}", file=sys.stderr)
     return code
+
+
+def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[list[str]], int]) -> int:
+    """What the command line asks, started: a distributed job or a batch submission (one at a time), a sweep
+    under one MLflow parent run, or one run (Hydra's job, `hydra_main`)."""
+    multirun = "-m" in argv or "--multirun" in argv
+    first = configs[0] if configs else {}
+    plan, engine, launcher = job_of(first) if configs and not os.environ.get(WORKER_ENV) else (None, None, None)
+    if engine or (launcher and launcher.submits()):
+        if multirun:
+            raise ConfigError(f"{engine.name if engine else f'launcher={launcher.name}'} runs are launched one at a "
+                              "time; run each configuration as its own command (a sweep's jobs go to Slurm with "
+                              "hydra/launcher=submitit_slurm)")
+        return launch_job(argv, plan, engine, launcher)
+    if not multirun:
+        return hydra_main(argv)
+    check_cluster_sweep(argv, first)
+    if first.get("sweep"):
+        _register_study_sweeper()
+        argv = [*argv, "hydra/sweeper=xp_optuna"]
+    return sweep(argv, first, hydra_main)
+
+
+def _register_study_sweeper() -> None:
+    """Hydra instantiates sweepers only from hydra_plugins; ours is installed there and registered here."""
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.xp_optuna_sweeper import XPOptunaSweeper
+
+    Plugins.instance().register(XPOptunaSweeper)
 
 
 def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:
@@ -39,6 +69,7 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> in
     """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills (or, for
     a batch system, submits the run and follows it)."""
     from xp.launching.job import LaunchError, launch, prepare, spec_for
+    from xp.run import handoff
     from xp.run.worker import HOSTS_ENV
     from xp.tracking.stores import check_reachable, resolve_uri
     from xp.tracking.tracker import Tracker, run_name
@@ -58,6 +89,9 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> in
             before_probe=lambda: check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip))
     if spec.remote and not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
         spec.env[HOSTS_ENV] = str(len(engine.hosts()))
+        plan = replace(plan, hosts=len(engine.hosts()))
+    if plan.requested.get("batch") != "auto":  # the workers get this plan (batch=auto: each finds its batch)
+        spec.env[handoff.PLAN_ENV] = handoff.dumps(plan)
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides), attach_run_id=launcher.submitted_run(),
                       tags={"xp.launcher": launcher.name, "xp.engine": engine.name, "xp.workers": str(spec.workers),
                             **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
@@ -65,15 +99,12 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> in
     spec.env[RUN_ENV] = tracker.run_id
     print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
 
-    def run() -> None:
-        if elastic_on:
-            from xp.launching import elastic
+    policy = None  # the job's processes run once
+    if elastic_on:  # or in rounds, on the members there are
+        from xp.launching.elastic import Elastic
 
-            elastic.run(engine, plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
-        else:
-            launch(engine)
-
-    return owned_run(tracker, run, LaunchError)
+        policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
+    return owned_run(tracker, lambda: launch(engine, policy), LaunchError)
 
 
 def owned_run(tracker: Any, body: Any, expected: type[XPError]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -253,3 +254,25 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
     corners = [[*base, f"{p.name}={int(v) if p.kind == 'int' else v}"] for p in spec.params
                for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
     return corners
+
+
+def sweeper_spelling(argv: list[str]) -> list[str]:
+    """hydra-optuna-sweeper's spelling, accepted with a pointer: hydra.sweeper.FIELD=V is sweep.FIELD=V and
+    hydra.sweeper.params.KEY=SPACE is KEY=SPACE (xp's studies are the config group `sweep`)."""
+    out = []
+    chosen = any(a.lstrip("+").startswith("sweep=") for a in argv)
+    for a in argv:
+        key, eq, value = a.lstrip("+~").partition("=")
+        if not key.startswith("hydra.sweeper.") or not eq:
+            out.append(a)
+            continue
+        if not chosen:
+            raise no_study(a)
+        rest = key[len("hydra.sweeper."):]
+        mine = rest[len("params."):] if rest.startswith("params.") else f"sweep.{rest}"
+        if mine.startswith("sweep.") and rest not in study_fields():
+            raise ConfigError(f"{a}: xp's studies have no field {rest!r}; they take sweep.FIELD=VALUE with "
+                              f"FIELD one of {', '.join(study_fields())}")
+        print(f"xp: note: {a}: xp's studies are the config group sweep: taken as {mine}={value}", file=sys.stderr)
+        out.append(f"{mine}={value}")
+    return out

@@ -1,30 +1,32 @@
 """Elastic training: workers join and leave at epoch boundaries while the global batch stays fixed.
 
-Built on checkpoint-and-relaunch of the parameter-server job (see the README for why, not
-Horovod's elastic driver). The launching process reads the discovery source (a file of
-"host:slots" lines, or an executable printing them, as horovodrun's --host-discovery-script
-expects) every `poll_s`. It runs the ps-lite job with as many workers as are usable; when the
-count changes it asks the workers to stop after the current epoch (a flag file they agree on
-through a collective), and relaunches from the committed state (parameters, optimizer state,
-epoch, metrics) with the new count: per-worker batch = global batch / workers, the data
-re-sharded by rank, the learning-rate schedule unchanged (it follows the global batch).
-A worker that dies mid-epoch fails that job; the launcher rolls back to the last commit and
-continues with the workers that are left. One MLflow run covers every relaunch.
+A restart and membership policy of one job (`Elastic`, an xp.launching.job.Policy; see the
+README for why checkpoint-and-relaunch, not Horovod's elastic driver). While a round of the
+ps-lite processes runs, the job polls the discovery source (a file of "host:slots" lines, or an
+executable printing them, as horovodrun's --host-discovery-script expects) every `poll_s`; when
+the count changes the workers are asked to stop after the current epoch (a flag file they agree
+on through a collective), and the next round starts from the committed state (parameters,
+optimizer state, epoch, metrics) with the new count: per-worker batch = global batch / workers,
+the data re-sharded by rank, the learning-rate schedule unchanged (it follows the global batch).
+A worker that dies mid-epoch fails its round; the next one rolls back to the last commit and
+goes on with the workers that are left. One MLflow run covers every round.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.run.worker import RESUMED_ENV, STOP_ENV
 from xp.errors import ConfigError
-from xp.launching.engine import Engine
+from xp.launching.engine import Spec
 from xp.launching.hosts import HostSlots, discovered_hosts
-from xp.launching.job import LaunchError, launch
+from xp.launching.job import LaunchError, Policy
+from xp.run import checkpoint, handoff
+from xp.run.worker import RESUMED_ENV, STOP_ENV
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
@@ -88,62 +90,72 @@ class Membership:
         return "worker"
 
 
-def run(engine: Engine, plan: Any, log: Callable[[dict[str, float], int], None]) -> None:
-    """Run the elastic job (`plan`: its plan as launched) to its last epoch; raise LaunchError when it
-    cannot go on."""
-    from xp.run import checkpoint
+class Elastic(Policy):
+    """Elastic training as the job's policy: each round runs the ps-lite processes on the workers usable now,
+    from the last commit; a membership change ends a round at an epoch's end (the flag file), a lost worker
+    rolls the next round back to the last commit without it; the job is done at the plan's last epoch."""
 
-    e, keep = plan.elastic, bool(plan.checkpoint_dir)
-    root = Path(plan.checkpoint_dir).expanduser() if keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
-    members, restarts, launches = Membership(engine.spec, plan), 0, 0
-    try:
-        while (done := checkpoint.latest(root)) is None or done.epoch < plan.epochs:
-            listed = members.listed()
-            members.refresh(listed)
-            n = _wait_for_workers(lambda: usable(sum(h.slots for h in members.alive()), e.min_workers,
-                                                 e.max_workers, plan.global_batch, len(plan.devices)),
-                                  e.wait_s, e.poll_s, e.min_workers)
-            log({"elastic.launch_workers": n}, done.epoch if done else 0)
-            job = _relaunch(engine, plan, root, n, done, listed, members, first=launches == 0)
-            launches += 1
-            try:
-                launch(job)
-            except LaunchError as err:
-                restarts += 1
-                if restarts > e.max_restarts:
-                    raise LaunchError(f"{err} (elastic: {restarts - 1} restarts already, elastic.max_restarts="
-                                      f"{e.max_restarts})") from None
-                what = members.lose(err, listed)
-                back = checkpoint.latest(root)
-                print(f"xp: elastic: {err}; rolling back to epoch {back.epoch if back else 0} and going on "
-                      f"without the lost {what}", flush=True)
-                log({"elastic.restarts": restarts}, back.epoch if back else 0)
-    finally:
-        if not keep:
-            import shutil
+    def __init__(self, plan: Any, log: Callable[[dict[str, float], int], None]):
+        self.plan, self.log, self.poll_s = plan, log, plan.elastic.poll_s
+        self.keep = bool(plan.checkpoint_dir)
+        self.root = Path(plan.checkpoint_dir).expanduser() if self.keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
+        self.flag = self.root / "stop-after-epoch"
+        self.restarts, self.rounds, self.listed = 0, 0, []
 
-            shutil.rmtree(root, ignore_errors=True)
+    def first(self, spec: Spec) -> Spec | None:
+        self.base, self.members = spec, Membership(spec, self.plan)
+        return self._next()
 
+    def poll(self) -> None:
+        if not self.flag.exists() and self.members.listed() != self.listed:
+            self.flag.touch()  # the workers finish this epoch, commit it, and exit
 
-def _relaunch(engine: Engine, plan: Any, root: Path, n: int, done: Any, listed: list[HostSlots],
-              members: Membership, first: bool) -> Engine:
-    """The job for the next stretch: n workers, per-worker batch from the fixed global batch, resumed from the
-    last commit; it stops after an epoch when the discovery source changes."""
-    spec, devices = engine.spec, len(plan.devices)
-    flag = root / "stop-after-epoch"
-    flag.unlink(missing_ok=True)
-    argv = _override(spec.worker_argv, workers=n, batch=plan.global_batch // (devices * n), checkpoint_dir=str(root),
-                     checkpoint_every=1, resume=str(root) if done else "null")
-    env = {**spec.env, STOP_ENV: str(flag), **({} if first else {RESUMED_ENV: "1"})}
+    def after(self, spec: Spec, error: LaunchError | None) -> Spec | None:
+        if error is not None:
+            self.restarts += 1
+            limit = self.plan.elastic.max_restarts
+            if self.restarts > limit:
+                raise LaunchError(f"{error} (elastic: {self.restarts - 1} restarts already, elastic.max_restarts="
+                                  f"{limit})") from None
+            what = self.members.lose(error, self.listed)
+            back = checkpoint.latest(self.root)
+            print(f"xp: elastic: {error}; rolling back to epoch {back.epoch if back else 0} and going on "
+                  f"without the lost {what}", flush=True)
+            self.log({"elastic.restarts": self.restarts}, back.epoch if back else 0)
+        return self._next()
 
-    def poll() -> None:
-        if not flag.exists() and members.listed() != listed:
-            flag.touch()  # the workers finish this epoch, commit it, and exit
+    def close(self) -> None:
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
 
-    print(f"xp: elastic: epoch {(done.epoch if done else 0) + 1}/{plan.epochs} on {n} workers "
-          f"(batch {plan.global_batch // (devices * n)} per device, global {plan.global_batch})", flush=True)
-    return type(engine)(replace(spec, workers=n, worker_argv=argv, env=env, on_poll=poll, poll_s=plan.elastic.poll_s,
-                                hosts=members.alive() if spec.remote else spec.hosts))
+    def _next(self) -> Spec | None:
+        """The next round: n workers, per-worker batch from the fixed global batch, resumed from the last commit;
+        None once the last epoch is committed."""
+        plan, e = self.plan, self.plan.elastic
+        done = checkpoint.latest(self.root)
+        if done is not None and done.epoch >= plan.epochs:
+            return None
+        self.listed = self.members.listed()
+        self.members.refresh(self.listed)
+        n = _wait_for_workers(lambda: usable(sum(h.slots for h in self.members.alive()), e.min_workers,
+                                             e.max_workers, plan.global_batch, len(plan.devices)),
+                              e.wait_s, e.poll_s, e.min_workers)
+        self.log({"elastic.launch_workers": n}, done.epoch if done else 0)
+        batch = plan.global_batch // (len(plan.devices) * n)
+        self.flag.unlink(missing_ok=True)
+        base = self.base
+        argv = _override(base.worker_argv, workers=n, batch=batch, checkpoint_dir=str(self.root), checkpoint_every=1,
+                         resume=str(self.root) if done else "null")
+        env = {**base.env, STOP_ENV: str(self.flag), **({RESUMED_ENV: "1"} if self.rounds else {})}
+        if handoff.PLAN_ENV in env:  # the round's plan: the same run on n workers, from the last commit
+            env[handoff.PLAN_ENV] = handoff.dumps(replace(
+                plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices), checkpoint_dir=str(self.root),
+                checkpoint_every=1, resume=str(self.root) if done else None))
+        self.rounds += 1
+        print(f"xp: elastic: epoch {(done.epoch if done else 0) + 1}/{plan.epochs} on {n} workers "
+              f"(batch {batch} per device, global {plan.global_batch})", flush=True)
+        return replace(base, workers=n, worker_argv=argv, env=env,
+                       hosts=self.members.alive() if base.remote else base.hosts)
 
 
 def _wait_for_workers(count: Callable[[], int | None], wait_s: float, poll_s: float, lo: int) -> int:

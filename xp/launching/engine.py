@@ -11,7 +11,7 @@ import socket
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from xp.errors import ConfigError
 from xp.launching.hosts import HostSlots, Transport
@@ -42,8 +42,6 @@ class Spec:
     transport: Transport | None = None  # a remote launcher: how a command runs on a host (ssh, srun, ...)
     timeout_s: float = 300.0  # a worker without progress for this long fails the job
     env: dict[str, str] = field(default_factory=dict)  # extra variables for every worker
-    on_poll: Callable[[], None] | None = None  # called every poll_s while the job runs (elastic discovery)
-    poll_s: float = 1.0
     module: str = "xp"  # what the workers run (python -m MODULE): xp, or a benchmark's program
 
     @property

@@ -70,21 +70,52 @@ class Beat:
     role: str | None
 
 
-class Job:
-    """Started processes, watched until every worker succeeded, one failed, or progress stopped."""
+class Policy:
+    """What a job does with its processes over time. This one runs them once: the job succeeds when every
+    worker did and fails with the first failure. Elastic training is another (xp.launching.elastic.Elastic):
+    the same job runs its processes again, on the members there are, after a membership change or a loss."""
+    poll_s: float = 1.0  # how often `poll` is called while the processes run
 
-    def __init__(self, engine: Engine):
+    def first(self, spec: Spec) -> Spec | None:
+        """The spec of the job's first round of processes (None: nothing to run)."""
+        return spec
+
+    def poll(self) -> None:
+        """Called every poll_s while a round runs (elastic: has the membership changed?)."""
+
+    def after(self, spec: Spec, error: LaunchError | None) -> Spec | None:
+        """The spec of the next round, or None: the job is done. `error`: why the last round failed (None: every
+        worker succeeded); raising it fails the job."""
+        if error is not None:
+            raise error
+        return None
+
+    def close(self) -> None:
+        """The job is over, however it ended."""
+
+
+class Job:
+    """One job: rounds of started processes (its policy decides how many), each watched until every worker
+    succeeded, one failed, or progress stopped."""
+
+    def __init__(self, engine: Engine, policy: Policy | None = None):
         self.engine, self.spec = engine, engine.spec
+        self.policy = policy or Policy()
         self.id = uuid.uuid4().hex[:12]
         self.folder = tempfile.mkdtemp(prefix="xp-job-")  # the job's files on this machine (removed at the end)
-        self.started: list[Started] = []
         self.progress = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.progress.bind((self.spec.bind, 0))
         self.progress.setblocking(False)
+        self._use(self.spec)
+
+    def _use(self, spec: Spec) -> None:
+        """A new round's spec, and a clean slate for watching it."""
+        self.spec = self.engine.spec = spec
+        self.started: list[Started] = []
         self.beats: dict[int, Beat] = {}  # rank -> its last progress
-        self.env = {WORKER_ENV: "1", JOB_ENV: self.id, **self.spec.env,
-                    PROGRESS_ENV: f"{self.spec.bind}:{self.progress.getsockname()[1]}"}
-        self.env.update(self.spec.launcher.env(self.spec.workers))
+        self.env = {WORKER_ENV: "1", JOB_ENV: self.id, **spec.env,
+                    PROGRESS_ENV: f"{spec.bind}:{self.progress.getsockname()[1]}"}
+        self.env.update(spec.launcher.env(spec.workers))
         self.seen: dict[int, float] = {}  # local descendants: pid -> create time (ended too, if left over)
         self.exits: dict[int, int] = {}  # runners: rank -> exit code, from their reports
         self.runner_state: dict[str, Any] = {}
@@ -131,6 +162,23 @@ class Job:
         sys.stdout.flush()
 
     def run(self) -> None:
+        """Every round the policy asks for; raises LaunchError (or ConfigError) when the job fails."""
+        try:
+            spec = self.policy.first(self.spec)
+            while spec is not None:
+                self._use(spec)
+                error = None
+                try:
+                    self._round()
+                except LaunchError as e:
+                    error = e
+                spec = self.policy.after(spec, error)
+        finally:
+            self.policy.close()
+            self.progress.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _round(self) -> None:
         done = False
         try:
             for role in self.engine.roles(self):
@@ -144,9 +192,9 @@ class Job:
     def _watch(self) -> None:
         polled = time.monotonic()
         while True:
-            if self.spec.on_poll is not None and time.monotonic() - polled >= self.spec.poll_s:
+            if time.monotonic() - polled >= self.policy.poll_s:
                 polled = time.monotonic()
-                self.spec.on_poll()
+                self.policy.poll()
             self._receive()
             self._remember_descendants()
             for s in self.started:
@@ -288,8 +336,6 @@ class Job:
         self._end_descendants()
         if self.spec.remote:
             self.spec.launcher.reap(self.engine.hosts(), self.id)
-        self.progress.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
 
     def _end_descendants(self) -> None:
         left = []
@@ -344,6 +390,6 @@ def prepare(engine: Engine, hosts: list[str] | None = None, before_probe: Callab
                         before_probe)
 
 
-def launch(engine: Engine) -> None:
-    """Run the job to the end; raise LaunchError (or ConfigError) when it fails."""
-    Job(engine).run()
+def launch(engine: Engine, policy: Policy | None = None) -> None:
+    """Run the job to the end (its policy: once, or elastic); raise LaunchError (or ConfigError) when it fails."""
+    Job(engine, policy).run()

@@ -46,7 +46,7 @@ class Horovod(Engine):
             hosts = ",".join(f"{h}:{n}" for h, n in s.placement())
             nic = s.interface  # None: horovodrun finds the interfaces the hosts share itself
             shim = Path(job.folder) / "bin"
-            shim.mkdir()
+            shim.mkdir(exist_ok=True)  # a job's later rounds (elastic) find it there
             # horovodrun reaches the hosts with ssh: the launcher's transport, as ssh (ssh with xp's options, srun...)
             (shim / "ssh").write_text(f"#!/bin/sh\nexec {s.transport.as_ssh()} \"$@\"\n")
             (shim / "ssh").chmod(0o755)

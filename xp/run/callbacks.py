@@ -20,6 +20,10 @@ THROUGHPUT = "throughput_samples_per_s"  # training: samples/s, across workers
 IO_THROUGHPUT = "io_throughput_samples_per_s"  # test_io: the input pipeline alone
 
 
+class StopTraining(Exception):
+    """Raised by a callback at an epoch's end: training stops there, cleanly (the epoch counts)."""
+
+
 class Callback:
     def on_train_begin(self) -> None: ...
     def on_epoch_begin(self, epoch: int) -> None: ...
@@ -232,8 +236,6 @@ class StopAtMembershipChange(Callback):
         self.stopped = False
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        from xp.run.train import StopTraining
-
         asked = max(self.gather(1.0 if self.flag.exists() else 0.0)) > 0
         if asked and epoch < self.epochs:
             self.stopped = True

@@ -20,7 +20,8 @@ from xp.run.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, Prog
                               WorkerMetrics)
 from xp.errors import ConfigError, Terminated
 from xp.run.gpu import visible_gpus
-from xp.run.worker import HOSTS_ENV, RESUMED_ENV, STOP_ENV
+from xp.run import handoff
+from xp.run.worker import HOSTS_ENV, RESUMED_ENV, STOP_ENV, WORKER_ENV
 from xp.run.plan import Plan, build_plan
 from xp.data.recordio import with_kept_images
 from xp.run.registry import Registry
@@ -53,10 +54,18 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     """Validate the resolved config into a plan and load its backend; raises ConfigError/PluginError.
 
     batch=auto is checked as batch=1; with resolve_auto it is replaced by the largest batch that fits.
-    A process plans a config once: the preflight's plan is the one its launch decision and its run use.
+    A process plans a config once: the preflight's plan is the one its launch decision and its run use. A
+    launched process plans nothing: it uses the plan its launching process handed down (xp.run.handoff).
     """
     import json
 
+    if os.environ.get(WORKER_ENV) and os.environ.get(handoff.PLAN_ENV):
+        if "handed" not in _planned:
+            plan = handoff.received()
+            backend_cls = Registry().load(plan.backend).for_plan(plan)
+            backend_cls.check(plan)  # on this host: its frameworks, its devices
+            _planned["handed"] = plan, backend_cls
+        return _planned["handed"]
     auto = config.get("batch") == "auto"
     gpus = visible_gpus()
     hosts = int(os.environ.get(HOSTS_ENV) or 0) or None  # a launched worker: the launcher counted the hosts

@@ -13,14 +13,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from xp.run.backend import Backend, BatchHook
-from xp.run.callbacks import Callback, fire
+from xp.run.callbacks import Callback, StopTraining, fire
 from xp.errors import Diverged, Terminated
 from xp.run.metrics import step_seed
 from xp.run.plan import Plan, learning_rate
-
-
-class StopTraining(Exception):
-    """Raised by a callback at an epoch's end: training stops there, cleanly (the epoch counts)."""
 
 
 @dataclass

@@ -28,16 +28,15 @@ def code_identity() -> str:
     """What the code is: xp's git commit, plus a hash of the uncommitted changes to tracked files; or xp's
     version where it runs from an installed wheel."""
     import subprocess
-    from pathlib import Path
 
-    from xp.tracking.tracker import _git, versions
+    from xp.tracking.tracker import CHECKOUT, _git, versions
 
     git = _git()
     if not git:
         return "xp " + versions(()).get("xp", "?")
     ident = git["mlflow.source.git.commit"]
     if git.get("xp.git.dirty") == "true":
-        root = Path(__file__).resolve().parent.parent
+        root = CHECKOUT
         try:
             diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD"], capture_output=True, timeout=5).stdout
         except (OSError, subprocess.SubprocessError):

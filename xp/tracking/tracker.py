@@ -259,6 +259,9 @@ class NullTracker(Tracker):
     def end(self, status: str) -> None: ...
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # the repository, when xp runs from a checkout
+
+
 def source_tags(entry: str = "xp") -> dict[str, str]:
     """What ran and who ran it, as MLflow's Source and User columns read them: the command line as typed
     (XP_COMMAND, set once by the entry point, so that sweep jobs and workers inherit the original), the
@@ -287,7 +290,7 @@ def _git() -> dict[str, str]:
 
     global _git_tags
     if _git_tags is None:
-        root = Path(__file__).resolve().parent.parent
+        root = CHECKOUT
         _git_tags = {}
         if (root / ".git").exists():
             try:

@@ -1,0 +1,63 @@
+"""The plan handed down: the launching process plans a job once and gives every process it launches that plan,
+serialised (JSON, compressed, base64) in one variable of the job's environment; a launched process reads it
+back instead of planning again from its command line.
+
+A folder data set's listing (every image's path) stays behind: it can outgrow a variable (execve takes 128 KiB
+a string), and a process lists the folder again, the same way (a seeded split), where it prepares the data.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import types
+import typing
+import zlib
+from typing import Any
+
+from xp.data import datasets
+from xp.run.plan import Plan
+
+PLAN_ENV = "XP_PLAN"
+
+
+def dumps(plan: Plan) -> str:
+    """The plan as one line of text a variable can carry."""
+    light = dataclasses.replace(plan, dataset=dataclasses.replace(plan.dataset, listing=None))
+    data = {"plan": dataclasses.asdict(light), "listed": plan.dataset.listing is not None}
+    return base64.b64encode(zlib.compress(json.dumps(data).encode(), 6)).decode()
+
+
+def loads(text: str) -> Plan:
+    data = json.loads(zlib.decompress(base64.b64decode(text)))
+    plan = _decode(Plan, data["plan"])
+    if data["listed"]:  # the folder listed again, as the launching process listed it
+        d = plan.dataset
+        plan = dataclasses.replace(plan, dataset=dataclasses.replace(d, listing=datasets.describe(d.name, d.options).listing))
+    return plan
+
+
+def received() -> Plan | None:
+    """The plan this process was launched with, or None (it plans itself)."""
+    text = os.environ.get(PLAN_ENV)
+    return loads(text) if text else None
+
+
+def _decode(tp: Any, value: Any) -> Any:
+    """`value` (JSON) as an instance of the annotated type `tp`: dataclasses, tuples, optionals, the rest as is."""
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _decode(next(a for a in typing.get_args(tp) if a is not type(None)), value)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(tp) if f.name in value})
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in value)
+        return tuple(_decode(a, v) for a, v in zip(args, value))
+    return value
