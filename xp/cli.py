@@ -102,8 +102,10 @@ def _task(cfg: Any) -> float:
     from omegaconf import OmegaConf
 
     from xp.run.experiment import JobInfo, run
+    from xp.run.handoff import Launched, launched
 
     hc = HydraConfig.get()
+    told = launched() or Launched(run_id=os.environ.get(RUN_ENV))  # launched, or a batch job's submitted run
     out = Path(hc.runtime.output_dir)
     job = JobInfo(
         overrides=[o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")],
@@ -111,7 +113,9 @@ def _task(cfg: Any) -> float:
         log_file=out / f"{hc.job.name}.log",
         parent_run_id=os.environ.get(drive.PARENT_ENV),
         cwd=Path(hc.runtime.cwd),
-        run_id=os.environ.get(RUN_ENV),
+        run_id=told.run_id,
+        stop_flag=told.stop_flag,
+        resumed=told.resumed,
         swept=tuple(k for k in os.environ.get(drive.SWEPT_ENV, "").split(",") if k),
     )
     config = OmegaConf.to_container(cfg, resolve=True)

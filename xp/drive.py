@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.errors import ConfigError, XPError, one_line
-from xp.run.worker import RUN_ENV, WORKER_ENV
+from xp.run.worker import WORKER_ENV
 
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
 SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
@@ -82,7 +82,7 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> in
     if launcher.submits():
         return submit(argv, plan, engine_cls, launcher, uri, overrides)
     elastic_on = plan.elastic.enabled
-    spec = spec_for(plan, argv, engine_cls, env={RUN_ENV: "", "MLFLOW_TRACKING_URI": uri}, launcher=launcher,
+    spec = spec_for(plan, argv, engine_cls, env={"MLFLOW_TRACKING_URI": uri}, launcher=launcher,
                     elastic=elastic_on)
     engine = engine_cls(spec)
     prepare(engine, [h.name for h in spec.hosts] if elastic_on else None,  # elastic: every listed host
@@ -90,13 +90,12 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> in
     if spec.remote and not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
         spec.env[HOSTS_ENV] = str(len(engine.hosts()))
         plan = replace(plan, hosts=len(engine.hosts()))
-    if plan.requested.get("batch") != "auto":  # the workers get this plan (batch=auto: each finds its batch)
-        spec.env[handoff.PLAN_ENV] = handoff.dumps(plan)
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides), attach_run_id=launcher.submitted_run(),
                       tags={"xp.launcher": launcher.name, "xp.engine": engine.name, "xp.workers": str(spec.workers),
                             **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
     tracker.start()
-    spec.env[RUN_ENV] = tracker.run_id
+    handed = plan if plan.requested.get("batch") != "auto" else None  # batch=auto: each worker finds its batch
+    spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, handoff.Launched(run_id=tracker.run_id))
     print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
 
     policy = None  # the job's processes run once

@@ -26,7 +26,6 @@ from xp.launching.engine import Spec
 from xp.launching.hosts import HostSlots, discovered_hosts
 from xp.launching.job import LaunchError, Policy
 from xp.run import checkpoint, handoff
-from xp.run.worker import RESUMED_ENV, STOP_ENV
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
@@ -146,11 +145,12 @@ class Elastic(Policy):
         base = self.base
         argv = _override(base.worker_argv, workers=n, batch=batch, checkpoint_dir=str(self.root), checkpoint_every=1,
                          resume=str(self.root) if done else "null")
-        env = {**base.env, STOP_ENV: str(self.flag), **({RESUMED_ENV: "1"} if self.rounds else {})}
-        if handoff.PLAN_ENV in env:  # the round's plan: the same run on n workers, from the last commit
-            env[handoff.PLAN_ENV] = handoff.dumps(replace(
-                plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices), checkpoint_dir=str(self.root),
-                checkpoint_every=1, resume=str(self.root) if done else None))
+        handed, told = handoff.loads(base.env[handoff.PLAN_ENV])
+        if handed is not None:  # the round's plan: the same run on n workers, from the last commit
+            handed = replace(handed, workers=n, batch=batch, worker_batch=batch * len(plan.devices),
+                             checkpoint_dir=str(self.root), checkpoint_every=1, resume=str(self.root) if done else None)
+        told = replace(told, stop_flag=str(self.flag), resumed=self.rounds > 0)
+        env = {**base.env, handoff.PLAN_ENV: handoff.dumps(handed, told)}
         self.rounds += 1
         print(f"xp: elastic: epoch {(done.epoch if done else 0) + 1}/{plan.epochs} on {n} workers "
               f"(batch {batch} per device, global {plan.global_batch})", flush=True)

@@ -21,7 +21,7 @@ from xp.run.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, Prog
 from xp.errors import ConfigError, Terminated
 from xp.run.gpu import visible_gpus
 from xp.run import handoff
-from xp.run.worker import HOSTS_ENV, RESUMED_ENV, STOP_ENV, WORKER_ENV
+from xp.run.worker import HOSTS_ENV, WORKER_ENV
 from xp.run.plan import Plan, build_plan
 from xp.data.recordio import with_kept_images
 from xp.run.registry import Registry
@@ -44,10 +44,12 @@ class JobInfo:
     parent_run_id: str | None = None
     cwd: Path | None = None
     run_id: str | None = None  # a distributed worker logs into the run its launcher created
+    stop_flag: str | None = None  # an elastic round's worker: the file that asks it to stop after an epoch
+    resumed: bool = False  # an elastic round after the first: the run's params are logged already
     swept: tuple[str, ...] = ()  # a sweep job: the keys the sweep varies (they name the run)
 
 
-_planned: dict[str, tuple[Plan, type]] = {}  # this process's plans by what they were made of
+_planned: dict[str, tuple[Plan, type] | None] = {}  # this process's plans by what they were made of
 
 
 def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
@@ -59,12 +61,13 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     """
     import json
 
-    if os.environ.get(WORKER_ENV) and os.environ.get(handoff.PLAN_ENV):
-        if "handed" not in _planned:
-            plan = handoff.received()
+    if os.environ.get(WORKER_ENV) and "handed" not in _planned:
+        _planned["handed"] = None
+        if (plan := handoff.received()) is not None:  # None: batch=auto, each worker finds its batch
             backend_cls = Registry().load(plan.backend).for_plan(plan)
             backend_cls.check(plan)  # on this host: its frameworks, its devices
             _planned["handed"] = plan, backend_cls
+    if _planned.get("handed") is not None:
         return _planned["handed"]
     auto = config.get("batch") == "auto"
     gpus = visible_gpus()
@@ -175,7 +178,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     name = _name(plan, job, trial)
     with _open_tracker(plan, uri, name, job, trial, reopen) as tracker:
         _attach_files(tracker, job, trial)
-        if not (os.environ.get(RESUMED_ENV) or reopen):  # a resumed run has its params already
+        if not (job.resumed or reopen):  # a resumed run has its params already
             tracker.log_params(_params(plan, backend_cls))
         if backend is not None:
             tracker.set_tags({"xp.input": backend.input_path})  # where the batches are made (a fallback shows)
@@ -185,7 +188,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         before = checkpoint.require(plan.resume) if plan.resume else None
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
-        cbs = build_callbacks(plan, backend, tracker, before, trial)
+        cbs = build_callbacks(plan, backend, tracker, before, trial, job.stop_flag)
         state = _fit(plan, backend, cbs, before, trial, tracker)  # a trial's state: COMPLETE or PRUNED
         if cbs.stop is not None and cbs.stop.stopped:
             log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
@@ -266,7 +269,8 @@ class RunCallbacks:
     stop: Any = None  # StopAtMembershipChange, in a relaunched elastic worker
 
 
-def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: Any) -> RunCallbacks:
+def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: Any,
+                    stop_flag: str | None = None) -> RunCallbacks:
     """Every callback of a run, by phase. At each epoch's end they see one metrics dict in this order:
     measure (time, throughput, telemetry) -> aggregate (across workers, cost) -> record (history, MLflow)
     -> commit (checkpoint: after it is logged, so an epoch interrupted in between is trained again to the
@@ -293,8 +297,8 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
                                                         lambda: history.epochs, plan.rank, plan.checkpoint_every,
                                                         plan.checkpoint_keep, plan.epochs))
     stop = None
-    if os.environ.get(STOP_ENV):
-        stop = StopAtMembershipChange(backend.gather, os.environ[STOP_ENV], plan.epochs)
+    if stop_flag:  # an elastic round's worker
+        stop = StopAtMembershipChange(backend.gather, stop_flag, plan.epochs)
         phases["decide"].append(stop)
     if trial and not trial[1].multi_objective:
         phases["decide"].append(TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs))

@@ -1,6 +1,7 @@
 """The plan handed down: the launching process plans a job once and gives every process it launches that plan,
-serialised (JSON, compressed, base64) in one variable of the job's environment; a launched process reads it
-back instead of planning again from its command line.
+with what else the process must know (`Launched`: its MLflow run, elastic membership), serialised (JSON,
+compressed, base64) in one variable of the job's environment; a launched process reads them back, typed,
+instead of planning again from its command line or reading variables deep inside.
 
 A folder data set's listing (every image's path) stays behind: it can outgrow a variable (execve takes 128 KiB
 a string), and a process lists the folder again, the same way (a seeded split), where it prepares the data.
@@ -23,26 +24,46 @@ from xp.run.plan import Plan
 PLAN_ENV = "XP_PLAN"
 
 
-def dumps(plan: Plan) -> str:
-    """The plan as one line of text a variable can carry."""
-    light = dataclasses.replace(plan, dataset=dataclasses.replace(plan.dataset, listing=None))
-    data = {"plan": dataclasses.asdict(light), "listed": plan.dataset.listing is not None}
+@dataclasses.dataclass(frozen=True)
+class Launched:
+    """What a launched process is told beside its plan."""
+    run_id: str | None = None  # the MLflow run the launching process created: rank 0 logs into it
+    stop_flag: str | None = None  # elastic: the file whose presence asks the workers to stop after this epoch
+    resumed: bool = False  # elastic: a later round (the run has its parameters logged already)
+
+
+def dumps(plan: Plan | None, launched: Launched) -> str:
+    """The plan (None: the workers plan themselves, as for batch=auto) and the launch context, as one line of
+    text a variable can carry."""
+    data: dict[str, Any] = {"launched": dataclasses.asdict(launched), "plan": None, "listed": False}
+    if plan is not None:
+        light = dataclasses.replace(plan, dataset=dataclasses.replace(plan.dataset, listing=None))
+        data.update(plan=dataclasses.asdict(light), listed=plan.dataset.listing is not None)
     return base64.b64encode(zlib.compress(json.dumps(data).encode(), 6)).decode()
 
 
-def loads(text: str) -> Plan:
+def loads(text: str) -> tuple[Plan | None, Launched]:
     data = json.loads(zlib.decompress(base64.b64decode(text)))
+    launched = Launched(**data["launched"])
+    if data["plan"] is None:
+        return None, launched
     plan = _decode(Plan, data["plan"])
     if data["listed"]:  # the folder listed again, as the launching process listed it
         d = plan.dataset
         plan = dataclasses.replace(plan, dataset=dataclasses.replace(d, listing=datasets.describe(d.name, d.options).listing))
-    return plan
+    return plan, launched
 
 
 def received() -> Plan | None:
     """The plan this process was launched with, or None (it plans itself)."""
     text = os.environ.get(PLAN_ENV)
-    return loads(text) if text else None
+    return loads(text)[0] if text else None
+
+
+def launched() -> Launched | None:
+    """What this process was launched with, or None (nothing launched it)."""
+    text = os.environ.get(PLAN_ENV)
+    return loads(text)[1] if text else None
 
 
 def _decode(tp: Any, value: Any) -> Any:

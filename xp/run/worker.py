@@ -12,14 +12,12 @@ import time
 
 
 WORKER_ENV = "XP_DIST_WORKER"  # set in workers: run as a worker, do not launch again
-RUN_ENV = "XP_RUN_ID"  # the MLflow run the launcher created; rank 0 logs into it
+RUN_ENV = "XP_RUN_ID"  # a Slurm batch job: the MLflow run the submitting process created
 PROGRESS_ENV = "XP_PROGRESS"  # ADDRESS:PORT of the launcher's progress socket (UDP)
 JOB_ENV = "XP_JOB"  # the job's id: every process it starts, on any host, carries it
 HOST_ENV = "XP_HOST"  # the host a process runs on, as the hosts file names it
 ROLE_ENV = "XP_ROLE"  # the index of the role (process) the launcher started
 HOSTS_ENV = "XP_HOSTS"  # the hosts the job occupies (its cost), counted by the launcher
-STOP_ENV = "XP_ELASTIC_STOP"  # elastic: the flag file that says stop after this epoch, the workers change
-RESUMED_ENV = "XP_ELASTIC_RESUMED"  # elastic: set for relaunched jobs: the run's params are logged already
 HOST_FROM_ENV = "XP_HOST_FROM"  # the variable a runner's processes find their host's name in
 
 
