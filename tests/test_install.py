@@ -32,7 +32,7 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_outside_the_checkout(tmp_path, s
     elsewhere.mkdir()
     env = xp_env(store, {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"})
     env.pop("PYTHONPATH", None)
-    where = subprocess.run([str(py), "-c", "import xp, xp.cli, xp.study; print(xp.__file__, xp.cli.CONF_DIR, "
+    where = subprocess.run([str(py), "-c", "import xp, xp.cli, xp.studies.study; print(xp.__file__, xp.cli.CONF_DIR, "
                             "xp.studies.study.SWEEPS_DIR)"], cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
     assert where.stdout.split() == [str(p) for p in (venv / "lib" / site.split("/lib/", 1)[1] / "xp" / "__init__.py",
                                                      venv / "lib" / site.split("/lib/", 1)[1] / "xp" / "conf",

@@ -33,6 +33,12 @@ FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-di
 log = logging.getLogger("xp")
 
 
+def error_line(msg: object, code: int) -> int:
+    """Print the one line of an error (stderr) and return its exit code."""
+    print(f"xp: error: {one_line(msg)}", file=sys.stderr)
+    return code
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
@@ -69,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = preflight.sweeper_spelling(argv)
         return drive.start(argv, preflight.preflight(argv), _hydra)
     except XPError as e:
-        return drive.error_line(e, e.exit_code)
+        return error_line(e, e.exit_code)
     except KeyboardInterrupt:
-        return drive.error_line("interrupted (Ctrl-C)", 130)
+        return error_line("interrupted (Ctrl-C)", 130)
     except Terminated:
-        return drive.error_line("terminated (SIGTERM)", 143)
+        return error_line("terminated (SIGTERM)", 143)
 
 
 # --- running -------------------------------------------------------------------
@@ -101,6 +107,7 @@ def _task(cfg: Any) -> float:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from xp import multirun
     from xp.run.experiment import JobInfo, run
     from xp.run.handoff import Launched, launched
 
@@ -111,12 +118,12 @@ def _task(cfg: Any) -> float:
         overrides=[o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")],
         output_dir=out,
         log_file=out / f"{hc.job.name}.log",
-        parent_run_id=os.environ.get(drive.PARENT_ENV),
+        parent_run_id=os.environ.get(multirun.PARENT_ENV),
         cwd=Path(hc.runtime.cwd),
         run_id=told.run_id,
         stop_flag=told.stop_flag,
         resumed=told.resumed,
-        swept=tuple(k for k in os.environ.get(drive.SWEPT_ENV, "").split(",") if k),
+        swept=tuple(k for k in os.environ.get(multirun.SWEPT_ENV, "").split(",") if k),
     )
     config = OmegaConf.to_container(cfg, resolve=True)
     in_study = (config.get("optuna") or {}).get("trial_id") is not None
@@ -127,11 +134,11 @@ def _task(cfg: Any) -> float:
         return outcome.objective
     except XPError as e:
         log.debug("error", exc_info=True)
-        code = drive.error_line(e, e.exit_code)
+        code = error_line(e, e.exit_code)
     except Exception as e:
         if not getattr(e, "xp_logged", False):
             log.debug("failed", exc_info=True)
-        code = drive.error_line(f"training failed: {type(e).__name__}: {one_line(e)[:500]} (traceback in {job.log_file})", 1)
+        code = error_line(f"training failed: {type(e).__name__}: {one_line(e)[:500]} (traceback in {job.log_file})", 1)
     if in_study:
         return {"state": "FAIL"}  # a failed trial is recorded; the study goes on
     raise SystemExit(code)

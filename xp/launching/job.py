@@ -235,7 +235,7 @@ class Job:
             host = self.beats[rank].host if rank in self.beats else host
         lost = s.role.host is not None and code == 255 and not failed
         if code > 128:
-            code = 128 - code  # xp.remote run and the runners' shells: 128+N means signal N
+            code = 128 - code  # xp.launching.remote run and the runners' shells: 128+N means signal N
         who = f"worker rank {rank}" if rank is not None else s.role.name
         where = f" on host {host}" if host and self.spec.remote else ""
         if lost:

@@ -27,6 +27,7 @@ class Launcher:
     """Placement and transport for a job's processes; this base class is the local launcher's behaviour."""
     name: ClassVar[str]
     remote: ClassVar[bool] = False  # processes go to other hosts (through `transport`), not only this machine
+    nodes: ClassVar[str] = "the hosts"  # what messages call the machines a submitted run's processes run on
 
     def __init__(self, settings: Any = None):
         self.settings = settings  # the plan's LaunchSettings
@@ -144,6 +145,7 @@ class Slurm(OnHosts):
     """A Slurm job: submitted from a login node (sbatch, followed to its end); inside the allocation its nodes
     are the hosts and srun the transport."""
     name = "slurm"
+    nodes = "the Slurm job's nodes"
 
     @classmethod
     def check_plan(cls, plan: Any) -> None:

@@ -51,7 +51,7 @@ def probe() -> int:
 def run() -> None:
     spec = json.loads(sys.stdin.buffer.readline() or b"{}")
     if not spec.get("argv"):
-        print("xp.remote run: expected a line of JSON on stdin: {\"argv\": [...], \"env\": {...}}", file=sys.stderr)
+        print("xp.launching.remote run: expected a line of JSON on stdin: {\"argv\": [...], \"env\": {...}}", file=sys.stderr)
         os._exit(2)
     child = subprocess.Popen(spec["argv"], env={**os.environ, **spec.get("env", {})}, start_new_session=True,
                              stdin=subprocess.DEVNULL)

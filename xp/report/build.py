@@ -4,7 +4,7 @@
     python -m xp.report --parent RUN_ID         # the runs of one sweep or study
     python -m xp.report --filter "params.model.name = 'resnet18'" --out reports/r18
 
-Writes report.md and PNG plots (xp.plots) into --out and logs them to MLflow (on the sweep's
+Writes report.md and PNG plots (xp.report.plots) into --out and logs them to MLflow (on the sweep's
 parent run, or on a new run tagged xp.report), where report.md's images point at the MLflow UI
 (--ui-url): MLflow's Markdown preview shows only images with absolute URLs.
 """

@@ -1,7 +1,7 @@
 """Optuna studies run as Hydra sweeps (`python -m xp -m sweep=NAME`): what a study is.
 
-This module defines and checks a study; xp.trial holds its Optuna side (storage, sampler,
-pruner, heartbeats, a run that is a trial) and xp.sweeper the loop that runs its trials.
+This module defines and checks a study; xp.studies.trial holds its Optuna side (storage, sampler,
+pruner, heartbeats) and xp.studies.sweeper the loop that runs its trials.
 
 The study is defined in sweeps/NAME.yaml: search space, trial budget, objectives and
 directions, sampler, pruner, study name and storage. Each file is an option of the config

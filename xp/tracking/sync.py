@@ -1,4 +1,4 @@
-"""Deliver the records of runs that ended while their tracking store was away (xp.spool).
+"""Deliver the records of runs that ended while their tracking store was away (xp.tracking.spool).
 
     python -m xp.sync                       every spool left undelivered on this machine
     python -m xp.sync FOLDER [FOLDER ...]   those spools (a run's output folder's mlflow-spool/)

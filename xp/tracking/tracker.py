@@ -12,7 +12,8 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 from xp.errors import ConfigError, Terminated, one_line, redact
 from xp.tracking.spool import same_process, started
@@ -208,6 +209,19 @@ class Tracker:
     def add_artifact_on_exit(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload `path` when the run ends, whatever the outcome (logs matter most for failed runs)."""
         self._artifacts.append((Path(path), artifact_path))
+
+    @contextmanager
+    def owned(self) -> Iterator[Tracker]:
+        """The body runs in this run, which this process owns: it ends FINISHED, or as end_state says for what the
+        body raised (KILLED for Ctrl-C and SIGTERM, FAILED otherwise), which goes on up."""
+        error: BaseException | None = None
+        try:
+            yield self
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            self.end(end_state(error))
 
     def end(self, status: str) -> None:
         """Spool the artifacts (copied, passwords hidden) and the end state, then wait a bounded time for the

@@ -1,0 +1,101 @@
+"""A sweep: a Hydra multirun (`-m`; a study is one, with xp's Optuna sweeper) whose jobs run under one MLflow
+parent run this process owns; a killed sweep resumes where it was; its table at the end."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
+SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
+
+log = logging.getLogger("xp")
+
+
+def sweep(argv: list[str], config: dict[str, Any], hydra_main: Callable[[list[str]], int]) -> int:
+    """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
+    check_cluster_sweep(argv, config)
+    if config.get("sweep"):
+        _register_study_sweeper()
+        argv = [*argv, "hydra/sweeper=xp_optuna"]
+    from xp.tracking import summary
+    from xp.tracking import sweepstate
+    from xp.tracking.stores import resolve_uri
+    from xp.tracking.tracker import Tracker, end_state, run_name
+
+    uri = resolve_uri(config.get("tracking_uri"))
+    overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
+    chosen = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")
+    kind = f"study {config['sweep'].get('name') or chosen}" if config.get("sweep") else "sweep"
+    experiment = config.get("experiment") or "xp"
+    skey = sweepstate.key("sweep", experiment, overrides)
+    parent = Tracker(uri, experiment, f"{kind}: " + run_name(overrides),
+                     tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey})
+    parent.reopen_run_id = sweepstate.interrupted_parent(parent, skey)  # a killed sweep goes on where it was
+    parent.start()
+    if parent.reopen_run_id:
+        os.environ[sweepstate.RESUMED_ENV] = "1"
+        log.info(f"sweep: resuming the interrupted sweep of MLflow parent run {parent.run_id}: its finished jobs "
+                 "are reused")
+    else:
+        parent.log_params({"sweep.overrides": " ".join(overrides)})
+    os.environ[PARENT_ENV] = parent.run_id
+    from hydra._internal.utils import get_args_parser
+
+    os.environ[SWEPT_ENV] = ",".join(swept_keys(get_args_parser().parse_args(argv).overrides))
+    error: BaseException | None = None
+    rc = 1
+    try:
+        rc = hydra_main(argv)
+        return rc
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        status = end_state(error, failed=rc != 0)
+        os.environ.pop(PARENT_ENV, None)
+        os.environ.pop(SWEPT_ENV, None)
+        os.environ.pop(sweepstate.RESUMED_ENV, None)
+        try:
+            children = sweepstate.latest_per_job(parent.child_runs())
+            rows = [summary.row_from_mlflow(r) for r in children]
+            parent.log_params(summary.parent_params(rows, children))
+            parent.set_tags(summary.parent_tags(children))
+        finally:
+            parent.end(status)
+        print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
+        print(summary.table(rows))
+
+
+def check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
+    """hydra/launcher=submitit_slurm: every job or trial runs on a cluster node, so the MLflow store, and a
+    study's Optuna storage (its trials report every epoch for pruning), must be ones every node reaches."""
+    from xp.tracking.stores import check_reachable, resolve_uri
+
+    launcher = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
+    if not launcher.startswith("submitit_slurm"):
+        return
+    nodes = [f"the Slurm jobs' nodes (hydra/launcher={launcher})"]
+    check_reachable(resolve_uri(config.get("tracking_uri")), nodes, None)
+    if config.get("sweep"):
+        from xp.studies.study import storage_url
+
+        check_reachable(storage_url(config["sweep"].get("storage")), nodes, None, key="sweep.storage",
+                        fix="give the study a database every node reaches: "
+                            "sweep.storage=postgresql://USER:PASSWORD@HOST/DB (or $XP_OPTUNA_STORAGE)")
+
+
+def _register_study_sweeper() -> None:
+    """Hydra instantiates sweepers only from hydra_plugins; ours is installed there and registered here."""
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.xp_optuna_sweeper import XPOptunaSweeper
+
+    Plugins.instance().register(XPOptunaSweeper)
+
+
+def swept_keys(overrides: list[str]) -> list[str]:
+    """The keys a multirun varies (KEY=a,b or a sweep function), as Hydra's override parser reads them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()]
