@@ -76,14 +76,15 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> in
                             **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
     tracker.start()
     handed = plan if plan.requested.get("batch") != "auto" else None  # batch=auto: each worker finds its batch
-    spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, handoff.Launched(run_id=tracker.run_id))
+    told = handoff.Launched(run_id=tracker.run_id)
+    spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, told)
     print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
 
     policy = None  # the job's processes run once
     if elastic_on:  # or in rounds, on the members there are
         from xp.launching.elastic import Elastic
 
-        policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step))
+        policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), handed is not None, told)
     with tracker.owned():
         launch(engine, policy)
     return 0

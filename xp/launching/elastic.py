@@ -94,8 +94,12 @@ class Elastic(Policy):
     from the last commit; a membership change ends a round at an epoch's end (the flag file), a lost worker
     rolls the next round back to the last commit without it; the job is done at the plan's last epoch."""
 
-    def __init__(self, plan: Any, log: Callable[[dict[str, float], int], None]):
+    def __init__(self, plan: Any, log: Callable[[dict[str, float], int], None], hand_plan: bool,
+                 told: handoff.Launched):
+        """`hand_plan`: the workers get each round's plan (not with batch=auto); `told`: what the job's workers are
+        told (its MLflow run)."""
         self.plan, self.log, self.poll_s = plan, log, plan.elastic.poll_s
+        self.hand_plan, self.told = hand_plan, told
         self.keep = bool(plan.checkpoint_dir)
         self.root = Path(plan.checkpoint_dir).expanduser() if self.keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
         self.flag = self.root / "stop-after-epoch"
@@ -145,11 +149,11 @@ class Elastic(Policy):
         base = self.base
         argv = _override(base.worker_argv, workers=n, batch=batch, checkpoint_dir=str(self.root), checkpoint_every=1,
                          resume=str(self.root) if done else "null")
-        handed, told = handoff.loads(base.env[handoff.PLAN_ENV])
-        if handed is not None:  # the round's plan: the same run on n workers, from the last commit
-            handed = replace(handed, workers=n, batch=batch, worker_batch=batch * len(plan.devices),
+        handed = None  # the round's plan: the same run on n workers, from the last commit
+        if self.hand_plan:
+            handed = replace(plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices),
                              checkpoint_dir=str(self.root), checkpoint_every=1, resume=str(self.root) if done else None)
-        told = replace(told, stop_flag=str(self.flag), resumed=self.rounds > 0)
+        told = replace(self.told, stop_flag=str(self.flag), resumed=self.rounds > 0)
         env = {**base.env, handoff.PLAN_ENV: handoff.dumps(handed, told)}
         self.rounds += 1
         print(f"xp: elastic: epoch {(done.epoch if done else 0) + 1}/{plan.epochs} on {n} workers "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import os
 import types
@@ -42,13 +43,19 @@ def dumps(plan: Plan | None, launched: Launched) -> str:
     return base64.b64encode(zlib.compress(json.dumps(data).encode(), 6)).decode()
 
 
+@functools.cache
+def _envelope(text: str) -> dict[str, Any]:
+    return json.loads(zlib.decompress(base64.b64decode(text)))
+
+
 def loads(text: str) -> tuple[Plan | None, Launched]:
-    data = json.loads(zlib.decompress(base64.b64decode(text)))
+    """The plan (a folder data set listed again, as the launching process listed it) and the launch context."""
+    data = _envelope(text)
     launched = Launched(**data["launched"])
     if data["plan"] is None:
         return None, launched
     plan = _decode(Plan, data["plan"])
-    if data["listed"]:  # the folder listed again, as the launching process listed it
+    if data["listed"]:
         d = plan.dataset
         plan = dataclasses.replace(plan, dataset=dataclasses.replace(d, listing=datasets.describe(d.name, d.options).listing))
     return plan, launched
@@ -61,9 +68,9 @@ def received() -> Plan | None:
 
 
 def launched() -> Launched | None:
-    """What this process was launched with, or None (nothing launched it)."""
+    """What this process was launched with, or None (nothing launched it); its plan is left undecoded."""
     text = os.environ.get(PLAN_ENV)
-    return loads(text)[1] if text else None
+    return Launched(**_envelope(text)["launched"]) if text else None
 
 
 def _decode(tp: Any, value: Any) -> Any:
