@@ -34,7 +34,7 @@ def inner(engine: str, addresses: list[str], host_ip: str, ssh_config: str, elem
     """In the launcher's namespace: launch the workers with xp's engine and let them print their result."""
     from xp.launching.engine import Spec
     from xp.launching.hosts import HostSlots
-    from xp.launching.job import Job, prepare
+    from xp.launching.job import Job
     from xp.launching.launcher import Ssh
     from xp.run.settings import LaunchSettings
     from xp.mx.horovodrun import Horovod
@@ -48,7 +48,8 @@ def inner(engine: str, addresses: list[str], host_ip: str, ssh_config: str, elem
                 hosts=[HostSlots(a, 1) for a in addresses], host_ip=host_ip, interface="eth0",
                 transport=launcher.transport(), timeout_s=600, module="benchmarks.comm_worker")
     job_engine = cls(spec)
-    prepare(job_engine)
+    job_engine.check()  # as xp.launching.job.prepared checks a job: the engine's own checks, then the launcher's
+    launcher.check(job_engine.hosts(), spec.interface, job_engine.interface_here)
     Job(job_engine).run()
 
 

@@ -3,7 +3,7 @@
 backend.api=gluon trains with horovod.mxnet.DistributedTrainer, api=module with mx.mod.Module
 and horovod.mxnet.DistributedOptimizer. Every worker starts from rank 0's parameters
 (broadcast_parameters) and trains one device; `python -m xp backend=horovod workers=N`
-runs horovodrun itself (xp.launch).
+runs horovodrun itself (xp.launching).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Horovod:
         return HorovodModuleBackend if api == "module" else HorovodBackend
 
     @classmethod
-    def launch(cls, plan: Any) -> Any:
+    def engine_for(cls, plan: Any) -> Any:
         from xp.mx.horovodrun import Horovod
 
         return Horovod

@@ -1,7 +1,7 @@
 """PyTorch backend: torchvision models trained with DistributedDataParallel, one process per device.
 
 `python -m xp backend=torch` trains in this process on one device; with several (gpus=N,
-cpu_devices=N or workers=N) xp launches the processes with torchrun (xp.launch) and they
+cpu_devices=N or workers=N) xp launches the processes with torchrun (xp.launching) and they
 allreduce gradients over gloo (CPU) or NCCL (GPU). Precision: dtype=float16/bfloat16/amp
 through autocast (float16 with a gradient scaler), channels-last and torch.compile on request.
 Arithmetic as in the MXNet backends: the same initial LeNet (He-normal), SGD with momentum,
@@ -36,7 +36,7 @@ class TorchBackend(Backend):
         return len(plan.devices) * plan.workers
 
     @classmethod
-    def launch(cls, plan: Plan) -> Any:
+    def engine_for(cls, plan: Plan) -> Any:
         if cls.processes(plan) == 1:
             return None
         from xp.pt.torchrun import Torchrun

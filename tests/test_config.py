@@ -6,7 +6,7 @@ import pytest
 
 from conftest import CONF, compose_config
 from xp.errors import ConfigError
-from xp.run.experiment import plan_and_backend
+from xp.run.planning import plan_and_backend
 from xp.run.plan import build_plan
 from xp.run.registry import Registry
 

@@ -47,7 +47,7 @@ def test_a_launcher_registered_twice_is_refused(third_party):
 
 def test_an_unknown_launcher_is_one_line_naming_the_registered_ones():
     from conftest import compose_config
-    from xp.run.experiment import plan_and_backend
+    from xp.run.planning import plan_and_backend
 
     plan, _ = plan_and_backend(compose_config("kvstore=dist_sync", "workers=2", "launcher=k8s"))
     with pytest.raises(ConfigError, match=r"launcher='k8s': not supported; valid: local, ssh, slurm$"):

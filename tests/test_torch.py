@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import compose_config, mlflow_runs, run_xp
-from xp.run.experiment import plan_and_backend
+from xp.run.planning import plan_and_backend
 from xp.run.train import fit, train_epoch
 
 EXACT = ["epochs=1", "dataset.val_fraction=0.89", "lr_schedule=constant"]
@@ -80,8 +80,8 @@ def test_gpu_plans_are_checked_before_anything_starts():
     if torch.cuda.device_count() == 0:
         with pytest.raises(ConfigError, match="gpus=1: the installed torch .* sees 0 GPUs"):
             TorchBackend.check(plan)
-    assert TorchBackend.launch(plan) is None
-    assert TorchBackend.launch(build_plan(compose_config("backend=torch", "cpu_devices=2"), visible_gpus=0)).name == "torchrun"
+    assert TorchBackend.engine_for(plan) is None
+    assert TorchBackend.engine_for(build_plan(compose_config("backend=torch", "cpu_devices=2"), visible_gpus=0)).name == "torchrun"
 
 
 @pytest.mark.slow

@@ -314,7 +314,7 @@ def test_the_readme_exit_codes_name_what_xp_exits_with():
 
 def test_torch_float16_on_the_cpu_trains_with_a_warning(caplog):
     from conftest import compose_config
-    from xp.run.experiment import plan_and_backend
+    from xp.run.planning import plan_and_backend
 
     plan, cls = plan_and_backend(compose_config("backend=torch", "dtype=float16", "epochs=1"))
     with caplog.at_level("WARNING", logger="xp"):
@@ -399,7 +399,7 @@ def test_a_run_is_planned_once_in_its_process(tmp_path):
     """The preflight plans the job; the launch decision and the run use that plan (before: three plans)."""
     import sys
 
-    code = ("import xp.run.experiment as e, xp.cli as c\nn = [0]\nf = e.build_plan\n"
+    code = ("import xp.run.planning as e, xp.cli as c\nn = [0]\nf = e.build_plan\n"
             "def counted(*a, **k):\n    n[0] += 1\n    return f(*a, **k)\n"
             f"e.build_plan = counted\nrc = c.main(['epochs=1', 'hydra.run.dir={tmp_path}/run'])\n"
             "print('PLANS', n[0], 'RC', rc)\n")

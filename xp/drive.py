@@ -33,78 +33,67 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
         return hydra_main(argv)
     from xp import multirun as sweeps
 
-    return sweeps.sweep(argv, first, hydra_main)
+    if plan is None:  # another config tree (--config-path): the store its jobs default to
+        from xp.tracking.stores import resolve_uri
+
+        return sweeps.sweep(argv, first, resolve_uri(None), hydra_main)
+    return sweeps.sweep(argv, first, plan.tracking_uri, hydra_main)
 
 
 def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:
     """The run's plan, the distributed engine it needs (its backend decides; None: this process trains) and
     its launcher."""
     from xp.launching.launcher import launcher_for
-    from xp.run.experiment import plan_and_backend
+    from xp.run.planning import plan_and_backend
 
     plan, backend_cls = plan_and_backend(config)
-    return plan, backend_cls.launch(plan), launcher_for(plan)
+    return plan, backend_cls.engine_for(plan), launcher_for(plan)
 
 
 def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> int:
-    """A distributed job: this process starts the workers and owns the MLflow run, which rank 0 fills (or, for
-    a batch system, submits the run and follows it)."""
+    """A distributed job, or a batch submission: this process owns the MLflow run. It starts the workers, and
+    rank 0 fills the run; or (a batch system, launcher=slurm from a login node) it submits the run, follows it
+    and ends it with the job's outcome (the batch system's reason when it ended the job)."""
     if plan.resume is not None and not Path(str(plan.resume)).expanduser().is_dir():
         raise ConfigError(f"resume={plan.resume}: a distributed run resumes from a folder "
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
-    if launcher.submits():
-        return submit(argv, plan, engine_cls, launcher)
-    from xp.launching.job import launch, prepare, spec_for
+    from xp.launching.job import launch, prepared
     from xp.run import handoff
     from xp.run.worker import HOSTS_ENV
-    from xp.tracking.stores import check_reachable, resolve_uri
+    from xp.tracking.stores import check_reachable
     from xp.tracking.tracker import Tracker, run_name
 
-    uri = resolve_uri(plan.tracking_uri)
-    overrides = [a for a in argv if not a.startswith("-")]
-    elastic_on = plan.elastic.enabled
-    spec = spec_for(plan, argv, engine_cls, env={"MLFLOW_TRACKING_URI": uri}, launcher=launcher,
-                    elastic=elastic_on)
-    engine = engine_cls(spec)
-    prepare(engine, [h.name for h in spec.hosts] if elastic_on else None,  # elastic: every listed host
-            before_probe=lambda: check_reachable(uri, [h.name for h in spec.hosts], spec.host_ip))
-    if spec.remote and not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
-        spec.env[HOSTS_ENV] = str(len(engine.hosts()))
-        plan = replace(plan, hosts=len(engine.hosts()))
-    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name(overrides), attach_run_id=launcher.submitted_run(),
-                      tags={"xp.launcher": launcher.name, "xp.engine": engine.name, "xp.workers": str(spec.workers),
-                            **({"xp.hosts": ",".join(engine.hosts())} if spec.remote else {})})
+    uri, elastic_on, engine = plan.tracking_uri, plan.elastic.enabled, None
+    tags = {"xp.launcher": launcher.name, "xp.engine": engine_cls.name if engine_cls else "none",
+            "xp.workers": str(plan.workers)}
+    reached = lambda hosts, address: check_reachable(uri, hosts, address)  # noqa: E731 (the store, from the hosts)
+    if launcher.submits():
+        launcher.check_submission()
+        reached([launcher.nodes], None)
+    else:
+        engine = prepared(plan, argv, engine_cls, launcher, {"MLFLOW_TRACKING_URI": uri}, elastic_on, reached)
+        tags["xp.workers"] = str(engine.spec.workers)
+        if engine.spec.remote:
+            tags["xp.hosts"] = ",".join(engine.hosts())
+            if not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
+                engine.spec.env[HOSTS_ENV] = str(len(engine.hosts()))
+                plan = replace(plan, hosts=len(engine.hosts()))
+    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name([a for a in argv if not a.startswith("-")]),
+                      attach_run_id=launcher.submitted_run(), tags=tags)
     tracker.start()
-    handed = plan if plan.requested.get("batch") != "auto" else None  # batch=auto: each worker finds its batch
-    told = handoff.Launched(run_id=tracker.run_id)
-    spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, told)
-    print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
-
-    policy = None  # the job's processes run once
-    if elastic_on:  # or in rounds, on the members there are
-        from xp.launching.elastic import Elastic
-
-        policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), handed is not None, told)
     with tracker.owned():
+        if engine is None:
+            launcher.submit(plan, argv, tracker)
+            return 0
+        handed = plan if plan.requested.get("batch") != "auto" else None  # batch=auto: each worker finds its batch
+        told = handoff.Launched(run_id=tracker.run_id)
+        engine.spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, told)
+        print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
+        policy = None  # the job's processes run once
+        if elastic_on:  # or in rounds, on the members there are
+            from xp.launching.elastic import Elastic
+
+            policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), handed is not None,
+                             told)
         launch(engine, policy)
     return 0
-
-
-def submit(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> int:
-    """The run as a batch job (launcher=slurm from a login node); this process owns its MLflow run and ends it
-    with the job's outcome (the batch system's reason when it ended the job)."""
-    from xp.tracking.stores import check_reachable, resolve_uri
-    from xp.tracking.tracker import Tracker, run_name
-
-    launcher.check_submission()
-    uri = resolve_uri(plan.tracking_uri)
-    check_reachable(uri, [launcher.nodes], None)
-    tracker = Tracker(uri, plan.experiment, plan.run_name or run_name([a for a in argv if not a.startswith("-")]),
-                      tags={"xp.launcher": launcher.name, "xp.engine": engine_cls.name if engine_cls else "none",
-                            "xp.workers": str(plan.workers)})
-    tracker.start()
-    with tracker.owned():
-        launcher.submit(plan, argv, tracker)
-    return 0
-
-

@@ -13,18 +13,17 @@ SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, 
 log = logging.getLogger("xp")
 
 
-def sweep(argv: list[str], config: dict[str, Any], hydra_main: Callable[[list[str]], int]) -> int:
-    """Run a Hydra multirun under one MLflow parent run; print the sweep's table at the end."""
-    check_cluster_sweep(argv, config)
+def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callable[[list[str]], int]) -> int:
+    """Run a Hydra multirun under one MLflow parent run in the store `uri` (the first job's plan resolved it);
+    print the sweep's table at the end."""
+    check_cluster_sweep(argv, config, uri)
     if config.get("sweep"):
         _register_study_sweeper()
         argv = [*argv, "hydra/sweeper=xp_optuna"]
     from xp.tracking import summary
     from xp.tracking import sweepstate
-    from xp.tracking.stores import resolve_uri
     from xp.tracking.tracker import Tracker, end_state, run_name
 
-    uri = resolve_uri(config.get("tracking_uri"))
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
     chosen = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")
     kind = f"study {config['sweep'].get('name') or chosen}" if config.get("sweep") else "sweep"
@@ -68,22 +67,23 @@ def sweep(argv: list[str], config: dict[str, Any], hydra_main: Callable[[list[st
         print(summary.table(rows))
 
 
-def check_cluster_sweep(argv: list[str], config: dict[str, Any]) -> None:
+def check_cluster_sweep(argv: list[str], config: dict[str, Any], uri: str) -> None:
     """hydra/launcher=submitit_slurm: every job or trial runs on a cluster node, so the MLflow store, and a
     study's Optuna storage (its trials report every epoch for pruning), must be ones every node reaches."""
-    from xp.tracking.stores import check_reachable, resolve_uri
-
     launcher = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
     if not launcher.startswith("submitit_slurm"):
         return
-    nodes = [f"the Slurm jobs' nodes (hydra/launcher={launcher})"]
-    check_reachable(resolve_uri(config.get("tracking_uri")), nodes, None)
+    from xp.tracking.stores import check_reachable
+
+    stores = [(uri, "tracking_uri", None)]
     if config.get("sweep"):
         from xp.studies.study import storage_url
 
-        check_reachable(storage_url(config["sweep"].get("storage")), nodes, None, key="sweep.storage",
-                        fix="give the study a database every node reaches: "
-                            "sweep.storage=postgresql://USER:PASSWORD@HOST/DB (or $XP_OPTUNA_STORAGE)")
+        stores.append((storage_url(config["sweep"].get("storage")), "sweep.storage",
+                       "give the study a database every node reaches: "
+                       "sweep.storage=postgresql://USER:PASSWORD@HOST/DB (or $XP_OPTUNA_STORAGE)"))
+    for url, key, fix in stores:
+        check_reachable(url, [f"the Slurm jobs' nodes (hydra/launcher={launcher})"], None, key=key, fix=fix)
 
 
 def _register_study_sweeper() -> None:

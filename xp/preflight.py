@@ -1,6 +1,6 @@
 """Before anything runs: every job the command line describes (each combination of a -m sweep, each study's
 search space) composed with Hydra and validated into a plan, so a bad value fails in a second with one line,
-not after an hour of the sweep. Imports no framework; plans through xp.run.experiment.plan_and_backend."""
+not after an hour of the sweep. Imports no framework; plans through xp.run.planning.plan_and_backend."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from omegaconf import OmegaConf
 
     from xp.launching.launcher import launcher_for
-    from xp.run.experiment import plan_and_backend
+    from xp.run.planning import plan_and_backend
     from xp.run.worker import WORKER_ENV
 
     args = get_args_parser().parse_args(argv)

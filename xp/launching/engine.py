@@ -30,7 +30,7 @@ LOOPBACK = "127.0.0.1"
 
 @dataclass
 class Spec:
-    """What to launch and where: built from the run's plan and its launcher (xp.launching.job.spec_for)."""
+    """What to launch and where: built from the run's plan and its launcher (xp.launching.job.prepared)."""
     worker_argv: list[str]  # python -m MODULE arguments for every worker
     workers: int  # worker processes (torchrun: one per device and worker)
     servers: int = 1
@@ -53,6 +53,10 @@ class Spec:
     def bind(self) -> str:
         """The address this machine's servers (scheduler, rendezvous, progress) listen on."""
         return self.host_ip if self.remote and self.host_ip else LOOPBACK
+
+    def used_hosts(self) -> list[str]:
+        """The hosts the job's processes go to (a remote launcher), in placement order."""
+        return [h for h, _ in self.placement()] if self.remote else []
 
     def placement(self, n: int | None = None) -> list[tuple[str, int]]:
         """(host, processes) for n processes (default: workers), filling each host's slots in order."""
@@ -110,7 +114,7 @@ class Engine(ABC):
 
     def hosts(self) -> list[str]:
         """The hosts this job starts processes on (a remote launcher)."""
-        return [h for h, _ in self.spec.placement()] if self.spec.remote else []
+        return self.spec.used_hosts()
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
         """Note in `exits` (rank -> exit code) what a runner's output line says failed."""

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import psutil
 
@@ -218,3 +218,10 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def hosts_for(launcher: Any, plan: Any, elastic: bool) -> list[HostSlots]:
+    """The hosts a job starts on: the launcher's, or (elastic, remote) those the discovery source lists now."""
+    if elastic and launcher.remote:
+        return discovered_hosts(plan.elastic.discovery)
+    return launcher.hosts()

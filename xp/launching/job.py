@@ -41,7 +41,8 @@ import psutil
 from xp.launching.engine import LOOPBACK, Engine, Role, Spec, python
 from xp.errors import XPError
 from xp.launching.hosts import on_hosts
-from xp.launching.launcher import Launcher, hosts_for
+from xp.launching.hosts import hosts_for
+from xp.launching.launcher import Launcher
 from xp.run.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV
 
 # variables a remote process gets from the launcher's environment (the rest is the host's own), with those its
@@ -115,7 +116,6 @@ class Job:
         self.beats: dict[int, Beat] = {}  # rank -> its last progress
         self.env = {WORKER_ENV: "1", JOB_ENV: self.id, **spec.env,
                     PROGRESS_ENV: f"{spec.bind}:{self.progress.getsockname()[1]}"}
-        self.env.update(spec.launcher.env(spec.workers))
         self.seen: dict[int, float] = {}  # local descendants: pid -> create time (ended too, if left over)
         self.exits: dict[int, int] = {}  # runners: rank -> exit code, from their reports
         self.runner_state: dict[str, Any] = {}
@@ -365,29 +365,28 @@ def _is_stopped(pid: int) -> bool:
         return False
 
 
-def spec_for(plan: Any, argv: list[str], engine_cls: type[Engine], env: dict[str, str], launcher: Launcher,
-             elastic: bool = False) -> Spec:
-    """The launch spec of a plan: the launcher's hosts (elastic: the discovery source's), transport and address,
-    and enough slots."""
-    ls = plan.launch
+def prepared(plan: Any, argv: list[str], engine_cls: type[Engine], launcher: Launcher, env: dict[str, str],
+             elastic: bool = False, reached: Callable[[list[str], str | None], None] | None = None) -> Engine:
+    """The plan's engine, placed and checked before anything starts. Placement: the launcher's hosts (elastic:
+    the discovery source's), transport and address, and enough slots (torchrun starts a process per device and
+    worker; the other engines a process per worker). Checks: the engine's own, then the launcher's (a remote
+    one: this machine's address and interface, `reached(hosts, address)` (what the hosts must reach, such as
+    the tracking store), and every host through the transport: those the job uses; elastic: every listed
+    host)."""
+    ls, forwarded = plan.launch, {**engine_cls.env_for(plan), **env}
     hosts = hosts_for(launcher, plan, elastic)
-    # torchrun starts a process per device and worker; the other engines a process per worker
     processes = len(plan.devices) * plan.workers if engine_cls.per_device else plan.workers
     spec = Spec(argv, processes, plan.servers, launcher, ls.port, hosts, launcher.address(), ls.interface,
-                launcher.transport(), ls.timeout_s, {**engine_cls.env_for(plan), **env})
+                launcher.transport(), ls.timeout_s, forwarded)
     if spec.remote and not elastic:
         spec.placement()  # enough slots
-    return spec
-
-
-def prepare(engine: Engine, hosts: list[str] | None = None, before_probe: Callable[[], None] | None = None) -> None:
-    """Everything checked before anything starts: the engine's own checks, then the launcher's (a remote one:
-    this machine's address and interface, `before_probe` (checks that need no host, such as the tracking store),
-    and every host through the transport; default: those the job uses)."""
+    engine = engine_cls(spec)
     engine.check()
-    spec = engine.spec
-    spec.launcher.check(engine.hosts() if hosts is None else hosts, spec.interface, engine.interface_here,
-                        before_probe)
+    used = [h.name for h in hosts] if elastic else spec.used_hosts()
+    before_probe = (lambda: reached([h.name for h in hosts], spec.host_ip)) if reached else None
+    spec.env.update(launcher.env(processes))  # the launcher's own (local: each worker's share of the cores)
+    launcher.check(used, ls.interface, engine.interface_here, before_probe)
+    return engine
 
 
 def launch(engine: Engine, policy: Policy | None = None) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from xp.errors import ConfigError
-from xp.launching.hosts import SSH, HostSlots, Transport, check_here, discovered_hosts, probe, reap, read_hosts
+from xp.launching.hosts import SSH, HostSlots, Transport, check_here, probe, reap, read_hosts
 
 GROUP = "xp.launchers"
 SHIPPED = ("local", "ssh", "slurm")  # named first where launchers are listed
@@ -213,10 +213,3 @@ def launcher_for(plan: Any) -> Launcher:
     cls = registry.load(name)
     cls.check_plan(plan)
     return cls(plan.launch)
-
-
-def hosts_for(launcher: Launcher, plan: Any, elastic: bool) -> list[HostSlots]:
-    """The hosts a job starts on: the launcher's, or (elastic, remote) those the discovery source lists now."""
-    if elastic and launcher.remote:
-        return discovered_hosts(plan.elastic.discovery)
-    return launcher.hosts()

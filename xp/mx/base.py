@@ -83,7 +83,7 @@ class MXNetBackend(Backend):
     gather_key: int | str = 1 << 30
 
     @classmethod
-    def launch(cls, plan: Plan) -> Any:
+    def engine_for(cls, plan: Plan) -> Any:
         if not plan.kvstore.startswith("dist_"):
             return None
         from xp.mx.pslite import PsLite
@@ -112,7 +112,7 @@ class MXNetBackend(Backend):
         if plan.dtype == "bfloat16":
             raise ConfigError("dtype=bfloat16: the MXNet backends reach bfloat16 through AMP on CPUs; use dtype=amp "
                               "(or backend=torch dtype=bfloat16)")
-        if plan.workers > 1 and cls.launch(plan) is None:
+        if plan.workers > 1 and cls.engine_for(plan) is None:
             raise ConfigError(f"workers={plan.workers}: several worker processes need a distributed kvstore "
                               "(kvstore=dist_sync) or backend=horovod; for devices in one process use "
                               "cpu_devices/gpus")

@@ -41,7 +41,7 @@ class Backend(ABC):
         """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
 
     @classmethod
-    def launch(cls, plan: Plan) -> type | None:
+    def engine_for(cls, plan: Plan) -> type | None:
         """The engine that starts the run's processes (an xp.launching.engine.Engine beside the framework), or None:
         this process trains."""
         return None

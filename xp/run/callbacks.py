@@ -31,6 +31,8 @@ class Callback:
     def on_train_epoch_end(self, epoch: int) -> None: ...
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None: ...
     def on_train_end(self, history: list[dict[str, float]]) -> None: ...
+    def on_interrupt(self, where: dict[str, Any] | None) -> None:
+        """Ctrl-C or SIGTERM (a spot notice) between two batches; `where`: the loop's LoopState.partial()."""
     def on_end(self) -> None:
         """Always called, also after an error or Ctrl-C: stop threads, release devices."""
 
@@ -126,11 +128,6 @@ class ProgressPrinter(Callback):
             if key in metrics:
                 parts.append(f"{key}={fmt.format(metrics[key])}")
         log.info("  ".join(parts))
-
-
-def fire(callbacks: list[Callback], event: str, *args: Any) -> None:
-    for cb in callbacks:
-        getattr(cb, event)(*args)
 
 
 class ProgressBar(Callback):

@@ -189,60 +189,24 @@ class Checkpointer(Callback):
         if self.rank == 0 and (epoch % self.every == 0 or epoch == self.last):
             commit(self.root, epoch, list(self.history()), self.save, keep=self.keep)
 
-
-def resolve_resume(config: dict[str, Any], uri: str) -> tuple[dict[str, Any], str | None]:
-    """resume=true | RUN_ID | FOLDER -> (the config resuming from the folder, the MLflow run to continue).
-
-    true: the latest run of the experiment that did not finish and committed a state (runs left
-    RUNNING by a dead process are ended FAILED first); RUN_ID: that run. Both continue the same run
-    (run the same command again, adding resume=...). A folder starts a new run from its commit.
-    """
-    import re
-
-    from xp.tracking.tracker import Tracker
-
-    value = config.get("resume")
-    if value is True or str(value).lower() == "true" or re.fullmatch(r"[0-9a-f]{32}", str(value)):
-        tracker = Tracker(uri, config.get("experiment") or "xp", "")
-        try:
-            tracker.experiment_id = tracker._experiment_id()
-            tracker.end_orphans()
-            if value is True or str(value).lower() == "true":
-                runs = tracker.client.search_runs(
-                    [tracker.experiment_id], "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
-                    order_by=["attributes.start_time DESC"], max_results=200)
-                runs = [r for r in runs if r.data.params.get("checkpoint_dir") not in (None, "None")]
-                if not runs:
-                    raise ConfigError("resume=true: no interrupted run with a checkpoint_dir in experiment "
-                                      f"{config.get('experiment') or 'xp'}")
-                run = runs[0]
-            else:
-                run = tracker.client.get_run(str(value))
-        except ConfigError:
-            raise
-        except Exception as e:
-            raise ConfigError(f"resume={value}: cannot find that run ({type(e).__name__})") from None
-        if run.info.status == "RUNNING":
-            raise ConfigError(f"resume={value}: run {run.info.run_id} is still running")
-        folder = run.data.params.get("checkpoint_dir")
-        if run.info.status == "FINISHED":  # its summary is logged: more epochs are a new run
-            raise ConfigError(f"resume={value}: run {run.info.run_id} finished; to train on from its last commit "
-                              f"start a new run from its folder: resume={folder}")
-        if folder in (None, "None"):
-            raise ConfigError(f"resume={value}: run {run.info.run_id} committed no state (it had no checkpoint_dir)")
-        require(folder)
-        return {**config, "resume": folder, "checkpoint_dir": folder}, run.info.run_id
-    require(value)
-    return config, None
+    def on_interrupt(self, where: dict[str, Any] | None) -> None:
+        """A spot notice or Ctrl-C during training: rank 0 commits what was trained, mid-epoch position included,
+        so `resume=true` goes on from that batch."""
+        if self.rank != 0:
+            return
+        history = list(self.history())
+        commit(self.root, len(history), history, self.save, keep=self.keep, position=where)
+        log.warning(f"interrupted: committed epoch {len(history)}"
+                    + (f" and {where['step']} batches of epoch {where['epoch']}" if where else "")
+                    + f" to {self.root}; add resume=true to the same command to continue")
 
 
-def commit_interrupted(plan: Any, backend: Any, history: list[dict[str, float]],
-                       where: dict[str, Any] | None) -> None:
-    """A spot notice or Ctrl-C during training: rank 0 commits what was trained, mid-epoch position included
-    (`where`: the loop's LoopState.partial()), so `resume=true` goes on from that batch."""
-    if not plan.checkpoint_dir or plan.rank != 0:
-        return
-    commit(plan.checkpoint_dir, len(history), history, backend.save_state, keep=plan.checkpoint_keep, position=where)
-    log.warning(f"interrupted: committed epoch {len(history)}"
-                + (f" and {where['step']} batches of epoch {where['epoch']}" if where else "")
-                + f" to {plan.checkpoint_dir}; add resume=true to the same command to continue")
+class Restore(Callback):
+    """A resumed run draws the random numbers the uninterrupted run drew: the commit's random state comes back
+    as training begins."""
+
+    def __init__(self, before: Commit):
+        self.before = before
+
+    def on_train_begin(self) -> None:
+        restore_random_state(self.before.folder)

@@ -12,13 +12,17 @@ synthetic on one device. The verdict compares the rates:
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from xp.run.callbacks import ThroughputMeter, fire
 from xp.data.datasets import DatasetSpec
-from xp.run.train import train_epoch
+from xp.run.callbacks import ThroughputMeter
+from xp.run.train import fire, train_epoch
+
+log = logging.getLogger("xp")
 
 SLOW = 0.8  # "well below": less than 80% of the reference rate
 
@@ -93,3 +97,21 @@ def diagnose(plan: Any, backend_cls: type, steps: int, cores: int | None = None)
         one, _ = measure(single, backend_cls)
     d = judge(real, io, synthetic, plan.data_nthreads, len(plan.devices) * plan.workers, one, cores)
     return replace(d, pipeline=pipeline, kept_up=io >= synthetic)
+
+
+def diagnosed(plan: Any, backend_cls: type) -> tuple[float, dict[str, str], dict[str, str]]:
+    """A diagnose=true run: the diagnosis on the console, and what its MLflow run keeps: (the real rate, the
+    params, the tags)."""
+    log.info(f"diagnosis: {min(plan.steps_per_epoch, plan.diagnose_steps)} batches each with real data, "
+             "IO only and synthetic data" + (", and synthetic on one device" if len(plan.devices) > 1 else ""))
+    d = diagnose(plan, backend_cls, plan.diagnose_steps, os.cpu_count())
+    for k, v in d.rates.items():
+        log.info(f"  {k:<20} {v:10.1f} samples/s")
+    log.info(f"input: {d.pipeline}: " + (f"kept up ({d.rates['io']:.0f} samples/s alone, training alone takes "
+                                          f"{d.rates['synthetic']:.0f})" if d.kept_up else
+                                          f"did not keep up ({d.rates['io']:.0f} samples/s alone, training alone "
+                                          f"could take {d.rates['synthetic']:.0f})"))
+    log.info(f"verdict: {d.verdict}: {d.advice}")
+    params = {**{f"diagnosis.{k}_samples_per_s": f"{v:.6g}" for k, v in d.rates.items()},
+              "diagnosis.input_path": d.pipeline, "diagnosis.input_kept_up": str(d.kept_up).lower()}
+    return d.rates["real"], params, {"xp.diagnosis": d.verdict, "xp.input": d.pipeline}

@@ -50,11 +50,3 @@ class Scores:
         if self.top5:
             out[f"{prefix}_top5_accuracy"] = self.correct5 / n
         return out
-
-
-def step_seed(seed: int, rank: int, step: int) -> int:
-    """The seed of training step `step` (0-based, over the whole run) on worker `rank`: random layers
-    (dropout) draw from it, so a run resumed at any batch draws what the uninterrupted run drew."""
-    import zlib
-
-    return zlib.crc32(f"{seed}:{rank}:{step}".encode())

@@ -17,6 +17,7 @@ from xp.data import datasets
 from xp.data.datasets import DatasetSpec
 from xp.errors import ConfigError
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
+from xp.tracking.stores import resolve_uri
 from xp.run.settings import (ElasticSettings, LaunchSettings, StudySettings, choice, elastic_settings,
                              flag, group, integer, is_int, launch_settings, number, study_settings, text)
 
@@ -109,7 +110,7 @@ class Plan:
     system_metrics_interval_s: float  # MLflow system metrics interval; 0 = off
     # tracking
     experiment: str
-    tracking_uri: str | None
+    tracking_uri: str  # the MLflow store, resolved once (a relative SQLite path made absolute)
     run_name: str | None
     launch: LaunchSettings = LaunchSettings()
     elastic: ElasticSettings = ElasticSettings()
@@ -122,6 +123,28 @@ class Plan:
     def cost_per_hour(self) -> float:
         """USD per hour of this run: the instance's price (spot or on-demand) x the hosts it occupies."""
         return self.hardware.hourly * self.hosts
+
+    def describe(self, uri: str) -> str:
+        """The plan on the console, as a run starts."""
+        d = self.dataset
+        lines = [
+            f"xp: backend={self.backend} model={self.model.name} dataset={d.name} dtype={self.dtype} "
+            f"kvstore={self.kvstore} hardware={self.hardware.name}",
+            f"  devices          {', '.join(self.devices)}  ({self.workers} worker{'s' if self.workers > 1 else ''})",
+            f"  batch            {self.batch} per device, {self.worker_batch} per worker, {self.global_batch} global",
+            f"  learning rate    {self.lr:g} given at batch {self.lr_ref_batch}, {self.effective_lr:g} effective "
+            f"(x {self.effective_lr / self.lr * self.lr_ref_batch:g}/{self.lr_ref_batch}"
+            + (", the batch one asynchronous update sees" if self.kvstore == "dist_async" else "")
+            + f"); schedule {self.lr_schedule}"
+            + (f" at epochs {list(self.lr_steps)} x{self.lr_decay:g}" if self.lr_schedule == "step" else "")
+            + f"; warm-up {self.warmup_epochs:g} epochs",
+            f"  samples/epoch    {self.samples_per_epoch} ({self.steps_per_epoch} steps of {self.global_batch}; "
+            f"{d.train_size} training, {d.val_size} validation, {d.num_classes} classes, "
+            f"{'x'.join(map(str, d.image_shape))} images)",
+            f"  epochs           {self.epochs}, seed {self.seed}",
+            f"  tracking         {uri}  experiment={self.experiment}",
+        ]
+        return "\n".join(lines)
 
     def derived(self) -> dict[str, Any]:
         """The values the plan computed (as opposed to those the user typed)."""
@@ -154,7 +177,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
     hosts: instances the run occupies (its cost), as the launcher counted them from its hosts (launched
     workers learn it from XP_HOSTS); None: one, this machine.
     pretrained_by: the backend's Backend.resolve_pretrained, which finds pretrained= weights on disk (the plan
-    never looks up a backend itself: xp.run.experiment.plan_and_backend hands it the selected one's).
+    never looks up a backend itself: xp.run.planning.plan_and_backend hands it the selected one's).
     """
     backend = group(cfg, "backend")
     kvstore = text({"kvstore": group(cfg, "kvstore")["name"]}, "kvstore") or "local"
@@ -174,7 +197,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = 
         device_type=device_type, devices=devices, workers=workers, rank=rank,
         hosts=hosts or 1, servers=servers, **_state(cfg), **sizes,
         **_optimisation(cfg, sizes), **_measurement(cfg),
-        experiment=str(cfg.get("experiment") or "xp"), tracking_uri=cfg.get("tracking_uri"),
+        experiment=str(cfg.get("experiment") or "xp"), tracking_uri=resolve_uri(cfg.get("tracking_uri")),
         run_name=cfg.get("run_name"), launch=launch, elastic=elastic, study=study_settings(cfg), requested=flatten(cfg))
 
 
@@ -336,7 +359,7 @@ def _pretrained(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver |
                                 flag(cfg, "freeze_backbone"), number(cfg, "backbone_lr_mult", 0.0, 100.0))
     if pretrained_by is None:
         raise ConfigError(f"pretrained={value}: the backend resolves pretrained weights; plan the run through "
-                          "xp.run.experiment.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")
+                          "xp.run.planning.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")
     return pretrained_by(request, model)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import logging
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -12,11 +13,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from xp.run.backend import Backend, BatchHook
-from xp.run.callbacks import Callback, StopTraining, fire
 from xp.errors import Diverged, Terminated
-from xp.run.metrics import step_seed
+from xp.run.backend import Backend, BatchHook
+from xp.run.callbacks import Callback, StopTraining
 from xp.run.plan import Plan, learning_rate
+from xp.studies.trial import TrialPruned
+
+log = logging.getLogger("xp")
 
 
 @dataclass
@@ -207,3 +210,43 @@ def _epochs(plan: Plan, backend: Backend, callbacks: list[Callback], start_epoch
         history.append(metrics)
     fire(callbacks, "on_train_end", history)
     return history
+
+
+def train_run(plan: Plan, backend: Backend, callbacks: list[Callback], tracker: Any, before: Any,
+              trial: Any) -> str:
+    """A run's training with its callbacks, from a commit (`before`) when it resumes (its random state comes
+    back with a callback: xp.run.checkpoint.Restore); returns the state: COMPLETE, or PRUNED (a trial the
+    pruner stopped). Ctrl-C and SIGTERM reach the callbacks (on_interrupt: a commit of where training stands)
+    and go on up."""
+    loop = LoopState(resume_at=before.meta.get("position") if before else None)  # mid-epoch: go on from there
+    state = "COMPLETE"
+    try:
+        fit(plan, backend, callbacks, setup=False, start_epoch=before.epoch if before else 0, state=loop)
+    except (KeyboardInterrupt, Terminated):
+        fire(callbacks, "on_interrupt", loop.partial())  # a spot notice, Ctrl-C
+        raise
+    except TrialPruned as e:
+        state = "PRUNED"
+        log.info(f"trial {trial[0].number}: {e}")
+    except Exception as e:
+        log.debug("training failed", exc_info=True)  # into the log file now, while the run is open
+        e.xp_logged = True
+        if trial:
+            tracker.set_tags({"optuna.trial_state": "FAIL"})
+        raise
+    if trial:
+        tracker.set_tags({"optuna.trial_state": state})
+    return state
+
+
+def fire(callbacks: list[Callback], event: str, *args: Any) -> None:
+    for cb in callbacks:
+        getattr(cb, event)(*args)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of training step `step` (0-based, over the whole run) on worker `rank`: random layers
+    (dropout) draw from it, so a run resumed at any batch draws what the uninterrupted run drew."""
+    import zlib
+
+    return zlib.crc32(f"{seed}:{rank}:{step}".encode())

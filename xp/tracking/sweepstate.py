@@ -1,4 +1,7 @@
-"""A killed sweep resumes: the same command again finds its interrupted parent run and reuses its finished jobs.
+"""What interrupted work goes on from: a killed sweep's parent run and finished jobs, and the MLflow run a
+`resume=true` (or resume=RUN_ID) continues (resume_target).
+
+A killed sweep resumes: the same command again finds its interrupted parent run and reuses its finished jobs.
 
 A sweep's parent run carries the key of its command (experiment, overrides, and the code: git commit, and a
 hash of the changes when the tree has any); each job's run the key of its own overrides and the code. Run
@@ -16,6 +19,8 @@ import json
 import logging
 import os
 from typing import Any
+
+from xp.errors import ConfigError
 
 log = logging.getLogger("xp")
 
@@ -88,3 +93,48 @@ def latest_per_job(children: list[Any]) -> list[Any]:
         if k not in best or best[k].info.status != "FINISHED" or c.info.status == "FINISHED":
             best[k] = c
     return [best[k] for k in order]
+
+
+def resume_target(uri: str, config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """resume=true | RUN_ID -> (the config resuming from that run's checkpoint folder, the MLflow run to
+    continue); resume=FOLDER, or none: (the config, None).
+
+    true: the latest run of the experiment that did not finish and committed a state (runs left
+    RUNNING by a dead process are ended FAILED first); RUN_ID: that run. Both continue the same run
+    (run the same command again, adding resume=...). A folder starts a new run from its commit.
+    """
+    import re
+
+    from xp.tracking.tracker import Tracker
+
+    value = config.get("resume")
+    if value is True or str(value).lower() == "true" or re.fullmatch(r"[0-9a-f]{32}", str(value)):
+        tracker = Tracker(uri, config.get("experiment") or "xp", "")
+        try:
+            tracker.experiment_id = tracker._experiment_id()
+            tracker.end_orphans()
+            if value is True or str(value).lower() == "true":
+                runs = tracker.client.search_runs(
+                    [tracker.experiment_id], "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
+                    order_by=["attributes.start_time DESC"], max_results=200)
+                runs = [r for r in runs if r.data.params.get("checkpoint_dir") not in (None, "None")]
+                if not runs:
+                    raise ConfigError("resume=true: no interrupted run with a checkpoint_dir in experiment "
+                                      f"{config.get('experiment') or 'xp'}")
+                run = runs[0]
+            else:
+                run = tracker.client.get_run(str(value))
+        except ConfigError:
+            raise
+        except Exception as e:
+            raise ConfigError(f"resume={value}: cannot find that run ({type(e).__name__})") from None
+        if run.info.status == "RUNNING":
+            raise ConfigError(f"resume={value}: run {run.info.run_id} is still running")
+        folder = run.data.params.get("checkpoint_dir")
+        if run.info.status == "FINISHED":  # its summary is logged: more epochs are a new run
+            raise ConfigError(f"resume={value}: run {run.info.run_id} finished; to train on from its last commit "
+                              f"start a new run from its folder: resume={folder}")
+        if folder in (None, "None"):
+            raise ConfigError(f"resume={value}: run {run.info.run_id} committed no state (it had no checkpoint_dir)")
+        return {**config, "resume": folder, "checkpoint_dir": folder}, run.info.run_id
+    return dict(config), None

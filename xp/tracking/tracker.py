@@ -71,8 +71,10 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
-                 reopen_run_id: str | None = None, spool_dir: str | Path | None = None):
+                 reopen_run_id: str | None = None, spool_dir: str | Path | None = None,
+                 params: dict[str, Any] | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
+        self.params = dict(params or {})  # logged with the run's start, in the batch of its first tags
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
         self._spool: Any = None
         self.parent_run_id = parent_run_id
@@ -141,15 +143,16 @@ class Tracker:
             self.run_id = self.attach_run_id
             self._deliver_earlier()
             self._open_spool()
-            self.set_tags(self.tags)
+            self.log(params=self.params, tags=self.tags)
             return self.run_id
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status="RUNNING")
             self._deliver_earlier()
             self._open_spool()
-            self.set_tags({**self.tags, "xp.pid": str(os.getpid()), "xp.pid_started": f"{started(os.getpid()):.2f}",
-                           "xp.host": socket.gethostname(), "xp.resumed": "true"})
+            self.log(params=self.params, tags={**self.tags, "xp.pid": str(os.getpid()), "xp.resumed": "true",
+                                               "xp.pid_started": f"{started(os.getpid()):.2f}",
+                                               "xp.host": socket.gethostname()})
             return self.run_id
         try:
             self.experiment_id = self._experiment_id()
@@ -166,6 +169,8 @@ class Tracker:
             raise ConfigError(f"MLflow store {redact(self.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
         self.run_id = run.info.run_id
         self._open_spool()
+        if self.params:
+            self.log(params=self.params)
         _offer_pending(self.uri)
         return self.run_id
 
@@ -192,10 +197,18 @@ class Tracker:
         return ended
 
     # Writes go to the run's spool and return at once; its thread delivers them in order (xp.spool).
+    def log(self, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> None:
+        """Params and tags in one record (the spool sends queued records in as few log_batch calls as MLflow's
+        limits allow)."""
+        items = [[str(k)[:250], redact(str(v))[:MAX_PARAM_LEN]] for k, v in sorted((params or {}).items())]
+        tag_items = [[k, redact(str(v))] for k, v in (tags or {}).items()]
+        if not items and not tag_items:
+            return
+        for i in range(0, max(len(items), 1), 100):  # MLflow's batch limit for params
+            self._spool.put("batch", params=items[i:i + 100], tags=tag_items if i == 0 else [])
+
     def log_params(self, params: dict[str, Any]) -> None:
-        items = [[str(k)[:250], redact(str(v))[:MAX_PARAM_LEN]] for k, v in sorted(params.items())]
-        for i in range(0, len(items), 100):  # MLflow's batch limit for params
-            self._spool.put("batch", params=items[i:i + 100])
+        self.log(params=params)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         import time
@@ -204,7 +217,7 @@ class Tracker:
         self._spool.put("batch", metrics=[[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None])
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._spool.put("batch", tags=[[k, redact(str(v))] for k, v in tags.items()])
+        self.log(tags=tags)
 
     def add_artifact_on_exit(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload `path` when the run ends, whatever the outcome (logs matter most for failed runs)."""
@@ -267,6 +280,7 @@ class NullTracker(Tracker):
     def start(self) -> str:
         return ""
 
+    def log(self, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> None: ...
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...

@@ -1,0 +1,66 @@
+"""A run's record in MLflow: its name, the tags and parameters it opens
+with (one batch), and the one-row summary table it ends with. The tracker writes; this module decides what."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from xp.run.plan import Plan
+from xp.tracking import sweepstate
+from xp.tracking.tracker import NullTracker, Tracker, run_name, run_url_hint, versions
+
+log = logging.getLogger("xp")
+
+
+def name_of(plan: Plan, job: Any, trial: Any) -> str:
+    """run_name=, else a trial's number and parameters ("trial 3: lr=0.018 batch=128"), a sweep job's swept
+    values ("batch=64 lr=0.1"), or its overrides; a plain run with none: model-dataset-backend."""
+    if plan.run_name:
+        return plan.run_name
+    if trial:
+        return f"trial {trial[0].number}: " + " ".join(f"{k}={_short(v)}" for k, v in trial[0].params.items())
+    swept = [o for o in job.overrides if o.lstrip("+~").split("=", 1)[0] in job.swept]
+    return " ".join(swept) or run_name(job.overrides or ()) or f"{plan.model.name}-{plan.dataset.name}-{plan.backend}"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, trial: Any,
+             reopen: str | None) -> Tracker:
+    """The run's tracker (rank 0's; the other ranks write nothing), to start with its name, tags and parameters
+    (a resumed run has its parameters already), and the files it keeps when it ends."""
+    name = name_of(plan, job, trial)
+    tags = {"xp.backend": plan.backend, "xp.model": plan.model.name, "xp.dataset": plan.dataset.name,
+            "xp.dtype": plan.dtype, "xp.hardware": plan.hardware.name}
+    if backend is not None:
+        tags["xp.input"] = backend.input_path  # where the batches are made (a fallback shows)
+    if trial:
+        tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
+                     "optuna.trial_state": "RUNNING"})
+    elif job.parent_run_id and not job.run_id:  # a sweep's job: found again if the sweep is killed and resumed
+        tags[sweepstate.JOB_KEY] = sweepstate.job_key(job.overrides)
+    params = None if job.resumed or reopen else {
+        **plan.requested, "batch_auto": plan.batch_auto, **{f"derived.{k}": v for k, v in plan.derived().items()},
+        **{f"version.{k}": v for k, v in versions(backend_cls.requires).items()}}
+    spool = job.output_dir / "mlflow-spool" if job.output_dir is not None else None  # the run's writes wait here
+    tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
+    tracker = tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id,
+                          tags=tags, attach_run_id=job.run_id, reopen_run_id=reopen, spool_dir=spool, params=params)
+    kept = [(job.output_dir / ".hydra" / f, "hydra") for f in ("config.yaml", "overrides.yaml")
+            if job.output_dir is not None] + ([(job.log_file, None)] if job.log_file is not None else [])
+    for path, dest in kept:
+        tracker.add_artifact_on_exit(path, dest)
+    return tracker
+
+
+def summary_table(plan: Plan, name: str, summary: dict[str, Any], state: str, uri: str, tracker: Any) -> str:
+    """The end of a run on the console: its one-row table and where it is logged."""
+    from xp.tracking.summary import table
+
+    row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices) * plan.workers,
+           **summary, "state": state}
+    return (table([row]) + f"\nlogged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); view with: "
+            f"{run_url_hint(uri, getattr(tracker, 'experiment_id', None), tracker.run_id)}")
