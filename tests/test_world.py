@@ -422,7 +422,7 @@ plan.build_plan, handoff.received = count(plan.build_plan, built), count(handoff
 role = "worker" if os.environ.get("XP_DIST_WORKER") else "launcher"
 @atexit.register
 def report():
-    if "xp.run.experiment" not in sys.modules:  # a runner (torchrun), a scheduler or a server: it trains nothing
+    if "xp.run.planning" not in sys.modules:  # a runner (torchrun), a scheduler or a server: it plans nothing
         return
     with open(os.path.join(os.environ["XP_COUNT_DIR"], str(os.getpid())), "w") as f:
         f.write(f"{role} {built[0]} {received[0]}")
