@@ -2,7 +2,7 @@
 
 Hydra instantiates sweepers only from the hydra_plugins namespace; xp's CLI registers
 this class with Hydra and selects it (hydra/sweeper=xp_optuna) for `-m sweep=NAME`.
-The work is in xp.sweeper.
+The work is in xp.studies.sweeper; on this machine its trials run on the slots of xp.launching.pool.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class XPOptunaSweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
+        from xp.launching.pool import slot_pool
         from xp.studies.sweeper import run_study
 
-        return run_study(self.config, arguments, self.launcher)
+        return run_study(self.config, arguments, self.launcher, slot_pool)

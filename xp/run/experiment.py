@@ -43,6 +43,8 @@ class JobInfo:
     stop_flag: str | None = None  # an elastic round's worker: the file that asks it to stop after an epoch
     resumed: bool = False  # an elastic round after the first: the run's params are logged already
     swept: tuple[str, ...] = ()  # a sweep job: the keys the sweep varies (they name the run)
+    trial: Any = None  # a study's trial run by a slot's worker: (its trial, the StudySpec); else from the config
+    tags: dict[str, str] = field(default_factory=dict)  # more tags for the run (a trial's slot)
 
 
 @dataclass
@@ -62,7 +64,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     before = checkpoint.require(config["resume"]) if config.get("resume") is not None else None
     plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
     plan = with_kept_images(plan)  # an image folder is prepared now: the plan counts the images that train
-    trial = attach(plan.study)
+    trial = job.trial if job.trial is not None else attach(plan.study)
     if job.parent_run_id and not trial and not job.run_id and os.environ.get(sweepstate.RESUMED_ENV):
         earlier = sweepstate.finished_job(uri, job.parent_run_id, sweepstate.job_key(job.overrides))
         if earlier is not None:  # a resumed sweep: this job finished before the sweep was killed

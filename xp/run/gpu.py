@@ -10,26 +10,35 @@ def visible_gpus() -> int:
 
     0 when there is no NVIDIA driver (a CPU machine), never an exception.
     """
+    return len(visible_gpu_ids())
+
+
+def visible_gpu_ids() -> list[int]:
+    """The NVML indices of the GPUs this process may use, in CUDA_VISIBLE_DEVICES order (indices or GPU-UUIDs);
+    [] without a driver."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:
-        return 0
+        return []
     try:
         count = pynvml.nvmlDeviceGetCount()
+        mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if mask is None:
+            return list(range(count))
+        ids: list[int] = []
+        for entry in (e.strip() for e in mask.split(",")):  # CUDA stops at the first invalid entry ("-1": none)
+            if entry.isdigit() and int(entry) < count:
+                ids.append(int(entry))
+                continue
+            try:  # a GPU's UUID
+                ids.append(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(entry)))
+            except Exception:
+                break
+        return ids
     finally:
         pynvml.nvmlShutdown()
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if mask is None:
-        return count
-    # CUDA stops at the first invalid entry, e.g. "-1" hides every GPU.
-    n = 0
-    for entry in (e.strip() for e in mask.split(",")):
-        if not entry or (entry.isdigit() and int(entry) >= count) or entry.startswith("-"):
-            break
-        n += 1
-    return min(n, count)
 
 
 def describe_gpus(indices: list[int], nvml=None) -> list[tuple[int, str, tuple[int, int]]]:

@@ -42,6 +42,7 @@ def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, tr
                      "optuna.trial_state": "RUNNING"})
     elif job.parent_run_id and not job.run_id:  # a sweep's job: found again if the sweep is killed and resumed
         tags[sweepstate.JOB_KEY] = sweepstate.job_key(job.overrides)
+    tags.update(job.tags)
     params = None if job.resumed or reopen else {
         **plan.requested, "batch_auto": plan.batch_auto, **{f"derived.{k}": v for k, v in plan.derived().items()},
         **{f"version.{k}": v for k, v in versions(backend_cls.requires).items()}}

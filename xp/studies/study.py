@@ -8,10 +8,10 @@ directions, sampler, pruner, study name and storage. Each file is an option of t
 group `sweep` (typed by StudyConf), so sweep.FIELD=VALUE overrides any field, and
 KEY=interval(...)/choice(...)/range(...) on the command line add to the search space
 (space_from_overrides). xp's sweeper (hydra/sweeper=
-xp_optuna) asks Optuna for trials and launches each as a normal xp run through the
-Hydra launcher (in-process, or joblib for parallel trials). The job attaches to its
-trial in the RDB storage, reports the first objective after every epoch and stops
-when the pruner says so; the sweeper tells Optuna how each trial ended. A study lives
+xp_optuna) asks Optuna for trials and keeps one in flight on every slot of the machine
+(xp.studies.scheduler; a worker process per slot runs trial after trial, each a normal xp
+run); every epoch the trial's first objective goes to the scheduler, which reports it and
+answers whether to prune; the scheduler tells Optuna how each trial ended. A study lives
 in its storage (SQLite in mlruns/ by default): the same command again continues it up
 to its budget.
 
@@ -71,7 +71,7 @@ class StudySpec:
     study_name: str
     storage: str
     n_trials: int
-    parallel: int
+    parallel: int | None  # trials in flight at once (None: one per slot the placement offers)
     sampler: str
     sampler_seed: int | None
     pruner: str
@@ -81,6 +81,8 @@ class StudySpec:
     heartbeat_s: int = 30
     grace_s: int = 120
     max_retry: int = 2
+    trials_per_gpu: int = 1  # trials packed on one GPU (small models)
+    scheduler: str = "slots"  # slots: xp keeps a trial in flight on every slot; hydra: batches through Hydra's launcher
 
     @property
     def multi_objective(self) -> bool:
@@ -110,7 +112,9 @@ class StudyConf:
     study_name: str | None = None  # Optuna study name (default: name); the same name continues the study
     storage: str | None = None  # RDB URL; null = sqlite:///mlruns/optuna.db (or $XP_OPTUNA_STORAGE)
     n_trials: int = 20  # trial budget (finished trials count, also from earlier runs)
-    parallel: int = 1  # trials launched at once (with hydra/launcher=joblib)
+    parallel: int | None = None  # trials in flight at once; null: one per slot (a trial's GPUs, or a core)
+    trials_per_gpu: int = 1  # trials packed on each GPU (small models)
+    scheduler: str = "slots"  # slots: a trial in flight on every slot; hydra: batches of `parallel` via Hydra's launcher
     sampler: str = "tpe"  # tpe | random | grid | gp | nsga2 | cmaes
     sampler_seed: int | None = None  # the sampler's seed (null = random)
     pruner: str = "median"  # none | median | hyperband | successive_halving
@@ -171,19 +175,26 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
         return raw.get(key, default)
 
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
-                          "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry"}
+                          "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
+                          "trials_per_gpu", "scheduler"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    n_trials, parallel = field("n_trials", 20), field("parallel", 1)
+    n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
     heartbeat_s, max_retry = field("heartbeat_s", 30), field("max_retry", 2)
     grace_s = field("grace_s", 4 * heartbeat_s if isinstance(heartbeat_s, int) else None)
     for key, v, low in (("n_trials", n_trials, 1), ("parallel", parallel, 1), ("heartbeat_s", heartbeat_s, 1),
-                        ("grace_s", grace_s, 1), ("max_retry", max_retry, 0)):
+                        ("grace_s", grace_s, 1), ("max_retry", max_retry, 0), ("trials_per_gpu", per_gpu, 1)):
+        if key == "parallel" and v is None:
+            continue
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise ConfigError(f"{where}: {key}={v!r}: must be an integer >= {low}")
     if grace_s <= heartbeat_s:
         raise ConfigError(f"{where}: grace_s={grace_s} must be longer than heartbeat_s={heartbeat_s}, or live "
                           "trials are taken for dead ones")
+    scheduler = field("scheduler", "slots")
+    if scheduler not in ("slots", "hydra"):
+        raise ConfigError(f"{where}: scheduler={scheduler!r}: unknown; valid: slots (xp keeps a trial in flight on "
+                          "every slot), hydra (batches through Hydra's launcher)")
     sampler, pruner = field("sampler", "tpe"), field("pruner", "median")
     if sampler not in SAMPLERS:
         raise ConfigError(f"{where}: sampler={sampler!r}: unknown; valid: {', '.join(SAMPLERS)}")
@@ -202,7 +213,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     seed = field("sampler_seed")
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
-                     heartbeat_s, grace_s, max_retry)
+                     heartbeat_s, grace_s, max_retry, per_gpu, scheduler)
 
 
 def space_from_overrides(overrides: list[Any]) -> tuple[tuple[Param, ...], list[str]]:

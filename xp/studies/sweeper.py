@@ -4,13 +4,15 @@ it ended, until the budget is spent; then report the best trial (or the Pareto f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from xp.errors import redact
+from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
 from xp.studies.study import FINISHED, StudySpec, space_from_overrides, spec_from
 from xp.studies.trial import _counts, distributions, heartbeat, open_study, retry_dead_trials
 
@@ -25,8 +27,10 @@ def _override(key: str, value: Any) -> str:
     return f"{key}='{value}'"
 
 
-def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
-    """Ask, launch, tell until the study has n_trials finished trials; report the best."""
+def run_study(config: Any, arguments: list[str], launcher: Any, slot_pool: Callable | None = None) -> list[Any]:
+    """Run trials until the study has n_trials finished ones; report the best. With `slot_pool` (a Hydra launcher on
+    this machine: xp.launching.pool.slot_pool) its scheduler keeps a trial in flight on every slot; otherwise
+    (a cluster launcher, submitit) trials go to the launcher in batches of sweep.parallel."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -35,7 +39,7 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
     name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
     spec = spec_from(node, name, extra=space)  # checked by the CLI already
     study = open_study(spec)
-    for line in retry_dead_trials(study, spec):
+    for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec)]:
         log.warning(line)
     done, elsewhere = _counts(study)
     remaining = spec.n_trials - done - elsewhere
@@ -47,13 +51,30 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
         import itertools
 
         combos = list(itertools.product(*(p.choices for p in spec.params)))
-        remaining = min(remaining, len(combos) - done)
+        spec = dataclasses.replace(spec, n_trials=min(spec.n_trials, len(combos)))  # the grid, at most
         for combo in combos:
             study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
-    # With a parallel launcher (hydra/launcher=joblib hydra.launcher.n_jobs=N), ask N trials at a time.
-    n_jobs = (config.hydra.launcher.get("n_jobs") or 1) if "n_jobs" in config.hydra.launcher else 1
-    parallel = max(spec.parallel, os.cpu_count() or 1 if n_jobs == -1 else n_jobs)
-    returns, job = [], 0
+    # a parallel Hydra launcher (hydra/launcher=joblib hydra.launcher.n_jobs=N) asks for N trials at a time
+    n_jobs = config.hydra.launcher.get("n_jobs") if "n_jobs" in config.hydra.launcher else None
+    parallel = spec.parallel if n_jobs is None else max(spec.parallel or 1, os.cpu_count() or 1 if n_jobs == -1
+                                                        else n_jobs)
+    pool = (slot_pool(config, spec, parallel) if slot_pool is not None and spec.scheduler == "slots" and remaining > 0
+            else None)
+    if pool is not None:
+        with pool:
+            returns = [scheduled(study, spec, pool, config, arguments)]
+    else:
+        returns = _in_batches(study, spec, arguments, launcher, parallel or 1)
+    from xp.tracking.stores import resolve_uri
+
+    summarize(study, spec, resolve_uri(config.get("tracking_uri")))
+    return returns
+
+
+def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any, parallel: int) -> list[Any]:
+    """Ask `parallel` trials, launch them as one batch of Hydra jobs, tell, until the budget is spent."""
+    done, elsewhere = _counts(study)
+    remaining, returns, job = spec.n_trials - done - elsewhere, [], 0
     while remaining > 0:
         for line in retry_dead_trials(study, spec):
             log.warning(line)
@@ -70,10 +91,85 @@ def run_study(config: Any, arguments: list[str], launcher: Any) -> list[Any]:
         job += len(trials)
         done, elsewhere = _counts(study)
         remaining = spec.n_trials - done - elsewhere
-    from xp.tracking.stores import resolve_uri
-
-    summarize(study, spec, resolve_uri(config.get("tracking_uri")))
     return returns
+
+
+def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str]) -> Any:
+    """The study's trials kept in flight on the pool's slots (xp.studies.scheduler); returns its tally."""
+    from pathlib import Path
+
+    from optuna.trial import TrialState
+
+    dists, mark = distributions(spec), scheduler_mark()
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    paths = [str(p) for p in config.hydra.searchpath]  # the user's config folders, as the jobs of a sweep see them
+    searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
+
+    def ask() -> Any:
+        trials, _ = _ask(study, dists, 1)
+        if trials:
+            trials[0].set_user_attr(SCHEDULER_ATTR, mark)
+        return trials[0] if trials else None
+
+    def remaining() -> int:
+        done, running = _counts(study)
+        return spec.n_trials - done - running
+
+    def job_of(trial: Any, job: int) -> dict[str, Any]:
+        params = [_override(k, v) for k, v in trial.params.items()]
+        return {"op": "trial", "number": trial.number, "params": trial.params, "study": spec.study_name,
+                "sweep": spec.name, "base": [*searchpath, *arguments], "overrides": params,
+                "task": [*arguments, *params],
+                "output_dir": str(sweep_dir / str(job)), "parent": os.environ.get("XP_PARENT_RUN_ID")}
+
+    def tell(trial: Any, msg: dict[str, Any]) -> str:
+        state = msg.get("state")
+        if state == "COMPLETE":
+            study.tell(trial, msg["values"])
+        elif state == "PRUNED":
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+            state = "FAIL"
+        return state
+
+    def lost(trial: Any, why: str) -> None:
+        study.tell(trial, state=TrialState.FAIL)
+        again = _retry(study, spec, trial._trial_id)
+        log.warning(f"trial {trial.number} lost its worker ({why}): "
+                    + ("retried with the same parameters" if again else "failed, retry limit reached"))
+
+    scheduler = Scheduler(pool, ask, remaining, job_of, tell, lost, spec.heartbeat_s,
+                          None if spec.multi_objective else spec.objectives[0].direction)
+    return scheduler.run()
+
+
+def _retry(study: Any, spec: StudySpec, trial_id: int) -> bool:
+    """Queue a failed trial again with its parameters (as Optuna's retry of stale trials does), up to
+    max_retry times; whether it was queued."""
+    import optuna
+
+    frozen = study._storage.get_trial(trial_id)
+    before = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)(study, frozen)
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))) > before
+
+
+def retry_orphans(study: Any, spec: StudySpec) -> list[str]:
+    """Trials left RUNNING by a scheduler of this host whose process is gone (SIGKILL, out of memory): FAIL at
+    once, each retried with its parameters (up to max_retry times), without waiting for grace_s."""
+    from optuna.trial import TrialState
+
+    lines = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if orphaned(t.user_attrs.get(SCHEDULER_ATTR)):
+            study.tell(t.number, state=TrialState.FAIL)
+            again = _retry(study, spec, t._trial_id)
+            lines.append(f"trial {t.number} lost its sweeper (its process is gone): "
+                         + ("retried with the same parameters" if again else "failed, retry limit reached"))
+    return lines
 
 
 def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:

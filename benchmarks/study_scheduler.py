@@ -1,0 +1,138 @@
+"""Studies that fill the machine, measured side by side in one run.
+
+1. Per-trial cost: xp's whole study command (`-m sweep=lr_batch sweep.n_trials=N epochs=2 sweep.parallel=1`:
+   TPE, the median pruner, LeNet on the digits, fresh SQLite stores) against a bare Optuna loop over a bare
+   Gluon loop with the same space, pruner and network in one process (benchmarks/bare_study.py), whole
+   processes, interleaved. Targets: xp at most 1.3x the bare loop, and per trial within 0.15 s of it.
+2. Slots kept busy: a study with pruning on 2 CPU slots, kept in flight by xp's scheduler, against the same
+   study launched in batches of 2 through Hydra's joblib launcher (sweep.scheduler=hydra, how xp ran studies
+   before), and against 1 slot. Busy slot-seconds / (slots x wall time after the first trial starts), from
+   the trials' MLflow runs. Targets: >= 0.95; the 2-slot study reaches the 1-slot study's best value in at
+   most 0.6 of its wall time.
+
+    .venv/bin/python benchmarks/study_scheduler.py [--trials 10 30] [--reps 3] [--skip-cost] [--skip-busy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUSY_STUDY = ["sweep=lr_batch", "sweep.sampler=random", "sweep.n_trials=16", "epochs=6",
+              "sweep.pruner_options.n_startup_trials=2", "sweep.pruner_options.n_warmup_steps=1"]
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def fresh() -> tuple[Path, dict[str, str]]:
+    work = Path(tempfile.mkdtemp(prefix="xp-bench-study-"))
+    return work, dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{work}/mlflow.db",
+                      XP_OPTUNA_STORAGE=f"sqlite:///{work}/optuna.db", PYTHONPATH=str(ROOT / "benchmarks"))
+
+
+def xp_study(n: int) -> float:
+    work, env = fresh()
+    return timed([sys.executable, "-m", "xp", "-m", "sweep=lr_batch", f"sweep.n_trials={n}", "epochs=2",
+                  "sweep.parallel=1", f"hydra.sweep.dir={work}/sweep"], env)
+
+
+def bare_study(n: int) -> float:
+    work, env = fresh()
+    return timed([sys.executable, str(ROOT / "benchmarks" / "bare_study.py"), f"sqlite:///{work}/bare.db", str(n),
+                  "2"], env)
+
+
+def cost(trials: list[int], reps: int) -> dict:
+    out = {}
+    for n in trials:
+        xs, bs = [], []
+        for _ in range(reps):  # A B A B ...: drift hits both alike
+            xs.append(xp_study(n))
+            bs.append(bare_study(n))
+        x, b = statistics.median(xs), statistics.median(bs)
+        out[n] = {"xp_s": xs, "bare_s": bs, "ratio": x / b, "per_trial_extra_s": (x - b) / n}
+        print(f"{n} trials: xp {x:.2f} s, bare Optuna + Gluon {b:.2f} s (medians of {reps}): {x / b:.2f}x "
+              f"(target <= 1.3), {(x - b) / n * 1000:+.0f} ms a trial (target <= +150)", flush=True)
+    return out
+
+
+def busy_study(*extra: str) -> dict:
+    work, env = fresh()
+    t0 = time.perf_counter()
+    timed([sys.executable, "-m", "xp", "-m", *BUSY_STUDY, *extra, f"hydra.sweep.dir={work}/sweep"], env)
+    wall = time.perf_counter() - t0
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = [r for r in client.search_runs([client.get_experiment_by_name("xp").experiment_id])
+            if "optuna.trial_number" in r.data.tags]
+    first, last = min(r.info.start_time for r in runs), max(r.info.end_time for r in runs)
+    busy = sum(r.info.end_time - r.info.start_time for r in runs) / 1000
+    best = max(r.data.metrics.get("val_accuracy", 0) for r in runs
+               if r.data.tags.get("optuna.trial_state") == "COMPLETE")
+    reached = {r.info.end_time: r.data.metrics.get("val_accuracy", 0) for r in runs
+               if r.data.tags.get("optuna.trial_state") == "COMPLETE"}
+    return {"wall_s": wall, "span_s": (last - first) / 1000, "busy_slot_s": busy, "best": best,
+            "first_ms": first, "completed": sorted(reached.items())}
+
+
+def busy(reps: int) -> dict:
+    rows: dict[str, list[dict]] = {"1 slot": [], "2 slots, xp's scheduler": [], "2 slots, batches (joblib)": []}
+    for _ in range(reps):
+        rows["1 slot"].append(busy_study("sweep.parallel=1"))
+        rows["2 slots, xp's scheduler"].append(busy_study("sweep.parallel=2"))
+        rows["2 slots, batches (joblib)"].append(busy_study("sweep.parallel=2", "sweep.scheduler=hydra",
+                                                             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"))
+    out = {}
+    for name, runs in rows.items():
+        slots = 1 if name == "1 slot" else 2
+        fraction = statistics.median(r["busy_slot_s"] / (slots * r["span_s"]) for r in runs)
+        out[name] = {"runs": runs, "busy_fraction": fraction, "wall_s": statistics.median(r["wall_s"] for r in runs)}
+        print(f"{name}: busy {fraction:.3f} of slot time after the first trial starts"
+              + (" (target >= 0.95)" if "scheduler" in name else "")
+              + f"; study {out[name]['wall_s']:.1f} s", flush=True)
+    one, two = rows["1 slot"], rows["2 slots, xp's scheduler"]
+    shares = []
+    for a, b in zip(one, two):  # when the 2-slot study first holds the 1-slot study's best value
+        at = next((t for t, v in b["completed"] if v >= a["best"]), None)
+        shares.append(((at - b["first_ms"]) / 1000 if at else float("inf")) / a["span_s"])
+    out["time_to_best_share"] = statistics.median(shares)
+    print(f"2 slots reach the 1-slot study's best value in {out['time_to_best_share']:.2f} of its time "
+          "(target <= 0.6)", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, nargs="+", default=[10, 30])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--skip-cost", action="store_true")
+    ap.add_argument("--skip-busy", action="store_true")
+    args = ap.parse_args()
+    result = {}
+    if not args.skip_cost:
+        result["cost"] = cost(args.trials, args.reps)
+    if not args.skip_busy:
+        result["busy"] = busy(args.reps)
+    out = ROOT / "benchmarks" / "results" / "study_scheduler.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""A study's scheduler end to end: trials in flight on every slot, each pinned to its cores, one writer to the
+study's SQLite storage, workers that are replaced when they die, a killed scheduler continued by the same
+command, and a trial in a reused worker computing what a fresh process computes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from conftest import mlflow_runs, run_xp, wait_for_line, xp_process
+
+TINY = """\
+study_name: tiny
+n_trials: {n}
+sampler: random
+sampler_seed: 3
+pruner: none
+params:
+  lr: {{type: float, low: 0.005, high: 0.2, log: true}}
+  batch: {{type: categorical, choices: [32, 64, 128]}}
+"""
+
+
+def study_env(tmp_path, n: int, extra: str = "") -> dict:
+    d = tmp_path / "sweeps"
+    d.mkdir(exist_ok=True)
+    (d / "tiny.yaml").write_text(TINY.format(n=n) + extra)
+    return {"XP_SWEEPS_DIR": str(d), "XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+
+
+def trials_of(tmp_path):
+    import optuna
+
+    return optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()
+
+
+def trial_runs(store):
+    _, runs = mlflow_runs(store)
+    return [r for r in runs if "optuna.trial_number" in r.data.tags]
+
+
+def workers_of(proc) -> list[psutil.Process]:
+    return [c for c in psutil.Process(proc.pid).children() if "xp.launching.trialworker" in " ".join(c.cmdline())]
+
+
+@pytest.mark.slow
+def test_every_core_is_a_slot_and_each_trial_is_pinned_to_its_own(tmp_path, store):
+    cores = sorted(os.sched_getaffinity(0))
+    proc = run_xp(tmp_path, store, "-m", "sweep=tiny", "epochs=1", env=study_env(tmp_path, 2 * len(cores)),
+                  timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"study: {len(cores)} slot" in proc.stdout and "slot 0: cores" in proc.stdout
+    trials = trials_of(tmp_path)
+    assert len(trials) == 2 * len(cores) and all(t.state.name == "COMPLETE" for t in trials)
+    runs = trial_runs(store)
+    assert len(runs) == len(trials) and all(r.info.status == "FINISHED" for r in runs)
+    by_slot: dict[str, set[str]] = {}
+    for r in runs:
+        tags = r.data.tags
+        assert tags["xp.cores"] == tags["xp.slot.cores"]  # read back from /proc in the trial's process
+        by_slot.setdefault(tags["xp.slot"], set()).add(tags["xp.cores"])
+    assert len(by_slot) == len(cores)  # every slot ran trials
+    assert sorted(c for v in by_slot.values() for c in v) == [str(c) for c in cores]  # one core each, disjoint
+    assert proc.stdout.count("study: trial ") == len(trials)  # one line per finished trial
+
+
+@pytest.mark.slow
+def test_four_slots_share_one_sqlite_study_and_a_killed_worker_is_replaced(tmp_path, store):
+    """40 short trials on 4 slots: no "database is locked", every trial once, none left RUNNING; a worker
+    SIGKILLed mid-trial loses that trial, which is retried, and its slot gets a new worker."""
+    env = study_env(tmp_path, 40)
+    with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=1", "sweep.parallel=4", env=env) as proc:
+        wait_for_line(proc, "study: trial 3 ", timeout=300)
+        victim = workers_of(proc)[0]
+        victim.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert "database is locked" not in out + err
+    assert "lost its worker (killed by SIGKILL): retried with the same parameters" in out + err
+    trials = trials_of(tmp_path)
+    counted = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(counted) == 40 and not [t for t in trials if t.state.name == "RUNNING"]
+    lost = [t for t in trials if t.state.name == "FAIL"]
+    assert len(lost) <= 1  # the victim may have been between trials
+    runs = trial_runs(store)
+    assert "RUNNING" not in {r.info.status for r in runs}
+    ids = [t.user_attrs["mlflow_run_id"] for t in counted]
+    assert len(set(ids)) == 40  # every trial its own run, none run twice
+    assert sum(1 for r in runs if r.info.status == "FINISHED") == 40
+
+
+@pytest.mark.slow
+def test_a_killed_scheduler_is_continued_by_the_same_command(tmp_path, store):
+    env = study_env(tmp_path, 6)
+    args = ("-m", "sweep=tiny", "epochs=3", "sweep.parallel=2")
+    with xp_process(tmp_path, store, *args, env=env) as proc:
+        wait_for_line(proc, "study: trial ", timeout=300)
+        workers = workers_of(proc)
+        proc.kill()  # SIGKILL: the scheduler dies without a word; its workers die with it
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    again = run_xp(tmp_path, store, *args, env=env, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "lost its sweeper (its process is gone): retried with the same parameters" in again.stdout + again.stderr
+    trials = trials_of(tmp_path)
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 6 and not [t for t in trials
+                                                                         if t.state.name == "RUNNING"]
+    assert "RUNNING" not in {r.info.status for r in trial_runs(store)}
+
+
+@pytest.mark.slow
+def test_a_trial_in_a_reused_worker_computes_what_a_fresh_worker_computes(tmp_path, store):
+    """The same trial (dropout draws random numbers) second in a worker, after another trial, and first in a fresh
+    worker: the same numbers, to the last bit (no random state, no graph, no memory carried over)."""
+    def second_trial(folder, choices: str):
+        (folder / "sweeps").mkdir(parents=True)
+        (folder / "sweeps" / "tiny.yaml").write_text(
+            f"study_name: tiny\nn_trials: 9\nsampler: grid\npruner: none\nparallel: 1\n"
+            f"params:\n  lr: {{type: categorical, choices: [{choices}]}}\n"
+            "  model.dropout: {type: categorical, choices: [0.3]}\n")
+        env = {"XP_SWEEPS_DIR": str(folder / "sweeps"), "XP_OPTUNA_STORAGE": f"sqlite:///{folder}/optuna.db"}
+        uri = f"sqlite:///{folder}/mlflow.db"
+        proc = run_xp(folder, uri, "-m", "sweep=tiny", "epochs=2", env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs = sorted(trial_runs(uri), key=lambda r: int(r.data.tags["optuna.trial_number"]))
+        assert runs[-1].data.params["lr"] == "0.03"
+        return runs[-1].data.metrics
+
+    after_another = second_trial(tmp_path / "reused", "0.1, 0.03")
+    alone = second_trial(tmp_path / "fresh", "0.03")
+    for key in ("val_accuracy", "val_loss", "train_loss"):
+        assert after_another[key] == alone[key], key

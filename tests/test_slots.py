@@ -1,0 +1,73 @@
+"""Where a study's trials run: slots of GPUs (a fake NVML of 8) and of cores, disjoint, each trial pinned."""
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from xp.errors import ConfigError
+from xp.launching.slots import Slot, plan_slots, span
+
+
+@pytest.fixture
+def eight_gpus(monkeypatch):
+    """NVML as a machine with 8 GPUs shows it (as the telemetry tests fake it)."""
+    nvml = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 8,
+                           nvmlDeviceGetHandleByUUID=lambda u: int(u.split("-")[1]), nvmlDeviceGetIndex=lambda h: h)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return nvml
+
+
+def visible(slots):
+    return [s.env()["CUDA_VISIBLE_DEVICES"] for s in slots]
+
+
+def test_one_gpu_trials_get_eight_distinct_gpus(eight_gpus):
+    slots = plan_slots(1, None, cores=list(range(16)))
+    assert visible(slots) == [str(i) for i in range(8)]
+    assert all(len(s.cores) == 2 for s in slots)  # the cores shared out: 16 / 8
+    assert len({c for s in slots for c in s.cores}) == 16  # disjoint
+    assert slots[0].env()["OMP_NUM_THREADS"] == "2"
+
+
+def test_two_gpu_trials_get_four_disjoint_pairs(eight_gpus):
+    slots = plan_slots(2, None, cores=list(range(8)))
+    pairs = [set(v.split(",")) for v in visible(slots)]
+    assert len(pairs) == 4 and all(len(p) == 2 for p in pairs)
+    assert set().union(*pairs) == {str(i) for i in range(8)}  # every GPU once
+
+
+def test_trials_per_gpu_packs_sixteen_trials_two_to_a_gpu(eight_gpus):
+    slots = plan_slots(1, None, trials_per_gpu=2, cores=list(range(16)))
+    devices = visible(slots)
+    assert len(devices) == 16 and all(devices.count(str(g)) == 2 for g in range(8))
+    assert all(len(s.cores) == 1 for s in slots) and len({s.cores for s in slots}) == 16
+
+
+def test_the_visible_gpus_are_the_ones_placed(eight_gpus, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,GPU-7,2")
+    assert visible(plan_slots(1, None, cores=[0])) == ["5", "7", "2"]
+
+
+def test_more_slots_than_the_gpus_make_is_one_line(eight_gpus):
+    with pytest.raises(ConfigError, match=r"sweep.parallel=5: 4 groups of 2 GPUs x 1 trials each make 4 slots"):
+        plan_slots(2, 5, cores=[0, 1])
+    with pytest.raises(ConfigError, match="gpus=16 per trial: this machine shows xp 8 GPUs"):
+        plan_slots(16, None, cores=[0])
+
+
+def test_cpu_slots_are_disjoint_cores_and_share_only_when_asked_for_more(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no driver: import fails
+    slots = plan_slots(0, None, cores=[0, 1, 2, 3])
+    assert [s.cores for s in slots] == [(0,), (1,), (2,), (3,)] and all("CUDA_VISIBLE_DEVICES" not in s.env()
+                                                                        for s in slots)
+    assert [s.cores for s in plan_slots(0, 2, cores=[0, 1, 2, 3])] == [(0, 1), (2, 3)]
+    assert [s.cores for s in plan_slots(0, 4, cores=[0, 1])] == [(0,), (1,), (0,), (1,)]
+
+
+def test_a_slot_says_where_it_is():
+    s = Slot(3, (4, 5), (0, 1, 2, 3, 8))
+    assert s.describe() == "slot 3: GPU 4,5 and cores 0-3,8 on this machine"
+    assert s.tags() == {"xp.slot": "3", "xp.slot.gpus": "4,5", "xp.slot.cores": "0-3,8", "xp.slot.host": "local"}
+    assert span((7,)) == "7"

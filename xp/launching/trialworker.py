@@ -1,0 +1,184 @@
+"""A slot's worker: pinned to its slot's cores (and, through CUDA_VISIBLE_DEVICES, its GPUs) before anything
+starts a thread, it imports the frameworks once and then runs trial after trial, each a complete xp run: its
+own config, output folder, log file and MLflow child run, seeded by its plan (so it draws what it would draw
+in a fresh process). It never opens the study's storage: its values go to the scheduler on its channel.
+
+    python -m xp.launching.trialworker FD     (FD: its end of the scheduler's socket pair)
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str]) -> int:
+    slot = json.loads(os.environ["XP_SLOT"])
+    os.sched_setaffinity(0, slot["cores"])  # before any import starts a thread: every thread inherits it
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, _terminated)  # its trial's run ends KILLED, as a run's does
+    from xp.studies.scheduler import Channel
+
+    channel = Channel(socket.socket(fileno=int(argv[0])))
+    try:
+        compose = _composer()
+        if os.environ.get("XP_SLOT_BACKEND"):
+            from xp.run.registry import Registry
+
+            Registry().load(os.environ["XP_SLOT_BACKEND"])  # its framework, imported once for every trial
+    except Exception as e:
+        channel.send({"op": "error", "error": f"{type(e).__name__}: {e}"})
+        return 1
+    _logging(quiet=os.environ.get("XP_SLOT_QUIET") == "1")
+    channel.send({"op": "ready", "pid": os.getpid()})
+    while True:
+        msg = channel.recv()
+        if msg is None or msg["op"] == "exit":
+            return 0
+        result = run_trial(msg, channel, compose, slot)
+        channel.send(result)
+        if result.get("recycle"):
+            return 0
+
+
+def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: dict[str, Any]) -> dict[str, Any]:
+    """One trial, as the study's job message describes it; returns how it ended ("done")."""
+    from omegaconf import OmegaConf
+
+    from xp.errors import XPError, one_line
+    from xp.launching.slots import Slot
+    from xp.run.experiment import JobInfo, run
+    from xp.studies.scheduler import SlotTrial
+    from xp.studies.study import spec_from
+
+    out = Path(msg["output_dir"])
+    (out / ".hydra").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(out / "xp.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    from xp.errors import RedactFilter
+
+    handler.addFilter(RedactFilter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    result: dict[str, Any] = {"op": "done", "state": "FAIL"}
+    try:
+        cfg = compose(msg["base"], msg["params"], msg["overrides"])
+        OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
+        OmegaConf.save(OmegaConf.create(msg["task"]), out / ".hydra" / "overrides.yaml")
+        config = OmegaConf.to_container(cfg, resolve=True)
+        result["recycle"] = (config.get("dtype") or {}).get("name", "float32") != "float32"  # AMP patches the process
+        spec = spec_from(config["sweep"], msg["sweep"], search=False)
+        trial = SlotTrial(channel, msg["number"], msg["params"], msg["study"])
+        job = JobInfo(overrides=msg["task"], output_dir=out, log_file=out / "xp.log", parent_run_id=msg["parent"],
+                      cwd=Path.cwd(), trial=(trial, spec), tags={**Slot(**slot).tags(), "xp.cores": _cores()})
+        outcome = run(config, job)
+        result.update(state=outcome.state, values=outcome.values)
+    except XPError as e:
+        logging.getLogger("xp").debug("error", exc_info=True)
+        result["error"] = one_line(e)[:300]
+        if not _quiet():  # as a run's error reads on the console
+            print(f"xp: error: {result['error']}", file=sys.stderr, flush=True)
+    except Exception as e:
+        logging.getLogger("xp").debug("failed", exc_info=True)
+        result["error"] = f"training failed: {type(e).__name__}: {one_line(e)[:300]} (traceback in {out / 'xp.log'})"
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        gc.collect()  # what the trial held goes before the next one starts
+    return result
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    from xp.errors import Terminated
+
+    raise Terminated()
+
+
+def _quiet() -> bool:
+    return os.environ.get("XP_SLOT_QUIET") == "1"
+
+
+def _cores() -> str:
+    """This process's CPU affinity, as the kernel has it (Cpus_allowed_list)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _composer() -> Any:
+    """compose(base, params) -> a trial's config: xp's config tree with the study's overrides (`base`, composed
+    once per study) and the trial's parameters (set on a copy where they are plain values; composed anew
+    where one picks a config group's option)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import DictConfig, OmegaConf
+
+    from xp import shipped
+    from xp.studies import study
+
+    study.register()  # the study files are options of the config group `sweep`
+    initialize_config_dir(str(shipped("conf")), version_base="1.3", job_name="xp").__enter__()  # the process's life
+    composed: dict[tuple[str, ...], Any] = {}
+
+    def trial_config(base: list[str], params: dict[str, Any], overrides: list[str]) -> Any:
+        key = tuple(base)
+        if key not in composed:
+            composed[key] = compose("config", overrides=base)
+        cfg = composed[key]
+        picked = [OmegaConf.select(cfg, k, default=_MISSING) for k in params]
+        if any(v is _MISSING or isinstance(v, DictConfig) for v in picked):
+            return compose("config", overrides=[*base, *overrides])  # a group's option, or a new key
+        cfg = cfg.copy()
+        for k, v in params.items():
+            OmegaConf.update(cfg, k, v, merge=False)
+        return cfg
+    return trial_config
+
+
+_MISSING = object()
+
+
+def _logging(quiet: bool) -> None:
+    """As a Hydra job logs: its lines on the console (with several slots, only warnings: the scheduler prints a
+    line per trial) and everything in the trial's log file."""
+    from xp.errors import RedactFilter
+
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter("%(message)s"))
+    console.setLevel(logging.WARNING if quiet else logging.INFO)
+    console.addFilter(RedactFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [console]
+    root.setLevel(logging.INFO)
+    logging.getLogger("xp").setLevel(logging.DEBUG)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _die_with_parent() -> None:
+    """Linux: this worker ends when its scheduler does (a SIGKILLed scheduler leaves no worker behind)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        return
+    if os.getppid() == 1:  # the scheduler died before we asked
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    from xp.errors import Terminated
+
+    try:
+        raise SystemExit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the trial's run ended KILLED
+        raise SystemExit(130)
+    except Terminated:
+        raise SystemExit(143)

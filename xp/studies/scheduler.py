@@ -1,0 +1,238 @@
+"""A study's scheduler: trials kept in flight on slots, a slot refilled as soon as its trial ends (finished,
+pruned or failed), until the budget is spent. Asynchronous ask and tell: a pruned trial never waits for the
+slowest of a batch (ASHA's argument), and the pruners and samplers see every result as it comes.
+
+The scheduler alone talks to the study's storage. Its workers (one long-lived process per slot, see
+xp.launching.pool) run the trials and send each epoch's value over a channel; the scheduler reports it,
+asks the pruner and answers. So SQLite never has two writers, and a remote database one connection per
+scheduler. Several schedulers (on several machines) may still share one PostgreSQL or journal study.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger("xp")
+
+SCHEDULER_ATTR = "xp.scheduler"  # a trial's user attribute: host:pid:start of the scheduler running it
+
+
+class Channel:
+    """JSON messages, one per line, over a socket (a scheduler and one of its workers)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buf = sock, b""
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sock.sendall((json.dumps(msg) + "\n").encode())
+
+    def recv(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next message (blocking, at most `timeout` s: TimeoutError); None once the other end closed."""
+        self.sock.settimeout(timeout)
+        try:
+            while b"\n" not in self.buf:
+                data = self.sock.recv(65536)
+                if not data:
+                    return None
+                self.buf += data
+        finally:
+            self.sock.settimeout(None)
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def pending(self) -> list[dict[str, Any]] | None:
+        """The messages that arrived (the socket is readable); None once the other end closed."""
+        try:
+            data = self.sock.recv(65536)
+        except (ConnectionError, OSError):
+            data = b""
+        if not data:
+            return None
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(line) for line in lines]
+
+
+class SlotTrial:
+    """A worker's view of the trial it runs (what xp's run uses of an Optuna trial): its values go to the
+    scheduler, which reports them to the study and answers whether to prune."""
+
+    def __init__(self, channel: Channel, number: int, params: dict[str, Any], study_name: str):
+        self.channel, self.number, self.params = channel, number, params
+        self.study = type("Study", (), {"study_name": study_name})()
+
+    def report(self, value: float, step: int) -> None:
+        self.channel.send({"op": "report", "value": float(value), "step": int(step)})
+
+    def should_prune(self) -> bool:
+        self.channel.send({"op": "should_prune"})
+        answer = self.channel.recv()
+        if answer is None:
+            raise ConnectionError("the study's scheduler is gone")
+        return bool(answer["prune"])
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self.channel.send({"op": "attr", "key": key, "value": value})
+
+
+@dataclass
+class Flight:
+    trial: Any  # the Optuna trial (the scheduler's)
+    started: float
+    job: int
+
+
+@dataclass
+class Tally:
+    """What the study did in this process, for the progress lines."""
+    states: dict[str, int] = field(default_factory=lambda: {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0})
+    best: float | None = None
+    busy_s: float = 0.0  # slot-seconds spent running trials
+    started: float = field(default_factory=time.monotonic)
+    first: float | None = None  # when the first trial started
+
+
+class Scheduler:
+    """Keeps every slot of `pool` busy with a trial of `study` until `remaining()` is 0 and none is in flight.
+    `ask()` gives the next trial (None: nothing to run now), `job_of(trial, job)` its message for a worker,
+    `tell(trial, result)` records how it ended, `lost(trial, why)` a trial whose worker died."""
+
+    def __init__(self, pool: Any, ask: Callable[[], Any], remaining: Callable[[], int],
+                 job_of: Callable[[Any, int], dict[str, Any]], tell: Callable[[Any, dict[str, Any]], str],
+                 lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None):
+        self.pool, self.ask, self.remaining, self.job_of = pool, ask, remaining, job_of
+        self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
+        self.flights: dict[Any, Flight] = {}
+        self.jobs = 0
+        self.tally = Tally()
+
+    def run(self) -> Tally:
+        selector = selectors.DefaultSelector()
+        idle = list(self.pool.workers)
+        for w in idle:
+            selector.register(w, selectors.EVENT_READ)
+        beat = time.monotonic()
+        try:
+            while True:
+                idle = self._fill(idle)
+                if not self.flights:
+                    return self.tally
+                for key, _ in selector.select(timeout=max(0.05, beat + self.heartbeat_s - time.monotonic())):
+                    idle.extend(self._serve(key.fileobj, selector))
+                if time.monotonic() >= beat + self.heartbeat_s:
+                    beat = time.monotonic()
+                    _beat([f.trial for f in self.flights.values()])
+        finally:
+            selector.close()
+
+    def _fill(self, idle: list[Any]) -> list[Any]:
+        """Give every idle worker a trial while the budget lasts (an asked trial that reused an earlier result
+        is told at once, and the budget shrinks)."""
+        while idle and self.remaining() > 0:
+            trial = self.ask()
+            if trial is None:
+                continue
+            _beat([trial])  # alive from the start: a later sweeper does not take it for a lost one
+            worker = idle.pop(0)
+            self.jobs += 1
+            worker.send(self.job_of(trial, self.jobs - 1))
+            now = time.monotonic()
+            self.flights[worker] = Flight(trial, now, self.jobs - 1)
+            if self.tally.first is None:
+                self.tally.first = now
+        return idle
+
+    def _serve(self, worker: Any, selector: Any) -> list[Any]:
+        """Answer a worker's messages; returns it when it is free again (or its replacement)."""
+        messages = worker.pending()
+        flight = self.flights.get(worker)
+        if messages is None:  # the worker died: its trial is lost and retried, a new worker takes the slot
+            selector.unregister(worker)
+            why = worker.ended()
+            if flight is not None:
+                del self.flights[worker]
+                self.tally.busy_s += time.monotonic() - flight.started
+                self.lost(flight.trial, why)
+                self.tally.states["FAIL"] += 1
+            fresh = self.pool.replace(worker)
+            selector.register(fresh, selectors.EVENT_READ)
+            return [fresh]
+        free = []
+        for msg in messages:
+            op = msg["op"]
+            if op == "report":
+                flight.trial.report(msg["value"], msg["step"])
+            elif op == "should_prune":
+                worker.send({"op": "prune", "prune": flight.trial.should_prune()})
+            elif op == "attr":
+                flight.trial.set_user_attr(msg["key"], msg["value"])
+            elif op == "done":
+                worker.finished += 1
+                del self.flights[worker]
+                self.tally.busy_s += time.monotonic() - flight.started
+                state = self.tell(flight.trial, msg)
+                self._count(flight, msg, state)
+                if msg.get("recycle"):  # it ran something that changes its process for good (mixed precision)
+                    selector.unregister(worker)
+                    self.pool.retire(worker)
+                    worker = self.pool.replace(worker)
+                    selector.register(worker, selectors.EVENT_READ)
+                free.append(worker)
+        return free
+
+    def _count(self, flight: Flight, msg: dict[str, Any], state: str) -> None:
+        t = self.tally
+        t.states[state] = t.states.get(state, 0) + 1
+        value = msg["values"][0] if state == "COMPLETE" and msg.get("values") else None
+        if value is not None and (t.best is None or (value > t.best if self.direction != "minimize" else
+                                                     value < t.best)):
+            t.best = value
+        done = sum(t.states.values())
+        elapsed = time.monotonic() - t.started
+        left = self.remaining() + len(self.flights)
+        eta = f", about {elapsed / done * left / max(1, len(self.pool.workers)):.0f} s left" if left and done else ""
+        error = f": {msg['error']}" if msg.get("error") else ""
+        print(f"study: trial {flight.trial.number} {state.lower()}{error} after "
+              f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states['COMPLETE']} complete, "
+              f"{t.states['PRUNED']} pruned, {t.states['FAIL']} failed), {len(self.flights)} running on "
+              f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta,
+              flush=True, file=sys.stdout)
+
+
+def _beat(trials: list[Any]) -> None:
+    """A heartbeat for each trial in flight (an RDB storage's; others keep none)."""
+    for t in trials:
+        record = getattr(t.study._storage, "record_heartbeat", None)
+        if record is not None:
+            try:
+                record(t._trial_id)
+            except Exception as e:  # a database hiccup must not end the study; the next beat tries again
+                log.warning(f"heartbeat of trial {t.number}: {e}")
+
+
+def scheduler_mark() -> str:
+    """This scheduler process, as a trial records it: host:pid:start (xp.tracking.spool.same_process)."""
+    from xp.tracking.spool import started
+
+    return f"{socket.gethostname()}:{os.getpid()}:{started(os.getpid()):.2f}"
+
+
+def orphaned(mark: str | None) -> bool:
+    """Whether a trial marked by `mark` lost its scheduler: one of this host whose process is gone."""
+    from xp.tracking.spool import same_process
+
+    if not mark or mark.count(":") < 2:
+        return False
+    host, pid, start = mark.rsplit(":", 2)
+    return host == socket.gethostname() and pid.isdigit() and not same_process(int(pid), start)
