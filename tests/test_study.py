@@ -283,7 +283,7 @@ def test_a_killed_sweep_is_continued_by_the_next_one_retrying_the_lost_trial(tmp
     import time
 
     d = sweeps("small", SMALL.format(n=2, sampler="random", pruner="none", objectives=ONE)
-               + "    heartbeat_s: 1\n    grace_s: 3\n")
+               + "    heartbeat_s: 1\n    grace_s: 3\n    parallel: 1\n")  # one trial in flight: the one killed
     env = study_env(tmp_path, d)
     with xp_process(tmp_path, store, "-m", "sweep=small", "epochs=400", env=env) as proc:
         wait_for_line(proc, "epoch   2/400", timeout=180)  # trial 0 is training

@@ -174,7 +174,7 @@ class Scheduler:
             if op == "report":
                 flight.trial.report(msg["value"], msg["step"])
             elif op == "should_prune":
-                worker.send({"op": "prune", "prune": flight.trial.should_prune()})
+                worker.send({"op": "prune", "prune": bool(flight.trial.should_prune())})
             elif op == "attr":
                 flight.trial.set_user_attr(msg["key"], msg["value"])
             elif op == "done":

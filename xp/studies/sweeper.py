@@ -102,7 +102,9 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
 
     dists, mark = distributions(spec), scheduler_mark()
     sweep_dir = Path(str(config.hydra.sweep.dir))
-    paths = [str(p) for p in config.hydra.searchpath]  # the user's config folders, as the jobs of a sweep see them
+    # the user's config folders (--config-dir, hydra.searchpath), as the jobs of a sweep see them
+    paths = [f"{s.schema}://{s.path}" for s in config.hydra.runtime.config_sources
+             if s.provider in ("command-line", "hydra.searchpath in command-line", "hydra.searchpath in main")]
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
     def ask() -> Any:
