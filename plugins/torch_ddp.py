@@ -36,6 +36,10 @@ class TorchBackend(Backend):
         return len(plan.devices) * plan.workers
 
     @classmethod
+    def warm(cls) -> None:
+        import torch  # noqa: F401
+
+    @classmethod
     def engine_for(cls, plan: Plan) -> Any:
         if cls.processes(plan) == 1:
             return None

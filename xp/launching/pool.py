@@ -58,8 +58,8 @@ class Worker:
 class Pool:
     """One worker per slot. `backend`: the backend the trials use, imported by each worker as it starts."""
 
-    def __init__(self, slots: list[Slot], backend: str | None = None):
-        self.slots, self.backend = slots, backend
+    def __init__(self, slots: list[Slot], backend: str | None = None, tracking_uri: str | None = None):
+        self.slots, self.backend, self.tracking_uri = slots, backend, tracking_uri
         self.quiet = len(slots) > 1
         self.workers: list[Worker] = []
 
@@ -82,7 +82,8 @@ class Pool:
     def _spawn(self, slot: Slot) -> tuple[subprocess.Popen, Channel, Slot]:
         ours, theirs = socket.socketpair()
         env = {**os.environ, **slot.env(), SLOT_ENV: json.dumps(asdict(slot)), QUIET_ENV: "1" if self.quiet else "0",
-               **({"XP_SLOT_BACKEND": self.backend} if self.backend else {})}
+               **({"XP_SLOT_BACKEND": self.backend} if self.backend else {}),
+               **({"XP_SLOT_TRACKING": self.tracking_uri} if self.tracking_uri else {})}
         proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
                                 pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
@@ -145,4 +146,7 @@ def slot_pool(config: Any, spec: Any, parallel: int | None) -> Pool | None:
     slots = plan_slots(int(config.get("gpus") or 0), parallel, spec.trials_per_gpu)
     log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each: "
              + "; ".join(s.describe() for s in slots))
-    return Pool(slots, backend=(config.get("backend") or {}).get("name"))
+    from xp.tracking.stores import resolve_uri
+
+    return Pool(slots, backend=(config.get("backend") or {}).get("name"),
+                tracking_uri=resolve_uri(config.get("tracking_uri")))

@@ -29,10 +29,7 @@ def main(argv: list[str]) -> int:
     channel = Channel(socket.socket(fileno=int(argv[0])))
     try:
         compose = _composer()
-        if os.environ.get("XP_SLOT_BACKEND"):
-            from xp.run.registry import Registry
-
-            Registry().load(os.environ["XP_SLOT_BACKEND"])  # its framework, imported once for every trial
+        _warm(os.environ.get("XP_SLOT_BACKEND"), os.environ.get("XP_SLOT_TRACKING"))
     except Exception as e:
         channel.send({"op": "error", "error": f"{type(e).__name__}: {e}"})
         return 1
@@ -40,8 +37,10 @@ def main(argv: list[str]) -> int:
     channel.send({"op": "ready", "pid": os.getpid()})
     while True:
         msg = channel.recv()
-        if msg is None or msg["op"] == "exit":
-            return 0
+        if msg is None or msg["op"] == "exit":  # idle: nothing of a trial is left to finish
+            logging.shutdown()
+            sys.stdout.flush()
+            os._exit(0)  # without the interpreter's and the frameworks' teardown (most of a second)
         result = run_trial(msg, channel, compose, slot)
         channel.send(result)
         if result.get("recycle"):
@@ -92,6 +91,7 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: dict[str, A
         root.removeHandler(handler)
         handler.close()
         gc.collect()  # what the trial held goes before the next one starts
+        gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
     return result
 
 
@@ -99,6 +99,21 @@ def _terminated(signum: int, frame: Any) -> None:
     from xp.errors import Terminated
 
     raise Terminated()
+
+
+def _warm(backend: str | None, tracking_uri: str | None) -> None:
+    """What every trial needs, done once before the first: the backend's frameworks imported, the tracking store
+    opened (mlflow imported, the store's schema checked)."""
+    if backend:
+        from xp.run.registry import Registry
+
+        Registry().load(backend).warm()
+    if tracking_uri:
+        from xp.tracking.stores import open_client
+
+        open_client(tracking_uri)
+    gc.collect()
+    gc.freeze()
 
 
 def _quiet() -> bool:

@@ -83,6 +83,10 @@ class MXNetBackend(Backend):
     gather_key: int | str = 1 << 30
 
     @classmethod
+    def warm(cls) -> None:
+        import mxnet  # noqa: F401
+
+    @classmethod
     def engine_for(cls, plan: Plan) -> Any:
         if not plan.kvstore.startswith("dist_"):
             return None

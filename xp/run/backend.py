@@ -41,6 +41,11 @@ class Backend(ABC):
         """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
 
     @classmethod
+    def warm(cls) -> None:
+        """Import what every run of this backend needs (its frameworks): a study's long-lived workers call it once,
+        before their first trial, so no trial pays for it."""
+
+    @classmethod
     def engine_for(cls, plan: Plan) -> type | None:
         """The engine that starts the run's processes (an xp.launching.engine.Engine beside the framework), or None:
         this process trains."""

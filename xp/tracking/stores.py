@@ -107,9 +107,15 @@ def check_database(url: str, what: str) -> None:
         raise ConfigError(f"{what} {redact(url)}: cannot connect ({type(e).__name__}: {reason[:300]})") from None
 
 
+_clients: dict[str, object] = {}  # one client (and one store: engine, checked schema) per URI and process
+
+
 def open_client(uri: str):
-    """An MlflowClient on `uri`. Opening a SQLite store creates or migrates its schema: that happens under the
-    store's first-use lock (xp.storefile), so processes starting together never race through the migrations."""
+    """An MlflowClient on `uri`, opened once per process (a study's worker opens it before its first trial).
+    Opening a SQLite store creates or migrates its schema: that happens under the store's first-use lock
+    (xp.storefile), so processes starting together never race through the migrations."""
+    if uri in _clients:
+        return _clients[uri]
     from mlflow.tracking import MlflowClient
 
     from xp.tracking.storefile import first_use
@@ -121,7 +127,8 @@ def open_client(uri: str):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     with first_use(uri, "tracking_uri"):
-        return MlflowClient(tracking_uri=uri)
+        client = _clients[uri] = MlflowClient(tracking_uri=uri)
+    return client
 
 
 def _artifact_root(uri: str) -> str | None:
