@@ -137,3 +137,16 @@ def test_a_trial_in_a_reused_worker_computes_what_a_fresh_worker_computes(tmp_pa
     alone = second_trial(tmp_path / "fresh", "0.03")
     for key in ("val_accuracy", "val_loss", "train_loss"):
         assert after_another[key] == alone[key], key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arg, message", [
+    ("sweep.trials_per_gpu=0", "trials_per_gpu=0: must be an integer >= 1"),
+    ("sweep.scheduler=fifo", "scheduler='fifo': unknown; valid: slots"),
+    ("sweep.parallel=0", "parallel=0: must be an integer >= 1"),
+])
+def test_a_placement_it_cannot_make_is_one_line_before_anything_starts(tmp_path, store, arg, message):
+    proc = run_xp(tmp_path, store, "-m", "sweep=tiny", arg, env=study_env(tmp_path, 2), timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr and "Traceback" not in proc.stdout
+    assert mlflow_runs(store)[1] == []

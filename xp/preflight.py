@@ -117,7 +117,8 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
         known = _known_keys(compose, groups, dirs)
         _check_added(parsed, known, groups)
         jobs = [[*searchpath, *job] for job in jobs]
-        jobs = _study_jobs(jobs, args.multirun, known, compose, space) or jobs
+        here = not any(o.key_or_group == "hydra/launcher" and "submitit" in str(o.value()) for o in parsed)
+        jobs = _study_jobs(jobs, args.multirun, known, compose, space, here) or jobs
         for job in jobs:
             try:
                 config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
@@ -226,10 +227,11 @@ def no_study(override: str) -> ConfigError:
 
 
 def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose: Any,
-                space: tuple[Any, ...]) -> list[list[str]]:
+                space: tuple[Any, ...], here: bool = True) -> list[list[str]]:
     """With sweep=NAME: check the study (its file, sweep.* overrides, a search space given on the command line)
     and return one job per corner of its search space (each choice, each bound), so a value the plan refuses
-    fails now, not in trial 17."""
+    fails now, not in trial 17. `here`: the trials run on this machine's slots (not a cluster's launcher),
+    which must be able to place them."""
     from omegaconf import OmegaConf
 
     from xp.studies import study
@@ -237,9 +239,10 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
 
     base = jobs[0]
     try:
-        node = OmegaConf.to_container(compose("config", overrides=base), resolve=True).get("sweep")
+        config = OmegaConf.to_container(compose("config", overrides=base), resolve=True)
     except Exception:
         return []  # composition errors are reported by the caller
+    node = config.get("sweep")
     if not node:
         return []
     name = node.get("name") or next(o.split("=", 1)[1] for o in base if o.lstrip("+").startswith("sweep="))
@@ -251,6 +254,10 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
             raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
     spec = study.spec_from(node, name, set(known), extra=space)
     check_storage(spec.storage)
+    if here and spec.scheduler == "slots":
+        from xp.launching.slots import plan_slots
+
+        plan_slots(int(config.get("gpus") or 0), spec.parallel, spec.trials_per_gpu)  # what this machine can place
     corners = [[*base, f"{p.name}={int(v) if p.kind == 'int' else v}"] for p in spec.params
                for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
     return corners

@@ -45,6 +45,8 @@ def main(argv: list[str]) -> int:
         channel.send(result)
         if result.get("recycle"):
             return 0
+        gc.collect()  # what the trial held goes before the next one starts (while the scheduler tells and asks)
+        gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
 
 
 def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: dict[str, Any]) -> dict[str, Any]:
@@ -90,8 +92,6 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: dict[str, A
     finally:
         root.removeHandler(handler)
         handler.close()
-        gc.collect()  # what the trial held goes before the next one starts
-        gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
     return result
 
 

@@ -215,6 +215,38 @@ class GPUSampler(Callback):
 START_S = 0.25  # the first system sample: the start of training (CPU % needs a window to average over)
 
 
+class _Monitors:
+    """MLflow's system-metrics monitors (CPU, disk, network; a GPU's where NVML or ROCm answers), without its
+    SystemMetricsMonitor: that one's logger opens the default tracking store ($MLFLOW_TRACKING_URI), creating
+    its schema there, unlocked, whatever store the run uses."""
+
+    def __init__(self):
+        from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+        from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
+        from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+        self.monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
+        for gpu in ("gpu_monitor.GPUMonitor", "rocm_monitor.ROCMMonitor"):
+            module, name = gpu.split(".")
+            try:
+                self.monitors.append(getattr(__import__(f"mlflow.system_metrics.metrics.{module}",
+                                                        fromlist=[name]), name)())
+                break
+            except Exception:  # no such GPU here
+                continue
+
+    def collect_metrics(self) -> None:
+        for m in self.monitors:
+            m.collect_metrics()
+
+    def aggregate_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for m in self.monitors:
+            out.update(m.aggregate_metrics())
+        return out
+
+
 class SystemMetrics(Callback):
     """MLflow's system metrics for this run (its monitors and `system/` names: CPU, memory, disk, network, GPU),
     sampled at the start of training (after START_S), then after 1 s and at intervals doubling up to interval_s,
@@ -230,11 +262,7 @@ class SystemMetrics(Callback):
 
     def on_train_begin(self) -> None:
         try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-            # only its monitors are used (collect, aggregate): the samples go to log_metrics, not to its logger
-            self.monitor = SystemMetricsMonitor("", sampling_interval=self.interval)
+            self.monitor = _Monitors()
         except Exception as e:  # a missing psutil must not stop training
             log.warning("MLflow system metrics are off: %s", e)
             return

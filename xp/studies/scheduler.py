@@ -106,15 +106,19 @@ class Tally:
 class Scheduler:
     """Keeps every slot of `pool` busy with a trial of `study` until `remaining()` is 0 and none is in flight.
     `ask()` gives the next trial (None: nothing to run now), `job_of(trial, job)` its message for a worker,
-    `tell(trial, result)` records how it ended, `lost(trial, why)` a trial whose worker died."""
+    `tell(trial, result)` records how it ended, `lost(trial, why)` a trial whose worker died, `mark(trial)` who
+    runs it."""
 
     def __init__(self, pool: Any, ask: Callable[[], Any], remaining: Callable[[], int],
                  job_of: Callable[[Any, int], dict[str, Any]], tell: Callable[[Any, dict[str, Any]], str],
-                 lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None):
-        self.pool, self.ask, self.remaining, self.job_of = pool, ask, remaining, job_of
+                 lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None,
+                 mark: Callable[[Any], None] = lambda trial: None):
+        self.pool, self.ask, self.remaining, self.job_of, self.mark = pool, ask, remaining, job_of, mark
         self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
         self.flights: dict[Any, Flight] = {}
+        self.ended: list[tuple[Flight, dict[str, Any], str]] = []  # trials told, not yet counted
         self.jobs = 0
+        self.left = 0  # trials the budget has left, as last asked
         self.tally = Tally()
 
     def run(self) -> Tally:
@@ -127,9 +131,15 @@ class Scheduler:
             while True:
                 idle = self._fill(idle)
                 if not self.flights:
+                    while self.ended:
+                        self._count(*self.ended.pop(0))
+                    self._summary()
                     return self.tally
                 for key, _ in selector.select(timeout=max(0.05, beat + self.heartbeat_s - time.monotonic())):
                     idle.extend(self._serve(key.fileobj, selector))
+                idle = self._fill(idle)
+                while self.ended:
+                    self._count(*self.ended.pop(0))
                 if time.monotonic() >= beat + self.heartbeat_s:
                     beat = time.monotonic()
                     _beat([f.trial for f in self.flights.values()])
@@ -138,17 +148,22 @@ class Scheduler:
 
     def _fill(self, idle: list[Any]) -> list[Any]:
         """Give every idle worker a trial while the budget lasts (an asked trial that reused an earlier result
-        is told at once, and the budget shrinks)."""
-        while idle and self.remaining() > 0:
+        is told at once, and the budget shrinks). The trial goes out first; its bookkeeping is written while the
+        worker starts it."""
+        while idle:
+            self.left = self.remaining()
+            if self.left <= 0:
+                break
             trial = self.ask()
             if trial is None:
                 continue
-            _beat([trial])  # alive from the start: a later sweeper does not take it for a lost one
             worker = idle.pop(0)
             self.jobs += 1
             worker.send(self.job_of(trial, self.jobs - 1))
             now = time.monotonic()
             self.flights[worker] = Flight(trial, now, self.jobs - 1)
+            self.mark(trial)
+            _beat([trial])  # alive from the start: a later sweeper does not take it for a lost one
             if self.tally.first is None:
                 self.tally.first = now
         return idle
@@ -181,8 +196,7 @@ class Scheduler:
                 worker.finished += 1
                 del self.flights[worker]
                 self.tally.busy_s += time.monotonic() - flight.started
-                state = self.tell(flight.trial, msg)
-                self._count(flight, msg, state)
+                self.ended.append((flight, msg, self.tell(flight.trial, msg)))  # counted once the slot is refilled
                 if msg.get("recycle"):  # it ran something that changes its process for good (mixed precision)
                     selector.unregister(worker)
                     self.pool.retire(worker)
@@ -190,6 +204,14 @@ class Scheduler:
                     selector.register(worker, selectors.EVENT_READ)
                 free.append(worker)
         return free
+
+    def _summary(self) -> None:
+        t = self.tally
+        if t.first is None:
+            return
+        span, slots = time.monotonic() - t.first, len(self.pool.workers)
+        log.info(f"study: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
+                 f"the slots were busy {t.busy_s / (slots * span):.0%} of the time after the first trial started")
 
     def _count(self, flight: Flight, msg: dict[str, Any], state: str) -> None:
         t = self.tally
@@ -200,7 +222,7 @@ class Scheduler:
             t.best = value
         done = sum(t.states.values())
         elapsed = time.monotonic() - t.started
-        left = self.remaining() + len(self.flights)
+        left = self.left + len(self.flights)
         eta = f", about {elapsed / done * left / max(1, len(self.pool.workers)):.0f} s left" if left and done else ""
         error = f": {msg['error']}" if msg.get("error") else ""
         print(f"study: trial {flight.trial.number} {state.lower()}{error} after "

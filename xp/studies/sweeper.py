@@ -109,8 +109,6 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
 
     def ask() -> Any:
         trials, _ = _ask(study, dists, 1)
-        if trials:
-            trials[0].set_user_attr(SCHEDULER_ATTR, mark)
         return trials[0] if trials else None
 
     def remaining() -> int:
@@ -142,7 +140,8 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
                     + ("retried with the same parameters" if again else "failed, retry limit reached"))
 
     scheduler = Scheduler(pool, ask, remaining, job_of, tell, lost, spec.heartbeat_s,
-                          None if spec.multi_objective else spec.objectives[0].direction)
+                          None if spec.multi_objective else spec.objectives[0].direction,
+                          mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark))
     return scheduler.run()
 
 
