@@ -281,3 +281,25 @@ def test_system_metrics_are_sampled_at_the_start_and_the_end_of_a_short_run(tmp_
     assert [p.step for p in points["short"]] == [0, 1] and all(p.value > 0 for p in points["short"])
     cpu = [p.value for p in client.get_metric_history(run_id, "system/cpu_utilization_percentage")]
     assert len(cpu) == 2 and min(cpu) > 10  # one of 2 cores busy is 50%: measured since the sampler began
+
+
+@pytest.mark.slow
+def test_system_metrics_write_to_the_runs_store_only(tmp_path):
+    """MLflow's own system-metrics monitor opened the default store (sqlite:///mlflow.db in the working folder, or
+    $MLFLOW_TRACKING_URI) from every run, creating its schema there: a stray database beside the user's files
+    (one was committed to this repository), and two trials creating one at once raced through its migrations."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, mlflow_runs
+
+    store = f"sqlite:///{tmp_path}/store/m.db"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    r = subprocess.run([sys.executable, "-m", "xp", "epochs=1", f"tracking_uri={store}",
+                        "system_metrics_interval_s=1", f"hydra.run.dir={tmp_path}/run"],
+                       cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+    (run,) = mlflow_runs(store)[1]
+    assert "system/cpu_utilization_percentage" in run.data.metrics  # the samples still reach the run
