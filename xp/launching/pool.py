@@ -15,12 +15,11 @@ from typing import Any
 
 from xp.errors import XPError
 from xp.launching.slots import Slot
+from xp.launching.trialworker import BACKEND_ENV, QUIET_ENV, SLOT_ENV, TRACKING_ENV
 from xp.studies.scheduler import Channel
 
 log = logging.getLogger("xp")
 
-SLOT_ENV = "XP_SLOT"  # a worker's slot (JSON)
-QUIET_ENV = "XP_SLOT_QUIET"  # "1": a worker's trials keep their lines in their log files (several slots)
 READY_S = 300.0  # a worker that has not imported its frameworks by then is taken for a broken one
 DEATHS = 3  # workers of one slot that die in a row without finishing a trial: the study stops
 
@@ -82,8 +81,8 @@ class Pool:
     def _spawn(self, slot: Slot) -> tuple[subprocess.Popen, Channel, Slot]:
         ours, theirs = socket.socketpair()
         env = {**os.environ, **slot.env(), SLOT_ENV: json.dumps(asdict(slot)), QUIET_ENV: "1" if self.quiet else "0",
-               **({"XP_SLOT_BACKEND": self.backend} if self.backend else {}),
-               **({"XP_SLOT_TRACKING": self.tracking_uri} if self.tracking_uri else {})}
+               **({BACKEND_ENV: self.backend} if self.backend else {}),
+               **({TRACKING_ENV: self.tracking_uri} if self.tracking_uri else {})}
         proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
                                 pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()

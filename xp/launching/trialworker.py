@@ -18,9 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# what the pool (xp.launching.pool) tells a worker, in its environment
+SLOT_ENV = "XP_SLOT"  # its slot (JSON)
+QUIET_ENV = "XP_SLOT_QUIET"  # "1": its trials keep their lines in their log files (several slots)
+BACKEND_ENV = "XP_SLOT_BACKEND"  # the backend whose frameworks it imports before its first trial
+TRACKING_ENV = "XP_SLOT_TRACKING"  # the tracking store it opens before its first trial
+
 
 def main(argv: list[str]) -> int:
-    slot = json.loads(os.environ["XP_SLOT"])
+    slot = json.loads(os.environ[SLOT_ENV])
     os.sched_setaffinity(0, slot["cores"])  # before any import starts a thread: every thread inherits it
     _die_with_parent()
     signal.signal(signal.SIGTERM, _terminated)  # its trial's run ends KILLED, as a run's does
@@ -29,11 +35,11 @@ def main(argv: list[str]) -> int:
     channel = Channel(socket.socket(fileno=int(argv[0])))
     try:
         compose = _composer()
-        _warm(os.environ.get("XP_SLOT_BACKEND"), os.environ.get("XP_SLOT_TRACKING"))
+        _warm(os.environ.get(BACKEND_ENV), os.environ.get(TRACKING_ENV))
     except Exception as e:
         channel.send({"op": "error", "error": f"{type(e).__name__}: {e}"})
         return 1
-    _logging(quiet=os.environ.get("XP_SLOT_QUIET") == "1")
+    _logging(quiet=_quiet())
     channel.send({"op": "ready", "pid": os.getpid()})
     while True:
         msg = channel.recv()
@@ -117,7 +123,7 @@ def _warm(backend: str | None, tracking_uri: str | None) -> None:
 
 
 def _quiet() -> bool:
-    return os.environ.get("XP_SLOT_QUIET") == "1"
+    return os.environ.get(QUIET_ENV) == "1"
 
 
 def _cores() -> str:
