@@ -1,7 +1,7 @@
 """The reference for a study's per-trial cost: a bare Optuna loop over a bare Gluon loop, in one process. The same
-search space, sampler, pruner and network as `python -m xp -m sweep=lr_batch` (TPE, median pruner; LeNet on
-the digits, validation accuracy reported after every epoch), an SQLite study, and nothing else: no tracking,
-no config, no files.
+search space, sampler, pruner and network as `python -m xp -m sweep=lr_batch` (xp's TPE, seeded per trial
+number, so both propose the same trials; the median pruner; LeNet on the digits, validation accuracy reported
+after every epoch), an SQLite study, and nothing else: no tracking, no config, no files.
 
     .venv/bin/python benchmarks/bare_study.py STORAGE_URL N_TRIALS EPOCHS
 """
@@ -21,6 +21,8 @@ def main(storage: str, n_trials: int, epochs: int) -> int:
     from xp.data import datasets
     from xp.mx.models import build_net
     from xp.run.plan import build_plan
+    from xp.studies.study import load_spec
+    from xp.studies.trial import make_pruner, make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     plan = build_plan(compose(), visible_gpus=0)
@@ -53,9 +55,9 @@ def main(storage: str, n_trials: int, epochs: int) -> int:
                 raise optuna.TrialPruned()
         return accuracy
 
+    spec = load_spec("lr_batch")  # xp's sampler (TPE, seeded per trial number) and pruner: the same proposals
     study = optuna.create_study(study_name="bare", storage=storage, direction="maximize",
-                                sampler=optuna.samplers.TPESampler(seed=0, multivariate=True),
-                                pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2))
+                                sampler=make_sampler(spec), pruner=make_pruner(spec))
     study.optimize(objective, n_trials=n_trials)
     print(f"bare: {len(study.trials)} trials, best val_accuracy {study.best_value:.4f}")
     return 0 if np.isfinite(study.best_value) else 1

@@ -37,7 +37,13 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
         from xp.tracking.stores import resolve_uri
 
         return sweeps.sweep(argv, first, resolve_uri(None), hydra_main)
-    return sweeps.sweep(argv, first, plan.tracking_uri, hydra_main)
+    from xp.launching import pool
+
+    pool.prestart(first, [a for a in argv if a not in ("-m", "--multirun")])
+    try:
+        return sweeps.sweep(argv, first, plan.tracking_uri, hydra_main)
+    finally:
+        pool.discard_early()  # the study did not need them (done already, or stopped before its trials)
 
 
 def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:

@@ -98,6 +98,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from xp.launching.launcher import launcher_for
     from xp.run.planning import plan_and_backend
     from xp.run.worker import WORKER_ENV
+    from xp.studies.study import Composer, as_override
 
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name:
@@ -118,12 +119,13 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
         _check_added(parsed, known, groups)
         jobs = [[*searchpath, *job] for job in jobs]
         here = not any(o.key_or_group == "hydra/launcher" and "submitit" in str(o.value()) for o in parsed)
-        jobs = _study_jobs(jobs, args.multirun, known, compose, space, here) or jobs
-        for job in jobs:
+        composer = Composer(compose)
+        jobs = _study_jobs(jobs, args.multirun, known, composer, space, here) or [(job, {}) for job in jobs]
+        for job, params in jobs:
             try:
-                config = OmegaConf.to_container(compose("config", overrides=job), resolve=True)
+                config = OmegaConf.to_container(composer(job, params), resolve=True)
             except Exception as e:
-                raise _composition_error(e, job, known) from e
+                raise _composition_error(e, [*job, *(as_override(k, v) for k, v in params.items())], known) from e
             plan, _ = plan_and_backend(config)
             if not os.environ.get(WORKER_ENV):  # the launching process's launcher (a worker was launched already)
                 launcher_for(plan)
@@ -132,7 +134,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
                            if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
         if hydra_overrides:  # Hydra's own settings must apply too, or a sweep fails after its parent run began
             try:
-                compose("config", overrides=[*hydra_overrides, *jobs[0]], return_hydra_config=True)
+                compose("config", overrides=[*hydra_overrides, *jobs[0][0]], return_hydra_config=True)
             except Exception as e:
                 raise _composition_error(e, hydra_overrides, known) from e
     return configs
@@ -226,11 +228,11 @@ def no_study(override: str) -> ConfigError:
                        f"(studies: {', '.join(names())})")
 
 
-def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose: Any,
-                space: tuple[Any, ...], here: bool = True) -> list[list[str]]:
+def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], composer: Any,
+                space: tuple[Any, ...], here: bool = True) -> list[tuple[list[str], dict[str, Any]]]:
     """With sweep=NAME: check the study (its file, sweep.* overrides, a search space given on the command line)
-    and return one job per corner of its search space (each choice, each bound), so a value the plan refuses
-    fails now, not in trial 17. `here`: the trials run on this machine's slots (not a cluster's launcher),
+    and return one job per corner of its search space (each choice, each bound: the command line's overrides
+    and the corner's parameter), so a value the plan refuses fails now, not in trial 17. `here`: the trials run on this machine's slots (not a cluster's launcher),
     which must be able to place them."""
     from omegaconf import OmegaConf
 
@@ -239,7 +241,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
 
     base = jobs[0]
     try:
-        config = OmegaConf.to_container(compose("config", overrides=base), resolve=True)
+        config = OmegaConf.to_container(composer(base), resolve=True)
     except Exception:
         return []  # composition errors are reported by the caller
     node = config.get("sweep")
@@ -258,9 +260,8 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
         from xp.launching.slots import plan_slots
 
         plan_slots(int(config.get("gpus") or 0), spec.parallel, spec.trials_per_gpu)  # what this machine can place
-    corners = [[*base, f"{p.name}={int(v) if p.kind == 'int' else v}"] for p in spec.params
-               for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
-    return corners
+    return [(base, {p.name: int(v) if p.kind == "int" else v}) for p in spec.params
+            for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
 
 
 def sweeper_spelling(argv: list[str]) -> list[str]:

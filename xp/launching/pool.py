@@ -61,16 +61,31 @@ class Pool:
         self.slots, self.backend, self.tracking_uri = slots, backend, tracking_uri
         self.quiet = len(slots) > 1
         self.workers: list[Worker] = []
+        self.started: list[tuple[subprocess.Popen, Channel, Slot]] = []
+
+    def spawn(self) -> Pool:
+        """Start the workers; they import their frameworks side by side (__enter__ waits for them)."""
+        if not self.started:
+            self.started = [self._spawn(s) for s in self.slots]
+        return self
 
     def __enter__(self) -> Pool:
-        started = [self._spawn(s) for s in self.slots]  # they import their frameworks side by side
+        self.spawn()
         try:
-            self.workers = [self._ready(*s) for s in started]
+            self.workers = [self._ready(*s) for s in self.started]
         except BaseException:
-            for proc, _, _ in started:
-                _end(proc)
+            self.discard()
             raise
         return self
+
+    def discard(self) -> None:
+        """End workers that were started and never used (SIGTERM: they may still be importing)."""
+        for proc, channel, _ in self.started:
+            if proc.poll() is None:
+                proc.terminate()
+            _end(proc)
+            channel.sock.close()
+        self.started = []
 
     def __exit__(self, *exc: Any) -> None:
         for w in self.workers:
@@ -134,6 +149,37 @@ def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")  # Hydra's launchers that run jobs on this machine
 
 
+_early: list[Pool] = []  # the workers prestart() started, until slot_pool takes them or discard_early() ends them
+
+
+def prestart(config: dict[str, Any], argv: list[str]) -> None:
+    """A study on this machine's slots: start its workers now, while this process opens its stores and its
+    study, so their imports (seconds) overlap; slot_pool hands them to the study when its slots are the same.
+    Only for Hydra's default launcher (another one, or its settings, may place trials differently)."""
+    node = config.get("sweep")
+    if not node or node.get("scheduler", "slots") != "slots" or any(a.startswith(("hydra/launcher", "hydra.launcher")) for a in argv):
+        return
+    from xp.launching.slots import plan_slots
+
+    try:
+        slots = plan_slots(int(config.get("gpus") or 0), node.get("parallel"), node.get("trials_per_gpu") or 1)
+    except XPError:
+        return  # the study says so, in its own words
+    _early.append(_pool(config, slots).spawn())
+
+
+def discard_early() -> None:
+    while _early:
+        _early.pop().discard()
+
+
+def _pool(config: Any, slots: list[Slot]) -> Pool:
+    from xp.tracking.stores import resolve_uri
+
+    return Pool(slots, backend=(config.get("backend") or {}).get("name"),
+                tracking_uri=resolve_uri(config.get("tracking_uri")))
+
+
 def slot_pool(config: Any, spec: Any, parallel: int | None) -> Pool | None:
     """The pool of a study run on this machine (Hydra's basic or joblib launcher), its placement printed;
     None for a cluster's launcher (submitit: the trials are its jobs)."""
@@ -145,7 +191,10 @@ def slot_pool(config: Any, spec: Any, parallel: int | None) -> Pool | None:
     slots = plan_slots(int(config.get("gpus") or 0), parallel, spec.trials_per_gpu)
     log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each: "
              + "; ".join(s.describe() for s in slots))
-    from xp.tracking.stores import resolve_uri
-
-    return Pool(slots, backend=(config.get("backend") or {}).get("name"),
-                tracking_uri=resolve_uri(config.get("tracking_uri")))
+    pool = _pool(config, slots)
+    early = next((p for p in _early if (p.slots, p.backend, p.tracking_uri) == (slots, pool.backend,
+                                                                              pool.tracking_uri)), None)
+    if early is not None:
+        _early.remove(early)
+    discard_early()  # started for other slots: not this study's
+    return early or pool

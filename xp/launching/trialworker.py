@@ -76,7 +76,7 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: dict[str, A
     root.addHandler(handler)
     result: dict[str, Any] = {"op": "done", "state": "FAIL"}
     try:
-        cfg = compose(msg["base"], msg["params"], msg["overrides"])
+        cfg = compose(msg["base"], msg["params"])
         OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
         OmegaConf.save(OmegaConf.create(msg["task"]), out / ".hydra" / "overrides.yaml")
         config = OmegaConf.to_container(cfg, resolve=True)
@@ -135,35 +135,15 @@ def _cores() -> str:
 
 
 def _composer() -> Any:
-    """compose(base, params) -> a trial's config: xp's config tree with the study's overrides (`base`, composed
-    once per study) and the trial's parameters (set on a copy where they are plain values; composed anew
-    where one picks a config group's option)."""
+    """The study's Composer (xp.studies.study), in xp's config folder for the process's life."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import DictConfig, OmegaConf
 
     from xp import shipped
     from xp.studies import study
 
     study.register()  # the study files are options of the config group `sweep`
     initialize_config_dir(str(shipped("conf")), version_base="1.3", job_name="xp").__enter__()  # the process's life
-    composed: dict[tuple[str, ...], Any] = {}
-
-    def trial_config(base: list[str], params: dict[str, Any], overrides: list[str]) -> Any:
-        key = tuple(base)
-        if key not in composed:
-            composed[key] = compose("config", overrides=base)
-        cfg = composed[key]
-        picked = [OmegaConf.select(cfg, k, default=_MISSING) for k in params]
-        if any(v is _MISSING or isinstance(v, DictConfig) for v in picked):
-            return compose("config", overrides=[*base, *overrides])  # a group's option, or a new key
-        cfg = cfg.copy()
-        for k, v in params.items():
-            OmegaConf.update(cfg, k, v, merge=False)
-        return cfg
-    return trial_config
-
-
-_MISSING = object()
+    return study.Composer(compose)
 
 
 def _logging(quiet: bool) -> None:

@@ -89,6 +89,44 @@ class StudySpec:
         return len(self.objectives) > 1
 
 
+class Composer:
+    """composer(base, params) -> a DictConfig: xp's config tree composed with the override strings `base` (once
+    per distinct base) and a trial's parameters, set on a copy where each names a plain value the config has;
+    composed anew (the parameters as overrides) where one picks a config group's option or adds a key.
+    A study's worker composes its trials so, and the preflight its search space's corners: a Hydra compose
+    costs ~0.1 s, a copy ~5 ms. `compose`: hydra.compose, inside an initialized config folder."""
+
+    def __init__(self, compose: Any):
+        self.compose, self.composed = compose, {}
+
+    def __call__(self, base: list[str], params: dict[str, Any] | None = None) -> Any:
+        from omegaconf import DictConfig, OmegaConf
+
+        key = tuple(base)
+        if key not in self.composed:
+            self.composed[key] = self.compose("config", overrides=list(base))
+        cfg = self.composed[key]
+        if not params:
+            return cfg.copy()
+        missing = object()
+        picked = [OmegaConf.select(cfg, k, default=missing) for k in params]
+        if any(v is missing or isinstance(v, DictConfig) for v in picked):
+            return self.compose("config", overrides=[*base, *(as_override(k, v) for k, v in params.items())])
+        cfg = cfg.copy()
+        for k, v in params.items():
+            OmegaConf.update(cfg, k, v, merge=False)
+        return cfg
+
+
+def as_override(key: str, value: Any) -> str:
+    """KEY=VALUE as Hydra reads it back to the same value."""
+    if isinstance(value, bool):
+        return f"{key}={'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"{key}={value!r}"
+    return f"{key}='{value}'"
+
+
 def names() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
 

@@ -13,18 +13,10 @@ from typing import Any, Callable
 
 from xp.errors import redact
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
-from xp.studies.study import FINISHED, StudySpec, space_from_overrides, spec_from
+from xp.studies.study import FINISHED, StudySpec, as_override, space_from_overrides, spec_from
 from xp.studies.trial import _counts, distributions, heartbeat, open_study, retry_dead_trials
 
 log = logging.getLogger("xp")
-
-
-def _override(key: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return f"{key}={'true' if value else 'false'}"
-    if isinstance(value, (int, float)):
-        return f"{key}={value!r}"
-    return f"{key}='{value}'"
 
 
 def run_study(config: Any, arguments: list[str], launcher: Any, slot_pool: Callable | None = None) -> list[Any]:
@@ -82,7 +74,7 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
         remaining -= reused
         if not trials:
             continue
-        jobs = [[*arguments, *(_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
+        jobs = [[*arguments, *(as_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
                  f"optuna.storage='{spec.storage}'", f"optuna.trial_id={t._trial_id}"] for t in trials]
         with heartbeat(study, trials):
             results = launcher.launch(jobs, initial_job_idx=job)
@@ -116,9 +108,9 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         return spec.n_trials - done - running
 
     def job_of(trial: Any, job: int) -> dict[str, Any]:
-        params = [_override(k, v) for k, v in trial.params.items()]
+        params = [as_override(k, v) for k, v in trial.params.items()]
         return {"op": "trial", "number": trial.number, "params": trial.params, "study": spec.study_name,
-                "sweep": spec.name, "base": [*searchpath, *arguments], "overrides": params,
+                "sweep": spec.name, "base": [*searchpath, *arguments],
                 "task": [*arguments, *params],
                 "output_dir": str(sweep_dir / str(job)), "parent": os.environ.get("XP_PARENT_RUN_ID")}
 

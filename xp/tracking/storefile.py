@@ -18,7 +18,7 @@ import fcntl
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from xp.errors import ConfigError, one_line
 
@@ -39,9 +39,11 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def first_use(uri: str, what: str, wait_s: float = WAIT_S) -> Iterator[None]:
+def first_use(uri: str, what: str, wait_s: float = WAIT_S,
+              seed: Callable[[Path], None] | None = None) -> Iterator[None]:
     """Hold the store's creation lock while the body opens the store (no-op for servers and other databases).
-    An error raised inside that looks like an unfinished migration becomes one line naming the file and the fix."""
+    An error raised inside that looks like an unfinished migration becomes one line naming the file and the fix.
+    `seed(path)`: writes a new store's schema (under the lock) before the body opens it."""
     path = sqlite_path(uri)
     if path is None:
         yield
@@ -66,6 +68,8 @@ def first_use(uri: str, what: str, wait_s: float = WAIT_S) -> Iterator[None]:
                                       f"{wait_s:.0f} s (it holds {lock}); wait for it or stop it") from None
                 time.sleep(0.05)
         existed = path.exists() and path.stat().st_size > 0
+        if not existed and seed is not None:
+            seed(path)
         try:
             yield
         except Exception as e:

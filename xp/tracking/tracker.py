@@ -8,6 +8,7 @@ mlflow is imported inside the methods: importing xp must stay cheap.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -361,13 +362,19 @@ def run_url_hint(uri: str, experiment_id: str | None = None, run_id: str | None 
 
 
 def versions(distributions: Iterable[str]) -> dict[str, str]:
+    return dict(_versions(("xp", *distributions)))
+
+
+@functools.lru_cache(maxsize=None)
+def _versions(distributions: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Read once per process: a study's worker would read every distribution's metadata for every trial."""
     import platform
     from importlib import metadata
 
-    out = {"python": platform.python_version()}
-    for dist in ("xp", *distributions):
+    out = [("python", platform.python_version())]
+    for dist in distributions:
         try:
-            out[dist] = metadata.version(dist)
+            out.append((dist, metadata.version(dist)))
         except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
+            out.append((dist, "not installed"))
+    return tuple(out)
