@@ -45,6 +45,9 @@ class JobInfo:
     swept: tuple[str, ...] = ()  # a sweep job: the keys the sweep varies (they name the run)
     trial: Any = None  # a study's trial run by a slot's worker: (its trial, the StudySpec); else from the config
     tags: dict[str, str] = field(default_factory=dict)  # more tags for the run (a trial's slot)
+    # end the runs gone processes of this host left RUNNING before opening this one; a study's worker does it
+    # before its first trial only (its later trials would find what its first found, less what it ended)
+    tidy: bool = True
 
 
 @dataclass

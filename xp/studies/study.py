@@ -23,6 +23,7 @@ retries each with the same parameters, at most max_retry times.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib.util
@@ -31,7 +32,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -100,22 +101,40 @@ class Composer:
         self.compose, self.composed = compose, {}
 
     def __call__(self, base: list[str], params: dict[str, Any] | None = None) -> Any:
+        with self.applied(base, params) as cfg:
+            return cfg.copy()
+
+    @contextlib.contextmanager
+    def applied(self, base: list[str], params: dict[str, Any] | None = None) -> Iterator[Any]:
+        """The config, only for the body (the parameters are set on the composed one and put back after:
+        no copy)."""
         from omegaconf import DictConfig, OmegaConf
 
         key = tuple(base)
         if key not in self.composed:
             self.composed[key] = self.compose("config", overrides=list(base))
         cfg = self.composed[key]
-        if not params:
-            return cfg.copy()
         missing = object()
-        picked = [OmegaConf.select(cfg, k, default=missing) for k in params]
-        if any(v is missing or isinstance(v, DictConfig) for v in picked):
-            return self.compose("config", overrides=[*base, *(as_override(k, v) for k, v in params.items())])
-        cfg = cfg.copy()
-        for k, v in params.items():
-            OmegaConf.update(cfg, k, v, merge=False)
-        return cfg
+        before = {k: OmegaConf.select(cfg, k, default=missing) for k in params or {}}
+        if any(v is missing or isinstance(v, DictConfig) for v in before.values()):
+            yield self.compose("config", overrides=[*base, *(as_override(k, v) for k, v in params.items())])
+            return
+        if any(_interpolated(cfg, k) for k in before):  # its value is not what to put back: work on a copy
+            cfg, before = cfg.copy(), {}
+        try:
+            for k, v in (params or {}).items():
+                OmegaConf.update(cfg, k, v, merge=False)
+            yield cfg
+        finally:
+            for k, v in before.items():
+                OmegaConf.update(cfg, k, v, merge=False)
+
+
+def _interpolated(cfg: Any, key: str) -> bool:
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    return OmegaConf.is_interpolation(OmegaConf.select(cfg, parent) if parent else cfg, leaf)
 
 
 def as_override(key: str, value: Any) -> str:

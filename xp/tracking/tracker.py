@@ -73,8 +73,9 @@ class Tracker:
     def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
                  reopen_run_id: str | None = None, spool_dir: str | Path | None = None,
-                 params: dict[str, Any] | None = None):
+                 params: dict[str, Any] | None = None, tidy: bool = True):
         self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
+        self.tidy = tidy  # end the runs that gone processes of this host left RUNNING (end_orphans) as it starts
         self.params = dict(params or {})  # logged with the run's start, in the batch of its first tags
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
         self._spool: Any = None
@@ -157,7 +158,8 @@ class Tracker:
             return self.run_id
         try:
             self.experiment_id = self._experiment_id()
-            self.end_orphans()
+            if self.tidy:
+                self.end_orphans()
             tags = {**source_tags(), "xp.host": socket.gethostname(), "xp.pid": str(os.getpid()),
                     "xp.pid_started": f"{started(os.getpid()):.2f}", **self.tags}
             if self.parent_run_id:
