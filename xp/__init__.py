@@ -18,8 +18,6 @@ def shipped(name: str):
 
 def console() -> None:
     """The `xp` console command: the same as python -m xp."""
-    import sys
+    from xp.cli import leave, main
 
-    from xp.cli import main
-
-    sys.exit(main())
+    leave(main())

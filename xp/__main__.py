@@ -1,5 +1,3 @@
-import sys
+from xp.cli import leave, main
 
-from xp.cli import main
-
-sys.exit(main())
+leave(main())

@@ -82,6 +82,25 @@ def main(argv: list[str] | None = None) -> int:
         return error_line("terminated (SIGTERM)", 143)
 
 
+def leave(code: int) -> None:
+    """End the process with `code` as the interpreter would, less its teardown of every module it imported
+    (0.6 s once mlflow is in): threads that are not daemons are waited for, the exit callbacks run (logging's
+    flush, temporary files, joblib's workers), the standard streams are flushed."""
+    import atexit
+    import threading
+
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe: nothing left to say there
+            pass
+    os._exit(code if isinstance(code, int) else 1)
+
+
 # --- running -------------------------------------------------------------------
 
 def _hydra(argv: list[str]) -> int:
