@@ -239,6 +239,48 @@ def test_bad_multihost_setups_fail_before_anything_starts(cluster, tmp_path, cas
     nothing_left(c)
 
 
+# --- a study across hosts ------------------------------------------------------------------------------
+def test_a_study_keeps_trials_in_flight_on_every_hosts_slots(cluster, tmp_path):
+    """launcher=ssh with -m sweep=NAME: the hosts file's slots (h2:2, h3:1) each get a worker over ssh; the
+    trials report into one study (SQLite on the launcher: only its scheduler writes it; the workers' values
+    travel over their channels) and one MLflow parent. A store the hosts cannot reach is one line first."""
+    from test_scheduler import TINY
+
+    c = cluster
+    (tmp_path / "hosts").write_text(f"{c.host('h2').address}:2\n{c.host('h3').address}:1\n")
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "tiny.yaml").write_text(TINY.format(n=6))  # only on the launcher: the workers get the config
+    study_env = dict(env(), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=f"sqlite:///{tmp_path}/optuna.db")
+    args = ["-m", "sweep=tiny", "epochs=1", f"hosts_file={tmp_path / 'hosts'}", f"hydra.sweep.dir={tmp_path}/sweep"]
+
+    bad = subprocess.run(xp_on_launcher(c, tmp_path, *args, f"tracking_uri=sqlite:///{tmp_path}/m.db",
+                                        experiment="study-bad"), cwd=ROOT, env=study_env, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "a file on this machine, which the workers on" in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "m.db").exists()
+
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *args, experiment="study-hosts"), cwd=ROOT, env=study_env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    h2, h3 = c.host("h2").address, c.host("h3").address
+    assert f"study: 3 slots" in r.stdout + r.stderr and f"on {h2}" in r.stdout + r.stderr
+    import optuna
+
+    trials = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()
+    assert len(trials) == 6 and all(t.state.name == "COMPLETE" for t in trials)
+    _, found = runs(c, "study-hosts")
+    parents = [x for x in found if x.data.tags.get("xp.sweep") == "true"]
+    children = [x for x in found if "optuna.trial_number" in x.data.tags]
+    assert len(parents) == 1 and len(children) == 6
+    assert all(x.data.tags["mlflow.parentRunId"] == parents[0].info.run_id and x.info.status == "FINISHED"
+               for x in children)
+    assert {x.data.tags["xp.slot.host"] for x in children} == {h2, h3}  # every host ran trials
+    assert {x.data.tags["xp.host"] for x in children} == {"h2", "h3"}  # in its own namespace: its hostname
+    assert sorted(t.user_attrs["mlflow_run_id"] for t in trials) == sorted(x.info.run_id for x in children)
+    nothing_left(c)
+
+
 # --- elastic across hosts (last: it crashes h3 for good) ---------------------------------------------------
 ELASTIC = ["kvstore=dist_sync", "batch=3", "workers=2", "epochs=10", "lr=0.01", "lr_ref_batch=12",
            "dist_timeout_s=60"]

@@ -39,7 +39,7 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
         return sweeps.sweep(argv, first, resolve_uri(None), hydra_main)
     from xp.launching import pool
 
-    pool.prestart(first, [a for a in argv if a not in ("-m", "--multirun")])
+    pool.prestart(first, [a for a in argv if a not in ("-m", "--multirun")], launcher)
     try:
         return sweeps.sweep(argv, first, plan.tracking_uri, hydra_main)
     finally:

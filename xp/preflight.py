@@ -256,7 +256,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
             raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
     spec = study.spec_from(node, name, set(known), extra=space)
     check_storage(spec.storage)
-    if here and spec.scheduler == "slots":
+    if here and spec.scheduler == "slots" and config.get("launcher", "local") == "local":  # (ssh: the hosts')
         from xp.launching.slots import plan_slots
 
         plan_slots(int(config.get("gpus") or 0), spec.parallel, spec.trials_per_gpu)  # what this machine can place

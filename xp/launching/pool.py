@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from typing import Any
 
 from xp.errors import XPError
 from xp.launching.slots import Slot
-from xp.launching.trialworker import BACKEND_ENV, QUIET_ENV, SLOT_ENV, TRACKING_ENV
+from xp.launching.trialworker import BACKEND_ENV, CONNECT_ENV, QUIET_ENV, SLOT_ENV, TOKEN_ENV, TRACKING_ENV
 from xp.studies.scheduler import Channel
 
 log = logging.getLogger("xp")
@@ -51,17 +53,25 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait(timeout=10)
+        if self.slot.host and 128 < code < 160:  # the remote side's 128+N (xp.launching.remote run)
+            code = 128 - code
         return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
 class Pool:
     """One worker per slot. `backend`: the backend the trials use, imported by each worker as it starts."""
 
-    def __init__(self, slots: list[Slot], backend: str | None = None, tracking_uri: str | None = None):
+    def __init__(self, slots: list[Slot], backend: str | None = None, tracking_uri: str | None = None,
+                 launcher: Any = None):
         self.slots, self.backend, self.tracking_uri = slots, backend, tracking_uri
+        self.launcher = launcher  # how slots of other hosts are reached (xp.launching.launcher: ssh)
         self.quiet = len(slots) > 1
         self.workers: list[Worker] = []
-        self.started: list[tuple[subprocess.Popen, Channel, Slot]] = []
+        self.started: list[tuple[subprocess.Popen, Channel | None, Slot]] = []
+        self.listener: socket.socket | None = None  # where workers of other hosts call back
+        self.tokens: dict[str, Slot] = {}  # the secret each remote slot's worker says first
+        self.arrived: dict[Slot, Channel] = {}
+        self.job = secrets.token_hex(6)  # XP_JOB of its remote workers (reaped by it at the end)
 
     def spawn(self) -> Pool:
         """Start the workers; they import their frameworks side by side (__enter__ waits for them)."""
@@ -84,34 +94,98 @@ class Pool:
             if proc.poll() is None:
                 proc.terminate()
             _end(proc)
-            channel.sock.close()
+            if channel is not None:
+                channel.sock.close()
         self.started = []
+        self._close()
 
     def __exit__(self, *exc: Any) -> None:
         for w in self.workers:
             w.send({"op": "exit"})
         for w in self.workers:
             _end(w.proc)
+        self._close()
 
-    def _spawn(self, slot: Slot) -> tuple[subprocess.Popen, Channel, Slot]:
+    def _close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+            hosts = sorted({s.host for s in self.slots if s.host})
+            self.launcher.reap(hosts, self.job)  # whatever a lost ssh session left running there
+
+    def _variables(self, slot: Slot) -> dict[str, str]:
+        return {**slot.env(), SLOT_ENV: json.dumps(asdict(slot)), QUIET_ENV: "1" if self.quiet else "0",
+                **({BACKEND_ENV: self.backend} if self.backend else {}),
+                **({TRACKING_ENV: self.tracking_uri} if self.tracking_uri else {})}
+
+    def _spawn(self, slot: Slot) -> tuple[subprocess.Popen, Channel | None, Slot]:
+        if slot.host:
+            return self._spawn_there(slot)
         ours, theirs = socket.socketpair()
-        env = {**os.environ, **slot.env(), SLOT_ENV: json.dumps(asdict(slot)), QUIET_ENV: "1" if self.quiet else "0",
-               **({BACKEND_ENV: self.backend} if self.backend else {}),
-               **({TRACKING_ENV: self.tracking_uri} if self.tracking_uri else {})}
         proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
-                                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+                                pass_fds=[theirs.fileno()], env={**os.environ, **self._variables(slot)},
+                                stdin=subprocess.DEVNULL)
         theirs.close()
         return proc, Channel(ours), slot
 
-    def _ready(self, proc: subprocess.Popen, channel: Channel, slot: Slot) -> Worker:
+    def _spawn_there(self, slot: Slot) -> tuple[subprocess.Popen, None, Slot]:
+        """A worker on another host, through the launcher's transport (xp.launching.remote run: it ends when our
+        end of the session closes); it calls back to this process's listener with its slot's token."""
+        import shlex
+
+        from xp.launching.remote import JOB_ENV
+
+        if self.listener is None:
+            self.listener = socket.create_server((self.launcher.address(), 0))
+            self.listener.settimeout(0.5)
+        token = secrets.token_hex(16)
+        self.tokens[token] = slot
+        address, port = self.listener.getsockname()[:2]
+        py = shlex.quote(sys.executable)
+        proc = subprocess.Popen(self.launcher.transport().argv(
+            slot.host, f"cd {shlex.quote(os.getcwd())} && exec {py} -m xp.launching.remote run"),
+            stdin=subprocess.PIPE)
+        told = {"argv": [sys.executable, "-m", "xp.launching.trialworker", "connect"],
+                "env": {**self._variables(slot), CONNECT_ENV: f"{address}:{port}", TOKEN_ENV: token,
+                        JOB_ENV: self.job}}  # on its stdin: no secret on a command line
+        proc.stdin.write((json.dumps(told) + "\n").encode())
+        proc.stdin.flush()
+        return proc, None, slot
+
+    def _called_back(self, slot: Slot, proc: subprocess.Popen) -> Channel | None:
+        """The channel of `slot`'s remote worker once it has called back (None: it ended, or READY_S passed)."""
+        deadline = time.monotonic() + READY_S
+        while slot not in self.arrived:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return None
+            try:
+                conn, _ = self.listener.accept()
+            except (TimeoutError, BlockingIOError):
+                continue
+            channel = Channel(conn)
+            try:
+                hello = channel.recv(timeout=10)
+            except (TimeoutError, OSError):
+                hello = None
+            caller = self.tokens.pop(str((hello or {}).get("token")), None)
+            if caller is None:  # not one of ours
+                conn.close()
+                continue
+            self.arrived[caller] = channel
+        return self.arrived.pop(slot)
+
+    def _ready(self, proc: subprocess.Popen, channel: Channel | None, slot: Slot) -> Worker:
+        if channel is None:
+            channel = self._called_back(slot, proc)
         try:
-            msg = channel.recv(timeout=READY_S)
+            msg = channel.recv(timeout=READY_S) if channel is not None else None
         except TimeoutError:
             msg = None
         if msg is None or msg.get("op") != "ready":
             _end(proc)
-            raise XPError(f"the study's worker for {slot.describe()} did not start "
-                          f"({msg.get('error') if msg else 'no answer'})")
+            why = msg.get("error") if msg else (f"exit code {proc.returncode}" if proc.poll() is not None
+                                                 else "no answer")
+            raise XPError(f"the study's worker for {slot.describe()} did not start ({why})")
         return Worker(slot, proc, channel)
 
     def replace(self, worker: Worker) -> Worker:
@@ -150,45 +224,61 @@ LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")  # Hydra's launchers that 
 
 
 _early: list[Pool] = []  # the workers prestart() started, until slot_pool takes them or discard_early() ends them
+_launcher: list[Any] = []  # the study's launcher (its plan's), where its slots come from: set by prestart()
 
 
-def prestart(config: dict[str, Any], argv: list[str]) -> None:
-    """A study on this machine's slots: start its workers now, while this process opens its stores and its
-    study, so their imports (seconds) overlap; slot_pool hands them to the study when its slots are the same.
-    Only for Hydra's default launcher (another one, or its settings, may place trials differently)."""
+def prestart(config: dict[str, Any], argv: list[str], launcher: Any = None) -> None:
+    """A study on slots: its launcher's hosts checked (launcher=ssh: every host answers, the tracking store is
+    one they reach), then its workers started now, while this process opens its stores and its study, so their
+    imports (seconds) overlap; slot_pool hands them to the study when its slots are the same. Workers start
+    early only under Hydra's default launcher (another one, or its settings, may place trials differently)."""
+    _launcher[:] = [launcher]
     node = config.get("sweep")
-    if not node or node.get("scheduler", "slots") != "slots" or any(a.startswith(("hydra/launcher", "hydra.launcher")) for a in argv):
+    if not node or node.get("scheduler", "slots") != "slots":
         return
-    from xp.launching.slots import plan_slots
+    if launcher is not None and launcher.remote:
+        from xp.tracking.stores import check_reachable, resolve_uri
 
-    try:
-        slots = plan_slots(int(config.get("gpus") or 0), node.get("parallel"), node.get("trials_per_gpu") or 1)
-    except XPError:
-        return  # the study says so, in its own words
+        hosts = [h.name for h in launcher.hosts()]
+        launcher.check(hosts, None, False)
+        check_reachable(resolve_uri(config.get("tracking_uri")), hosts, launcher.address())
+    if any(a.startswith(("hydra/launcher", "hydra.launcher")) for a in argv):
+        return
+    slots = _slots(config, node.get("parallel"), node.get("trials_per_gpu") or 1)
     _early.append(_pool(config, slots).spawn())
 
 
 def discard_early() -> None:
     while _early:
         _early.pop().discard()
+    _launcher.clear()
+
+
+def _slots(config: Any, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
+    """This machine's slots, or (launcher=ssh) its hosts'."""
+    from xp.launching.slots import host_slots, plan_slots
+
+    launcher = _launcher[0] if _launcher else None
+    if launcher is not None and launcher.remote:
+        return host_slots(launcher.hosts(), int(config.get("gpus") or 0), parallel, trials_per_gpu)
+    return plan_slots(int(config.get("gpus") or 0), parallel, trials_per_gpu)
 
 
 def _pool(config: Any, slots: list[Slot]) -> Pool:
     from xp.tracking.stores import resolve_uri
 
     return Pool(slots, backend=(config.get("backend") or {}).get("name"),
-                tracking_uri=resolve_uri(config.get("tracking_uri")))
+                tracking_uri=resolve_uri(config.get("tracking_uri")), launcher=_launcher[0] if _launcher else None)
 
 
 def slot_pool(config: Any, spec: Any, parallel: int | None) -> Pool | None:
-    """The pool of a study run on this machine (Hydra's basic or joblib launcher), its placement printed;
-    None for a cluster's launcher (submitit: the trials are its jobs)."""
+    """The pool of a study whose trials Hydra's basic or joblib launcher would run here: this machine's slots,
+    or those of the hosts of xp's launcher (ssh); its placement printed. None for a cluster's Hydra launcher
+    (submitit: the trials are its jobs)."""
     target = str(config.hydra.launcher.get("_target_", ""))
     if not target.endswith(LOCAL_LAUNCHERS):
         return None
-    from xp.launching.slots import plan_slots
-
-    slots = plan_slots(int(config.get("gpus") or 0), parallel, spec.trials_per_gpu)
+    slots = _slots(config, parallel, spec.trials_per_gpu)
     log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each: "
              + "; ".join(s.describe() for s in slots))
     pool = _pool(config, slots)
@@ -196,5 +286,6 @@ def slot_pool(config: Any, spec: Any, parallel: int | None) -> Pool | None:
                                                                               pool.tracking_uri)), None)
     if early is not None:
         _early.remove(early)
-    discard_early()  # started for other slots: not this study's
+    while _early:  # started for other slots: not this study's
+        _early.pop().discard()
     return early or pool

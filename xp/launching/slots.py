@@ -18,24 +18,37 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 class Slot:
     index: int
     gpus: tuple[int, ...]  # NVML indices; (): a CPU trial
-    cores: tuple[int, ...]  # the CPU cores its processes may run on
+    cores: tuple[int, ...]  # the CPU cores its processes may run on; (): a share of its host's, found there
     host: str = ""  # "": this machine
+    rank: int = 0  # on another host: its place among that host's slots ...
+    of: int = 1  # ... and how many that host has (its share of the host's cores is the rank-th of `of`)
 
     def env(self) -> dict[str, str]:
-        """The variables a trial on this slot runs with."""
-        env = {v: str(len(self.cores)) for v in THREAD_VARIABLES}
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
-        return env
+        """The variables a trial on this slot runs with (the thread counts: pin())."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpus))} if self.gpus else {}
+
+    def pin(self) -> tuple[int, ...]:
+        """In the slot's worker, before anything starts a thread: the process kept to the slot's cores (a remote
+        slot's: its share of what the host gives this process), its thread counts set to match; its cores."""
+        cores = self.cores
+        if not cores:
+            mine = sorted(os.sched_getaffinity(0))
+            share = len(mine) // self.of
+            cores = tuple(mine[self.rank * share:(self.rank + 1) * share]) if share else (mine[self.rank % len(mine)],)
+        os.sched_setaffinity(0, cores)
+        os.environ.update({v: str(len(cores)) for v in THREAD_VARIABLES})
+        return cores
 
     def describe(self) -> str:
         where = f"GPU {','.join(map(str, self.gpus))} and " if self.gpus else ""
-        return f"slot {self.index}: {where}cores {span(self.cores)} on {self.host or 'this machine'}"
+        cores = f"cores {span(self.cores)}" if self.cores else f"share {self.rank + 1} of {self.of} of the cores"
+        return f"slot {self.index}: {where}{cores} on {self.host or 'this machine'}"
 
     def tags(self) -> dict[str, str]:
         """What a trial run on this slot records (xp.slot.*)."""
         return {"xp.slot": str(self.index), "xp.slot.gpus": ",".join(map(str, self.gpus)) or "none",
-                "xp.slot.cores": span(self.cores), "xp.slot.host": self.host or "local"}
+                "xp.slot.cores": span(self.cores) if self.cores else f"share {self.rank + 1}/{self.of}",
+                "xp.slot.host": self.host or "local"}
 
 
 def span(cores: tuple[int, ...]) -> str:
@@ -76,3 +89,28 @@ def plan_slots(gpus_per_trial: int, parallel: int | None, trials_per_gpu: int = 
     share = len(cores) // n
     return [Slot(i, devices[i], tuple(cores[i * share:(i + 1) * share]) if share else (cores[i % len(cores)],))
             for i in range(n)]
+
+
+def host_slots(hosts: list, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int = 1) -> list[Slot]:
+    """The slots of other hosts (a launcher's, each with its slots: HOST:N in a hosts file). A host of N slots
+    takes N CPU trials, each on a share of its cores, or with `gpus_per_trial` GPUs per trial, N // gpus
+    groups of GPUs (0..N-1 there) `trials_per_gpu` times. `parallel`: at most so many, taken from every host
+    in turn."""
+    per_host: list[list[Slot]] = []
+    for h in hosts:
+        if gpus_per_trial > 0:
+            groups = [tuple(range(i, i + gpus_per_trial)) for i in range(0, h.slots - gpus_per_trial + 1,
+                                                                         gpus_per_trial)]
+            devices = [g for g in groups for _ in range(trials_per_gpu)]
+        else:
+            devices = [()] * h.slots
+        per_host.append([Slot(0, d, (), h.name, rank, len(devices)) for rank, d in enumerate(devices)])
+    if not any(per_host):
+        raise ConfigError(f"gpus={gpus_per_trial} per trial: no host of the hosts file has that many slots "
+                          "(HOST:SLOTS: its GPUs); give each trial fewer")
+    turns = [p[i] for i in range(max(len(p) for p in per_host)) for p in per_host if i < len(p)]  # host by host
+    if parallel is not None and parallel > len(turns):
+        raise ConfigError(f"sweep.parallel={parallel}: the hosts offer {len(turns)} slots; ask for at most "
+                          f"{len(turns)} or leave sweep.parallel unset")
+    chosen = turns[:parallel] if parallel is not None else turns
+    return [Slot(i, s.gpus, (), s.host, s.rank, s.of) for i, s in enumerate(chosen)]

@@ -4,6 +4,7 @@ own config, output folder, log file and MLflow child run, seeded by its plan (so
 in a fresh process). It never opens the study's storage: its values go to the scheduler on its channel.
 
     python -m xp.launching.trialworker FD     (FD: its end of the scheduler's socket pair)
+    python -m xp.launching.trialworker connect  (on another host: it connects to $XP_SLOT_CONNECT)
 """
 
 from __future__ import annotations
@@ -23,16 +24,26 @@ SLOT_ENV = "XP_SLOT"  # its slot (JSON)
 QUIET_ENV = "XP_SLOT_QUIET"  # "1": its trials keep their lines in their log files (several slots)
 BACKEND_ENV = "XP_SLOT_BACKEND"  # the backend whose frameworks it imports before its first trial
 TRACKING_ENV = "XP_SLOT_TRACKING"  # the tracking store it opens before its first trial
+CONNECT_ENV = "XP_SLOT_CONNECT"  # on another host: HOST:PORT where the scheduler waits for it
+TOKEN_ENV = "XP_SLOT_TOKEN"  # ... and the secret that names its slot there
 
 
 def main(argv: list[str]) -> int:
-    slot = json.loads(os.environ[SLOT_ENV])
-    os.sched_setaffinity(0, slot["cores"])  # before any import starts a thread: every thread inherits it
+    from xp.launching.slots import Slot
+
+    slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(os.environ[SLOT_ENV]).items()})
+    slot.pin()  # before any import starts a thread: every thread inherits it
     _die_with_parent()
     signal.signal(signal.SIGTERM, _terminated)  # its trial's run ends KILLED, as a run's does
     from xp.studies.scheduler import Channel
 
-    channel = Channel(socket.socket(fileno=int(argv[0])))
+    if argv[0] == "connect":  # on another host: it calls the scheduler back, with its slot's token
+        host, port = os.environ[CONNECT_ENV].rsplit(":", 1)
+        channel = Channel(socket.create_connection((host, int(port)), timeout=30))
+        channel.sock.settimeout(None)
+        channel.send({"op": "hello", "token": os.environ.pop(TOKEN_ENV, "")})
+    else:
+        channel = Channel(socket.socket(fileno=int(argv[0])))
     try:
         compose = _composer()
         _warm(os.environ.get(BACKEND_ENV), os.environ.get(TRACKING_ENV))
@@ -57,12 +68,11 @@ def main(argv: list[str]) -> int:
         gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
 
 
-def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: dict[str, Any]) -> dict[str, Any]:
+def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dict[str, Any]:
     """One trial, as the study's job message describes it; returns how it ended ("done")."""
     from omegaconf import OmegaConf
 
     from xp.errors import XPError, one_line
-    from xp.launching.slots import Slot
     from xp.run.experiment import JobInfo, run
     from xp.studies.scheduler import SlotTrial
     from xp.studies.study import spec_from
@@ -78,6 +88,8 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: dict[str, A
     root.addHandler(handler)
     result: dict[str, Any] = {"op": "done", "state": "FAIL"}
     try:
+        if msg.get("config"):
+            compose.seed(msg["base"], msg["config"])
         with compose.applied(msg["base"], msg["params"]) as cfg:
             _save_yaml(OmegaConf.to_container(cfg), out / ".hydra" / "config.yaml")
             config = OmegaConf.to_container(cfg, resolve=True)
@@ -86,7 +98,7 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: dict[str, A
         spec = spec_from(config["sweep"], msg["sweep"], search=False)
         trial = SlotTrial(channel, msg["number"], msg["params"], msg["study"])
         job = JobInfo(overrides=msg["task"], output_dir=out, log_file=out / "xp.log", parent_run_id=msg["parent"],
-                      cwd=Path.cwd(), trial=(trial, spec), tags={**Slot(**slot).tags(), "xp.cores": _cores()},
+                      cwd=Path.cwd(), trial=(trial, spec), tags={**slot.tags(), "xp.cores": _cores()},
                       tidy=msg.get("first", True))
         outcome = run(config, job)
         result.update(state=outcome.state, values=outcome.values)
@@ -171,6 +183,8 @@ def _logging(quiet: bool) -> None:
     root.setLevel(logging.INFO)
     logging.getLogger("xp").setLevel(logging.DEBUG)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    if quiet:  # MLflow prints a "View run" line per run itself (its own handler), on a server's store
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
 def _die_with_parent() -> None:

@@ -104,6 +104,13 @@ class Composer:
         with self.applied(base, params) as cfg:
             return cfg.copy()
 
+    def seed(self, base: list[str], config: dict[str, Any]) -> None:
+        """`base` composed elsewhere (a remote slot's worker gets it from its scheduler: the user's study file and
+        config folders may exist only on the scheduler's machine)."""
+        from omegaconf import OmegaConf
+
+        self.composed.setdefault(tuple(base), OmegaConf.create(config))
+
     @contextlib.contextmanager
     def applied(self, base: list[str], params: dict[str, Any] | None = None) -> Iterator[Any]:
         """The config, only for the body (the parameters are set on the composed one and put back after:

@@ -99,6 +99,13 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
              if s.provider in ("command-line", "hydra.searchpath in command-line", "hydra.searchpath in main")]
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
+    shipped: dict[str, Any] = {}
+    if any(slot.host for slot in pool.slots):  # workers on other hosts get the composed config, not the files
+        from hydra import compose
+        from omegaconf import OmegaConf
+
+        shipped["config"] = OmegaConf.to_container(compose("config", overrides=[*searchpath, *arguments]))
+
     def ask() -> Any:
         trials, _ = _ask(study, dists, 1)
         return trials[0] if trials else None
@@ -112,7 +119,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         return {"op": "trial", "number": trial.number, "params": trial.params, "study": spec.study_name,
                 "sweep": spec.name, "base": [*searchpath, *arguments],
                 "task": [*arguments, *params],
-                "output_dir": str(sweep_dir / str(job)), "parent": os.environ.get("XP_PARENT_RUN_ID")}
+                "output_dir": str(sweep_dir / str(job)), "parent": os.environ.get("XP_PARENT_RUN_ID"), **shipped}
 
     def tell(trial: Any, msg: dict[str, Any]) -> str:
         state = msg.get("state")
