@@ -1,12 +1,13 @@
 """Where a study's trials run: slots of GPUs (a fake NVML of 8) and of cores, disjoint, each trial pinned."""
 
+import os
 import sys
 from types import SimpleNamespace
 
 import pytest
 
 from xp.errors import ConfigError
-from xp.launching.slots import Slot, plan_slots, span
+from xp.launching.slots import Slot, host_slots, plan_slots, span
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def test_one_gpu_trials_get_eight_distinct_gpus(eight_gpus):
     assert visible(slots) == [str(i) for i in range(8)]
     assert all(len(s.cores) == 2 for s in slots)  # the cores shared out: 16 / 8
     assert len({c for s in slots for c in s.cores}) == 16  # disjoint
-    assert slots[0].env()["OMP_NUM_THREADS"] == "2"
+    assert "OMP_NUM_THREADS" not in slots[0].env()  # set by pin(), in the worker, from the cores it gets
 
 
 def test_two_gpu_trials_get_four_disjoint_pairs(eight_gpus):
@@ -71,3 +72,31 @@ def test_a_slot_says_where_it_is():
     assert s.describe() == "slot 3: GPU 4,5 and cores 0-3,8 on this machine"
     assert s.tags() == {"xp.slot": "3", "xp.slot.gpus": "4,5", "xp.slot.cores": "0-3,8", "xp.slot.host": "local"}
     assert span((7,)) == "7"
+
+
+def test_the_hosts_file_gives_the_slots_of_other_hosts():
+    from xp.launching.hosts import HostSlots
+
+    hosts = [HostSlots("a", 4), HostSlots("b", 2)]
+    cpu = host_slots(hosts, 0, None)
+    assert [(s.index, s.host, s.rank, s.of) for s in cpu] == [(0, "a", 0, 4), (1, "b", 0, 2), (2, "a", 1, 4),
+                                                              (3, "b", 1, 2), (4, "a", 2, 4), (5, "a", 3, 4)]
+    assert [s.host for s in host_slots(hosts, 0, 2)] == ["a", "b"]  # every host in turn
+    two = host_slots(hosts, 2, None)  # a:4 is two pairs of GPUs, b:2 one
+    assert sorted((s.host, s.gpus) for s in two) == [("a", (0, 1)), ("a", (2, 3)), ("b", (0, 1))]
+    assert len(host_slots(hosts, 1, None, trials_per_gpu=2)) == 12
+    assert cpu[1].describe() == "slot 1: share 1 of 2 of the cores on b"
+    with pytest.raises(ConfigError, match="sweep.parallel=7: the hosts offer 6 slots"):
+        host_slots(hosts, 0, 7)
+    with pytest.raises(ConfigError, match="no host of the hosts file has that many slots"):
+        host_slots(hosts, 8, None)
+
+
+def test_a_remote_slot_pins_its_worker_to_its_share_of_the_hosts_cores(monkeypatch):
+    pinned = {}
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    monkeypatch.setattr("os.sched_setaffinity", lambda pid, cores: pinned.update(cores=tuple(cores)))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert Slot(1, (), (), "b", rank=1, of=3).pin() == (2, 3) == pinned["cores"]
+    assert os.environ["OMP_NUM_THREADS"] == "2"
+    assert Slot(0, (), (), "b", rank=4, of=8).pin() == (4,)  # more slots than cores: they share
