@@ -283,25 +283,29 @@ def test_a_killed_sweep_is_continued_by_the_next_one_retrying_the_lost_trial(tmp
     import time
 
     d = sweeps("small", SMALL.format(n=2, sampler="random", pruner="none", objectives=ONE)
-               + "    heartbeat_s: 1\n    grace_s: 3\n    parallel: 1\n")  # one trial in flight: the one killed
+               + "    heartbeat_s: 1\n    grace_s: 3\n    parallel: 1\n")  # one slot: the trial killed, and its next
     env = study_env(tmp_path, d)
     with xp_process(tmp_path, store, "-m", "sweep=small", "epochs=400", env=env) as proc:
         wait_for_line(proc, "epoch   2/400", timeout=180)  # trial 0 is training
         proc.kill()  # SIGKILL: the sweeper and its in-process trial die without a word
         proc.wait(timeout=30)
-    (lost,) = load_trials(tmp_path)
-    assert lost.state.name == "RUNNING"
+    lost = load_trials(tmp_path)
+    assert [t.state.name for t in lost] == ["RUNNING", "RUNNING"]  # trial 0, and trial 1 its worker held next
     time.sleep(4)
     again = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "trial 0 lost its sweeper (no heartbeat for 3 s): retried as trial 1 with the same parameters" in again.stdout + again.stderr
+    for n, retry in ((0, 2), (1, 3)):
+        assert (f"trial {n} lost its sweeper (no heartbeat for 3 s): retried as trial {retry} with the same "
+                "parameters") in again.stdout + again.stderr
     trials = load_trials(tmp_path)
-    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]
-    assert trials[1].params == lost.params and trials[1].system_attrs["failed_trial"] == 0
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+    for n, retry in ((0, 2), (1, 3)):
+        assert trials[retry].params == lost[n].params and trials[retry].system_attrs["failed_trial"] == n
     client, runs = mlflow_runs(store)
     status = {r.info.run_id: r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags}
     assert status[trials[0].user_attrs["mlflow_run_id"]] == "FAILED"  # the killed trial's run was ended
-    assert status[trials[1].user_attrs["mlflow_run_id"]] == "FINISHED"
+    assert "mlflow_run_id" not in trials[1].user_attrs  # held, never started: no run
+    assert [status[trials[n].user_attrs["mlflow_run_id"]] for n in (2, 3)] == ["FINISHED", "FINISHED"]
     assert "RUNNING" not in status.values()
 
 

@@ -468,3 +468,26 @@ def test_sweepers_sharing_a_small_discrete_study_never_run_one_parameter_set_twi
     ran = [t for t in trials if "duplicate_of" not in t.user_attrs and "reused_from_trial" not in t.user_attrs]
     proposed = [tuple(sorted(t.params.items())) for t in ran]
     assert len(set(proposed)) == len(proposed), proposed
+
+
+def test_a_pending_spool_whose_entry_goes_while_it_is_listed_is_passed_over(tmp_path, monkeypatch):
+    """Two trials at once (a study's workers): one lists the undelivered spools as another, its run delivered,
+    takes its entry away. The lister goes on (it failed its trial before: FileNotFoundError)."""
+    from pathlib import Path
+
+    from xp.tracking import spool
+
+    index = tmp_path / "pending"
+    index.mkdir()
+    (index / "run-1").write_text(str(tmp_path / "spool-1"))
+    listed = Path.glob
+
+    def listed_then_taken(self, pattern):
+        found = list(listed(self, pattern))
+        for entry in found:
+            entry.unlink()  # the other process, between the listing and the reading
+        return iter(found)
+
+    monkeypatch.setattr(spool, "pending_index", lambda: index)
+    monkeypatch.setattr(Path, "glob", listed_then_taken)
+    assert spool.pending() == []

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,7 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dic
     from xp.studies.scheduler import SlotTrial
     from xp.studies.study import spec_from
 
+    started_ms = int(time.time() * 1000)  # its MLflow run's start: the slot is this trial's from now
     out = Path(msg["output_dir"])
     (out / ".hydra").mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "xp.log")
@@ -99,7 +101,7 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dic
         trial = SlotTrial(channel, msg["number"], msg["params"], msg["study"])
         job = JobInfo(overrides=msg["task"], output_dir=out, log_file=out / "xp.log", parent_run_id=msg["parent"],
                       cwd=Path.cwd(), trial=(trial, spec), tags={**slot.tags(), "xp.cores": _cores()},
-                      tidy=msg.get("first", True))
+                      tidy=msg.get("first", True), started_ms=started_ms)
         outcome = run(config, job)
         result.update(state=outcome.state, values=outcome.values)
     except XPError as e:

@@ -48,6 +48,7 @@ class JobInfo:
     # end the runs gone processes of this host left RUNNING before opening this one; a study's worker does it
     # before its first trial only (its later trials would find what its first found, less what it ended)
     tidy: bool = True
+    started_ms: int | None = None  # when the job began, if before its run opens (a trial: when its worker took it)
 
 
 @dataclass

@@ -49,7 +49,10 @@ def pending(uri: str | None = None) -> list[Path]:
     """Spool folders left undelivered (to `uri`, or to any store)."""
     out = []
     for entry in sorted(pending_index().glob("*")) if pending_index().is_dir() else []:
-        folder = Path(entry.read_text().strip())
+        try:
+            folder = Path(entry.read_text().strip())
+        except OSError:  # its run's process delivered it and took the entry away since the listing
+            continue
         try:
             meta = json.loads((folder / RUN).read_text())
         except (OSError, ValueError):

@@ -73,9 +73,10 @@ class Tracker:
     def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
                  reopen_run_id: str | None = None, spool_dir: str | Path | None = None,
-                 params: dict[str, Any] | None = None, tidy: bool = True):
+                 params: dict[str, Any] | None = None, tidy: bool = True, start_ms: int | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
         self.tidy = tidy  # end the runs that gone processes of this host left RUNNING (end_orphans) as it starts
+        self.start_ms = start_ms  # when the run began, if before it is created (a trial: when its worker took it)
         self.params = dict(params or {})  # logged with the run's start, in the batch of its first tags
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
         self._spool: Any = None
@@ -164,7 +165,7 @@ class Tracker:
                     "xp.pid_started": f"{started(os.getpid()):.2f}", **self.tags}
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
-            run = self.client.create_run(self.experiment_id, run_name=self.run_name,
+            run = self.client.create_run(self.experiment_id, run_name=self.run_name, start_time=self.start_ms,
                                           tags={k: redact(str(v)) for k, v in tags.items()})
         except ConfigError:
             raise
