@@ -205,6 +205,17 @@ def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
 
 
 @pytest.mark.slow
+def test_a_study_in_batches_through_joblib_ends_its_process(tmp_path, store, sweeps):
+    """sweep.scheduler=hydra with Hydra's joblib launcher: the process ends when the study does (xp's quick exit
+    lets joblib end its executor before it waits for threads: it hung there once)."""
+    d = sweeps("small", SMALL.format(n=2, sampler="random", pruner="none", objectives=ONE))
+    proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=1", "sweep.scheduler=hydra", "hydra/launcher=joblib",
+                  "hydra.launcher.n_jobs=2", env=study_env(tmp_path, d), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [t.state.name for t in load_trials(tmp_path)] == ["COMPLETE", "COMPLETE"]
+
+
+@pytest.mark.slow
 def test_multi_objective_study_in_parallel_saves_the_pareto_front(tmp_path, store, sweeps):
     d = sweeps("small", SMALL.format(n=4, sampler="nsga2", pruner="none", objectives=TWO))
     # tracking_uri= must win over $MLFLOW_TRACKING_URI everywhere, the study's summary included

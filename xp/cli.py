@@ -84,14 +84,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def leave(code: int) -> None:
     """End the process with `code` as the interpreter would, less its teardown of every module it imported
-    (0.6 s once mlflow is in): threads that are not daemons are waited for, the exit callbacks run (logging's
-    flush, temporary files, joblib's workers), the standard streams are flushed."""
+    (0.6 s once mlflow is in): threads that are not daemons are waited for (after threading's own exit hooks:
+    joblib's executor ends there), the exit callbacks run (logging's flush, temporary files), the standard
+    streams are flushed."""
     import atexit
     import threading
 
-    for t in threading.enumerate():
-        if t is not threading.main_thread() and not t.daemon:
-            t.join()
+    threading._shutdown()  # as the interpreter: threading's exit hooks (joblib's workers end), then the joins
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
