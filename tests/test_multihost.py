@@ -264,7 +264,7 @@ def test_a_study_keeps_trials_in_flight_on_every_hosts_slots(cluster, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     h2, h3 = c.host("h2").address, c.host("h3").address
-    assert f"study: 3 slots" in r.stdout + r.stderr and f"on {h2}" in r.stdout + r.stderr
+    assert "study: 3 slots" in r.stdout + r.stderr and f"on {h2}" in r.stdout + r.stderr
     import optuna
 
     trials = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()
