@@ -386,3 +386,17 @@ def test_discovery_sources(tmp_path):
         read_slots(str(f))
     with pytest.raises(ConfigError, match="cannot read it"):
         read_slots(str(tmp_path / "missing"))
+
+
+def test_torchruns_summary_keeps_every_failure_root_cause_first():
+    """torchrun lists the failures it saw, then the first one (its "root cause"): a peer that exited because
+    the killed rank went may come first there; the job reads them all and names a killed one before it."""
+    from xp.pt.torchrun import Torchrun
+
+    summary = ["Failures:", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 42)",
+               "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
+               "  exitcode  : 1 (pid: 41)"]
+    exits, state = {}, {}
+    for line in summary:
+        Torchrun.failed(None, line, exits, state)
+    assert list(exits.items()) == [(0, 1), (1, -9)]

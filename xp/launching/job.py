@@ -230,6 +230,9 @@ class Job:
         if s.relay is not None:
             s.relay.join(timeout=5)  # a runner reports which process failed first: read all it said
         failed = [(r, c) for r, c in self.exits.items() if c != 0] if s.role.runner else []
+        # one killed by a signal first: its peers fail because it went (they may even exit before the runner
+        # has seen it die)
+        failed.sort(key=lambda rc: not (rc[1] < 0 or rc[1] > 128))
         if failed:
             rank, code = failed[0]
             host = self.beats[rank].host if rank in self.beats else host

@@ -56,7 +56,8 @@ class Torchrun(Engine):
         return roles
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
-        if "Root Cause" in line:  # torchrun names the first failure here, the others before it
+        if "Root Cause" in line:  # torchrun names the first failure it saw here, the others before it
+            state["others"] = dict(exits)
             exits.clear()
         m = _RANK.match(line)
         if m:
@@ -64,6 +65,9 @@ class Torchrun(Engine):
         m = _EXIT.match(line)
         if m and state.get("rank") is not None:
             exits.setdefault(state["rank"], int(m.group(1)))
+            if "others" in state:  # the root cause first, then the others (the job names a killed one first)
+                for rank, code in state.pop("others").items():
+                    exits.setdefault(rank, code)
 
     def describe(self) -> str:
         if self.spec.remote:
