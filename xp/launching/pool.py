@@ -244,6 +244,10 @@ def prestart(config: dict[str, Any], argv: list[str], launcher: Any = None) -> N
         check_reachable(resolve_uri(config.get("tracking_uri")), hosts, launcher.address())
     if any(a.startswith(("hydra/launcher", "hydra.launcher")) for a in argv):
         return
+    from xp.tracking.stores import resolve_uri
+
+    if not resolve_uri(config.get("tracking_uri")).startswith(("sqlite:", "http:", "https:")):
+        return  # a new database's schema (PostgreSQL) has no creation lock: the workers open it after this process
     slots = _slots(config, node.get("parallel"), node.get("trials_per_gpu") or 1)
     _early.append(_pool(config, slots).spawn())
 
