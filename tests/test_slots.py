@@ -100,3 +100,6 @@ def test_a_remote_slot_pins_its_worker_to_its_share_of_the_hosts_cores(monkeypat
     assert Slot(1, (), (), "b", rank=1, of=3).pin() == (2, 3) == pinned["cores"]
     assert os.environ["OMP_NUM_THREADS"] == "2"
     assert Slot(0, (), (), "b", rank=4, of=8).pin() == (4,)  # more slots than cores: they share
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert Slot(0, (), (), "b", rank=0, of=1).pin() == (0, 1, 2, 3, 4, 5)  # the whole host: as a plain run has it
+    assert "OMP_NUM_THREADS" not in os.environ

@@ -50,6 +50,9 @@ def test_every_shipped_study_is_valid():
     ("sampler: grid\nparams: {lr: {type: float, low: 0.1, high: 1}}", "sampler=grid needs every parameter categorical"),
     ("n_trials: 0\nparams: {lr: {type: float, low: 0.1, high: 1}}", "n_trials=0: must be an integer >= 1"),
     ("trials: 5\nparams: {lr: {type: float, low: 0.1, high: 1}}", "unknown field(s) trials"),
+    ("settings: epochs\nparams: {lr: {type: float, low: 0.1, high: 1}}", "settings='epochs': must be a list of KEY=VALUE"),
+    ("claim: {kind: speed, figure: 1}\nparams: {lr: {type: float, low: 0.1, high: 1}}", "claim: needs kind (one of scaling"),
+    ("claim: {kind: scaling}\nparams: {lr: {type: float, low: 0.1, high: 1}}", "claim: needs figure (the published"),
 ])
 def test_bad_study_specs_are_one_line(sweeps, body, message):
     sweeps("bad", body)

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     _remember_command(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        argv = preflight.sweeper_spelling(argv)
+        argv = preflight.with_recipe(preflight.sweeper_spelling(argv))
         return drive.start(argv, preflight.preflight(argv), _hydra)
     except XPError as e:
         return error_line(e, e.exit_code)

@@ -264,6 +264,18 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
             for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
 
 
+def with_recipe(argv: list[str]) -> list[str]:
+    """-m sweep=NAME where NAME is a recipe: its settings join the command line (study.recipe_settings)."""
+    if "-m" not in argv and "--multirun" not in argv:
+        return argv
+    from hydra._internal.utils import get_args_parser
+
+    from xp.studies import study
+
+    config_dir = get_args_parser().parse_args(argv).config_dir
+    return study.recipe_settings(argv, [Path(config_dir).expanduser()] if config_dir else [])
+
+
 def sweeper_spelling(argv: list[str]) -> list[str]:
     """hydra-optuna-sweeper's spelling, accepted with a pointer: hydra.sweeper.FIELD=V is sweep.FIELD=V and
     hydra.sweeper.params.KEY=SPACE is KEY=SPACE (xp's studies are the config group `sweep`)."""

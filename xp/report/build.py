@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.report import plots
+from xp.report import claims, plots
 from xp.tracking.summary import num as _num, row_from_mlflow
 
 
@@ -41,7 +41,7 @@ def report_row(run: Any) -> dict[str, Any]:
            "global_batch": _num(p.get("derived.global_batch")), "lr": _num(p.get("derived.effective_lr")),
            "batch": _num(p.get("batch")), "seed": p.get("seed"), "run_id": run.info.run_id,
            "trial": int(tags["optuna.trial_number"]) if "optuna.trial_number" in tags else None,
-           "settings": {k: v for k, v in p.items() if not k.startswith(NOT_SETTINGS)}}
+           "settings": {k: v for k, v in p.items() if not k.startswith(NOT_SETTINGS)}, **claims.recipe_of(tags)}
     if _num(p.get("derived.cost_per_hour")) == 0:
         row["cost_usd"] = None  # hardware without a price: no cost, not $0
     return row
@@ -193,6 +193,7 @@ def build_report(runs: list[Any], out: Path, title: str,
     lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}. {ACCURACY_NOTE}", "",
              _md_table(done, seed_columns(done)), ""]
     files: list[Path] = []
+    lines += claims.section(done, out, files, _md_table)
     lines += _trials(rows, pruned) + _repeats(done) + _scaling_and_backends(done, out, files)
     lines += _elastic(runs, history, out, files) if history else []
     lines += _plots(done, out, files)

@@ -185,3 +185,44 @@ def backends_plot(side: list[dict[str, Any]], out: Path, files: list[Path]) -> N
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8, title="backend")
     _save(fig, out / "backends.png", files)
+
+
+def efficiency_plot(name: str, points: list[dict[str, Any]], seed: float, at: str, seed_at: int | None, out: Path,
+                    files: list[Path]) -> None:
+    """A scaling recipe: efficiency against devices, the ideal (100%) and the seed's published point."""
+    pts = [p for p in points if p.get("efficiency") is not None]
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.2))
+    ns = [p["devices"] for p in pts]
+    ax.plot(ns, [p["efficiency"] for p in pts], "o-", label="measured here")
+    for p in pts:
+        ax.annotate(f"{p['efficiency']:.0%}", (p["devices"], p["efficiency"]), textcoords="offset points",
+                    xytext=(6, 6), fontsize=8)
+    top = max([*ns, seed_at or 0])
+    ax.plot([1, top], [1, 1], "--", color="grey", label="ideal (linear)")
+    if seed_at:
+        ax.plot([seed_at], [seed], "*", markersize=12, color="tab:red", label=f"seed: {seed:.0%} at {at}")
+    ax.set_xlabel("devices")
+    ax.set_ylabel("scaling efficiency")
+    ax.set_ylim(0, 1.1)
+    ax.set_xticks(sorted({*ns, *([seed_at] if seed_at else [])}))
+    ax.set_title(f"{name}: throughput(N) / (N x throughput(1))", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, out / f"claim_{name}.png", files)
+
+
+def threads_plot(name: str, points: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
+    """An input-pipeline recipe: samples/s against decode threads, each point's diagnosis, the knee marked."""
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.2))
+    ts = [p["threads"] for p in points]
+    ax.plot(ts, [p["throughput"] for p in points], "o-")
+    for p in points:
+        ax.annotate(f"{p['diagnosis']}{' (knee)' if p.get('knee') else ''}", (p["threads"], p["throughput"]),
+                    textcoords="offset points", xytext=(6, -12), fontsize=8)
+    _ticks(ax, ts, 2)
+    ax.set_xlabel("decode threads (data_nthreads)")
+    ax.set_ylabel("samples/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{name}: throughput against decode threads", fontsize=11)
+    ax.grid(alpha=0.3)
+    _save(fig, out / f"claim_{name}.png", files)

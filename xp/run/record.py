@@ -3,6 +3,7 @@ with (one batch), and the one-row summary table it ends with. The tracker writes
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -40,6 +41,9 @@ def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, tr
     if trial:
         tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
                      "optuna.trial_state": "RUNNING"})
+        spec = trial[1] if len(trial) > 1 else None
+        if getattr(spec, "claim", None):  # a recipe's trial: the report's seed-claims section finds it by these
+            tags.update({"xp.recipe": spec.name, "xp.claim": json.dumps(spec.claim, sort_keys=True)})
     elif job.parent_run_id and not job.run_id:  # a sweep's job: found again if the sweep is killed and resumed
         tags[sweepstate.JOB_KEY] = sweepstate.job_key(job.overrides)
     tags.update(job.tags)

@@ -48,6 +48,8 @@ PRUNERS = ("none", "median", "hyperband", "successive_halving")
 # What a trial can be judged by: keys of the run's summary (xp.tracking.summary.summarize).
 METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+# What a recipe's claim is about: the report's seed-claims section computes the figure of each (xp.report.claims).
+CLAIM_KINDS = ("scaling", "input_pipeline")
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class StudySpec:
     max_retry: int = 2
     trials_per_gpu: int = 1  # trials packed on one GPU (small models)
     scheduler: str = "slots"  # slots: xp keeps a trial in flight on every slot; hydra: batches through Hydra's launcher
+    settings: tuple[str, ...] = ()  # a recipe's experiment: overrides every trial starts from (the command line wins)
+    claim: dict[str, Any] | None = None  # a recipe's published figure (kind, source, figure, at, ...)
 
     @property
     def multi_objective(self) -> bool:
@@ -188,6 +192,8 @@ class StudyConf:
     heartbeat_s: int = 30  # the sweeper's heartbeat for each trial in flight, seconds
     grace_s: int | None = None  # a trial silent this long lost its sweeper (null: 4 x heartbeat_s)
     max_retry: int = 2  # times a lost trial is retried with the same parameters
+    settings: list[str] = dataclasses.field(default_factory=list)  # a recipe: KEY=VALUE overrides of every trial
+    claim: dict[str, Any] | None = None  # a recipe: the published figure the report measures (kind, source, ...)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
@@ -240,7 +246,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
 
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
                           "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
-                          "trials_per_gpu", "scheduler"}
+                          "trials_per_gpu", "scheduler", "settings", "claim"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
@@ -275,9 +281,49 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
         if sampler == sampler_name and importlib.util.find_spec(module) is None:
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
     seed = field("sampler_seed")
+    settings, claim = _settings(field("settings") or [], where), _claim(field("claim"), where)
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
-                     heartbeat_s, grace_s, max_retry, per_gpu, scheduler)
+                     heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim)
+
+
+def _settings(given: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(given, (list, tuple)) or not all(isinstance(s, str) and "=" in s for s in given):
+        raise ConfigError(f"{where}: settings={given!r}: must be a list of KEY=VALUE overrides")
+    return tuple(given)
+
+
+def _claim(given: Any, where: str) -> dict[str, Any] | None:
+    if given is None:
+        return None
+    given = dict(given) if hasattr(given, "items") else given
+    if not isinstance(given, dict) or given.get("kind") not in CLAIM_KINDS:
+        raise ConfigError(f"{where}: claim: needs kind (one of {', '.join(CLAIM_KINDS)})")
+    figure = given.get("figure")
+    if not isinstance(figure, (int, float)) or isinstance(figure, bool) or not isinstance(given.get("source"), str):
+        raise ConfigError(f"{where}: claim: needs figure (the published number) and source (where it was published)")
+    return given
+
+
+def recipe_settings(argv: list[str], dirs: list[Path] = ()) -> list[str]:
+    """A recipe's command line: the chosen study file's `settings` added to the command line's overrides (a key the
+    command line sets or searches keeps the command line's value). Read from the file (sweeps/NAME.yaml,
+    or sweep/NAME.yaml in a config directory), as every later step (preflight, Hydra's sweep, the trials) must
+    see the same overrides."""
+    chosen = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")]
+    if len(chosen) != 1 or "," in chosen[0]:
+        return argv
+    path = next((p for p in [SWEEPS_DIR / f"{chosen[0]}.yaml", *(Path(d) / "sweep" / f"{chosen[0]}.yaml" for d in dirs)]
+                 if p.is_file()), None)
+    try:
+        raw = yaml.safe_load(path.read_text()) if path else None
+    except yaml.YAMLError:
+        return argv  # the preflight says what is wrong with the file
+    if not isinstance(raw, dict) or not raw.get("settings"):
+        return argv
+    settings = _settings(raw["settings"], f"sweeps/{chosen[0]}.yaml")
+    given = {a.lstrip("+~").split("=", 1)[0] for a in argv if not a.startswith("-")}
+    return [*argv, *(s for s in settings if s.split("=", 1)[0].lstrip("+~") not in given)]
 
 
 def space_from_overrides(overrides: list[Any]) -> tuple[tuple[Param, ...], list[str]]:

@@ -1,0 +1,161 @@
+"""The report's seed-claims section: for each recipe's runs (sweeps/*.yaml with a `claim`; its trials carry the
+tags xp.recipe and xp.claim), the figure the seed published, the figure measured here from the runs' own
+metrics, and whether the claim's direction holds on this machine, with the reason when the figure cannot match.
+
+- scaling: efficiency(N) = throughput(N) / (N x throughput(1)) and val accuracy per device count N; the claim's
+  direction (accuracy holds as devices grow, with the linear scaling rule and warm-up) holds when accuracy at
+  every N stays within the claim's accuracy_tolerance of N=1's.
+- input_pipeline: throughput against decode threads (data_nthreads), the knee (the fewest threads within 5% of
+  the best) and each point's diagnosis (diagnose=true: input-bound, compute-bound, ...); the direction (more
+  decode threads lift an input-bound pipeline) holds when the best is faster than 1 thread and the pipeline is
+  input-bound at 1 thread and not at the knee.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+KNEE = 0.95  # the knee: the fewest threads reaching this share of the best throughput
+
+
+def recipe_of(tags: dict[str, str]) -> dict[str, Any]:
+    """What a run's tags say of its recipe (report_row's fields): its name, claim and where it ran."""
+    if "xp.recipe" not in tags:
+        return {}
+    try:
+        claim = json.loads(tags.get("xp.claim") or "{}")
+    except ValueError:
+        claim = {}
+    return {"recipe": tags["xp.recipe"], "claim": claim, "cores": _count(tags.get("xp.cores", "")),
+            "diagnosis": tags.get("xp.diagnosis")}
+
+
+def _count(cores: str) -> int | None:
+    """4 for "0-3"; 3 for "0,2-3"; None for nothing."""
+    n = 0
+    for part in filter(None, cores.split(",")):
+        lo, _, hi = part.partition("-")
+        if not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
+            return None
+        n += int(hi or lo) - int(lo) + 1
+    return n or None
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def scaling(rows: list[dict[str, Any]], claim: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per device count: median samples/s, efficiency against N=1, median val accuracy and its change from N=1;
+    and the verdict."""
+    by_n: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_n[int(r["devices"])].append(r)
+    points = []
+    for n in sorted(by_n):
+        points.append({"devices": n, "throughput": _median(by_n[n], "throughput"),
+                       "val_accuracy": _median(by_n[n], "val_accuracy"), "runs": len(by_n[n])})
+    base = next((p for p in points if p["devices"] == 1), None)
+    if base is None or not base["throughput"] or len(points) < 2:
+        return points, {"holds": None, "measured": "-", "why": "needs runs at 1 device and at least one more count"}
+    tol = float(claim.get("accuracy_tolerance", 0.01))
+    for p in points:
+        p["ideal"] = p["devices"] * base["throughput"]
+        p["efficiency"] = p["throughput"] / p["ideal"] if p["throughput"] else None
+        if p["val_accuracy"] is not None and base["val_accuracy"] is not None:
+            p["accuracy_change"] = p["val_accuracy"] - base["val_accuracy"]
+    top = points[-1]
+    kind = {"gpu": "GPUs", "cpu": "CPU contexts"}.get(rows[0].get("device_type") or "", "devices")
+    changes = [abs(p["accuracy_change"]) for p in points if p.get("accuracy_change") is not None]
+    holds = bool(changes) and max(changes) <= tol
+    cores = max((r.get("cores") or 0 for r in rows), default=0)
+    why = (f"accuracy {'holds' if holds else 'does not hold'} with the linear scaling rule and warm-up: at most "
+           f"{max(changes) * 100:.1f} points from 1 device's (tolerance {tol * 100:.1f})" if changes
+           else "no accuracy to compare (synthetic data?)")
+    if kind == "CPU contexts" and cores and top["devices"] >= cores:
+        why += (f"; efficiency {top['efficiency']:.0%} at {top['devices']} CPU contexts: they share {cores} "
+                f"core{'s' if cores > 1 else ''}, so more contexts add gradient aggregation, not compute "
+                "(communication-bound: expected here, not a contradiction of the seed's GPU figure)")
+    return points, {"holds": holds, "why": why,
+                    "measured": f"{top['efficiency']:.0%} at {top['devices']} {kind}"}
+
+
+def input_pipeline(rows: list[dict[str, Any]], claim: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per decode-thread count: median samples/s, its ratio to 1 thread, the diagnosis; the knee and the verdict."""
+    by_t: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        threads = r["settings"].get("data_nthreads")
+        if str(threads).isdigit():
+            by_t[int(threads)].append(r)
+    points = [{"threads": t, "throughput": _median(by_t[t], "throughput"), "runs": len(by_t[t]),
+               "diagnosis": statistics.mode([r.get("diagnosis") or "-" for r in by_t[t]])} for t in sorted(by_t)]
+    points = [p for p in points if p["throughput"]]
+    if len(points) < 2:
+        return points, {"holds": None, "measured": "-", "why": "needs runs at two decode-thread counts at least"}
+    first, best = points[0], max(points, key=lambda p: p["throughput"])
+    knee = next(p for p in points if p["throughput"] >= KNEE * best["throughput"])
+    for p in points:
+        p["speedup"] = p["throughput"] / first["throughput"]
+        p["knee"] = "knee" if p is knee else ""
+    speedup = best["throughput"] / first["throughput"]
+    holds = speedup > 1 and first["diagnosis"] == "input-bound" and knee["diagnosis"] != "input-bound"
+    why = (f"{first['threads']} thread{'s' if first['threads'] > 1 else ''}: {first['diagnosis']}; the knee at "
+           f"{knee['threads']} threads: {knee['diagnosis']}")
+    cores = max((r.get("cores") or 0 for r in rows), default=0)
+    if cores and knee["threads"] >= cores:
+        why += f"; this machine has {cores} cores: decoding and training share them beyond that"
+    return points, {"holds": holds, "why": why,
+                    "measured": f"{speedup:.2f}x from {first['threads']} to {best['threads']} threads"}
+
+
+KINDS = {"scaling": scaling, "input_pipeline": input_pipeline}
+
+
+def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: Callable[..., str]) -> list[str]:
+    """The seed-claims section of report.md (empty without recipe runs), its plots added to `files`."""
+    from xp.report import plots
+
+    recipes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("recipe") and r.get("claim", {}).get("kind") in KINDS:
+            recipes[r["recipe"]].append(r)
+    if not recipes:
+        return []
+    summary, detail = [], []
+    for name, mine in sorted(recipes.items()):
+        claim = mine[-1]["claim"]
+        points, verdict = KINDS[claim["kind"]](mine, claim)
+        figure = claim["figure"]
+        seed = f"{figure:.0%}" if claim["kind"] == "scaling" else f"{figure:g}x"
+        summary.append({"recipe": name, "seed": f"{seed} at {claim.get('at', '?')}", "here": verdict["measured"],
+                        "holds": {True: "holds", False: "does not hold", None: "-"}[verdict["holds"]],
+                        "source": claim.get("source", "")})
+        detail += [f"### {name}", "", f"Seed: {claim.get('source', '')}: {seed} at {claim.get('at', '?')}. "
+                   f"Here: {verdict['measured']}. Direction: {summary[-1]['holds']} ({verdict['why']}).", ""]
+        if claim["kind"] == "scaling":
+            detail += [md_table(points, [("devices", "devices", "{}"), ("throughput", "samples/s", "{:.1f}"),
+                                          ("ideal", "ideal", "{:.1f}"), ("efficiency", "efficiency", "{:.1%}"),
+                                          ("val_accuracy", "val acc (last epoch)", "{:.4f}"),
+                                          ("accuracy_change", "vs 1 device", "{:+.4f}"), ("runs", "runs", "{}")]), ""]
+            plots.efficiency_plot(name, points, figure, str(claim.get("at", "")), _number(claim.get("at")), out,
+                                  files)
+        else:
+            detail += [md_table(points, [("threads", "decode threads", "{}"), ("throughput", "samples/s", "{:.1f}"),
+                                          ("speedup", "vs fewest threads", "{:.2f}x"), ("knee", "", "{}"),
+                                          ("diagnosis", "diagnosis", "{}"), ("runs", "runs", "{}")]), ""]
+            plots.threads_plot(name, points, out, files)
+    return ["## Seed claims", "", "Each recipe's published figure beside the one measured here from its runs' "
+            "own metrics; the direction says whether the claim's effect shows on this machine.", "",
+            md_table(summary, [("recipe", "recipe", "{}"), ("seed", "seed", "{}"), ("here", "here", "{}"),
+                                ("holds", "direction", "{}"), ("source", "source", "{}")]), "", *detail]
+
+
+def _number(text: Any) -> int | None:
+    m = re.match(r"\s*(\d+)", str(text or ""))
+    return int(m.group(1)) if m else None
