@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -227,7 +228,20 @@ def _image_options(options: dict[str, Any]) -> dict[str, Any]:
     return {"image_shape": tuple(shape)}
 
 
-_CATALOGUE = {"digits": _digits, "synthetic": _synthetic, "folder": _folder, "rec": _rec}
+def _digits_jpeg(options: dict[str, Any]) -> DatasetSpec:
+    """The digits as large JPEGs (xp.data.generated), made on first use, then read as an image folder."""
+    from xp.data.generated import digits_jpeg
+
+    size, quality = options.get("size", 256), options.get("quality", 90)
+    if not isinstance(size, int) or isinstance(size, bool) or not 16 <= size <= 2048:
+        raise ConfigError(f"dataset.size={size!r}: must be an integer from 16 to 2048 (pixels)")
+    if not isinstance(quality, int) or isinstance(quality, bool) or not 1 <= quality <= 100:
+        raise ConfigError(f"dataset.quality={quality!r}: must be an integer from 1 to 100")
+    cache = Path(options.get("cache_dir") or os.environ.get("XP_CACHE_DIR") or "~/.cache/xp").expanduser()
+    return _folder({**options, "kind": "folder", "root": str(digits_jpeg(cache / "images", size, quality))})
+
+
+_CATALOGUE = {"digits": _digits, "synthetic": _synthetic, "folder": _folder, "rec": _rec, "digits_jpeg": _digits_jpeg}
 
 
 def names() -> list[str]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import mxnet as mx
 import numpy as np
 
 from xp.data import datasets
 from xp.run.plan import Plan
+
+log = logging.getLogger("xp")
 
 
 class ArrayIter(mx.io.DataIter):
@@ -182,6 +187,12 @@ def make_iters(plan: Plan) -> tuple[mx.io.DataIter, mx.io.DataIter | None]:
         from xp.data.recordio import record_files
 
         train_rec, val_rec = record_files(plan)
+        cores = len(os.sched_getaffinity(0))
+        cap = max(cores // 2 - 1, 1)  # MXNet's own limit on ImageRecordIter's decode threads
+        if plan.data_nthreads > cap and plan.rank == 0:
+            log.warning(f"data_nthreads={plan.data_nthreads}: MXNet's ImageRecordIter decodes with at most {cap} "
+                        f"thread{'s' if cap > 1 else ''} on {cores} cores (its cap: cores / 2 - 1); backend=torch "
+                        "decodes with data_nthreads worker processes")
         # test_io never evaluates; a validation reader would prefetch on the same cores
         val_iter = None if plan.test_io else record_iter(val_rec, plan, train=False)
         return record_iter(train_rec, plan, train=True), val_iter

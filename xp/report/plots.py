@@ -224,5 +224,6 @@ def threads_plot(name: str, points: list[dict[str, Any]], out: Path, files: list
     ax.set_ylabel("samples/s")
     ax.set_ylim(bottom=0)
     ax.set_title(f"{name}: throughput against decode threads", fontsize=11)
+    ax.margins(x=0.15)
     ax.grid(alpha=0.3)
     _save(fig, out / f"claim_{name}.png", files)

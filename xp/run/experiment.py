@@ -91,9 +91,11 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
             trial[0].set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
         log.info(f"  MLflow run       {tracker.run_id} ({tracker.run_name})")
         if plan.diagnose:
-            rate, params, tags = diagnosed(plan, backend_cls)
-            tracker.log(params=params, tags=tags)
-            return Outcome("FINISHED", rate)
+            rate, params, tags = diagnosed(plan, backend_cls)  # its throughput: the real data's rate
+            tracker.log(params={**params, "summary.throughput_samples_per_s": f"{rate:.6g}"},
+                        tags={**tags, **({"optuna.trial_state": "COMPLETE"} if trial else {})})
+            values = [rate if o.metric == "throughput" else float("nan") for o in trial[1].objectives] if trial else []
+            return Outcome("COMPLETE" if trial else "FINISHED", rate, values)
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
         cbs = build_callbacks(plan, backend, tracker, before, trial, job.stop_flag)
