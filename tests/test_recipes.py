@@ -4,6 +4,8 @@ seed-claims section, measured from the runs' own metrics."""
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, mlflow_runs, run_xp, xp_env
 from xp.studies import study
 
@@ -85,3 +87,81 @@ def test_the_input_pipeline_recipe_finds_the_knee_and_says_where_it_stalls(tmp_p
         assert f"| {t} | {thr[t]:.1f} | {thr[t] / thr[1]:.2f}x | {'knee' if t == knee else ''} | {verdict[t]} |" in claims
     assert f"| input_pipeline | 1.75x at 4 -> 32 threads | {thr[best] / thr[1]:.2f}x from 1 to {best} threads | holds |" in claims
     assert (out / "claim_input_pipeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("text, message", [
+    ("t,hosts,price\n0,2,1\n", "line 1: the header must be t_s,hosts,spot_price_per_hour"),
+    ("t_s,hosts,spot_price_per_hour\n60,2,1\n", "line 2: the first row must be at t_s=0"),
+    ("t_s,hosts,spot_price_per_hour\n0,2,1\n0,3,1\n", "line 3: t_s=0 does not come after 0"),
+    ("t_s,hosts,spot_price_per_hour\n0,two,1\n", "line 2: '0,two,1': t_s and the price are numbers"),
+    ("t_s,hosts,spot_price_per_hour\n0,2,-1\n", "line 2: '0,2,-1': t_s, hosts and the price must be >= 0"),
+    ("t_s,hosts,spot_price_per_hour\n0,2\n", "line 2: 3 values expected"),
+    ("# only a comment\n", "no rows"),
+    ("t_s,hosts,spot_price_per_hour\n0,0,1\n", "the trace never offers a host"),
+])
+def test_a_malformed_trace_is_one_line(tmp_path, text, message):
+    from xp.errors import ConfigError
+    from xp.run import spot
+
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        spot.load(str(tmp_path / "t.csv"))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_trace_gives_hosts_and_prices_over_time_and_bills_by_the_second():
+    from xp.run import spot
+
+    trace = spot.load("spot-p3")  # the shipped one, by name
+    assert spot.at(trace, 0) == (2, 0.918) and spot.at(trace, 2700) == (3, 0.935) and spot.peak(trace) == 3
+    assert spot.at(trace, 7000) == (2, 1.147) and spot.at(trace, 10 ** 6) == (3, 0.951)
+    # 2 workers from 2600 s to 2800 s: 100 s at 0.918 and 100 s at 0.935
+    assert spot.cost(trace, 2600, 2800, 2) == pytest.approx((100 * 0.918 + 100 * 0.935) * 2 / 3600)
+
+
+def test_bad_dynamic_setups_fail_before_anything_starts(tmp_path, store):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("t_s,hosts,spot_price_per_hour\n0,2,0.9\n30,5,0.9\n")
+    for args, message in (
+            ([f"elastic.trace={tmp_path}/nope.csv"], "elastic.trace="),
+            ([f"elastic.trace={bad}"], "offers up to 5 hosts, more than elastic.max_workers=3"),
+            (["elastic.trace=spot-p3", "backend=torch"], "kvstore=dist_sync: backend=torch allreduces gradients")):
+        p = run_xp(tmp_path, store, "kvstore=dist_sync", "workers=3", "elastic.enabled=true", "elastic.max_workers=3",
+                   *args)
+        assert p.returncode == 2 and message in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    client, runs = mlflow_runs(store)
+    assert runs == []  # nothing started
+
+
+def test_dynamic_training_on_a_spot_trace_agrees_with_a_fixed_cluster_and_costs_less(tmp_path, store):
+    """The elastic run follows the shipped trace (2, then 3 workers, ...), the fixed one runs 3 workers
+    on-demand: same accuracy (same global batch, same steps), lower cost; the report's figures are the runs'."""
+    env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+    p = run_xp(tmp_path, store, "-m", "sweep=dynamic", env=env, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    client, runs = mlflow_runs(store)
+    parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")
+    trials = {r.data.params["elastic.enabled"]: r for r in runs if r.data.tags.get("xp.recipe") == "dynamic"}
+    el, fx = trials["True"], trials["False"]
+    assert el.data.tags["mlflow.parentRunId"] == fx.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    launched = [m.value for m in client.get_metric_history(el.info.run_id, "elastic.launch_workers")]
+    assert launched[0] == 2 and 3 in launched, launched  # the trace's 2 hosts, then its 3
+    acc = {k: r.data.metrics["val_accuracy"] for k, r in trials.items()}
+    assert abs(acc["True"] - acc["False"]) <= 0.01, acc
+
+    def clock(r):  # the job's wall clock at its last epoch
+        last = max(client.get_metric_history(r.info.run_id, "val_accuracy"), key=lambda m: m.step)
+        return (last.timestamp - r.info.start_time) / 1000
+
+    el_cost = el.data.metrics["cost_spot_usd"]
+    fx_cost = 3 * 3.06 * clock(fx) / 3600
+    assert 0 < el_cost < fx_cost, (el_cost, fx_cost)
+    out = tmp_path / "report"
+    rep = subprocess.run([sys.executable, "-m", "xp.report", "--parent", parent.info.run_id, "--out", str(out)],
+                         cwd=ROOT, env=xp_env(store), capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    claims = (out / "report.md").read_text().split("## Seed claims")[1].split("## Trials")[0]
+    assert f"| dynamic | 15-50% cheaper | {1 - el_cost / fx_cost:.0%} cheaper | holds |" in claims, claims
+    assert f"| elastic, spot trace | {acc['True']:.4f} | {clock(el):.1f} | ${el_cost:.4f} |" in claims, claims
+    assert f"| fixed, on-demand | {acc['False']:.4f} | {clock(fx):.1f} | ${fx_cost:.4f} |" in claims, claims
+    assert (out / "claim_dynamic.png").stat().st_size > 10_000

@@ -20,7 +20,7 @@ from typing import Any
 
 from xp import drive, preflight
 from xp.errors import Terminated, XPError, one_line
-from xp.run.worker import RUN_ENV
+from xp.run.worker import RUN_ENV, WORKER_ENV
 
 CONF_DIR = preflight.CONF_DIR
 # Flags Hydra answers without running a job.
@@ -140,13 +140,17 @@ def _task(cfg: Any) -> float:
         cwd=Path(hc.runtime.cwd),
         run_id=told.run_id,
         stop_flag=told.stop_flag,
+        trace_t0=told.trace_t0,
         resumed=told.resumed,
         swept=tuple(k for k in os.environ.get(multirun.SWEPT_ENV, "").split(",") if k),
     )
     config = OmegaConf.to_container(cfg, resolve=True)
     in_study = (config.get("optuna") or {}).get("trial_id") is not None
     try:
-        outcome = run(config, job)
+        outcome = None
+        if job.parent_run_id and not told.run_id and not os.environ.get(WORKER_ENV):
+            outcome = drive.launched_job(job, config)  # a sweep's distributed job: launched, as a command is
+        outcome = outcome or run(config, job)
         if in_study:  # what the study's sweeper reads
             return {"state": outcome.state, "values": outcome.values}
         return outcome.objective

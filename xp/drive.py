@@ -23,11 +23,13 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     multirun = "-m" in argv or "--multirun" in argv
     first = configs[0] if configs else {}
     plan, engine, launcher = job_of(first) if configs and not os.environ.get(WORKER_ENV) else (None, None, None)
-    if engine or (launcher and launcher.submits()):
-        if multirun:
-            raise ConfigError(f"{engine.name if engine else f'launcher={launcher.name}'} runs are launched one at a "
-                              "time; run each configuration as its own command (a sweep's jobs go to Slurm with "
-                              "hydra/launcher=submitit_slurm)")
+    if launcher and launcher.submits() and multirun:
+        raise ConfigError(f"launcher={launcher.name} submits one run at a time; run each configuration as its own "
+                          "command (a sweep's jobs go to Slurm with hydra/launcher=submitit_slurm)")
+    if engine and multirun and (first.get("sweep") or {}).get("scheduler", "slots") != "hydra" and first.get("sweep"):
+        raise ConfigError(f"a study of {engine.name} jobs launches its trials one after another: set "
+                          "sweep.scheduler=hydra (a study's slot workers train in their own process)")
+    if (engine or (launcher and launcher.submits())) and not multirun:
         return launch_job(argv, plan, engine, launcher)
     if not multirun:
         return hydra_main(argv)
@@ -56,7 +58,32 @@ def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:
     return plan, backend_cls.engine_for(plan), launcher_for(plan)
 
 
-def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> int:
+def launched_job(job: Any, config: dict[str, Any]) -> Any:
+    """A sweep's job, or a study's trial (sweep.scheduler=hydra), that is a distributed job: launched as its own
+    command would be, its MLflow run under the sweep's parent; returns its outcome, read from that run (a trial's:
+    its objectives' values). None: not a distributed job (this process trains it)."""
+    from xp.run.experiment import Outcome
+    from xp.tracking.stores import open_client
+    from xp.tracking.summary import row_from_mlflow
+
+    plan, engine_cls, launcher = job_of(config)
+    if engine_cls is None:
+        return None
+    swept = " ".join(o for o in job.overrides if o.lstrip("+~").split("=", 1)[0] in job.swept)
+    if swept and not plan.run_name:
+        plan = replace(plan, run_name=swept)  # as a sweep's other jobs are named: by what it varied
+    run_id = launch_job(job.overrides, plan, engine_cls, launcher, parent=job.parent_run_id)
+    row = row_from_mlflow(open_client(plan.tracking_uri).get_run(run_id))
+    values = []
+    if plan.study is not None:
+        from xp.studies.study import spec_from
+
+        spec = spec_from(plan.study.sweep, plan.study.sweep.get("name") or plan.study.study, search=False)
+        values = [float("nan") if row.get(o.metric) is None else float(row[o.metric]) for o in spec.objectives]
+    return Outcome("COMPLETE" if plan.study is not None else "FINISHED", float(row.get("val_accuracy") or 0.0), values)
+
+
+def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, parent: str | None = None) -> Any:
     """A distributed job, or a batch submission: this process owns the MLflow run. It starts the workers, and
     rank 0 fills the run; or (a batch system, launcher=slurm from a login node) it submits the run, follows it
     and ends it with the job's outcome (the batch system's reason when it ended the job)."""
@@ -84,6 +111,10 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> in
             if not elastic_on:  # the instances the job occupies: rank 0 prices them (elastic: per worker)
                 engine.spec.env[HOSTS_ENV] = str(len(engine.hosts()))
                 plan = replace(plan, hosts=len(engine.hosts()))
+    if parent:  # a sweep's job: under its parent run
+        from xp.tracking import sweepstate
+
+        tags.update({"mlflow.parentRunId": parent, sweepstate.JOB_KEY: sweepstate.job_key(argv)})
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name([a for a in argv if not a.startswith("-")]),
                       attach_run_id=launcher.submitted_run(), tags=tags)
     tracker.start()
@@ -102,4 +133,4 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any) -> in
             policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), handed is not None,
                              told)
         launch(engine, policy)
-    return 0
+    return tracker.run_id if parent else 0

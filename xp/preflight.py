@@ -249,6 +249,8 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
         return []
     name = node.get("name") or next(o.split("=", 1)[1] for o in base if o.lstrip("+").startswith("sweep="))
     if not multirun:
+        if (config.get("optuna") or {}).get("trial_id") is not None:
+            return []  # a trial's launched process (sweep.scheduler=hydra): its sweeper checked the study
         raise ConfigError(f"sweep={name}: a study runs many experiments; add -m")
     for p in space:
         if p.name not in known:

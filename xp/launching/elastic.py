@@ -25,7 +25,7 @@ from xp.errors import ConfigError
 from xp.launching.engine import Spec
 from xp.launching.hosts import HostSlots, discovered_hosts
 from xp.launching.job import LaunchError, Policy
-from xp.run import checkpoint, handoff
+from xp.run import checkpoint, handoff, spot
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
@@ -63,9 +63,15 @@ class Membership:
     def __init__(self, spec: Any, plan: Any):
         self.spec, self.plan = spec, plan
         self.lost, self.lost_hosts, self.lost_at = 0, set(), []
+        self.t0 = time.time()  # a spot trace's zero: the job's start
 
     def listed(self) -> list[HostSlots]:
         e = self.plan.elastic
+        if e.trace:  # the hosts the spot market offers now: the first of the pool (remote), or slots here
+            n, _ = spot.at(e.trace, (time.time() - self.t0) * e.trace_speed)
+            if not self.spec.remote:
+                return [HostSlots("127.0.0.1", n)]
+            return [HostSlots(h.name, 1) for h in discovered_hosts(e.discovery)[:n]]  # an instance, a worker
         if not self.spec.remote:
             return [HostSlots("127.0.0.1", read_slots(e.discovery) if e.discovery else self.plan.workers)]
         return discovered_hosts(e.discovery)
@@ -153,7 +159,8 @@ class Elastic(Policy):
         if self.hand_plan:
             handed = replace(plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices),
                              checkpoint_dir=str(self.root), checkpoint_every=1, resume=str(self.root) if done else None)
-        told = replace(self.told, stop_flag=str(self.flag), resumed=self.rounds > 0)
+        told = replace(self.told, stop_flag=str(self.flag), resumed=self.rounds > 0,
+                       trace_t0=self.members.t0 if e.trace else None)
         env = {**base.env, **base.launcher.env(n), handoff.PLAN_ENV: handoff.dumps(handed, told)}
         self.rounds += 1
         print(f"xp: elastic: epoch {(done.epoch if done else 0) + 1}/{plan.epochs} on {n} workers "

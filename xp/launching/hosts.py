@@ -223,5 +223,11 @@ if __name__ == "__main__":
 def hosts_for(launcher: Any, plan: Any, elastic: bool) -> list[HostSlots]:
     """The hosts a job starts on: the launcher's, or (elastic, remote) those the discovery source lists now."""
     if elastic and launcher.remote:
-        return discovered_hosts(plan.elastic.discovery)
+        pool = discovered_hosts(plan.elastic.discovery)
+        trace = plan.elastic.trace
+        if trace and max(r[1] for r in trace) > len(pool):
+            raise ConfigError(f"elastic.trace: offers up to {max(r[1] for r in trace)} hosts, but elastic.discovery="
+                              f"{plan.elastic.discovery} lists {len(pool)}: the trace's hosts are the first of that "
+                              "list, one instance each")
+        return pool
     return launcher.hosts()

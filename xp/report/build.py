@@ -40,6 +40,7 @@ def report_row(run: Any) -> dict[str, Any]:
            "device_type": kind if kind in ("gpu", "cpu") else None,
            "global_batch": _num(p.get("derived.global_batch")), "lr": _num(p.get("derived.effective_lr")),
            "batch": _num(p.get("batch")), "seed": p.get("seed"), "run_id": run.info.run_id,
+           "start_ms": run.info.start_time, "end_ms": run.info.end_time,
            "trial": int(tags["optuna.trial_number"]) if "optuna.trial_number" in tags else None,
            "settings": {k: v for k, v in p.items() if not k.startswith(NOT_SETTINGS)}, **claims.recipe_of(tags)}
     if _num(p.get("derived.cost_per_hour")) == 0:
@@ -193,7 +194,7 @@ def build_report(runs: list[Any], out: Path, title: str,
     lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}. {ACCURACY_NOTE}", "",
              _md_table(done, seed_columns(done)), ""]
     files: list[Path] = []
-    lines += claims.section(done, out, files, _md_table)
+    lines += claims.section(done, out, files, _md_table, history)
     lines += _trials(rows, pruned) + _repeats(done) + _scaling_and_backends(done, out, files)
     lines += _elastic(runs, history, out, files) if history else []
     lines += _plots(done, out, files)

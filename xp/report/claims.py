@@ -114,10 +114,59 @@ def input_pipeline(rows: list[dict[str, Any]], claim: dict[str, Any]) -> tuple[l
                     "measured": f"{speedup:.2f}x from {first['threads']} to {best['threads']} threads"}
 
 
-KINDS = {"scaling": scaling, "input_pipeline": input_pipeline}
+def dynamic(rows: list[dict[str, Any]], claim: dict[str, Any],
+            history: Callable[[str, str], list[Any]] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The elastic run on a spot trace against the fixed on-demand one: accuracy, wall time and cost, to the end
+    and to the target (the lower of the two final accuracies: the first epoch reaching it). Both clocks run from
+    the job's start (its MLflow run's start: process start-up and, elastic, every relaunch included) to each
+    epoch's logged accuracy. The elastic run's bill is its own (cost_spot_usd: every worker at the trace's price
+    of the moment); the fixed run's is its workers x the on-demand price x that clock."""
+    points = []
+    for r in sorted(rows, key=lambda r: str(r["settings"].get("elastic.enabled")) != "True"):
+        elastic = str(r["settings"].get("elastic.enabled")) == "True"
+        logged = {m.step: m for m in history(r["run_id"], "val_accuracy")} if history and r.get("start_ms") else {}
+        acc = {k: m.value for k, m in logged.items()}
+        clock = {k: (m.timestamp - r["start_ms"]) / 1000 for k, m in logged.items()}
+        if elastic:
+            bill = {m.step: m.value for m in history(r["run_id"], "cost_spot_usd")} if history else {}
+            price = "the trace's spot prices"
+        else:
+            workers = int(float(r["settings"].get("workers") or 1))
+            rate = float(r["settings"].get("hardware.price_per_hour") or 0.0) * workers
+            bill = {k: v / 3600 * rate for k, v in clock.items()}
+            price = f"{workers} x ${rate / workers:.2f}/h on-demand"
+        points.append({"run": "elastic, spot trace" if elastic else "fixed, on-demand", "elastic": elastic,
+                       "val_accuracy": r.get("val_accuracy"), "acc": acc, "clock": clock, "bill": bill,
+                       "time_s": clock[max(clock)] if clock else None, "cost_usd": bill[max(bill)] if bill else None,
+                       "prices": price})
+    both = [p for p in points if p["val_accuracy"] is not None]
+    if len({p["elastic"] for p in both}) < 2:
+        return points, {"holds": None, "measured": "-", "why": "needs the elastic run and the fixed run"}
+    target = min(p["val_accuracy"] for p in both)
+    for p in both:
+        step = next((s for s in sorted(p["acc"]) if p["acc"][s] >= target), None)
+        p["target_time_s"] = p["clock"].get(step) if step is not None else None
+        p["target_cost_usd"] = p["bill"].get(step) if step is not None else None
+    el, fx = (next(p for p in both if p["elastic"] is e) for e in (True, False))
+    tol = float(claim.get("accuracy_tolerance", 0.01))
+    agree = abs(el["val_accuracy"] - fx["val_accuracy"]) <= tol
+    saving = 1 - el["cost_usd"] / fx["cost_usd"] if el["cost_usd"] and fx["cost_usd"] else None
+    holds = agree and saving is not None and saving > 0
+    why = (f"accuracy {el['val_accuracy']:.4f} elastic against {fx['val_accuracy']:.4f} fixed "
+           f"({'within' if agree else 'outside'} {tol * 100:.1f} points); cost ${el['cost_usd']:.4f} at "
+           f"{el['prices']} against ${fx['cost_usd']:.4f} at {fx['prices']}; time {el['time_s']:.1f} s against "
+           f"{fx['time_s']:.1f} s (each membership change relaunches the job: seconds here)")
+    for p in points:
+        p.pop("acc"), p.pop("clock"), p.pop("bill")
+    return points, {"holds": holds, "why": why, "target": target,
+                    "measured": f"{saving:.0%} cheaper" if saving is not None else "-"}
 
 
-def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: Callable[..., str]) -> list[str]:
+KINDS = {"scaling": scaling, "input_pipeline": input_pipeline, "dynamic": dynamic}
+
+
+def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: Callable[..., str],
+            history: Callable[[str, str], list[Any]] | None = None) -> list[str]:
     """The seed-claims section of report.md (empty without recipe runs), its plots added to `files`."""
     from xp.report import plots
 
@@ -130,13 +179,15 @@ def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: 
     summary, detail = [], []
     for name, mine in sorted(recipes.items()):
         claim = mine[-1]["claim"]
-        points, verdict = KINDS[claim["kind"]](mine, claim)
+        kind = claim["kind"]
+        points, verdict = dynamic(mine, claim, history) if kind == "dynamic" else KINDS[kind](mine, claim)
         figure = claim["figure"]
-        seed = f"{figure:.0%}" if claim["kind"] == "scaling" else f"{figure:g}x"
-        summary.append({"recipe": name, "seed": f"{seed} at {claim.get('at', '?')}", "here": verdict["measured"],
+        seed = f"{figure:g}x" if kind == "input_pipeline" else f"{figure:.0%}"
+        seed = claim.get("at", seed) if kind == "dynamic" else f"{seed} at {claim.get('at', '?')}"
+        summary.append({"recipe": name, "seed": seed, "here": verdict["measured"],
                         "holds": {True: "holds", False: "does not hold", None: "-"}[verdict["holds"]],
                         "source": claim.get("source", "")})
-        detail += [f"### {name}", "", f"Seed: {claim.get('source', '')}: {seed} at {claim.get('at', '?')}. "
+        detail += [f"### {name}", "", f"Seed: {claim.get('source', '')}: {seed}. "
                    f"Here: {verdict['measured']}. Direction: {summary[-1]['holds']} ({verdict['why']}).", ""]
         if claim["kind"] == "scaling":
             detail += [md_table(points, [("devices", "devices", "{}"), ("throughput", "samples/s", "{:.1f}"),
@@ -145,6 +196,13 @@ def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: 
                                           ("accuracy_change", "vs 1 device", "{:+.4f}"), ("runs", "runs", "{}")]), ""]
             plots.efficiency_plot(name, points, figure, str(claim.get("at", "")), _number(claim.get("at")), out,
                                   files)
+        elif claim["kind"] == "dynamic":
+            detail += [md_table(points, [("run", "run", "{}"), ("val_accuracy", "val acc (last epoch)", "{:.4f}"),
+                                         ("time_s", "wall time, s", "{:.1f}"), ("cost_usd", "cost", "${:.4f}"),
+                                         ("target_time_s", f"time to {verdict.get('target', 0):.4f}, s", "{:.1f}"),
+                                         ("target_cost_usd", "cost to it", "${:.4f}"), ("prices", "prices", "{}")]),
+                       ""]
+            plots.dynamic_plot(name, points, out, files)
         else:
             detail += [md_table(points, [("threads", "decode threads", "{}"), ("throughput", "samples/s", "{:.1f}"),
                                           ("speedup", "vs fewest threads", "{:.2f}x"), ("knee", "", "{}"),

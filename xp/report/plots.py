@@ -227,3 +227,22 @@ def threads_plot(name: str, points: list[dict[str, Any]], out: Path, files: list
     ax.margins(x=0.15)
     ax.grid(alpha=0.3)
     _save(fig, out / f"claim_{name}.png", files)
+
+
+def dynamic_plot(name: str, points: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
+    """The dynamic-training recipe: cost and wall time of the elastic (spot trace) and the fixed (on-demand) run."""
+    pts = [p for p in points if p.get("cost_usd") is not None and p.get("time_s") is not None]
+    if not pts:
+        return
+    fig, (a1, a2) = _pyplot().subplots(1, 2, figsize=(8.4, 3.8))
+    labels = [p["run"] for p in pts]
+    for ax, key, unit in ((a1, "cost_usd", "cost, USD"), (a2, "time_s", "wall time, s")):
+        bars = ax.bar(labels, [p[key] for p in pts], color=["tab:green" if p["elastic"] else "tab:grey" for p in pts])
+        for b, p in zip(bars, pts):
+            ax.annotate(f"{p[key]:.4f}" if key == "cost_usd" else f"{p[key]:.1f}", (b.get_x() + b.get_width() / 2,
+                        b.get_height()), ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel(unit)
+        ax.tick_params(axis="x", labelsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"{name}: elastic on the spot trace against fixed on-demand (same accuracy)", fontsize=10)
+    _save(fig, out / f"claim_{name}.png", files)

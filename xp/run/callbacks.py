@@ -243,18 +243,33 @@ class WorkerHours(Callback):
     """workers per epoch, worker-hours so far, and what they cost at on-demand and (if known) spot prices;
     cost_usd itself is CostMeter's, which bills every worker as an instance in elastic runs."""
 
-    def __init__(self, workers: int, hardware: Any, before: list[dict[str, float]]):
+    def __init__(self, workers: int, hardware: Any, before: list[dict[str, float]], elastic: Any = None,
+                 trace_t0: float | None = None):
         self.workers, self.hw = workers, hardware
         self.hours = before[-1].get("worker_hours", 0.0) if before else 0.0
+        # on a spot trace: every worker billed at the trace's price of each moment since the job started,
+        # relaunches included (job_elapsed_s: the job's wall clock at each epoch's end)
+        self.trace = (elastic.trace, elastic.trace_speed, trace_t0) if elastic and elastic.trace and trace_t0 else None
+        self.spot_usd = before[-1].get("cost_spot_usd", 0.0) if before else 0.0
+        self.last = before[-1].get("job_elapsed_s", 0.0) if before else 0.0
 
     def on_epoch_begin(self, epoch: int) -> None:
         self._t = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        from xp.run import spot
+
         self.hours += (time.perf_counter() - self._t) * self.workers / 3600
         metrics["workers"] = self.workers
         metrics["worker_hours"] = self.hours
         if self.hw.price_per_hour:  # hardware without a price: no cost, not $0
             metrics["cost_on_demand_usd"] = self.hours * self.hw.price_per_hour
-        if self.hw.spot_price_per_hour:
+        if self.trace:
+            trace, speed, t0 = self.trace
+            now = time.time() - t0
+            self.spot_usd += spot.cost(trace, self.last * speed, now * speed, self.workers) / speed
+            self.last = now
+            metrics["job_elapsed_s"], metrics["cost_spot_usd"] = now, self.spot_usd
+            metrics["spot_price_per_hour"] = spot.at(trace, now * speed)[1]
+        elif self.hw.spot_price_per_hour:
             metrics["cost_spot_usd"] = self.hours * self.hw.spot_price_per_hour

@@ -41,6 +41,7 @@ class JobInfo:
     cwd: Path | None = None
     run_id: str | None = None  # a distributed worker logs into the run its launcher created
     stop_flag: str | None = None  # an elastic round's worker: the file that asks it to stop after an epoch
+    trace_t0: float | None = None  # an elastic round's worker on a spot trace: when the job started (time.time())
     resumed: bool = False  # an elastic round after the first: the run's params are logged already
     swept: tuple[str, ...] = ()  # a sweep job: the keys the sweep varies (they name the run)
     trial: Any = None  # a study's trial run by a slot's worker: (its trial, the StudySpec); else from the config
@@ -98,7 +99,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
             return Outcome("COMPLETE" if trial else "FINISHED", rate, values)
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
-        cbs = build_callbacks(plan, backend, tracker, before, trial, job.stop_flag)
+        cbs = build_callbacks(plan, backend, tracker, before, trial, job.stop_flag, job.trace_t0)
         state = train_run(plan, backend, cbs.all, tracker, before, trial)  # COMPLETE or PRUNED
         if cbs.stop is not None and cbs.stop.stopped:
             log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
@@ -136,7 +137,7 @@ class RunCallbacks:
 
 
 def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: Any,
-                    stop_flag: str | None = None) -> RunCallbacks:
+                    stop_flag: str | None = None, trace_t0: float | None = None) -> RunCallbacks:
     """Every callback of a run, by phase. At each epoch's end they see one metrics dict in this order:
     measure (time, throughput, telemetry) -> aggregate (across workers, cost) -> record (history, MLflow)
     -> commit (checkpoint: after it is logged, so an epoch interrupted in between is trained again to the
@@ -158,7 +159,8 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
         "aggregate": [WorkerMetrics(backend.gather, meter.name),
                       CostMeter(plan.cost_per_hour, plan.target_accuracy, done, plan.workers if plan.elastic.enabled
                                 else 1),
-                      *([WorkerHours(plan.workers, plan.hardware, done)] if plan.elastic.enabled else [])],
+                      *([WorkerHours(plan.workers, plan.hardware, done, plan.elastic, trace_t0)]
+                        if plan.elastic.enabled else [])],
         "record": [history, TrackingCallback(tracker)],
         "commit": commits,
         "print": [ProgressBar(plan.steps_per_epoch, plan.worker_batch), ProgressPrinter(plan.epochs)],

@@ -41,6 +41,8 @@ def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, tr
     if trial:
         tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
                      "optuna.trial_state": "RUNNING"})
+        if job.run_id:  # a launched trial (sweep.scheduler=hydra): its launcher named the run by its command line
+            tags["mlflow.runName"] = name
         spec = trial[1] if len(trial) > 1 else None
         if getattr(spec, "claim", None):  # a recipe's trial: the report's seed-claims section finds it by these
             tags.update({"xp.recipe": spec.name, "xp.claim": json.dumps(spec.claim, sort_keys=True)})

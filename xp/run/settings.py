@@ -49,6 +49,8 @@ class ElasticSettings:
     poll_s: float = 1.0  # how often the discovery source is read
     wait_s: float = 300.0  # how long to wait for min_workers
     max_restarts: int = 10  # lost workers the job survives
+    trace: tuple[tuple[float, int, float], ...] = ()  # a spot trace's rows (xp.run.spot): the members and their price
+    trace_speed: float = 1.0  # trace seconds per second of the job
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,18 @@ def elastic_settings(e: dict) -> ElasticSettings:
             raise ConfigError(f"elastic.{key}={v!r}: must be a number of seconds in [0.05, {top}]")
     if not is_int(e.get("max_restarts")) or e["max_restarts"] < 0:
         raise ConfigError(f"elastic.max_restarts={e.get('max_restarts')!r}: must be an integer >= 0")
+    trace, speed = (), e.get("trace_speed", 1.0)
+    if e.get("trace"):
+        from xp.run import spot
+
+        trace = spot.load(str(e["trace"]))
+        if not isinstance(speed, (int, float)) or isinstance(speed, bool) or not 0 < speed <= 1e6:
+            raise ConfigError(f"elastic.trace_speed={speed!r}: must be a number > 0 (trace seconds per second)")
+        if spot.peak(trace) > hi:
+            raise ConfigError(f"elastic.trace={e['trace']}: offers up to {spot.peak(trace)} hosts, more than "
+                              f"elastic.max_workers={hi}")
     return ElasticSettings(True, text({"elastic.discovery": e.get("discovery")}, "elastic.discovery"), lo, hi,
-                           float(e["poll_s"]), float(e["wait_s"]), e["max_restarts"])
+                           float(e["poll_s"]), float(e["wait_s"]), e["max_restarts"], trace, float(speed))
 
 
 def study_settings(cfg: dict) -> StudySettings | None:

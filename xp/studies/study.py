@@ -49,7 +49,7 @@ PRUNERS = ("none", "median", "hyperband", "successive_halving")
 METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 # What a recipe's claim is about: the report's seed-claims section computes the figure of each (xp.report.claims).
-CLAIM_KINDS = ("scaling", "input_pipeline")
+CLAIM_KINDS = ("scaling", "input_pipeline", "dynamic")
 
 
 @dataclass(frozen=True)
