@@ -360,7 +360,7 @@ def test_the_wheel_ships_the_tracked_studies_and_nothing_else():
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["xp.sweeps"]
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "sweeps"], capture_output=True, text=True,
                              check=True).stdout.split()
-    assert sorted(shipped) == sorted(p.split("/", 1)[1] for p in tracked if p.endswith(".yaml"))
+    assert sorted(shipped) == sorted(p.split("/", 1)[1] for p in tracked if p.endswith((".yaml", ".csv")))
 
 
 def test_stale_temporary_commits_of_dead_processes_of_this_host_are_removed(tmp_path):
