@@ -25,6 +25,8 @@ def test_the_scaling_recipe_reports_efficiency_recomputed_from_its_runs(tmp_path
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     client, runs = mlflow_runs(store)
     parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")
+    assert parent.info.run_name == "study scaling: sweep=scaling"  # the recipe's settings are in its params
+    assert "warmup_epochs=2" in parent.data.params["sweep.overrides"]
     trials = {int(r.data.params["derived.num_devices"]): r for r in runs if r.data.tags.get("xp.recipe") == "scaling"}
     assert sorted(trials) == [1, 2, 4]
     for r in trials.values():  # the recipe's settings, and the linear rule on top of them

@@ -29,7 +29,8 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
     kind = f"study {config['sweep'].get('name') or chosen}" if config.get("sweep") else "sweep"
     experiment = config.get("experiment") or "xp"
     skey = sweepstate.key("sweep", experiment, overrides)
-    parent = Tracker(uri, experiment, f"{kind}: " + run_name(overrides),
+    recipe = set((config.get("sweep") or {}).get("settings") or ())  # a recipe's own: in its params, not its name
+    parent = Tracker(uri, experiment, f"{kind}: " + run_name([o for o in overrides if o not in recipe]),
                      tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey})
     parent.reopen_run_id = sweepstate.interrupted_parent(parent, skey)  # a killed sweep goes on where it was
     parent.start()
