@@ -24,6 +24,7 @@ from conftest import ROOT, metric_by_step, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
+TRACE_JOIN_S, TRACE_LEAVE_S = 15, 45  # the trace test's changes, seconds after its job starts
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +285,39 @@ def test_a_study_keeps_trials_in_flight_on_every_hosts_slots(cluster, tmp_path):
 # --- elastic across hosts (last: it crashes h3 for good) ---------------------------------------------------
 ELASTIC = ["kvstore=dist_sync", "batch=3", "workers=2", "epochs=10", "lr=0.01", "lr_ref_batch=12",
            "dist_timeout_s=60"]
+
+
+def test_hosts_join_and_leave_as_a_spot_trace_says(cluster, tmp_path):
+    """Dynamic Training across hosts: a spot trace offers 2 hosts, then 3, then 2 again; the elastic job starts on
+    h2+h3 (the first two of its pool), h4 joins, then leaves, the global batch fixed, every worker billed at the
+    trace's price of its moment. A trace offering more hosts than the pool has is one line before anything."""
+    c = cluster
+    pool = c.hosts_file(tmp_path / "pool", ["h2", "h3", "h4"])
+    trace = tmp_path / "trace.csv"
+    trace.write_text("t_s,hosts,spot_price_per_hour\n0,4,0.9\n")
+    common = ["elastic.enabled=true", f"elastic.discovery={pool}", "elastic.poll_s=0.2", "hardware=p3.2xlarge"]
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *ELASTIC, *common, f"elastic.trace={trace}", "elastic.max_workers=4",
+                                      experiment="trace"), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "offers up to 4 hosts, but elastic.discovery=" in r.stderr, r.stderr
+    assert runs(c, "trace")[1] == []  # nothing started
+
+    trace.write_text(f"t_s,hosts,spot_price_per_hour\n0,2,0.90\n{TRACE_JOIN_S},3,1.00\n{TRACE_LEAVE_S},2,1.20\n")
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *ELASTIC, "epochs=12", *common, f"elastic.trace={trace}",
+                                      "elastic.max_workers=3", f"checkpoint_dir={c.shared}/trace", experiment="trace"),
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    client, found = runs(c, "trace")
+    run = found[0]
+    assert run.info.status == "FINISHED" and run.data.params["derived.global_batch"] == "6"
+    launched = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "elastic.launch_workers"),
+                                        key=lambda m: m.timestamp)]
+    assert launched[:3] == [2, 3, 2], (launched, r.stdout[-2000:])
+    workers = metric_by_step(client, run.info.run_id, "workers")
+    assert len(workers) == 12 and workers[0] == 2 and 3 in workers and workers[-1] == 2, workers
+    prices = set(metric_by_step(client, run.info.run_id, "spot_price_per_hour"))
+    assert prices <= {0.9, 1.0, 1.2} and 1.0 in prices, prices
+    assert 0 < run.data.metrics["cost_spot_usd"] < 3 * 1.2 * run.data.metrics["job_elapsed_s"] / 3600
+    nothing_left(c)
 
 
 def test_hosts_join_leave_and_crash_with_the_global_batch_fixed(cluster, tmp_path):

@@ -7,14 +7,14 @@ import sys
 import pytest
 
 from conftest import ROOT, mlflow_runs, run_xp, xp_env
-from xp.studies import study
+from xp.preflight import recipe_settings
 
 
 def test_a_recipes_settings_join_the_command_line_which_wins():
-    argv = study.recipe_settings(["-m", "sweep=scaling", "epochs=3", "'cpu_devices=choice(1,2)'"])
+    argv = recipe_settings(["-m", "sweep=scaling", "epochs=3", "'cpu_devices=choice(1,2)'"])
     assert argv[:4] == ["-m", "sweep=scaling", "epochs=3", "'cpu_devices=choice(1,2)'"]
     assert "epochs=16" not in argv and {"warmup_epochs=2", "lr_schedule=cosine", "lr=0.05"} <= set(argv)
-    assert study.recipe_settings(["-m", "sweep=lr_batch", "epochs=3"]) == ["-m", "sweep=lr_batch", "epochs=3"]
+    assert recipe_settings(["-m", "sweep=lr_batch", "epochs=3"]) == ["-m", "sweep=lr_batch", "epochs=3"]
 
 
 def test_the_scaling_recipe_reports_efficiency_recomputed_from_its_runs(tmp_path, store):

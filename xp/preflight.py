@@ -267,15 +267,38 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
 
 
 def with_recipe(argv: list[str]) -> list[str]:
-    """-m sweep=NAME where NAME is a recipe: its settings join the command line (study.recipe_settings)."""
+    """-m sweep=NAME where NAME is a recipe: its settings join the command line (recipe_settings)."""
     if "-m" not in argv and "--multirun" not in argv:
         return argv
     from hydra._internal.utils import get_args_parser
 
-    from xp.studies import study
-
     config_dir = get_args_parser().parse_args(argv).config_dir
-    return study.recipe_settings(argv, [Path(config_dir).expanduser()] if config_dir else [])
+    return recipe_settings(argv, [Path(config_dir).expanduser()] if config_dir else [])
+
+
+def recipe_settings(argv: list[str], dirs: list[Path] = ()) -> list[str]:
+    """A recipe's command line: the chosen study file's `settings` added to the command line's overrides (a key the
+    command line sets or searches keeps the command line's value). Read from the file (sweeps/NAME.yaml,
+    or sweep/NAME.yaml in a config directory), as every later step (preflight, Hydra's sweep, the trials) must
+    see the same overrides."""
+    import yaml
+
+    from xp.studies.study import SWEEPS_DIR, study_settings_of
+
+    chosen = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")]
+    if len(chosen) != 1 or "," in chosen[0]:
+        return argv
+    path = next((p for p in [SWEEPS_DIR / f"{chosen[0]}.yaml", *(Path(d) / "sweep" / f"{chosen[0]}.yaml" for d in dirs)]
+                 if p.is_file()), None)
+    try:
+        raw = yaml.safe_load(path.read_text()) if path else None
+    except yaml.YAMLError:
+        return argv  # the preflight says what is wrong with the file
+    if not isinstance(raw, dict) or not raw.get("settings"):
+        return argv
+    settings = study_settings_of(raw["settings"], f"sweeps/{chosen[0]}.yaml")
+    given = {a.lstrip("+~").split("=", 1)[0] for a in argv if not a.startswith("-")}
+    return [*argv, *(s for s in settings if s.split("=", 1)[0].lstrip("+~") not in given)]
 
 
 def sweeper_spelling(argv: list[str]) -> list[str]:

@@ -281,13 +281,13 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
         if sampler == sampler_name and importlib.util.find_spec(module) is None:
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
     seed = field("sampler_seed")
-    settings, claim = _settings(field("settings") or [], where), _claim(field("claim"), where)
+    settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
                      heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim)
 
 
-def _settings(given: Any, where: str) -> tuple[str, ...]:
+def study_settings_of(given: Any, where: str) -> tuple[str, ...]:
     if not isinstance(given, (list, tuple)) or not all(isinstance(s, str) and "=" in s for s in given):
         raise ConfigError(f"{where}: settings={given!r}: must be a list of KEY=VALUE overrides")
     return tuple(given)
@@ -303,27 +303,6 @@ def _claim(given: Any, where: str) -> dict[str, Any] | None:
     if not isinstance(figure, (int, float)) or isinstance(figure, bool) or not isinstance(given.get("source"), str):
         raise ConfigError(f"{where}: claim: needs figure (the published number) and source (where it was published)")
     return given
-
-
-def recipe_settings(argv: list[str], dirs: list[Path] = ()) -> list[str]:
-    """A recipe's command line: the chosen study file's `settings` added to the command line's overrides (a key the
-    command line sets or searches keeps the command line's value). Read from the file (sweeps/NAME.yaml,
-    or sweep/NAME.yaml in a config directory), as every later step (preflight, Hydra's sweep, the trials) must
-    see the same overrides."""
-    chosen = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")]
-    if len(chosen) != 1 or "," in chosen[0]:
-        return argv
-    path = next((p for p in [SWEEPS_DIR / f"{chosen[0]}.yaml", *(Path(d) / "sweep" / f"{chosen[0]}.yaml" for d in dirs)]
-                 if p.is_file()), None)
-    try:
-        raw = yaml.safe_load(path.read_text()) if path else None
-    except yaml.YAMLError:
-        return argv  # the preflight says what is wrong with the file
-    if not isinstance(raw, dict) or not raw.get("settings"):
-        return argv
-    settings = _settings(raw["settings"], f"sweeps/{chosen[0]}.yaml")
-    given = {a.lstrip("+~").split("=", 1)[0] for a in argv if not a.startswith("-")}
-    return [*argv, *(s for s in settings if s.split("=", 1)[0].lstrip("+~") not in given)]
 
 
 def space_from_overrides(overrides: list[Any]) -> tuple[tuple[Param, ...], list[str]]:
