@@ -24,7 +24,7 @@ from conftest import ROOT, metric_by_step, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
-TRACE_JOIN_S, TRACE_LEAVE_S = 15, 45  # the trace test's changes, seconds after its job starts
+TRACE_JOIN_S, TRACE_LEAVE_S = 6, 30  # the trace test's changes, s after its job starts (an epoch ~1 s, a relaunch ~8 s)
 
 
 @pytest.fixture(scope="module")
@@ -295,15 +295,16 @@ def test_hosts_join_and_leave_as_a_spot_trace_says(cluster, tmp_path):
     pool = c.hosts_file(tmp_path / "pool", ["h2", "h3", "h4"])
     trace = tmp_path / "trace.csv"
     trace.write_text("t_s,hosts,spot_price_per_hour\n0,4,0.9\n")
-    common = ["elastic.enabled=true", f"elastic.discovery={pool}", "elastic.poll_s=0.2", "hardware=p3.2xlarge"]
+    common = ["elastic.enabled=true", f"elastic.discovery={pool}", "elastic.poll_s=0.2", "hardware=p3.2xlarge",
+              f"checkpoint_dir={c.shared}/trace"]
     r = subprocess.run(xp_on_launcher(c, tmp_path, *ELASTIC, *common, f"elastic.trace={trace}", "elastic.max_workers=4",
                                       experiment="trace"), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "offers up to 4 hosts, but elastic.discovery=" in r.stderr, r.stderr
     assert runs(c, "trace")[1] == []  # nothing started
 
     trace.write_text(f"t_s,hosts,spot_price_per_hour\n0,2,0.90\n{TRACE_JOIN_S},3,1.00\n{TRACE_LEAVE_S},2,1.20\n")
-    r = subprocess.run(xp_on_launcher(c, tmp_path, *ELASTIC, "epochs=12", *common, f"elastic.trace={trace}",
-                                      "elastic.max_workers=3", f"checkpoint_dir={c.shared}/trace", experiment="trace"),
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *ELASTIC, "epochs=24", *common, f"elastic.trace={trace}",
+                                      "elastic.max_workers=3", experiment="trace"),
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     client, found = runs(c, "trace")
@@ -311,9 +312,10 @@ def test_hosts_join_and_leave_as_a_spot_trace_says(cluster, tmp_path):
     assert run.info.status == "FINISHED" and run.data.params["derived.global_batch"] == "6"
     launched = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "elastic.launch_workers"),
                                         key=lambda m: m.timestamp)]
-    assert launched[:3] == [2, 3, 2], (launched, r.stdout[-2000:])
+    rounds = [ln for ln in r.stdout.splitlines() if ln.startswith("xp: elastic: epoch")]
+    assert launched[:3] == [2, 3, 2], (launched, rounds)
     workers = metric_by_step(client, run.info.run_id, "workers")
-    assert len(workers) == 12 and workers[0] == 2 and 3 in workers and workers[-1] == 2, workers
+    assert len(workers) == 24 and workers[0] == 2 and 3 in workers and workers[-1] == 2, workers
     prices = set(metric_by_step(client, run.info.run_id, "spot_price_per_hour"))
     assert prices <= {0.9, 1.0, 1.2} and 1.0 in prices, prices
     assert 0 < run.data.metrics["cost_spot_usd"] < 3 * 1.2 * run.data.metrics["job_elapsed_s"] / 3600
