@@ -14,10 +14,3 @@ def shipped(name: str):
 
     here = Path(__file__).resolve().parent
     return here / name if (here / name).is_dir() else here.parent / name
-
-
-def console() -> None:
-    """The `xp` console command: the same as python -m xp."""
-    from xp.cli import leave, main
-
-    leave(main())

@@ -178,3 +178,6 @@ def _remember_command(argv: list[str]) -> None:
         os.environ[COMMAND_ENV] = f"{entry} {shlex.join(argv)}".strip()
 
 
+def console() -> None:
+    """The `xp` console command (pyproject's [project.scripts]): the same as python -m xp."""
+    leave(main())

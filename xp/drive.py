@@ -26,11 +26,13 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     if launcher and launcher.submits() and multirun:
         raise ConfigError(f"launcher={launcher.name} submits one run at a time; run each configuration as its own "
                           "command (a sweep's jobs go to Slurm with hydra/launcher=submitit_slurm)")
-    if engine and multirun and (first.get("sweep") or {}).get("scheduler", "slots") != "hydra" and first.get("sweep"):
+    study = first.get("sweep") or {}
+    if engine and multirun and study and study.get("scheduler", "slots") != "hydra":
         raise ConfigError(f"a study of {engine.name} jobs launches its trials one after another: set "
                           "sweep.scheduler=hydra (a study's slot workers train in their own process)")
     if (engine or (launcher and launcher.submits())) and not multirun:
-        return launch_job(argv, plan, engine, launcher)
+        launch_job(argv, plan, engine, launcher)
+        return 0
     if not multirun:
         return hydra_main(argv)
     from xp import multirun as sweeps
@@ -83,10 +85,11 @@ def launched_job(job: Any, config: dict[str, Any]) -> Any:
     return Outcome("COMPLETE" if plan.study is not None else "FINISHED", float(row.get("val_accuracy") or 0.0), values)
 
 
-def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, parent: str | None = None) -> Any:
-    """A distributed job, or a batch submission: this process owns the MLflow run. It starts the workers, and
-    rank 0 fills the run; or (a batch system, launcher=slurm from a login node) it submits the run, follows it
-    and ends it with the job's outcome (the batch system's reason when it ended the job)."""
+def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, parent: str | None = None) -> str:
+    """A distributed job, or a batch submission: this process owns the MLflow run (under `parent`: a sweep's
+    job), and returns its id. It starts the workers, and rank 0 fills the run; or (a batch system, launcher=slurm
+    from a login node) it submits the run, follows it and ends it with the job's outcome (the batch system's
+    reason when it ended the job)."""
     if plan.resume is not None and not Path(str(plan.resume)).expanduser().is_dir():
         raise ConfigError(f"resume={plan.resume}: a distributed run resumes from a folder "
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
@@ -121,7 +124,7 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
     with tracker.owned():
         if engine is None:
             launcher.submit(plan, argv, tracker)
-            return 0
+            return tracker.run_id
         handed = plan if plan.requested.get("batch") != "auto" else None  # batch=auto: each worker finds its batch
         told = handoff.Launched(run_id=tracker.run_id)
         engine.spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, told)
@@ -133,4 +136,4 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
             policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), handed is not None,
                              told)
         launch(engine, policy)
-    return tracker.run_id if parent else 0
+    return tracker.run_id

@@ -116,8 +116,11 @@ class Elastic(Policy):
         return self._next()
 
     def poll(self) -> None:
-        if not self.flag.exists() and self.members.listed() != self.listed:
+        changed = self.members.listed() != self.listed
+        if changed and not self.flag.exists():
             self.flag.touch()  # the workers finish this epoch, commit it, and exit
+        elif not changed and self.flag.exists():
+            self.flag.unlink(missing_ok=True)  # it changed back before the epoch's end: no relaunch for nothing
 
     def after(self, spec: Spec, error: LaunchError | None) -> Spec | None:
         if error is not None:

@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from xp.run import spot
+
 log = logging.getLogger("xp")
 
 # metric names carry their unit, as epoch_time_s and cost_usd do
@@ -257,8 +259,6 @@ class WorkerHours(Callback):
         self._t = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        from xp.run import spot
-
         self.hours += (time.perf_counter() - self._t) * self.workers / 3600
         metrics["workers"] = self.workers
         metrics["worker_hours"] = self.hours
