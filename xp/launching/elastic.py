@@ -108,6 +108,7 @@ class Elastic(Policy):
         self.hand_plan, self.told = hand_plan, told
         self.keep = bool(plan.checkpoint_dir)
         self.root = Path(plan.checkpoint_dir).expanduser() if self.keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
+        self.root.mkdir(parents=True, exist_ok=True)  # the stop flag may be needed before rank 0's first commit
         self.flag = self.root / "stop-after-epoch"
         self.restarts, self.rounds, self.listed = 0, 0, []
 
