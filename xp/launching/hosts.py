@@ -26,6 +26,7 @@ from typing import Any, Callable, ClassVar
 import psutil
 
 from xp.errors import ConfigError
+from xp.run import spot
 
 
 NO_CHECKOUT = 97  # exit code of the remote probe command when the checkout or its Python is missing
@@ -225,8 +226,8 @@ def hosts_for(launcher: Any, plan: Any, elastic: bool) -> list[HostSlots]:
     if elastic and launcher.remote:
         pool = discovered_hosts(plan.elastic.discovery)
         trace = plan.elastic.trace
-        if trace and max(r[1] for r in trace) > len(pool):
-            raise ConfigError(f"elastic.trace: offers up to {max(r[1] for r in trace)} hosts, but elastic.discovery="
+        if trace and spot.peak(trace) > len(pool):
+            raise ConfigError(f"elastic.trace: offers up to {spot.peak(trace)} hosts, but elastic.discovery="
                               f"{plan.elastic.discovery} lists {len(pool)}: the trace's hosts are the first of that "
                               "list, one instance each")
         return pool

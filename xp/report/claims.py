@@ -51,7 +51,8 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def scaling(rows: list[dict[str, Any]], claim: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def scaling(rows: list[dict[str, Any]], claim: dict[str, Any],
+            history: Callable[[str, str], list[Any]] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per device count: median samples/s, efficiency against N=1, median val accuracy and its change from N=1;
     and the verdict."""
     by_n: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -86,7 +87,8 @@ def scaling(rows: list[dict[str, Any]], claim: dict[str, Any]) -> tuple[list[dic
                     "measured": f"{top['efficiency']:.0%} at {top['devices']} {kind}"}
 
 
-def input_pipeline(rows: list[dict[str, Any]], claim: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def input_pipeline(rows: list[dict[str, Any]], claim: dict[str, Any], history: Callable[[str, str], list[Any]] | None
+                   = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per decode-thread count: median samples/s, its ratio to 1 thread, the diagnosis; the knee and the verdict."""
     by_t: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -180,7 +182,7 @@ def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: 
     for name, mine in sorted(recipes.items()):
         claim = mine[-1]["claim"]
         kind = claim["kind"]
-        points, verdict = dynamic(mine, claim, history) if kind == "dynamic" else KINDS[kind](mine, claim)
+        points, verdict = KINDS[kind](mine, claim, history)
         figure = claim["figure"]
         seed = f"{figure:g}x" if kind == "input_pipeline" else f"{figure:.0%}"
         seed = claim.get("at", seed) if kind == "dynamic" else f"{seed} at {claim.get('at', '?')}"
