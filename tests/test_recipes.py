@@ -15,6 +15,8 @@ def test_a_recipes_settings_join_the_command_line_which_wins():
     assert argv[:4] == ["-m", "sweep=scaling", "epochs=3", "'cpu_devices=choice(1,2)'"]
     assert "epochs=16" not in argv and {"warmup_epochs=2", "lr_schedule=cosine", "lr=0.05"} <= set(argv)
     assert recipe_settings(["-m", "sweep=lr_batch", "epochs=3"]) == ["-m", "sweep=lr_batch", "epochs=3"]
+    mine = ["-m", "sweep=batch", "batch=choice(16,32)"]  # the command line's batches: no ladder is climbed
+    assert [a for a in recipe_settings(mine) if a.startswith(("batch=", "sweep"))] == mine[1:]
 
 
 def test_the_scaling_recipe_reports_efficiency_recomputed_from_its_runs(tmp_path, store):
@@ -47,6 +49,54 @@ def test_the_scaling_recipe_reports_efficiency_recomputed_from_its_runs(tmp_path
         assert f"| {n} | {thr[n]:.1f} | {n * thr[1]:.1f} | {thr[n] / (n * thr[1]):.1%} | {acc[n]:.4f} |" in claims
     assert f"| scaling | 96% at 8 GPUs | {thr[4] / (4 * thr[1]):.0%} at 4 CPU contexts | holds |" in claims
     assert "they share 2 cores" in claims and (out / "claim_scaling.png").stat().st_size > 10_000
+
+
+def test_the_batch_recipe_climbs_to_batch_autos_largest_and_reports_what_it_buys(tmp_path, store):
+    """batch=auto's largest per-device batch is found once; one trial per batch of the ladder 16, 32, ... up to it,
+    each with the linear rule; accuracy holds within a point at equal epochs; the report's figures are the runs'."""
+    from conftest import compose_config
+    from xp.run.planning import plan_and_backend
+
+    largest = plan_and_backend(compose_config("batch=auto", "auto_batch_memory_mb=8"), resolve_auto=True)[0].batch
+    env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+    p = run_xp(tmp_path, store, "-m", "sweep=batch", env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    ladder = [b for b in (16, 32, 64, 128, 256, 512, 1024) if 2 * b <= largest] + [largest]
+    assert f"batch=auto fits {largest} per device; trials at batch {', '.join(map(str, ladder))}" in p.stderr
+    client, runs = mlflow_runs(store)
+    parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")
+    trials = {int(r.data.params["batch"]): r for r in runs if r.data.tags.get("xp.recipe") == "batch"}
+    assert sorted(trials) == ladder and largest > 128
+    for b, r in trials.items():
+        assert float(r.data.params["derived.effective_lr"]) == pytest.approx(0.02 * b / 32)
+    acc = {b: r.data.metrics["val_accuracy"] for b, r in trials.items()}
+    assert all(abs(a - acc[16]) <= 0.01 for a in acc.values()), acc
+    thr = {b: float(r.data.params["summary.throughput_samples_per_s"]) for b, r in trials.items()}
+    assert thr[largest] > 1.3 * thr[16], thr  # 2.0x measured here (README)
+
+    out = tmp_path / "report"
+    rep = subprocess.run([sys.executable, "-m", "xp.report", "--parent", parent.info.run_id, "--out", str(out)],
+                         cwd=ROOT, env=xp_env(store), capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    claims = (out / "report.md").read_text().split("## Seed claims")[1].split("## Trials")[0]
+    for b in ladder:
+        assert f"| {b} | {0.02 * b / 32:.4g} | {thr[b]:.1f} | {thr[b] / thr[16]:.2f}x | {acc[b]:.4f} |" in claims
+    assert (f"| batch | 88 per device (ResNet-50 on 16 GPUs) | {largest} per device, {thr[largest] / thr[16]:.2f}x "
+            "the throughput of 16 | holds |") in claims
+    assert f"accuracy stays within 1.0 points of batch 16's up to batch {largest}" in claims
+    assert (out / "claim_batch.png").stat().st_size > 10_000
+
+
+def test_a_bad_batch_ladder_is_one_line(tmp_path, store):
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "ladder.yaml").write_text((ROOT / "sweeps" / "batch.yaml").read_text().replace(
+        "batch_ladder: 16", "batch_ladder: 0"))
+    p = run_xp(tmp_path, store, "-m", "sweep=ladder", env={"XP_SWEEPS_DIR": str(sweeps)})
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "xp: error: sweep=ladder: batch_ladder=0: must be an integer >= 1 (the smallest batch of the ladder up "
+        "to batch=auto's largest)"], p.stderr
+    assert not (tmp_path / "mlruns").exists() or not mlflow_runs(store)[1]
 
 
 def test_two_processes_making_the_jpeg_digits_at_once_both_get_one_whole_folder(tmp_path):

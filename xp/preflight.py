@@ -298,7 +298,41 @@ def recipe_settings(argv: list[str], dirs: list[Path] = ()) -> list[str]:
         return argv
     settings = study_settings_of(raw["settings"], f"sweeps/{chosen[0]}.yaml")
     given = {a.lstrip("+~").split("=", 1)[0] for a in argv if not a.startswith("-")}
-    return [*argv, *(s for s in settings if s.split("=", 1)[0].lstrip("+~") not in given)]
+    argv = [*argv, *(s for s in settings if s.split("=", 1)[0].lstrip("+~") not in given)]
+    start = raw.get("batch_ladder")
+    if isinstance(start, int) and not isinstance(start, bool) and start >= 1 and "batch" not in given:
+        ladder = batch_ladder(argv, start, list(dirs))
+        if ladder:
+            argv += [f"batch=choice({','.join(map(str, ladder))})",
+                     *([f"sweep.n_trials={len(ladder)}"] if "sweep.n_trials" not in given else [])]
+    return argv
+
+
+def batch_ladder(argv: list[str], start: int, dirs: list[Path]) -> list[int]:
+    """A batch_ladder recipe's batches: start, 2 x start, 4 x start ... up to half batch=auto's largest per-device batch
+    for this command's experiment (found once, here, as batch=auto finds it), then that largest. Empty when the
+    command does not compose: the preflight then says why."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from xp.run.planning import plan_and_backend
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(get_args_parser().parse_args(argv).overrides)
+        fixed = [o.input_line for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+        searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
+            config = OmegaConf.to_container(compose("config", overrides=[*searchpath, *fixed, "batch=auto"]),
+                                            resolve=True)
+    except Exception:
+        return []
+    plan, _ = plan_and_backend(config, resolve_auto=True)
+    ladder = [b for b in (start * 2 ** i for i in range(32)) if 2 * b <= plan.batch] + [plan.batch]  # (no 256, 263)
+    print(f"xp: batch ladder: batch=auto fits {plan.batch} per device; trials at batch "
+          f"{', '.join(map(str, ladder))}", file=sys.stderr)
+    return ladder
 
 
 def sweeper_spelling(argv: list[str]) -> list[str]:

@@ -9,6 +9,9 @@ metrics, and whether the claim's direction holds on this machine, with the reaso
   the best) and each point's diagnosis (diagnose=true: input-bound, compute-bound, ...); the direction (more
   decode threads lift an input-bound pipeline) holds when the best is faster than 1 thread and the pipeline is
   input-bound at 1 thread and not at the knee.
+- batch: throughput and accuracy against the per-device batch up to batch=auto's largest; the direction (the
+  largest batch that fits buys throughput) holds when it is faster than the smallest; how far accuracy holds.
+- dynamic: the elastic run on a spot trace against the fixed on-demand run: accuracy, time and cost.
 """
 
 from __future__ import annotations
@@ -164,7 +167,42 @@ def dynamic(rows: list[dict[str, Any]], claim: dict[str, Any],
                     "measured": f"{saving:.0%} cheaper" if saving is not None else "-"}
 
 
-KINDS = {"scaling": scaling, "input_pipeline": input_pipeline, "dynamic": dynamic}
+def batch(rows: list[dict[str, Any]], claim: dict[str, Any],
+          history: Callable[[str, str], list[Any]] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per per-device batch: median samples/s and its ratio to the smallest batch, the effective lr, median val
+    accuracy and its change from the smallest batch's. The largest batch is the ladder's top (batch=auto's). The
+    direction (the largest batch that fits buys throughput) holds when the largest is faster than the smallest;
+    the accuracy found alongside is said in `why`: the largest batch still within accuracy_tolerance."""
+    by_b: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("batch"):
+            by_b[int(r["batch"])].append(r)
+    points = [{"batch": b, "throughput": _median(by_b[b], "throughput"), "lr": _median(by_b[b], "lr"),
+               "val_accuracy": _median(by_b[b], "val_accuracy"), "runs": len(by_b[b])} for b in sorted(by_b)]
+    points = [p for p in points if p["throughput"]]
+    if len(points) < 2:
+        return points, {"holds": None, "measured": "-", "why": "needs runs at two batches at least"}
+    first, top = points[0], points[-1]
+    tol = float(claim.get("accuracy_tolerance", 0.01))
+    for p in points:
+        p["speedup"] = p["throughput"] / first["throughput"]
+        if p["val_accuracy"] is not None and first["val_accuracy"] is not None:
+            p["accuracy_change"] = p["val_accuracy"] - first["val_accuracy"]
+    kept = [p for p in points if p.get("accuracy_change") is not None and p["accuracy_change"] >= -tol]
+    fastest = max(points, key=lambda p: p["throughput"])
+    why = (f"batch {top['batch']}: {top['speedup']:.2f}x the throughput of batch {first['batch']}; the fastest is "
+           f"batch {fastest['batch']}")
+    if kept:
+        why += (f"; accuracy stays within {tol * 100:.1f} points of batch {first['batch']}'s up to batch "
+                f"{max(p['batch'] for p in kept)} with the linear scaling rule and warm-up")
+        if top not in kept and top.get("val_accuracy") is not None:
+            why += (f"; at batch {top['batch']} (lr {top['lr']:g}) it reaches {top['val_accuracy']:.4f} in the same "
+                    "epochs: fewer, larger steps than the rule carries here")
+    return points, {"holds": top["speedup"] > 1, "why": why,
+                    "measured": f"{top['batch']} per device, {top['speedup']:.2f}x the throughput of {first['batch']}"}
+
+
+KINDS = {"scaling": scaling, "input_pipeline": input_pipeline, "dynamic": dynamic, "batch": batch}
 
 
 def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: Callable[..., str],
@@ -184,8 +222,9 @@ def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: 
         kind = claim["kind"]
         points, verdict = KINDS[kind](mine, claim, history)
         figure = claim["figure"]
-        seed = f"{figure:g}x" if kind == "input_pipeline" else f"{figure:.0%}"
-        seed = claim.get("at", seed) if kind == "dynamic" else f"{seed} at {claim.get('at', '?')}"
+        seed = {"input_pipeline": f"{figure:g}x", "batch": f"{figure:g}"}.get(kind, f"{figure:.0%}")
+        seed = (claim.get("at", seed) if kind == "dynamic" else f"{seed} per device ({claim.get('at', '?')})"
+                if kind == "batch" else f"{seed} at {claim.get('at', '?')}")
         summary.append({"recipe": name, "seed": seed, "here": verdict["measured"],
                         "holds": {True: "holds", False: "does not hold", None: "-"}[verdict["holds"]],
                         "source": claim.get("source", "")})
@@ -205,6 +244,12 @@ def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: 
                                          ("target_cost_usd", "cost to it", "${:.4f}"), ("prices", "prices", "{}")]),
                        ""]
             plots.dynamic_plot(name, points, out, files)
+        elif claim["kind"] == "batch":
+            detail += [md_table(points, [("batch", "batch/device", "{}"), ("lr", "effective lr", "{:.4g}"),
+                                         ("throughput", "samples/s", "{:.1f}"), ("speedup", "vs smallest", "{:.2f}x"),
+                                         ("val_accuracy", "val acc (last epoch)", "{:.4f}"),
+                                         ("accuracy_change", "vs smallest", "{:+.4f}"), ("runs", "runs", "{}")]), ""]
+            plots.batch_plot(name, points, figure, out, files)
         else:
             detail += [md_table(points, [("threads", "decode threads", "{}"), ("throughput", "samples/s", "{:.1f}"),
                                           ("speedup", "vs fewest threads", "{:.2f}x"), ("knee", "", "{}"),

@@ -229,6 +229,28 @@ def threads_plot(name: str, points: list[dict[str, Any]], out: Path, files: list
     _save(fig, out / f"claim_{name}.png", files)
 
 
+def batch_plot(name: str, points: list[dict[str, Any]], seed: float, out: Path, files: list[Path]) -> None:
+    """A batch recipe: samples/s and val accuracy against the per-device batch (log2 axis), the largest marked."""
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.2))
+    bs = [p["batch"] for p in points]
+    ax.plot(bs, [p["throughput"] for p in points], "o-", color="tab:blue", label="samples/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(bs)
+    ax.set_xticklabels([str(b) for b in bs])
+    ax.set_xlabel(f"batch per device (the largest, {bs[-1]}, is batch=auto's; the seed's: {seed:g})")
+    ax.set_ylabel("samples/s", color="tab:blue")
+    ax.set_ylim(bottom=0)
+    acc = [(p["batch"], p["val_accuracy"]) for p in points if p.get("val_accuracy") is not None]
+    if acc:
+        a2 = ax.twinx()
+        a2.plot(*zip(*acc), "s--", color="tab:orange", label="val accuracy")
+        a2.set_ylabel("val accuracy (last epoch)", color="tab:orange")
+        a2.set_ylim(0, 1.02)
+    ax.set_title(f"{name}: throughput and accuracy against batch (linear lr rule)", fontsize=11)
+    ax.grid(alpha=0.3)
+    _save(fig, out / f"claim_{name}.png", files)
+
+
 def dynamic_plot(name: str, points: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
     """The dynamic-training recipe: cost and wall time of the elastic (spot trace) and the fixed (on-demand) run."""
     pts = [p for p in points if p.get("cost_usd") is not None and p.get("time_s") is not None]

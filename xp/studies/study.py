@@ -49,7 +49,7 @@ PRUNERS = ("none", "median", "hyperband", "successive_halving")
 METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 # What a recipe's claim is about: the report's seed-claims section computes the figure of each (xp.report.claims).
-CLAIM_KINDS = ("scaling", "input_pipeline", "dynamic")
+CLAIM_KINDS = ("scaling", "input_pipeline", "dynamic", "batch")
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,7 @@ class StudyConf:
     max_retry: int = 2  # times a lost trial is retried with the same parameters
     settings: list[str] = dataclasses.field(default_factory=list)  # a recipe: KEY=VALUE overrides of every trial
     claim: dict[str, Any] | None = None  # a recipe: the published figure the report measures (kind, source, ...)
+    batch_ladder: int | None = None  # a recipe: trials at batch N, 2N, 4N ... up to batch=auto's largest (preflight)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
@@ -246,7 +247,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
 
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
                           "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
-                          "trials_per_gpu", "scheduler", "settings", "claim"}
+                          "trials_per_gpu", "scheduler", "settings", "claim", "batch_ladder"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
@@ -258,6 +259,10 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
             continue
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise ConfigError(f"{where}: {key}={v!r}: must be an integer >= {low}")
+    ladder = field("batch_ladder")
+    if ladder is not None and (not isinstance(ladder, int) or isinstance(ladder, bool) or ladder < 1):
+        raise ConfigError(f"{where}: batch_ladder={ladder!r}: must be an integer >= 1 (the smallest batch of the "
+                          "ladder up to batch=auto's largest)")
     if grace_s <= heartbeat_s:
         raise ConfigError(f"{where}: grace_s={grace_s} must be longer than heartbeat_s={heartbeat_s}, or live "
                           "trials are taken for dead ones")
