@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from xp import shipped
-from xp.errors import ConfigError, one_line
+from xp.errors import ConfigError, XPError, one_line
 
 CONF_DIR = shipped("conf")
 
@@ -305,6 +305,9 @@ def recipe_settings(argv: list[str], dirs: list[Path] = ()) -> list[str]:
         if ladder:
             argv += [f"batch=choice({','.join(map(str, ladder))})",
                      *([f"sweep.n_trials={len(ladder)}"] if "sweep.n_trials" not in given else [])]
+    if raw.get("pretrain") and "pretrained" not in given:
+        folder = pretrain(argv, study_settings_of(raw["pretrain"], f"sweep={chosen[0]}", "pretrain"), list(dirs))
+        argv.append(f"pretrained=choice(none,{folder})")
     return argv
 
 
@@ -313,15 +316,12 @@ def batch_ladder(argv: list[str], start: int, dirs: list[Path]) -> list[int]:
     for this command's experiment (found once, here, as batch=auto finds it), then that largest. Empty when the
     command does not compose: the preflight then says why."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.utils import get_args_parser
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     from xp.run.planning import plan_and_backend
 
     try:
-        parsed = OverridesParser.create().parse_overrides(get_args_parser().parse_args(argv).overrides)
-        fixed = [o.input_line for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+        fixed = [*_fixed(argv), *(a for a in argv if a.lstrip("+").startswith("sweep="))]
         searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
         with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
             config = OmegaConf.to_container(compose("config", overrides=[*searchpath, *fixed, "batch=auto"]),
@@ -333,6 +333,64 @@ def batch_ladder(argv: list[str], start: int, dirs: list[Path]) -> list[int]:
     print(f"xp: batch ladder: batch=auto fits {plan.batch} per device; trials at batch "
           f"{', '.join(map(str, ladder))}", file=sys.stderr)
     return ladder
+
+
+def _fixed(argv: list[str]) -> list[str]:
+    """The command line's overrides of one experiment: not a search space, not Hydra's, not the study."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(get_args_parser().parse_args(argv).overrides)
+    return [o.input_line for o in parsed if not o.is_sweep_override()
+            and not o.key_or_group.startswith(("hydra", "sweep"))]
+
+
+def pretrain(argv: list[str], overrides: tuple[str, ...], dirs: list[Path]) -> Path:
+    """A recipe's pretraining (`pretrain`: overrides of the recipe's experiment, e.g. another data set): one xp run,
+    its own MLflow run, before the study, committing its weights into a folder named by what it trains
+    ($XP_CACHE_DIR/pretrained/KEY); the trials then start from it (pretrained=FOLDER) or from scratch
+    (pretrained=none). The folder is marked finished when the run ends well, and reused from then on; a killed
+    pretraining is run again (its seed makes the same weights, so two commands at once commit the same)."""
+    import hashlib
+    import json
+    import subprocess
+
+    try:
+        fixed = _fixed(argv)
+    except Exception:
+        fixed = []  # the preflight says what is wrong with the command line
+    keys = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    command = [*(o for o in fixed if o.lstrip("+~").split("=", 1)[0] not in keys | {"run_name"}), *overrides]
+    key = hashlib.sha256(json.dumps(sorted(command)).encode()).hexdigest()[:12]
+    folder = Path(os.environ.get("XP_CACHE_DIR") or "~/.cache/xp").expanduser() / "pretrained" / key
+    shown = f"python -m xp {' '.join(command)} checkpoint_dir={folder}"
+    if (folder / FINISHED).is_file():
+        print(f"xp: pretraining: reusing the weights of {shown}", file=sys.stderr)
+        return folder
+    print(f"xp: pretraining: {shown}", file=sys.stderr, flush=True)
+    name = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")
+    proc = subprocess.Popen([sys.executable, "-m", "xp", *(f"--config-dir={d}" for d in dirs[:1]), *command,
+                             f"checkpoint_dir={folder}", "checkpoint_keep=1", f"run_name='pretraining, sweep={name}'"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate()
+    except BaseException:  # Ctrl-C, SIGTERM: the pretraining ends with this command
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    if proc.returncode != 0:
+        said = [ln for ln in err.splitlines() if ln.startswith("xp: error: ")]
+        why = said[-1][len("xp: error: "):] if said else f"exit {proc.returncode}"
+        raise (ConfigError if proc.returncode == 2 else XPError)(f"the recipe's pretraining ({shown}) failed: {why}")
+    sys.stderr.write(err)
+    (folder / FINISHED).write_text("")
+    return folder
+
+
+FINISHED = ".finished"  # a recipe's pretraining ran to its end: its folder's weights are reused
 
 
 def sweeper_spelling(argv: list[str]) -> list[str]:

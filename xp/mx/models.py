@@ -111,7 +111,7 @@ def load_pretrained(spec: PretrainedSpec, model: ModelSpec, classes: int, contex
         saved = mx.nd.load(spec.params)
     except mx.base.MXNetError as e:
         raise WeightsError(f"{spec.params}: not an MXNet .params file") from e
-    if spec.source == "zoo":
+    if spec.source in ("zoo", "commit"):  # an xp commit of backend=gluon: the zoo's format
         probe = build_net(model, 1)
         _, head = _backbone_and_head_key(probe)
         if f"{head}.weight" not in saved:

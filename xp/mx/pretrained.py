@@ -4,7 +4,10 @@
   - a model-zoo name, looked up in MXNet's model cache ($MXNET_HOME/models, default
     ~/.mxnet/models) under GluonCV's naming NAME-HASH.params (or NAME.params), or
   - an MXNet checkpoint PREFIX (PREFIX-symbol.json + PREFIX-0000.params, the format of
-    MXNet's model zoo), given as a path or as a name in the same cache.
+    MXNet's model zoo), given as a path or as a name in the same cache, or
+  - the checkpoint_dir of an xp run of backend=gluon (its latest commit's parameters, which
+    are in the zoo's format): fine-tuning from weights xp trained itself.
+  - none: no weights (training from scratch; a study's choice beside a path).
 File names and JSON only: nothing here imports MXNet.
 """
 
@@ -36,6 +39,8 @@ def _layers(symbol_file: str) -> list[str]:
 def resolve(request: PretrainedRequest, model: ModelSpec) -> PretrainedSpec:
     """Model-zoo weights or a checkpoint for `model`, checked against it."""
     spec = _find(request.name, request.epoch, request.layer, request.freeze_backbone, request.backbone_lr_mult)
+    if spec.source == "commit":  # xp's own weights, of the data they were trained on
+        return spec
     if spec.source == "zoo" and spec.name != model.arch:
         raise ConfigError(f"pretrained={spec.name}: these are weights of {spec.name}, but model={model.name} builds "
                           f"{model.arch}; choose the matching model (or pretrained={model.arch})")
@@ -46,7 +51,26 @@ def resolve(request: PretrainedRequest, model: ModelSpec) -> PretrainedSpec:
     return replace(spec, imagenet_input=spec.source == "checkpoint" or model.zoo == "gluoncv")
 
 
+def _commit(root: Path, freeze: bool, lr_mult: float) -> PretrainedSpec:
+    """The latest commit in an xp run's checkpoint_dir, as zoo-format weights (backend=gluon writes them)."""
+    from xp.run.checkpoint import latest
+
+    commit = latest(root)
+    if commit is None:
+        raise ConfigError(f"pretrained={root}: a folder without committed training state (an xp run writes it "
+                          "with checkpoint_dir=...)")
+    files = {p.name for p in commit.folder.iterdir()}
+    if "trainer.states" not in files or "params" not in files:
+        wrote = "backend=torch" if "state.pt" in files else "backend=module" if "optimizer.states" in files else "?"
+        raise ConfigError(f"pretrained={root}: its commit {commit.folder.name} was written by {wrote}; fine-tuning "
+                          "starts from commits of backend=gluon (its parameters are in the model zoo's format)")
+    return PretrainedSpec("commit", str(root), str(commit.folder / "params"), None, None, freeze, lr_mult,
+                          raw_pixels=False)
+
+
 def _find(value: str, epoch: int, layer: str | None, freeze: bool, lr_mult: float) -> PretrainedSpec:
+    if os.path.isdir(os.path.expanduser(value)):
+        return _commit(Path(value).expanduser(), freeze, lr_mult)
     cache = cache_dir()
     tried: list[str] = []
     is_path = os.sep in value or value.startswith(".")

@@ -12,6 +12,7 @@ metrics, and whether the claim's direction holds on this machine, with the reaso
 - batch: throughput and accuracy against the per-device batch up to batch=auto's largest; the direction (the
   largest batch that fits buys throughput) holds when it is faster than the smallest; how far accuracy holds.
 - dynamic: the elastic run on a spot trace against the fixed on-demand run: accuracy, time and cost.
+- finetune: accuracy per epoch of the trial fine-tuned from pretrained weights and the one from scratch.
 """
 
 from __future__ import annotations
@@ -202,7 +203,35 @@ def batch(rows: list[dict[str, Any]], claim: dict[str, Any],
                     "measured": f"{top['batch']} per device, {top['speedup']:.2f}x the throughput of {first['batch']}"}
 
 
-KINDS = {"scaling": scaling, "input_pipeline": input_pipeline, "dynamic": dynamic, "batch": batch}
+def finetune(rows: list[dict[str, Any]], claim: dict[str, Any],
+             history: Callable[[str, str], list[Any]] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The fine-tuned trial (pretrained=weights) against the one from scratch (pretrained=none): val accuracy after
+    each epoch (the runs' logged history). The direction (pretrained weights buy accuracy at equal epochs) holds
+    when the fine-tuned run is ahead after the first epoch and after the last."""
+    points = []
+    for r in sorted(rows, key=lambda r: str(r["settings"].get("pretrained")) not in ("none", "None", "")):
+        weights = str(r["settings"].get("pretrained") or "none")
+        per_epoch = {m.step: m.value for m in history(r["run_id"], "val_accuracy")} if history else {}
+        points.append({"run": "from scratch" if weights in ("none", "None") else "fine-tuned", "weights": weights,
+                       "per_epoch": [per_epoch[k] for k in sorted(per_epoch)], "val_accuracy": r.get("val_accuracy")})
+    scratch = next((p for p in points if p["run"] == "from scratch" and p["per_epoch"]), None)
+    tuned = next((p for p in points if p["run"] == "fine-tuned" and p["per_epoch"]), None)
+    if scratch is None or tuned is None:
+        return points, {"holds": None, "measured": "-", "why": "needs a fine-tuned and a from-scratch run"}
+    n = min(len(scratch["per_epoch"]), len(tuned["per_epoch"]))
+    first, last = (tuned["per_epoch"][i] - scratch["per_epoch"][i] for i in (0, n - 1))
+    for p in points:
+        p.update({f"epoch {i + 1}": p["per_epoch"][i] for i in range(min(n, len(p["per_epoch"])))})
+    holds = first > 0 and last > 0
+    why = (f"fine-tuned {tuned['per_epoch'][n - 1]:.4f} against {scratch['per_epoch'][n - 1]:.4f} from scratch after "
+           f"{n} epoch{'s' if n > 1 else ''} ({last * 100:+.1f} points; {first * 100:+.1f} after the first)")
+    return points, {"holds": holds, "why": why, "epochs": n,
+                    "measured": f"{tuned['per_epoch'][n - 1]:.1%} fine-tuned, {scratch['per_epoch'][n - 1]:.1%} "
+                                f"from scratch at {n} epochs"}
+
+
+KINDS = {"scaling": scaling, "input_pipeline": input_pipeline, "dynamic": dynamic, "batch": batch,
+         "finetune": finetune}
 
 
 def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: Callable[..., str],
@@ -222,7 +251,8 @@ def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: 
         kind = claim["kind"]
         points, verdict = KINDS[kind](mine, claim, history)
         figure = claim["figure"]
-        seed = {"input_pipeline": f"{figure:g}x", "batch": f"{figure:g}"}.get(kind, f"{figure:.0%}")
+        seed = {"input_pipeline": f"{figure:g}x", "batch": f"{figure:g}", "finetune": f"{figure:.1%}"}.get(
+            kind, f"{figure:.0%}")
         seed = (claim.get("at", seed) if kind == "dynamic" else f"{seed} per device ({claim.get('at', '?')})"
                 if kind == "batch" else f"{seed} at {claim.get('at', '?')}")
         summary.append({"recipe": name, "seed": seed, "here": verdict["measured"],
@@ -244,6 +274,10 @@ def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: 
                                          ("target_cost_usd", "cost to it", "${:.4f}"), ("prices", "prices", "{}")]),
                        ""]
             plots.dynamic_plot(name, points, out, files)
+        elif claim["kind"] == "finetune":
+            epochs = [(f"epoch {i + 1}", f"epoch {i + 1}", "{:.4f}") for i in range(verdict.get("epochs", 0))]
+            detail += [md_table(points, [("run", "run", "{}"), *epochs, ("weights", "weights", "{}")]), ""]
+            plots.finetune_plot(name, points, figure, str(claim.get("at", "")), out, files)
         elif claim["kind"] == "batch":
             detail += [md_table(points, [("batch", "batch/device", "{}"), ("lr", "effective lr", "{:.4g}"),
                                          ("throughput", "samples/s", "{:.1f}"), ("speedup", "vs smallest", "{:.2f}x"),

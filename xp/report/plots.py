@@ -251,6 +251,26 @@ def batch_plot(name: str, points: list[dict[str, Any]], seed: float, out: Path, 
     _save(fig, out / f"claim_{name}.png", files)
 
 
+def finetune_plot(name: str, points: list[dict[str, Any]], seed: float, at: str, out: Path,
+                  files: list[Path]) -> None:
+    """A fine-tune recipe: val accuracy per epoch, fine-tuned against from scratch, and the seed's published point."""
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.2))
+    for p in points:
+        if p["per_epoch"]:
+            ax.plot(range(1, len(p["per_epoch"]) + 1), p["per_epoch"], "o-", label=p["run"],
+                    color="tab:green" if p["run"] == "fine-tuned" else "tab:grey")
+    epochs = max((len(p["per_epoch"]) for p in points), default=1)
+    ax.axhline(seed, linestyle=":", color="tab:red", label=f"seed: {seed:.1%} at {at} (its own data set)")
+    ax.set_xticks(range(1, epochs + 1))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("val accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"{name}: fine-tuned from pretrained weights against from scratch", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    _save(fig, out / f"claim_{name}.png", files)
+
+
 def dynamic_plot(name: str, points: list[dict[str, Any]], out: Path, files: list[Path]) -> None:
     """The dynamic-training recipe: cost and wall time of the elastic (spot trace) and the fixed (on-demand) run."""
     pts = [p for p in points if p.get("cost_usd") is not None and p.get("time_s") is not None]

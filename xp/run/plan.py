@@ -349,7 +349,7 @@ def _measurement(cfg: dict) -> dict[str, Any]:
 def _pretrained(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None) -> PretrainedSpec | None:
     """The pretrained_* settings, resolved to files by the backend's package (Backend.resolve_pretrained)."""
     value = cfg.get("pretrained")
-    if value is None:
+    if value is None or value == "none":  # none: a study's choice of no weights, beside a path
         return None
     if not isinstance(value, str) or not value:
         raise ConfigError(f"pretrained={value!r}: must be a model-zoo name or a checkpoint prefix")

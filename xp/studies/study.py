@@ -49,7 +49,7 @@ PRUNERS = ("none", "median", "hyperband", "successive_halving")
 METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 # What a recipe's claim is about: the report's seed-claims section computes the figure of each (xp.report.claims).
-CLAIM_KINDS = ("scaling", "input_pipeline", "dynamic", "batch")
+CLAIM_KINDS = ("scaling", "input_pipeline", "dynamic", "batch", "finetune")
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,7 @@ class StudyConf:
     settings: list[str] = dataclasses.field(default_factory=list)  # a recipe: KEY=VALUE overrides of every trial
     claim: dict[str, Any] | None = None  # a recipe: the published figure the report measures (kind, source, ...)
     batch_ladder: int | None = None  # a recipe: trials at batch N, 2N, 4N ... up to batch=auto's largest (preflight)
+    pretrain: list[str] | None = None  # a recipe: one run before the trials (these overrides); they start from its weights or none
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
@@ -247,7 +248,8 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
 
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
                           "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
-                          "trials_per_gpu", "scheduler", "settings", "claim", "batch_ladder"}
+                          "trials_per_gpu", "scheduler", "settings", "claim", "batch_ladder",
+                          "pretrain"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
@@ -287,14 +289,16 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
     seed = field("sampler_seed")
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
+    if field("pretrain") is not None:
+        study_settings_of(field("pretrain"), where, "pretrain")
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
                      heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim)
 
 
-def study_settings_of(given: Any, where: str) -> tuple[str, ...]:
+def study_settings_of(given: Any, where: str, name: str = "settings") -> tuple[str, ...]:
     if not isinstance(given, (list, tuple)) or not all(isinstance(s, str) and "=" in s for s in given):
-        raise ConfigError(f"{where}: settings={given!r}: must be a list of KEY=VALUE overrides")
+        raise ConfigError(f"{where}: {name}={given!r}: must be a list of KEY=VALUE overrides")
     return tuple(given)
 
 
