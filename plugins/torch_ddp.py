@@ -62,9 +62,13 @@ class TorchBackend(Backend):
         if plan.kvstore.startswith("dist_") or plan.kvstore == "nccl":
             raise ConfigError(f"kvstore={plan.kvstore}: backend=torch allreduces gradients with DDP (NCCL on GPUs, "
                               "gloo on CPUs) itself; leave kvstore at its default")
-        if plan.elastic.enabled:
-            raise ConfigError("elastic.enabled=true: needs kvstore=dist_sync (or dist_device_sync) on an MXNet "
-                              "backend; backend=torch trains with a fixed set of processes")
+        if plan.elastic.enabled and plan.launch.launcher == "local":
+            raise ConfigError("elastic.enabled=true: backend=torch is elastic across hosts (torchrun's elastic agent, "
+                              "one per host): launcher=ssh with elastic.discovery=HOSTS (on this machine: an MXNet "
+                              "backend with kvstore=dist_sync)")
+        if plan.elastic.enabled and not plan.checkpoint_dir:
+            raise ConfigError("elastic.enabled=true: backend=torch needs checkpoint_dir= on storage every host sees "
+                              "(each restart of the workers resumes from its last commit)")
         if plan.device_type == "gpu" and plan.workers > 1 and plan.launch.launcher == "local":
             raise ConfigError(f"workers={plan.workers}: backend=torch runs one process per GPU on this machine; "
                               f"use gpus={len(plan.devices) * plan.workers} (NCCL cannot share a GPU between ranks)")
@@ -85,6 +89,22 @@ class TorchBackend(Backend):
         from xp.pt.models import build_model
 
         build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)  # a bad model name fails now
+
+    @classmethod
+    def in_group(cls, plan: Plan) -> Plan:
+        """Elastic (torchrun's agent): the group this rendezvous formed, WORLD_SIZE processes, trains the same
+        global batch (per-process batch recomputed) from the last commit, if there is one."""
+        if not plan.elastic.enabled or "WORLD_SIZE" not in os.environ:
+            return plan
+        from xp.run.checkpoint import latest
+
+        world, devices = int(os.environ["WORLD_SIZE"]), len(plan.devices)
+        if plan.global_batch % world:
+            raise ConfigError(f"elastic: {world} processes cannot share the global batch {plan.global_batch} evenly")
+        batch = plan.global_batch // world
+        done = latest(plan.checkpoint_dir)
+        return replace(plan, workers=world // devices, batch=batch, worker_batch=batch * devices,
+                       resume=plan.checkpoint_dir if done is not None else None)
 
     @classmethod
     def fits(cls, plan: Plan) -> bool:
@@ -180,7 +200,7 @@ class TorchBackend(Backend):
             dist.init_process_group("nccl" if plan.device_type == "gpu" else "gloo", timeout=timeout)
             atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         self.world = dist.get_world_size()
-        if self.world != self.processes(plan):
+        if self.world != self.processes(plan) and not plan.elastic.enabled:  # elastic: the rendezvous decides
             raise ConfigError(f"workers={plan.workers} x {len(plan.devices)} devices: torchrun started "
                               f"{self.world} processes")
         return dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))

@@ -73,6 +73,9 @@ CASES = [
     ("backend=horovod cpu_devices=2", "backend=horovod: one device per worker process (2 asked)"),
     ("backend=horovod backend.api=symbol", "backend.api='symbol': must be one of gluon, module"),
     ("backend=torch kvstore=dist_sync", "kvstore=dist_sync: backend=torch allreduces gradients with DDP"),
+    ("backend=torch kvstore=dist_sync elastic.enabled=true", "kvstore=dist_sync: backend=torch allreduces gradients"),
+    ("backend=torch workers=2 elastic.enabled=true", "elastic.enabled=true: backend=torch is elastic across hosts "
+     "(torchrun's elastic agent, one per host): launcher=ssh"),
     ("backend=torch optimizer=nag momentum=0", "optimizer=nag: Nesterov momentum needs momentum > 0"),
     ("dtype=bfloat16", "dtype=bfloat16: the MXNet backends reach bfloat16 through AMP"),
     ("dataset=folder dataset.root={tmp}/imgs dataset.decode=fpga", "dataset.decode='fpga': must be cpu (the decode workers)"),

@@ -366,3 +366,60 @@ def test_hosts_join_leave_and_crash_with_the_global_batch_fixed(cluster, tmp_pat
     acc = metric_by_step(client, run.info.run_id, "val_accuracy")
     assert abs(acc[-1] - fixed_acc) <= 0.01, (acc, fixed_acc)
     nothing_left(c)
+
+
+def test_torchruns_own_elastic_agent_takes_a_host_joining_and_survives_one_killed(cluster, tmp_path):
+    """backend=torch, elastic through torchrun's elastic agent (one per host, --nnodes=1:2): the spot trace offers
+    h2, then h4 too (an agent starts there; the running one restarts its workers into a group of 2), then h4 dies,
+    namespace and all (h2's agent restarts its workers alone). The global batch stays 6 (6, then 3 per process),
+    every restart resumes from xp's last commit, and the accuracy is the fixed run's within a point. (After the
+    crash test: h3 is gone.) An elastic torch job with a kvstore is one line, before anything starts."""
+    c = cluster
+    torch_job = ["backend=torch", "batch=3", "epochs=8", "lr=0.01", "lr_ref_batch=12", "dist_timeout_s=60"]
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *torch_job, "workers=2", "kvstore=dist_sync", "elastic.enabled=true",
+                                      experiment="torch-elastic"), cwd=ROOT, env=env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("xp: error: kvstore=dist_sync: backend=torch allreduces"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and runs(c, "torch-elastic")[1] == []
+
+    fixed_hosts = c.hosts_file(tmp_path / "fixed", ["h2", "h4"])
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *torch_job, "workers=2", f"hosts_file={fixed_hosts}",
+                                      experiment="torch-fixed"), cwd=ROOT, env=env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    client, found = runs(c, "torch-fixed")
+    fixed_acc = metric_by_step(client, found[0].info.run_id, "val_accuracy")[-1]
+
+    pool = c.hosts_file(tmp_path / "pool", ["h2", "h4"])
+    trace = tmp_path / "trace.csv"
+    trace.write_text(f"t_s,hosts,spot_price_per_hour\n0,1,0.90\n{TRACE_JOIN_S},2,1.00\n")
+    h2, h4 = c.host("h2").address, c.host("h4").address
+    args = [*torch_job, "workers=2", "elastic.enabled=true", f"elastic.discovery={pool}", f"elastic.trace={trace}",
+            "elastic.poll_s=0.2", "elastic.max_workers=2", "hardware=p3.2xlarge", f"checkpoint_dir={c.shared}/torch"]
+    proc = subprocess.Popen(xp_on_launcher(c, tmp_path, *args, experiment="torch-elastic"), cwd=ROOT, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, f"torchrun agents on {h2}, {h4}", timeout=120)  # the trace's join
+        wait_for_line(proc, "(2 workers)", timeout=120)  # the group of 2 formed: its rank 0 says so
+        wait_for_line(proc, "  train_loss", timeout=120)
+        wait_for_line(proc, "  train_loss", timeout=120)
+        c.kill_host(c.host("h4"))  # h4 crashes mid-training
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert f"the agent on host {h4} was lost" in out, out[-3000:]
+    client, found = runs(c, "torch-elastic")
+    run = found[0]
+    assert run.info.status == "FINISHED" and run.data.params["derived.global_batch"] == "6"
+    assert run.data.metrics["elastic.restarts"] == 1
+    launched = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "elastic.launch_workers"),
+                                        key=lambda m: m.timestamp)]
+    assert launched == [1, 2, 1], launched
+    workers = metric_by_step(client, run.info.run_id, "workers")
+    assert len(workers) == 8 and 2 in workers and workers[-1] == 1, workers
+    acc = metric_by_step(client, run.info.run_id, "val_accuracy")
+    assert len(acc) == 8 and abs(acc[-1] - fixed_acc) <= 0.01, (acc, fixed_acc)
+    nothing_left(c)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ROOT, mlflow_runs, run_xp, xp_env
-from xp.preflight import recipe_settings
+from xp.recipes import recipe_settings
 
 
 def test_a_recipes_settings_join_the_command_line_which_wins():

@@ -63,6 +63,7 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from xp import recipes
     from xp.studies import study
 
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     _remember_command(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        argv = preflight.with_recipe(preflight.sweeper_spelling(argv))
+        argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
         return drive.start(argv, preflight.preflight(argv), _hydra)
     except XPError as e:
         return error_line(e, e.exit_code)

@@ -93,7 +93,8 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
     if plan.resume is not None and not Path(str(plan.resume)).expanduser().is_dir():
         raise ConfigError(f"resume={plan.resume}: a distributed run resumes from a folder "
                           "(resume=CHECKPOINT_DIR, a new MLflow run)")
-    from xp.launching.job import launch, prepared
+    from xp.launching.engine import prepared
+    from xp.launching.job import launch
     from xp.run import handoff
     from xp.run.worker import HOSTS_ENV
     from xp.tracking.stores import check_reachable
@@ -129,11 +130,13 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
         told = handoff.Launched(run_id=tracker.run_id)
         engine.spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, told)
         print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
-        policy = None  # the job's processes run once
-        if elastic_on:  # or in rounds, on the members there are
-            from xp.launching.elastic import Elastic
+        policy = None  # the job's processes run once, or (elastic) follow the members there are
+        if elastic_on:  # as the engine's runner does that, or in xp's rounds
+            policy = engine.elastic_policy(plan, tracker, told)
+            if policy is None:
+                from xp.launching.elastic import Elastic
 
-            policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), handed is not None,
-                             told)
+                policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step),
+                                 handed is not None, told)
         launch(engine, policy)
     return tracker.run_id

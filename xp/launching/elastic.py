@@ -50,7 +50,7 @@ def usable(available: int, lo: int, hi: int, global_batch: int, devices: int) ->
 
 
 # --- launcher side -------------------------------------------------------------------------------
-def _override(argv: list[str], **values: Any) -> list[str]:
+def override(argv: list[str], **values: Any) -> list[str]:
     keys = set(values)
     kept = [a for a in argv if a.split("=", 1)[0].lstrip("+") not in keys]
     return [*kept, *(f"{k}={v}" for k, v in values.items())]
@@ -116,7 +116,7 @@ class Elastic(Policy):
         self.base, self.members = spec, Membership(spec, self.plan)
         return self._next()
 
-    def poll(self) -> None:
+    def poll(self, job: Any) -> None:
         changed = self.members.listed() != self.listed
         if changed and not self.flag.exists():
             self.flag.touch()  # the workers finish this epoch, commit it, and exit
@@ -150,14 +150,14 @@ class Elastic(Policy):
             return None
         self.listed = self.members.listed()
         self.members.refresh(self.listed)
-        n = _wait_for_workers(lambda: usable(sum(h.slots for h in self.members.alive()), e.min_workers,
+        n = wait_for_workers(lambda: usable(sum(h.slots for h in self.members.alive()), e.min_workers,
                                              e.max_workers, plan.global_batch, len(plan.devices)),
                               e.wait_s, e.poll_s, e.min_workers)
         self.log({"elastic.launch_workers": n}, done.epoch if done else 0)
         batch = plan.global_batch // (len(plan.devices) * n)
         self.flag.unlink(missing_ok=True)
         base = self.base
-        argv = _override(base.worker_argv, workers=n, batch=batch, checkpoint_dir=str(self.root), checkpoint_every=1,
+        argv = override(base.worker_argv, workers=n, batch=batch, checkpoint_dir=str(self.root), checkpoint_every=1,
                          resume=str(self.root) if done else "null")
         handed = None  # the round's plan: the same run on n workers, from the last commit
         if self.hand_plan:
@@ -173,7 +173,7 @@ class Elastic(Policy):
                        hosts=self.members.alive() if base.remote else base.hosts)
 
 
-def _wait_for_workers(count: Callable[[], int | None], wait_s: float, poll_s: float, lo: int) -> int:
+def wait_for_workers(count: Callable[[], int | None], wait_s: float, poll_s: float, lo: int) -> int:
     deadline = time.monotonic() + wait_s
     while True:
         n = count()

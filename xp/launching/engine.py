@@ -11,10 +11,10 @@ import socket
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 from xp.errors import ConfigError
-from xp.launching.hosts import HostSlots, Transport
+from xp.launching.hosts import HostSlots, Transport, hosts_for
 from xp.launching.launcher import Launcher, Local
 
 
@@ -118,6 +118,36 @@ class Engine(ABC):
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
         """Note in `exits` (rank -> exit code) what a runner's output line says failed."""
+
+    def elastic_policy(self, plan: Any, tracker: Any, told: Any) -> Any:
+        """How this engine's job follows elastic membership (elastic.enabled=true), if its runner restarts its
+        workers itself (torchrun's elastic agent); None: xp relaunches the processes at epoch boundaries from the
+        last commit (xp.launching.elastic.Elastic)."""
+        return None
+
+
+def prepared(plan: Any, argv: list[str], engine_cls: type[Engine], launcher: Launcher, env: dict[str, str],
+             elastic: bool = False, reached: Callable[[list[str], str | None], None] | None = None) -> Engine:
+    """The plan's engine, placed and checked before anything starts. Placement: the launcher's hosts (elastic:
+    the discovery source's), transport and address, and enough slots (torchrun starts a process per device and
+    worker; the other engines a process per worker). Checks: the engine's own, then the launcher's (a remote
+    one: this machine's address and interface, `reached(hosts, address)` (what the hosts must reach, such as
+    the tracking store), and every host through the transport: those the job uses; elastic: every listed
+    host)."""
+    ls, forwarded = plan.launch, {**engine_cls.env_for(plan), **env}
+    hosts = hosts_for(launcher, plan, elastic)
+    processes = len(plan.devices) * plan.workers if engine_cls.per_device else plan.workers
+    spec = Spec(argv, processes, plan.servers, launcher, ls.port, hosts, launcher.address(), ls.interface,
+                launcher.transport(), ls.timeout_s, forwarded)
+    if spec.remote and not elastic:
+        spec.placement()  # enough slots
+    engine = engine_cls(spec)
+    engine.check()
+    used = [h.name for h in hosts] if elastic else spec.used_hosts()
+    before_probe = (lambda: reached([h.name for h in hosts], spec.host_ip)) if reached else None
+    spec.env.update(launcher.env(processes))  # the launcher's own (local: each worker's share of the cores)
+    launcher.check(used, ls.interface, engine.interface_here, before_probe)
+    return engine
 
 
 def python() -> str:

@@ -41,8 +41,6 @@ import psutil
 from xp.launching.engine import LOOPBACK, Engine, Role, Spec, python
 from xp.errors import XPError
 from xp.launching.hosts import on_hosts
-from xp.launching.hosts import hosts_for
-from xp.launching.launcher import Launcher
 from xp.run.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV
 
 # variables a remote process gets from the launcher's environment (the rest is the host's own), with those its
@@ -81,8 +79,13 @@ class Policy:
         """The spec of the job's first round of processes (None: nothing to run)."""
         return spec
 
-    def poll(self) -> None:
+    def poll(self, job: Job) -> None:
         """Called every poll_s while a round runs (elastic: has the membership changed?)."""
+
+    def lost(self, job: Job, started: Started, code: int) -> bool:
+        """A process of the round exited with `code` != 0: True if the round goes on without it (torch's elastic
+        agents restart their workers without a lost host); False fails the round."""
+        return False
 
     def after(self, spec: Spec, error: LaunchError | None) -> Spec | None:
         """The spec of the next round, or None: the job is done. `error`: why the last round failed (None: every
@@ -152,6 +155,21 @@ class Job:
         self.started.append(s)
         return s
 
+    def retire(self, s: Started) -> None:
+        """End one remote role while the others go on (an elastic member that left): its session closed (the host
+        ends its process group) and what carries the job's id on its host reaped; no longer watched."""
+        self.started.remove(s)
+        if s.proc.stdin is not None:
+            try:
+                s.proc.stdin.close()
+            except OSError:
+                pass
+        self.spec.launcher.reap([s.role.host], self.id)
+        try:
+            s.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(s.proc.pid, signal.SIGKILL)
+
     def _relay(self, s: Started) -> None:
         """The process's output to ours (prefixed with its host when remote), noting what a runner reports."""
         prefix = f"[{s.role.host}] " if s.role.host else ""
@@ -194,12 +212,15 @@ class Job:
         while True:
             if time.monotonic() - polled >= self.policy.poll_s:
                 polled = time.monotonic()
-                self.policy.poll()
+                self.policy.poll(self)
             self._receive()
             self._remember_descendants()
-            for s in self.started:
+            for s in list(self.started):
                 code = s.proc.poll()
                 if code not in (None, 0):
+                    if self.policy.lost(self, s, code):
+                        self.started.remove(s)
+                        continue
                     raise self._failure(s, code)
             if all(s.proc.poll() == 0 for s in self.started if s.role.worker):
                 return
@@ -366,30 +387,6 @@ def _is_stopped(pid: int) -> bool:
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
     except psutil.Error:  # gone, or not on this machine: nothing to tell
         return False
-
-
-def prepared(plan: Any, argv: list[str], engine_cls: type[Engine], launcher: Launcher, env: dict[str, str],
-             elastic: bool = False, reached: Callable[[list[str], str | None], None] | None = None) -> Engine:
-    """The plan's engine, placed and checked before anything starts. Placement: the launcher's hosts (elastic:
-    the discovery source's), transport and address, and enough slots (torchrun starts a process per device and
-    worker; the other engines a process per worker). Checks: the engine's own, then the launcher's (a remote
-    one: this machine's address and interface, `reached(hosts, address)` (what the hosts must reach, such as
-    the tracking store), and every host through the transport: those the job uses; elastic: every listed
-    host)."""
-    ls, forwarded = plan.launch, {**engine_cls.env_for(plan), **env}
-    hosts = hosts_for(launcher, plan, elastic)
-    processes = len(plan.devices) * plan.workers if engine_cls.per_device else plan.workers
-    spec = Spec(argv, processes, plan.servers, launcher, ls.port, hosts, launcher.address(), ls.interface,
-                launcher.transport(), ls.timeout_s, forwarded)
-    if spec.remote and not elastic:
-        spec.placement()  # enough slots
-    engine = engine_cls(spec)
-    engine.check()
-    used = [h.name for h in hosts] if elastic else spec.used_hosts()
-    before_probe = (lambda: reached([h.name for h in hosts], spec.host_ip)) if reached else None
-    spec.env.update(launcher.env(processes))  # the launcher's own (local: each worker's share of the cores)
-    launcher.check(used, ls.interface, engine.interface_here, before_probe)
-    return engine
 
 
 def launch(engine: Engine, policy: Policy | None = None) -> None:

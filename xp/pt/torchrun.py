@@ -5,6 +5,12 @@ launcher=local: one torchrun here, static rendezvous; its TCPStore server (which
 interface) gets a socket bound to --master-addr (127.0.0.1). launcher=ssh: the rendezvous store runs here
 on host_ip (`python -m xp.pt.torchrun --xp-store ADDRESS:PORT`), one torchrun per host joins it (c10d
 rendezvous) with --local-addr its own address, so the process group's store is on rank 0's host.
+
+Elastic (elastic.enabled=true, across hosts): torchrun's own elastic agent, one per member host, with
+--nnodes=MIN:MAX and --max-restarts: an agent that starts on a new host makes the running ones restart their
+workers into a larger group; a host that goes makes its peers' collectives fail, and their agents restart the
+workers without it (xp.launching.elastic.TorchElastic starts and ends the agents as the members change). Each
+restart re-plans the worker's batch from the group's size and resumes from xp's last commit.
 """
 
 from __future__ import annotations
@@ -33,9 +39,12 @@ class Torchrun(Engine):
         if self.spec.port:
             check_port(self.spec.port, self.spec.bind)
 
+    nodes: str | None = None  # elastic: "MIN:MAX" agents (None: a fixed job, one agent per placed host)
+    max_restarts = 0  # elastic: worker-group restarts each agent allows (membership changes count as failures do)
+
     def roles(self, job: Job) -> list[Role]:
         s = self.spec
-        port = s.port or free_port(s.bind)
+        port = self.port = s.port or free_port(s.bind)
         common = ["--max-restarts=0", "--monitor-interval=0.5"]
         if not s.remote:
             argv = [python(), "-m", "xp.pt.torchrun", "--nnodes=1", f"--nproc-per-node={s.workers}",
@@ -46,14 +55,36 @@ class Torchrun(Engine):
         roles = [Role("rendezvous store", [python(), "-m", "xp.pt.torchrun", f"--xp-store={s.bind}:{port}"],
                       worker=False, service=True)]
         placement = s.placement()
+        return [*roles, *(self.agent(job, host, n, len(placement)) for host, n in placement)]
+
+    def agent(self, job: Job, host: str, n: int, nodes: int) -> Role:
+        """The torchrun agent on `host` for n processes: of `nodes` hosts, or (elastic) of self.nodes."""
+        s = self.spec
         env = {"GLOO_SOCKET_IFNAME": s.interface, "NCCL_SOCKET_IFNAME": s.interface} if s.interface else {}
-        for host, n in placement:
-            argv = [python(), "-m", "xp.pt.torchrun", f"--nnodes={len(placement)}", f"--nproc-per-node={n}",
-                    "--rdzv-backend=c10d", f"--rdzv-endpoint={s.bind}:{port}", f"--rdzv-id={job.id}",
-                    f"--rdzv-conf=join_timeout={int(s.timeout_s)},is_host=false", f"--local-addr={host}", *common,
-                    "-m", s.module, *s.worker_argv]
-            roles.append(Role(f"torchrun on {host}", argv, env, host=host, runner=True))
-        return roles
+        conf = f"join_timeout={int(s.timeout_s)},is_host=false"
+        if self.nodes:
+            # a joining agent waits for the running ones only this long once enough are there (30 s by default)
+            conf += ",last_call_timeout=2"
+            # torch 2.14's shared TCPStore hangs a group that grows: rank 0 writes its address in the first round
+            # only, and a new agent waits for it forever (measured); without sharing, every round writes it
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        argv = [python(), "-m", "xp.pt.torchrun", f"--nnodes={self.nodes or nodes}", f"--nproc-per-node={n}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={s.bind}:{self.port}", f"--rdzv-id={job.id}",
+                f"--rdzv-conf={conf}", f"--local-addr={host}", f"--max-restarts={self.max_restarts}",
+                "--monitor-interval=0.5", "-m", s.module, *s.worker_argv]
+        return Role(f"torchrun on {host}", argv, env, host=host, runner=True)
+
+    def elastic_policy(self, plan: Any, tracker: Any, told: Any) -> Any:
+        """torchrun's own elastic agent: one per member host, MIN:MAX of them, restarting its workers itself; the
+        run's parameters are logged here (the workers of every restart are told the run has them)."""
+        from xp.pt.elastic import ElasticAgents
+        from xp.run.record import params_of
+        from xp.run.registry import Registry
+
+        e = plan.elastic
+        self.nodes, self.max_restarts = f"{e.min_workers}:{e.max_workers}", e.max_restarts
+        tracker.log(params=params_of(plan, Registry().load(plan.backend)))
+        return ElasticAgents(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), told)
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
         if "Root Cause" in line:  # torchrun names the first failure it saw here, the others before it

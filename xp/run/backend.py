@@ -58,6 +58,12 @@ class Backend(ABC):
         return plan
 
     @classmethod
+    def in_group(cls, plan: Plan) -> Plan:
+        """The plan a launched process was handed, as the process group it joined has it (an elastic runner that
+        formed the group itself: torchrun's agent); called before the process plans anything else."""
+        return plan
+
+    @classmethod
     def for_plan(cls, plan: Plan) -> type[Backend]:
         """The class that runs `plan`: a plugin with variants (an API option) may pick one here."""
         return cls

@@ -68,6 +68,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     config, reopen = sweepstate.resume_target(uri, config) if not job.run_id else (dict(config), None)
     before = checkpoint.require(config["resume"]) if config.get("resume") is not None else None
     plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
+    if before is None and plan.resume is not None:  # the group resumes itself (torchrun's elastic agent restarted it)
+        before = checkpoint.require(plan.resume)
     plan = with_kept_images(plan)  # an image folder is prepared now: the plan counts the images that train
     trial = job.trial if job.trial is not None else attach(plan.study)
     if job.parent_run_id and not trial and not job.run_id and os.environ.get(sweepstate.RESUMED_ENV):

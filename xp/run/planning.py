@@ -35,6 +35,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
         _planned["handed"] = None
         if (plan := handoff.received()) is not None:  # None: batch=auto, each worker finds its batch
             backend_cls = Registry().load(plan.backend).for_plan(plan)
+            plan = backend_cls.in_group(plan)  # torch elastic: the group's size, from the last commit
             backend_cls.check(plan)  # on this host: its frameworks, its devices
             _planned["handed"] = plan, backend_cls
     if _planned.get("handed") is not None:

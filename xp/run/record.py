@@ -29,6 +29,12 @@ def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
+def params_of(plan: Plan, backend_cls: type) -> dict[str, Any]:
+    """A run's MLflow parameters: what was asked, what was derived from it, the versions that ran it."""
+    return {**plan.requested, "batch_auto": plan.batch_auto, **{f"derived.{k}": v for k, v in plan.derived().items()},
+            **{f"version.{k}": v for k, v in versions(backend_cls.requires).items()}}
+
+
 def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, trial: Any,
              reopen: str | None) -> Tracker:
     """The run's tracker (rank 0's; the other ranks write nothing), to start with its name, tags and parameters
@@ -49,9 +55,7 @@ def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, tr
     elif job.parent_run_id and not job.run_id:  # a sweep's job: found again if the sweep is killed and resumed
         tags[sweepstate.JOB_KEY] = sweepstate.job_key(job.overrides)
     tags.update(job.tags)
-    params = None if job.resumed or reopen else {
-        **plan.requested, "batch_auto": plan.batch_auto, **{f"derived.{k}": v for k, v in plan.derived().items()},
-        **{f"version.{k}": v for k, v in versions(backend_cls.requires).items()}}
+    params = None if job.resumed or reopen else params_of(plan, backend_cls)
     spool = job.output_dir / "mlflow-spool" if job.output_dir is not None else None  # the run's writes wait here
     tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
     tracker = tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id,

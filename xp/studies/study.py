@@ -261,10 +261,6 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
             continue
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise ConfigError(f"{where}: {key}={v!r}: must be an integer >= {low}")
-    ladder = field("batch_ladder")
-    if ladder is not None and (not isinstance(ladder, int) or isinstance(ladder, bool) or ladder < 1):
-        raise ConfigError(f"{where}: batch_ladder={ladder!r}: must be an integer >= 1 (the smallest batch of the "
-                          "ladder up to batch=auto's largest)")
     if grace_s <= heartbeat_s:
         raise ConfigError(f"{where}: grace_s={grace_s} must be longer than heartbeat_s={heartbeat_s}, or live "
                           "trials are taken for dead ones")
@@ -278,6 +274,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     if pruner not in PRUNERS:
         raise ConfigError(f"{where}: pruner={pruner!r}: unknown; valid: {', '.join(PRUNERS)}")
 
+    _recipe_steps(field("batch_ladder"), field("pretrain"), where)  # (before the search space they fill)
     objectives = _objectives(field("objectives"), where, sampler, pruner)
     given = {p.name for p in extra}
     space = {k: v for k, v in (field("params") or {}).items() if k not in given}
@@ -289,11 +286,18 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
     seed = field("sampler_seed")
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
-    if field("pretrain") is not None:
-        study_settings_of(field("pretrain"), where, "pretrain")
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
                      heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim)
+
+
+def _recipe_steps(ladder: Any, pretrain: Any, where: str) -> None:
+    """A recipe's steps before its trials (xp.recipes), checked: batch_ladder, pretrain."""
+    if ladder is not None and (not isinstance(ladder, int) or isinstance(ladder, bool) or ladder < 1):
+        raise ConfigError(f"{where}: batch_ladder={ladder!r}: must be an integer >= 1 (the smallest batch of the "
+                          "ladder up to batch=auto's largest)")
+    if pretrain is not None:
+        study_settings_of(pretrain, where, "pretrain")
 
 
 def study_settings_of(given: Any, where: str, name: str = "settings") -> tuple[str, ...]:
