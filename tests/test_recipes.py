@@ -135,6 +135,13 @@ def test_the_finetune_recipe_pretrains_once_and_sets_accuracy_per_epoch_side_by_
     assert (out / "claim_finetune.png").stat().st_size > 10_000
 
 
+def test_a_bad_value_stops_the_finetune_recipe_before_its_pretraining(tmp_path, store):
+    p = run_xp(tmp_path, store, "-m", "sweep=finetune", "epochs=abc", env={"XP_CACHE_DIR": str(tmp_path / "cache")})
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "xp: error: epochs='abc': must be an integer from 1 to 100000"], p.stderr
+    assert not (tmp_path / "cache").exists() and mlflow_runs(store)[1] == []  # nothing trained, nothing logged
+
+
 def test_fine_tuning_takes_commits_of_backend_gluon_only(tmp_path, store):
     from conftest import compose_config, plan_for
     from xp.errors import ConfigError

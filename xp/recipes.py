@@ -108,6 +108,9 @@ def pretrain(argv: list[str], overrides: tuple[str, ...], dirs: list[Path]) -> P
         fixed = _fixed(argv)
     except Exception:
         fixed = []  # the preflight says what is wrong with the command line
+    from xp.preflight import preflight
+
+    preflight([*(f"--config-dir={d}" for d in dirs[:1]), *fixed])  # the trials' experiment is checked first
     keys = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     command = [*(o for o in fixed if o.lstrip("+~").split("=", 1)[0] not in keys | {"run_name"}), *overrides]
     key = hashlib.sha256(json.dumps(sorted(command)).encode()).hexdigest()[:12]
