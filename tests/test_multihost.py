@@ -368,6 +368,40 @@ def test_hosts_join_leave_and_crash_with_the_global_batch_fixed(cluster, tmp_pat
     nothing_left(c)
 
 
+def test_torchruns_elastic_agent_goes_on_when_a_host_leaves_the_discovery_list(cluster, tmp_path):
+    """backend=torch elastic on h2+h4; h4 leaves the discovery list after the group of 2 trained an epoch: xp ends
+    h4's agent (and what it started there), h2's agent restarts its workers alone from the last commit, the global
+    batch stays 6, and nothing is left on h4. (After the crash test: h3 is gone.)"""
+    c = cluster
+    discovery = c.hosts_file(tmp_path / "discovery", ["h2", "h4"])
+    h2, h4 = c.host("h2").address, c.host("h4").address
+    args = ["backend=torch", "batch=3", "workers=2", "epochs=6", "lr=0.01", "lr_ref_batch=12", "dist_timeout_s=60",
+            "elastic.enabled=true", f"elastic.discovery={discovery}", "elastic.poll_s=0.2", "elastic.max_workers=2",
+            f"checkpoint_dir={c.shared}/torch-leave"]
+    proc = subprocess.Popen(xp_on_launcher(c, tmp_path, *args, experiment="torch-leave"), cwd=ROOT, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "(2 workers)", timeout=120)
+        wait_for_line(proc, "  train_loss", timeout=120)
+        c.hosts_file(discovery, ["h2"])  # h4 leaves
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert f"xp: elastic: host {h4} leaves" in out and f"torchrun agents on {h2} (global batch 6)" in out, out[-3000:]
+    client, found = runs(c, "torch-leave")
+    run = found[0]
+    assert run.info.status == "FINISHED" and "elastic.restarts" not in run.data.metrics
+    launched = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "elastic.launch_workers"),
+                                        key=lambda m: m.timestamp)]
+    assert launched == [2, 1], launched
+    workers = metric_by_step(client, run.info.run_id, "workers")
+    assert len(workers) == 6 and workers[0] == 2 and workers[-1] == 1, workers
+    nothing_left(c)
+
+
 def test_torchruns_own_elastic_agent_takes_a_host_joining_and_survives_one_killed(cluster, tmp_path):
     """backend=torch, elastic through torchrun's elastic agent (one per host, --nnodes=1:2): the spot trace offers
     h2, then h4 too (an agent starts there; the running one restarts its workers into a group of 2), then h4 dies,

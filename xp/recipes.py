@@ -104,12 +104,13 @@ def pretrain(argv: list[str], overrides: tuple[str, ...], dirs: list[Path]) -> P
     import json
     import subprocess
 
+    from xp.preflight import preflight
+
     try:
         fixed = _fixed(argv)
     except Exception:
-        fixed = []  # the preflight says what is wrong with the command line
-    from xp.preflight import preflight
-
+        preflight([a for a in argv if a not in ("-m", "--multirun")])  # says what cannot be parsed
+        raise ConfigError("cannot parse the command line") from None
     preflight([*(f"--config-dir={d}" for d in dirs[:1]), *fixed])  # the trials' experiment is checked first
     keys = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     command = [*(o for o in fixed if o.lstrip("+~").split("=", 1)[0] not in keys | {"run_name"}), *overrides]

@@ -151,14 +151,14 @@ class Elastic(Policy):
         self.listed = self.members.listed()
         self.members.refresh(self.listed)
         n = wait_for_workers(lambda: usable(sum(h.slots for h in self.members.alive()), e.min_workers,
-                                             e.max_workers, plan.global_batch, len(plan.devices)),
-                              e.wait_s, e.poll_s, e.min_workers)
+                                            e.max_workers, plan.global_batch, len(plan.devices)),
+                             e.wait_s, e.poll_s, e.min_workers)
         self.log({"elastic.launch_workers": n}, done.epoch if done else 0)
         batch = plan.global_batch // (len(plan.devices) * n)
         self.flag.unlink(missing_ok=True)
         base = self.base
         argv = override(base.worker_argv, workers=n, batch=batch, checkpoint_dir=str(self.root), checkpoint_every=1,
-                         resume=str(self.root) if done else "null")
+                        resume=str(self.root) if done else "null")
         handed = None  # the round's plan: the same run on n workers, from the last commit
         if self.hand_plan:
             handed = replace(plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices),

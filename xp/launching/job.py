@@ -107,6 +107,7 @@ class Job:
         self.policy = policy or Policy()
         self.id = uuid.uuid4().hex[:12]
         self.folder = tempfile.mkdtemp(prefix="xp-job-")  # the job's files on this machine (removed at the end)
+        self.retired: list[str] = []  # hosts whose role was ended while the job went on (reaped at its end)
         self.progress = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.progress.bind((self.spec.bind, 0))
         self.progress.setblocking(False)
@@ -156,17 +157,19 @@ class Job:
         return s
 
     def retire(self, s: Started) -> None:
-        """End one remote role while the others go on (an elastic member that left): its session closed (the host
-        ends its process group) and what carries the job's id on its host reaped; no longer watched."""
+        """End one remote role while the others go on (an elastic member that left): its session closed, so the
+        host ends its process group (SIGTERM, then SIGKILL after 5 s: a runner ends its own workers); no longer
+        watched, and its host reaped with the others when the job ends. (Not reaped now: emulated hosts share
+        one process table, where a host's reap would end the whole job.)"""
         self.started.remove(s)
+        self.retired.append(s.role.host)
         if s.proc.stdin is not None:
             try:
                 s.proc.stdin.close()
             except OSError:
                 pass
-        self.spec.launcher.reap([s.role.host], self.id)
         try:
-            s.proc.wait(timeout=10)
+            s.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(s.proc.pid, signal.SIGKILL)
 
@@ -359,7 +362,8 @@ class Job:
                     pass
         self._end_descendants()
         if self.spec.remote:
-            self.spec.launcher.reap(self.engine.hosts(), self.id)
+            self.spec.launcher.reap([*self.engine.hosts(), *(h for h in self.retired if h not in self.engine.hosts())],
+                                    self.id)
 
     def _end_descendants(self) -> None:
         left = []
