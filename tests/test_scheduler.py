@@ -148,7 +148,43 @@ def test_a_trial_in_a_reused_worker_computes_what_a_fresh_worker_computes(tmp_pa
     ("sweep.parallel=0", "parallel=0: must be an integer >= 1"),
 ])
 def test_a_placement_it_cannot_make_is_one_line_before_anything_starts(tmp_path, store, arg, message):
-    proc = run_xp(tmp_path, store, "-m", "sweep=tiny", arg, env=study_env(tmp_path, 2), timeout=120)
+    mark = f"{os.getpid()}-{arg}"  # in the environment of every process the command starts
+    proc = run_xp(tmp_path, store, "-m", "sweep=tiny", arg, env={**study_env(tmp_path, 2), "XP_TEST_MARK": mark},
+                  timeout=120)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr and "Traceback" not in proc.stdout
     assert mlflow_runs(store)[1] == []
+    assert marked(mark) == []  # the early worker no slot took is ended with the command
+
+
+def marked(mark: str) -> list[int]:
+    """The processes still running with XP_TEST_MARK=mark in their environment."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("XP_TEST_MARK") == mark and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except (psutil.Error, OSError):  # gone meanwhile, or not ours to read
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_the_worker_started_before_composing_runs_the_trials_of_a_one_slot_study(tmp_path, store):
+    """A study's first worker starts before the command line is composed (its imports overlap the composing);
+    the one slot takes it: it is the only worker the study ever starts, and it runs every trial."""
+    with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=1", "sweep.parallel=1",
+                    env=study_env(tmp_path, 3)) as proc:
+        seen: set[int] = set()
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                seen.update(w.pid for w in workers_of(proc))
+            except psutil.Error:  # the command ended meanwhile
+                pass
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert len(seen) == 1, seen
+    trials = trials_of(tmp_path)
+    assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)

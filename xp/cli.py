@@ -72,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         return _hydra(argv)
     _remember_command(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    study_here = ("-m" in argv or "--multirun" in argv) and any(a.startswith("sweep=") for a in argv)
     try:
+        if study_here and not os.environ.get(WORKER_ENV):
+            from xp.launching import pool
+
+            pool.early(argv)  # its imports overlap the composing and checking below
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
         return drive.start(argv, preflight.preflight(argv), _hydra)
     except XPError as e:
@@ -81,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         return error_line("interrupted (Ctrl-C)", 130)
     except Terminated:
         return error_line("terminated (SIGTERM)", 143)
+    finally:
+        if study_here:
+            from xp.launching import pool
+
+            pool.discard_early()
 
 
 def leave(code: int) -> None:

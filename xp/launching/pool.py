@@ -121,6 +121,12 @@ class Pool:
     def _spawn(self, slot: Slot) -> tuple[subprocess.Popen, Channel | None, Slot]:
         if slot.host:
             return self._spawn_there(slot)
+        if _unplaced:  # started before its slot was known (early): told it now
+            proc, channel, env = _unplaced.pop()
+            told = {**{k: v for k, v in os.environ.items() if env.get(k) != v}, **self._variables(slot)}
+            channel.send({"op": "slot", "env": told, "unset": [k for k in env if k not in os.environ],
+                          "cwd": os.getcwd()})
+            return proc, channel, slot
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
                                 pass_fds=[theirs.fileno()], env={**os.environ, **self._variables(slot)},
@@ -223,6 +229,8 @@ def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")  # Hydra's launchers that run jobs on this machine
 
 
+_unplaced: list[tuple[subprocess.Popen, Channel, dict[str, str]]] = []  # early(): a worker and the environment
+# it started with, until a local slot takes it or discard_early() ends it
 _early: list[Pool] = []  # the workers prestart() started, until slot_pool takes them or discard_early() ends them
 _launcher: list[Any] = []  # the study's launcher (its plan's), where its slots come from: set by prestart()
 
@@ -252,9 +260,30 @@ def prestart(config: dict[str, Any], argv: list[str], launcher: Any = None) -> N
     _early.append(_pool(config, slots).spawn())
 
 
+def early(argv: list[str]) -> None:
+    """A study's first local worker, started before anything is composed (the command line looks like a study on
+    this machine's slots): it imports what does not depend on its slot (MLflow, Hydra, xp: a second on 2 cores)
+    while this process composes and checks the study, then waits to be told its slot (Pool._spawn), pins itself
+    there and imports its frameworks. Not taken by a slot, discard_early() ends it; it dies with this process."""
+    if any(a.startswith(("hydra/launcher", "hydra.launcher", "sweep.scheduler=hydra")) for a in argv) or any(
+            a.startswith("launcher=") and a != "launcher=local" for a in argv):
+        return  # trials placed by another launcher: no local slot would take it
+    ours, theirs = socket.socketpair()
+    env = {k: v for k, v in os.environ.items() if k != SLOT_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
+                            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+    theirs.close()
+    _unplaced.append((proc, Channel(ours), env))
+
+
 def discard_early() -> None:
     while _early:
         _early.pop().discard()
+    while _unplaced:  # it holds nothing yet: ended at once
+        proc, channel, _ = _unplaced.pop()
+        proc.kill()
+        proc.wait(timeout=30)
+        channel.sock.close()
     _launcher.clear()
 
 

@@ -32,13 +32,28 @@ TOKEN_ENV = "XP_SLOT_TOKEN"  # ... and the secret that names its slot there
 def main(argv: list[str]) -> int:
     from xp.launching.slots import Slot
 
-    slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(os.environ[SLOT_ENV]).items()})
-    slot.pin()  # before any import starts a thread: every thread inherits it
     _die_with_parent()
     signal.signal(signal.SIGTERM, _terminated)  # its trial's run ends KILLED, as a run's does
+    early = None
+    if SLOT_ENV not in os.environ:  # started before its slot was known (xp.launching.pool.early)
+        from xp.studies.scheduler import Channel
+
+        early = Channel(socket.socket(fileno=int(argv[0])))
+        _before_slot()
+        told = early.recv()
+        if told is None or told.get("op") != "slot":  # not needed
+            os._exit(0)
+        os.environ.update(told["env"])
+        for k in told["unset"]:
+            os.environ.pop(k, None)
+        os.chdir(told["cwd"])
+    slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(os.environ[SLOT_ENV]).items()})
+    slot.pin()  # before the frameworks start their threads: those inherit it (the ones already there are moved)
     from xp.studies.scheduler import Channel
 
-    if argv[0] == "connect":  # on another host: it calls the scheduler back, with its slot's token
+    if early is not None:
+        channel = early
+    elif argv[0] == "connect":  # on another host: it calls the scheduler back, with its slot's token
         host, port = os.environ[CONNECT_ENV].rsplit(":", 1)
         channel = Channel(socket.create_connection((host, int(port)), timeout=30))
         channel.sock.settimeout(None)
@@ -130,6 +145,16 @@ def _terminated(signum: int, frame: Any) -> None:
     from xp.errors import Terminated
 
     raise Terminated()
+
+
+def _before_slot() -> None:
+    """An early worker's imports that do not depend on its slot: no framework (their thread pools and devices
+    follow the slot's cores, thread counts and CUDA_VISIBLE_DEVICES), what every trial runs through."""
+    import mlflow.tracking  # noqa: F401
+    import omegaconf  # noqa: F401
+
+    import xp.run.experiment  # noqa: F401
+    import xp.studies.study  # noqa: F401
 
 
 def _warm(backend: str | None, tracking_uri: str | None) -> None:
