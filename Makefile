@@ -16,6 +16,7 @@ bench: setup
 	.venv/bin/python benchmarks/loop_overhead.py --data digits --epochs 20
 	.venv/bin/python benchmarks/pruning_study.py --seeds 0 1 2
 	.venv/bin/python benchmarks/study_scheduler.py --reps 3
+	.venv/bin/python benchmarks/input_pipeline.py
 	.venv/bin/python benchmarks/comm_overhead.py
 	.venv/bin/python benchmarks/backends_side_by_side.py
 	.venv/bin/python benchmarks/torch_pipeline.py

@@ -34,12 +34,12 @@ def main(argv: list[str]) -> int:
 
     _die_with_parent()
     signal.signal(signal.SIGTERM, _terminated)  # its trial's run ends KILLED, as a run's does
-    early = None
+    early = compose = None
     if SLOT_ENV not in os.environ:  # started before its slot was known (xp.launching.pool.early)
         from xp.studies.scheduler import Channel
 
         early = Channel(socket.socket(fileno=int(argv[0])))
-        _before_slot()
+        compose = _before_slot()
         told = early.recv()
         if told is None or told.get("op") != "slot":  # not needed
             os._exit(0)
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     else:
         channel = Channel(socket.socket(fileno=int(argv[0])))
     try:
-        compose = _composer()
+        compose = compose or _composer()
         _warm(os.environ.get(BACKEND_ENV), os.environ.get(TRACKING_ENV))
     except Exception as e:
         channel.send({"op": "error", "error": f"{type(e).__name__}: {e}"})
@@ -147,14 +147,18 @@ def _terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-def _before_slot() -> None:
-    """An early worker's imports that do not depend on its slot: no framework (their thread pools and devices
-    follow the slot's cores, thread counts and CUDA_VISIBLE_DEVICES), what every trial runs through."""
+def _before_slot() -> Any:
+    """An early worker's work that does not depend on its slot, done while the study is composed: no framework
+    (their thread pools and devices follow the slot's cores, thread counts and CUDA_VISIBLE_DEVICES). What every
+    trial runs through imported, MLflow's database store too unless the store is a server (opening a SQLite
+    store later takes milliseconds), and the study's Composer."""
     import mlflow.tracking  # noqa: F401
-    import omegaconf  # noqa: F401
 
     import xp.run.experiment  # noqa: F401
-    import xp.studies.study  # noqa: F401
+
+    if not os.environ.get("MLFLOW_TRACKING_URI", "").startswith(("http:", "https:")):
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    return _composer()
 
 
 def _warm(backend: str | None, tracking_uri: str | None) -> None:
