@@ -124,8 +124,11 @@ class Pool:
         if _unplaced:  # started before its slot was known (early): told it now
             proc, channel, env = _unplaced.pop()
             told = {**{k: v for k, v in os.environ.items() if env.get(k) != v}, **self._variables(slot)}
-            channel.send({"op": "slot", "env": told, "unset": [k for k in env if k not in os.environ],
-                          "cwd": os.getcwd()})
+            try:
+                channel.send({"op": "slot", "env": told, "unset": [k for k in env if k not in os.environ],
+                              "cwd": os.getcwd()})
+            except OSError:  # it died meanwhile: _ready says so in one line
+                pass
             return proc, channel, slot
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],

@@ -39,7 +39,10 @@ def main(argv: list[str]) -> int:
         from xp.studies.scheduler import Channel
 
         early = Channel(socket.socket(fileno=int(argv[0])))
-        compose = _before_slot()
+        try:
+            compose = _before_slot()
+        except Exception:  # done again once told its slot, where a failure reaches the scheduler in one line
+            compose = None
         told = early.recv()
         if told is None or told.get("op") != "slot":  # not needed
             os._exit(0)
