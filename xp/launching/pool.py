@@ -130,12 +130,7 @@ class Pool:
             except OSError:  # it died meanwhile: _ready says so in one line
                 pass
             return proc, channel, slot
-        ours, theirs = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
-                                pass_fds=[theirs.fileno()], env={**os.environ, **self._variables(slot)},
-                                stdin=subprocess.DEVNULL)
-        theirs.close()
-        return proc, Channel(ours), slot
+        return (*_local_worker({**os.environ, **self._variables(slot)}), slot)
 
     def _spawn_there(self, slot: Slot) -> tuple[subprocess.Popen, None, Slot]:
         """A worker on another host, through the launcher's transport (xp.launching.remote run: it ends when our
@@ -271,12 +266,17 @@ def early(argv: list[str]) -> None:
     if any(a.startswith(("hydra/launcher", "hydra.launcher", "sweep.scheduler=hydra")) for a in argv) or any(
             a.startswith("launcher=") and a != "launcher=local" for a in argv):
         return  # trials placed by another launcher: no local slot would take it
-    ours, theirs = socket.socketpair()
     env = {k: v for k, v in os.environ.items() if k != SLOT_ENV}
+    _unplaced.append((*_local_worker(env), env))
+
+
+def _local_worker(env: dict[str, str]) -> tuple[subprocess.Popen, Channel]:
+    """A worker process on this machine, and the scheduler's end of its channel."""
+    ours, theirs = socket.socketpair()
     proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
                             pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
     theirs.close()
-    _unplaced.append((proc, Channel(ours), env))
+    return proc, Channel(ours)
 
 
 def discard_early() -> None:
