@@ -37,7 +37,22 @@ class TorchBackend(Backend):
 
     @classmethod
     def warm(cls) -> None:
-        import torch  # noqa: F401
+        """One small training step, so the first trial of a study's worker does not pay what torch brings up at the
+        first step (the optimizer imports torch._dynamo: 0.5-2.4 s), nor, on a slot of one GPU, the CUDA context,
+        cuBLAS and cuDNN. With several GPUs a slot's trials train in torchrun's processes: no context here."""
+        import torch
+
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and torch.cuda.device_count() == 1 else [])
+        for device in devices:
+            net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                      torch.nn.Linear(144, 2)).to(device)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+            loss = torch.nn.functional.cross_entropy(net(torch.randn(2, 1, 8, 8, device=device)),
+                                                     torch.zeros(2, dtype=torch.long, device=device))
+            loss.backward()
+            opt.step()
+        if len(devices) > 1:
+            torch.cuda.synchronize()
 
     @classmethod
     def engine_for(cls, plan: Plan) -> Any:

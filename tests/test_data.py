@@ -25,6 +25,16 @@ def test_digits_split_is_fixed_and_disjoint():
     assert sum(r.tobytes() in train_rows for r in a[2]) < 5  # digits has a few duplicate images, no more
 
 
+def test_digits_read_from_sklearns_file_are_what_its_loader_gives():
+    from sklearn.datasets import load_digits
+
+    datasets._load_digits.cache_clear()
+    images, target = datasets._load_digits()
+    ref = load_digits()
+    assert images.dtype == ref.images.dtype and target.dtype == ref.target.dtype
+    assert np.array_equal(images, ref.images) and np.array_equal(target, ref.target)
+
+
 def test_workers_read_disjoint_shares_of_the_same_global_batch():
     x = np.arange(103, dtype=np.float32)[:, None]
     y = np.zeros(103)
