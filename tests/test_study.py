@@ -357,3 +357,60 @@ def test_a_users_own_config_directory_adds_models_hardware_and_studies(tmp_path,
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = load_trials(tmp_path, "mystudy")
     assert len(trials) == 2 and all(t.state.name == "COMPLETE" and 0.01 <= t.params["lr"] <= 0.1 for t in trials)
+
+
+@pytest.mark.parametrize("overrides, arguments, composed_again", [
+    (["sweep=lr_batch", "epochs=2", "model=lenet", "sweep.n_trials=3"], None, False),
+    (["sweep=lr_batch", "epochs=2", "lr=interval(0.01,0.1)"], ["sweep=lr_batch", "epochs=2"], True),
+])
+def test_the_config_shipped_to_a_studys_workers_is_the_trials_composed_base(monkeypatch, overrides, arguments,
+                                                                          composed_again):
+    """Without a search space on the command line the workers get the config Hydra composed for the sweep (no
+    second composition); with one, a composition of the other overrides. Either way: what compose() gives."""
+    import hydra
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from xp import shipped
+    from xp.studies.sweeper import _base_config
+
+    study.register()
+    arguments = overrides if arguments is None else arguments
+    with initialize_config_dir(str(shipped("conf")), version_base="1.3", job_name="xp"):
+        swept = GlobalHydra.instance().hydra.compose_config("config", overrides, run_mode=RunMode.MULTIRUN)
+        expected = OmegaConf.to_container(compose("config", overrides=arguments))
+        calls = []
+        monkeypatch.setattr(hydra, "compose", lambda *a, **k: calls.append(a) or compose(*a, **k))
+        got = _base_config(swept, arguments, [])
+    assert got == expected and "hydra" not in got
+    assert bool(calls) == composed_again
+
+
+def test_new_sqlite_stores_start_as_copies_of_an_empty_schema_and_work_as_the_libraries_own(tmp_path, monkeypatch):
+    """A new Optuna or MLflow SQLite file is a copy of a template made once per library version in xp's cache;
+    the copy works as a store the library made itself (a study created and told, a run logged), holds nothing of
+    another store, and a template that cannot be made leaves the library to create the schema."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from xp.tracking import stores
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for n in (1, 2):  # the first makes the templates, the second copies them
+        optuna_db, mlflow_db = tmp_path / f"optuna{n}.db", tmp_path / f"mlflow{n}.db"
+        stores.optuna_schema(optuna_db)
+        stores._mlflow_schema(mlflow_db)
+        study = optuna.create_study(study_name=f"s{n}", storage=f"sqlite:///{optuna_db}")
+        study.tell(study.ask(), 1.0)
+        assert [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{optuna_db}")] == [f"s{n}"]
+        client = MlflowClient(f"sqlite:///{mlflow_db}")
+        run = client.create_run(client.create_experiment(f"e{n}"))
+        client.log_metric(run.info.run_id, "m", 1.0)
+        assert [e.name for e in client.search_experiments()] == [f"e{n}", "Default"]
+    assert sorted(p.name for p in (tmp_path / "cache" / "xp").iterdir()) == [
+        f"mlflow-{__import__('mlflow').__version__}-schema.db", f"optuna-{optuna.__version__}-schema.db"]
+    broken = tmp_path / "broken.db"
+    stores.schema_from_template(broken, "nothing", lambda url: 1 / 0)
+    assert not broken.exists() and not list((tmp_path / "cache" / "xp").glob("nothing*"))

@@ -67,17 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     from xp.studies import study
 
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
-    study.register()  # the study files are options of the config group `sweep`
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
+        study.register()  # the study files are options of the config group `sweep`
         return _hydra(argv)
-    _remember_command(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
     study_here = ("-m" in argv or "--multirun" in argv) and any(a.startswith("sweep=") for a in argv)
     try:
         if study_here and not os.environ.get(WORKER_ENV):
             from xp.launching import pool
 
-            pool.early(argv)  # its imports overlap the composing and checking below
+            pool.early(argv)  # first: its imports overlap all that follows (Hydra's own import among it)
+        study.register()
+        _remember_command(argv)
+        signal.signal(signal.SIGTERM, _on_sigterm)
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
         return drive.start(argv, preflight.preflight(argv), _hydra)
     except XPError as e:

@@ -99,12 +99,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
              if s.provider in ("command-line", "hydra.searchpath in command-line", "hydra.searchpath in main")]
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
-    shipped: dict[str, Any] = {}
-    if any(slot.host for slot in pool.slots):  # workers on other hosts get the composed config, not the files
-        from hydra import compose
-        from omegaconf import OmegaConf
-
-        shipped["config"] = OmegaConf.to_container(compose("config", overrides=[*searchpath, *arguments]))
+    shipped = {"config": _base_config(config, arguments, searchpath)}
 
     def ask() -> Any:
         trials, _ = _ask(study, dists, 1)
@@ -142,6 +137,24 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
                           None if spec.multi_objective else spec.objectives[0].direction,
                           mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark))
     return scheduler.run()
+
+
+def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> dict[str, Any]:
+    """The config a study's trials set their parameters on, as the workers get it (on other hosts the user's study
+    file and config folders may not exist; on this one a worker so needs no Hydra of its own). Where the command
+    line held no search space, Hydra composed exactly that for the sweep (less its own node): taken from there, not
+    composed again (0.25 s before the first trial)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_overrides(list(arguments))
+    if list(config.hydra.overrides.task) == list(arguments) and not any(o.is_sweep_override() for o in parsed):
+        base = OmegaConf.to_container(config)
+        base.pop("hydra", None)
+        return base
+    from hydra import compose
+
+    return OmegaConf.to_container(compose("config", overrides=[*searchpath, *arguments]))
 
 
 def _retry(study: Any, spec: StudySpec, trial_id: int) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 from xp.errors import ConfigError, one_line, redact
 from xp.tracking.storefile import first_use
+from xp.tracking.stores import optuna_schema
 from xp.studies.study import FINISHED, StudySpec, spec_from
 
 log = logging.getLogger("xp")
@@ -119,7 +120,7 @@ def open_study(spec: StudySpec) -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_storage(spec.storage)
-    with warnings.catch_warnings(), first_use(spec.storage, "sweep.storage"):  # creating its tables: one at a time
+    with warnings.catch_warnings(), first_use(spec.storage, "sweep.storage", seed=optuna_schema):  # one at a time
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(
             spec.storage, heartbeat_interval=spec.heartbeat_s, grace_period=spec.grace_s,
