@@ -151,6 +151,11 @@ def test_help_is_fast_and_imports_no_framework(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout
     assert "model: lenet, resnet152, resnet18, resnet50" in proc.stdout
+    assert any(line.startswith("sweep: ") and "lr_batch" in line for line in proc.stdout.splitlines())
+    # with a study chosen, the help's config shows the study itself, not only its name
+    chosen = subprocess.run([sys.executable, "-m", "xp", "sweep=lr_batch", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert chosen.returncode == 0 and "study_name: lr_batch" in chosen.stdout, chosen.stderr
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

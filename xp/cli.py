@@ -26,6 +26,7 @@ CONF_DIR = preflight.CONF_DIR
 # Flags Hydra answers without running a job.
 PASSTHROUGH = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
                "--shell-completion", "-sc"}
+HELP = {"--help", "-h", "--hydra-help"}  # flags that compose nothing
 # Hydra flags followed by a value (in the next token unless written flag=value).
 FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--package", "-p",
                     "--cfg", "-c", "--experimental-rerun"}
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
-        study.register()  # the study files are options of the config group `sweep`
+        # the study files are options of the config group `sweep`; the help only lists them
+        study.register(names_only=all(a in HELP for a in argv))
         return _hydra(argv)
     study_here = ("-m" in argv or "--multirun" in argv) and any(a.startswith("sweep=") for a in argv)
     try:

@@ -201,14 +201,19 @@ class StudyConf:
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
 
 
-def register() -> None:
+def register(names_only: bool = False) -> None:
     """Offer every study file as an option of the config group `sweep` (typed by StudyConf). A file that does
-    not fit the schema is offered as it is: selecting it then fails with spec_from's one line."""
+    not fit the schema is offered as it is: selecting it then fails with spec_from's one line. `names_only`:
+    for --help, which lists the options and composes none (Hydra copies the store for each group it lists:
+    the typed studies made --help take 1.5 s)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     store = ConfigStore.instance()
     for path in sorted(SWEEPS_DIR.glob("*.yaml")):
+        if names_only:
+            store.store(group="sweep", name=path.stem, node={"name": path.stem})
+            continue
         try:
             raw = yaml.safe_load(path.read_text()) or {}
             node = OmegaConf.merge(OmegaConf.structured(StudyConf), {**raw, "name": path.stem})
