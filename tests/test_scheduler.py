@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
-from conftest import mlflow_runs, run_xp, wait_for_line, xp_process
+from conftest import ROOT, mlflow_runs, run_xp, wait_for_line, xp_process
 
 TINY = """\
 study_name: tiny
@@ -188,3 +190,15 @@ def test_the_worker_started_before_composing_runs_the_trials_of_a_one_slot_study
     assert len(seen) == 1, seen
     trials = trials_of(tmp_path)
     assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
+
+
+def test_a_worker_without_hydra_resolves_hydras_interpolations_in_a_trials_config():
+    """Local workers set trials on the shipped config without bringing up Hydra; a config that uses one of
+    Hydra's resolvers still resolves (they are registered when first needed), in a fresh interpreter."""
+    code = ("import sys, time; from omegaconf import OmegaConf; from xp.launching.trialworker import _resolved; "
+            "assert 'hydra' not in sys.modules; "
+            "cfg = OmegaConf.create({'run_name': 'x${now:%Y}', 'py': '${python_version:major}', 'epochs': 2}); "
+            "r = _resolved(cfg); assert r == {'run_name': 'x' + time.strftime('%Y'), 'py': str(sys.version_info[0]),"
+            " 'epochs': 2}, r; print('OK')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]

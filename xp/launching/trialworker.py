@@ -112,7 +112,7 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dic
             compose.seed(msg["base"], msg["config"])
         with compose.applied(msg["base"], msg["params"]) as cfg:
             _save_yaml(OmegaConf.to_container(cfg), out / ".hydra" / "config.yaml")
-            config = OmegaConf.to_container(cfg, resolve=True)
+            config = _resolved(cfg)
         _save_yaml(msg["task"], out / ".hydra" / "overrides.yaml")
         result["recycle"] = (config.get("dtype") or {}).get("name", "float32") != "float32"  # AMP patches the process
         spec = spec_from(config["sweep"], msg["sweep"], search=False)
@@ -134,6 +134,21 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dic
         root.removeHandler(handler)
         handler.close()
     return result
+
+
+def _resolved(cfg: Any) -> dict[str, Any]:
+    """The trial's config resolved. A worker that brought up no Hydra of its own has none of Hydra's resolvers
+    (${now:...}, ${python_version:}) until a config uses one: then they are registered, as Hydra does."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import UnsupportedInterpolationType
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except UnsupportedInterpolationType:
+        from hydra.core.utils import setup_globals
+
+        setup_globals()
+        return OmegaConf.to_container(cfg, resolve=True)
 
 
 def _save_yaml(data: Any, path: Path) -> None:
