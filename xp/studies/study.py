@@ -202,10 +202,9 @@ FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
 
 
 def register(names_only: bool = False) -> None:
-    """Offer every study file as an option of the config group `sweep` (typed by StudyConf). A file that does
-    not fit the schema is offered as it is: selecting it then fails with spec_from's one line. `names_only`:
-    for --help, which lists the options and composes none (Hydra copies the store for each group it lists:
-    the typed studies made --help take 1.5 s)."""
+    """Offer every study file as an option of the config group `sweep` (typed by StudyConf; a file that does not
+    fit is offered as it is: selecting it fails with spec_from's one line). `names_only`: for a bare --help, which
+    lists the options (Hydra copies the store for each group it lists: the typed studies cost 0.9 s)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
