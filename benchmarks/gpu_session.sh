@@ -64,10 +64,11 @@ nvidia-smi --query-compute-apps=timestamp,pid,used_memory --format=csv,noheader 
 smi=$!
 for args in "sweep.study_name=gpu_one sweep.n_trials=4" "sweep.study_name=gpu_packed sweep.trials_per_gpu=2 sweep.n_trials=8"; do
     echo "-- python -m xp -m sweep=lr_batch backend=torch gpus=1 epochs=3 $args"
+    log="$OUT/study_$(echo "$args" | cut -d' ' -f1 | cut -d= -f2).log"
     timeout 240 python3 -m xp -m sweep=lr_batch backend=torch gpus=1 epochs=3 $args hydra.sweep.dir="$gs/multirun" \
-        > "$OUT/study_$(echo "$args" | cut -d' ' -f1 | cut -d= -f2).log" 2>&1
+        > "$log" 2>&1
     echo "exit status $?"
-    grep -E "study|trial|slot" "$OUT/study_$(echo "$args" | cut -d' ' -f1 | cut -d= -f2).log" | tail -14
+    grep -E "study|trial|slot" "$log" | tail -14
 done
 kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
 ngpu=$(nvidia-smi -L | wc -l)

@@ -109,11 +109,11 @@ class Composer:
             return cfg.copy()
 
     def seed(self, base: list[str], config: dict[str, Any]) -> None:
-        """`base` composed elsewhere (a remote slot's worker gets it from its scheduler: the user's study file and
-        config folders may exist only on the scheduler's machine)."""
+        """`base` composed by the scheduler (every trial's message carries it; made a DictConfig once)."""
         from omegaconf import OmegaConf
 
-        self.composed.setdefault(tuple(base), OmegaConf.create(config))
+        if tuple(base) not in self.composed:
+            self.composed[tuple(base)] = OmegaConf.create(config)
 
     @contextlib.contextmanager
     def applied(self, base: list[str], params: dict[str, Any] | None = None) -> Iterator[Any]:
