@@ -99,3 +99,19 @@ def test_the_fixture_backend_resumes_from_a_commit_exactly(tmp_path):
     fit(plan, resumed, [], start_epoch=1)
     for k, v in whole.get_params().items():
         np.testing.assert_array_equal(resumed.get_params()[k], v)
+
+
+def test_mxnet_is_imported_without_what_xp_never_uses_and_those_import_after():
+    """xp.mx keeps scikit-learn and scipy.stats out of mxnet's own import (0.6 s of every MXNet process); mxnet
+    falls back for them, and both import as usual afterwards."""
+    import subprocess
+    import sys
+
+    code = ("import sys, xp.mx, mxnet\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn' or m.startswith('scipy.stats')))\n"
+            "print(mxnet.model.BASE_ESTIMATOR.__name__, mxnet.nd.ones((2,)).sum().asscalar())\n"
+            "import scipy.stats, sklearn.base\n"
+            "print(scipy.stats.norm.cdf(0), sklearn.base.BaseEstimator.__name__)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[]", "object 2.0", "0.5 BaseEstimator"]

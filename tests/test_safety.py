@@ -82,6 +82,30 @@ def test_runs_left_running_by_a_dead_process_are_ended_failed(store):
         t.end("FINISHED")
 
 
+def test_a_long_lived_process_looks_its_experiment_up_once_and_again_where_it_is_gone(store):
+    """A study's worker runs trial after trial: the experiment's id is remembered after the first, and a run in an
+    experiment deleted and made again meanwhile still lands in the live one."""
+    first = Tracker(store, "xp", "first")  # tidy, as a worker's first trial: looked up
+    first.start()
+    first.end("FINISHED")
+    calls = []
+    looked_up = first.client.get_experiment_by_name
+    second = Tracker(store, "xp", "second", tidy=False)
+    second.client.get_experiment_by_name = lambda name: calls.append(name) or looked_up(name)
+    second.start()
+    second.end("FINISHED")
+    assert calls == [] and second.experiment_id == first.experiment_id
+    second.client.rename_experiment(first.experiment_id, "xp-old")  # a user cleaning up: the name is free
+    second.client.delete_experiment(first.experiment_id)
+    third = Tracker(store, "xp", "third", tidy=False)
+    third.client.get_experiment_by_name = lambda name: calls.append(name) or looked_up(name)
+    third.start()
+    third.end("FINISHED")
+    assert calls[0] == "xp" and third.experiment_id != first.experiment_id
+    client, runs = mlflow_runs(store)
+    assert [r.info.run_name for r in runs] == ["third"] and runs[0].info.status == "FINISHED"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("override", ["+hydra.callbacks.x._target_=os.getcwd", "+backend._target_=builtins.print",
                                       "+model.net._target_=subprocess.call"])

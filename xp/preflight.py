@@ -119,24 +119,22 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
         _check_added(parsed, known, groups)
         jobs = [[*searchpath, *job] for job in jobs]
         here = not any(o.key_or_group == "hydra/launcher" and "submitit" in str(o.value()) for o in parsed)
-        composer = Composer(compose)
+        # Hydra's own settings go into every composition (they leave the job's config as it is): checked now, or a
+        # sweep fails after its parent run began
+        hydra_overrides = [o.input_line for o in parsed
+                           if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
+        composer = Composer(lambda name, overrides: compose(name, overrides=[*hydra_overrides, *overrides]))
         jobs = _study_jobs(jobs, args.multirun, known, composer, space, here) or [(job, {}) for job in jobs]
         for job, params in jobs:
             try:
                 config = OmegaConf.to_container(composer(job, params), resolve=True)
             except Exception as e:
-                raise _composition_error(e, [*job, *(as_override(k, v) for k, v in params.items())], known) from e
+                raise _composition_error(e, [*job, *(as_override(k, v) for k, v in params.items()), *hydra_overrides],
+                                         known) from e
             plan, _ = plan_and_backend(config)
             if not os.environ.get(WORKER_ENV):  # the launching process's launcher (a worker was launched already)
                 launcher_for(plan)
             configs.append(config)
-        hydra_overrides = [o.input_line for o in parsed
-                           if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
-        if hydra_overrides:  # Hydra's own settings must apply too, or a sweep fails after its parent run began
-            try:
-                compose("config", overrides=[*hydra_overrides, *jobs[0][0]], return_hydra_config=True)
-            except Exception as e:
-                raise _composition_error(e, hydra_overrides, known) from e
     return configs
 
 
@@ -186,10 +184,13 @@ def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) ->
 
     from xp.run.plan import flatten
 
+    import yaml
+
     known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # only the top keys: libyaml's parser, 15x OmegaConf's
     for group in groups:
         for f in (f for d in [CONF_DIR, *dirs] for f in (d / group).glob("*.yaml")):
-            known.update(f"{group}.{k}" for k in OmegaConf.to_container(OmegaConf.load(f)) or {})
+            known.update(f"{group}.{k}" for k in yaml.load(f.read_text(), Loader=loader) or {})
     return sorted(known)
 
 

@@ -25,6 +25,9 @@ log = logging.getLogger("xp")
 MAX_PARAM_LEN = 6000  # MLflow 3's limit on a param value
 # MLflow's UI (3.x) opens an experiment without this tag in its GenAI mode (Traces, Evaluations): xp's are training
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# (store, experiment name) -> id, for the process's life: a study's worker looks it up once, not every trial (8 ms
+# on SQLite); again where creating a run in it fails
+_experiment_ids: dict[tuple[str, str], str] = {}
 
 
 def end_state(error: BaseException | None = None, failed: bool = False) -> str:
@@ -158,15 +161,23 @@ class Tracker:
                                                "xp.host": socket.gethostname()})
             return self.run_id
         try:
-            self.experiment_id = self._experiment_id()
+            key = (self.uri, self.experiment)
+            remembered = not self.tidy and key in _experiment_ids
+            self.experiment_id = _experiment_ids[key] if remembered else self._experiment_id()
             if self.tidy:
                 self.end_orphans()
             tags = {**source_tags(), "xp.host": socket.gethostname(), "xp.pid": str(os.getpid()),
                     "xp.pid_started": f"{started(os.getpid()):.2f}", **self.tags}
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
-            run = self.client.create_run(self.experiment_id, run_name=self.run_name, start_time=self.start_ms,
-                                          tags={k: redact(str(v)) for k, v in tags.items()})
+            try:
+                run = self._create_run(tags)
+            except Exception:
+                if not remembered:
+                    raise
+                self.experiment_id = self._experiment_id()  # the remembered one may be gone: looked up again
+                run = self._create_run(tags)
+            _experiment_ids[key] = self.experiment_id
         except ConfigError:
             raise
         except Exception as e:
@@ -177,6 +188,10 @@ class Tracker:
             self.log(params=self.params)
         _offer_pending(self.uri)
         return self.run_id
+
+    def _create_run(self, tags: dict[str, Any]) -> Any:
+        return self.client.create_run(self.experiment_id, run_name=self.run_name, start_time=self.start_ms,
+                                      tags={k: redact(str(v)) for k, v in tags.items()})
 
     def end_orphans(self) -> list[str]:
         """End FAILED the runs of this experiment left RUNNING by a process of this host that is gone
