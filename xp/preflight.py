@@ -180,11 +180,10 @@ def _jobs(user: list[Any], multirun: bool) -> tuple[list[list[str]], tuple[Any, 
 
 def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) -> list[str]:
     """Every key a config can have: the defaults', and those of every option (dataset.root lives in folder.yaml)."""
+    import yaml
     from omegaconf import OmegaConf
 
     from xp.run.plan import flatten
-
-    import yaml
 
     known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # only the top keys: libyaml's parser, 15x OmegaConf's

@@ -16,8 +16,8 @@ _SKIPPED = ("sklearn", "scipy.stats")
 
 class _LeanMXNetImport(MetaPathFinder):
     """While mxnet itself is being imported, the imports of _SKIPPED fail, as if those were not installed (mxnet
-    provides for that): 0.3 s of every MXNet process's start, a study's every worker. Afterwards they import as
-    usual."""
+    provides for that): `import mxnet` 1.8 s -> 1.1 s here, in every MXNet process xp starts (a study's every
+    worker). Afterwards they import as usual."""
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if any(name == skipped or name.startswith(skipped + ".") for skipped in _SKIPPED):
