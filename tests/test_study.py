@@ -414,3 +414,29 @@ def test_new_sqlite_stores_start_as_copies_of_an_empty_schema_and_work_as_the_li
     broken = tmp_path / "broken.db"
     stores.schema_from_template(broken, "nothing", lambda url: 1 / 0)
     assert not broken.exists() and not list((tmp_path / "cache" / "xp").glob("nothing*"))
+
+
+def test_a_proposal_is_checked_against_one_read_of_the_study_so_a_trial_ending_meanwhile_is_not_missed():
+    """Another sweeper's trial with the same parameters ends while this sweeper checks its proposal: it is seen
+    running (the proposal is dropped) or ended (its result reused), never missed in between (run twice)."""
+    import optuna
+
+    from xp.studies.sweeper import _ask
+
+    dists = {"batch": optuna.distributions.CategoricalDistribution([16, 32])}
+    s = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    s.enqueue_trial({"batch": 16})
+    elsewhere = s.ask(dists)  # running in another sweeper
+    s.enqueue_trial({"batch": 16})  # ... and proposed here too
+    reads = s.get_trials
+
+    def read_then_it_ends(*args, **kwargs):
+        got = reads(*args, **kwargs)
+        if elsewhere.number in [t.number for t in reads(deepcopy=False, states=[optuna.trial.TrialState.RUNNING])]:
+            s.tell(elsewhere, 0.9)  # it ends just after this sweeper's read
+        return got
+
+    s.get_trials = read_then_it_ends
+    trials, reused = _ask(s, dists, 1)
+    assert all(t.params != {"batch": 16} for t in trials), [t.params for t in trials]
+    assert s.trials[1].user_attrs.get("duplicate_of") == 0 or s.trials[1].user_attrs.get("reused_from_trial") == 0

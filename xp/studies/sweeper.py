@@ -192,10 +192,11 @@ def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
         with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
             warnings.simplefilter("ignore", UserWarning)
             t = study.ask(dists)
-        if _reuse_earlier(study, t):  # the same parameters already ran: runs are deterministic
+        same = _same_params(study, t)  # one read: a trial that ends meanwhile is seen running or ended, not missed
+        if _reuse_earlier(study, t, same):  # the same parameters already ran: runs are deterministic
             reused += 1
             continue
-        if _running_already(study, t, duplicates):  # another sweeper (or this one) is running them now
+        if _running_already(study, t, duplicates, same):  # another sweeper (or this one) is running them now
             duplicates += 1
             continue
         trials.append(t)
@@ -220,7 +221,16 @@ DUPLICATE = "duplicate_of"  # user attribute of a proposal dropped because a tri
 MAX_DUPLICATES = 10  # proposals dropped in a row before one is run anyway (a search space smaller than the sweepers)
 
 
-def _running_already(study: Any, trial: Any, dropped: int) -> bool:
+def _same_params(study: Any, trial: Any) -> list[Any]:
+    """The study's other running, waiting or finished trials with `trial`'s parameters."""
+    from optuna.trial import TrialState
+
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+    return [o for o in study.get_trials(deepcopy=False, states=states)
+            if o.number != trial.number and o.params == trial.params]
+
+
+def _running_already(study: Any, trial: Any, dropped: int, same: list[Any]) -> bool:
     """Drop `trial` (FAIL, marked duplicate_of, not counted towards the budget) if a trial in flight has the same
     parameters: sweepers sharing a study must not run one parameter set twice at once (their per-trial seeds make
     that rare in continuous spaces, not in small discrete ones). After MAX_DUPLICATES drops in a row it runs."""
@@ -228,8 +238,8 @@ def _running_already(study: Any, trial: Any, dropped: int) -> bool:
 
     if dropped >= MAX_DUPLICATES:
         return False
-    for other in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-        if other.number != trial.number and other.params == trial.params:
+    for other in same:
+        if other.state in (TrialState.RUNNING, TrialState.WAITING):
             trial.set_user_attr(DUPLICATE, other.number)
             study.tell(trial, state=TrialState.FAIL)
             log.info(f"trial {trial.number}: the same parameters as trial {other.number}, which is running: "
@@ -238,7 +248,7 @@ def _running_already(study: Any, trial: Any, dropped: int) -> bool:
     return False
 
 
-def _reuse_earlier(study: Any, trial: Any) -> bool:
+def _reuse_earlier(study: Any, trial: Any, same: list[Any]) -> bool:
     """Tell `trial` the outcome of a finished trial with the same parameters, if there is one.
 
     An xp run is a function of its config (fixed seed, data order, initial weights), so
@@ -246,8 +256,8 @@ def _reuse_earlier(study: Any, trial: Any) -> bool:
     """
     from optuna.trial import TrialState
 
-    for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if old.params == trial.params:
+    for old in same:
+        if old.state in (TrialState.COMPLETE, TrialState.PRUNED):
             trial.set_user_attr("reused_from_trial", old.number)
             if old.state == TrialState.COMPLETE:
                 study.tell(trial, old.values)
