@@ -27,5 +27,4 @@ class _LeanMXNetImport(MetaPathFinder):
         return None
 
 
-if not any(isinstance(f, _LeanMXNetImport) for f in sys.meta_path):
-    sys.meta_path.insert(0, _LeanMXNetImport())
+sys.meta_path.insert(0, _LeanMXNetImport())  # once: this runs at the package's first import
