@@ -82,6 +82,61 @@ def test_runs_left_running_by_a_dead_process_are_ended_failed(store):
         t.end("FINISHED")
 
 
+def test_a_run_ended_without_waiting_reaches_the_store_when_settled(store, tmp_path):
+    """A study's worker ends a trial's run and starts the next while the store takes the first one's records."""
+    import threading
+
+    from xp.tracking.spool import settle
+
+    t = Tracker(store, "xp", "trial", spool_dir=tmp_path / "spool", settle_later=True)
+    t.start()
+    t.log_metrics({"val_accuracy": 0.5}, step=1)
+    go, terminate = threading.Event(), t.client.set_terminated
+    t.client.set_terminated = lambda *a, **k: go.wait(30) and terminate(*a, **k)  # the store is slow to end it
+    t.end("FINISHED")  # returns with its end on the way
+    assert t.client.get_run(t.run_id).info.status == "RUNNING" and (tmp_path / "spool").is_dir()
+    t.end("FAILED")  # ended already: nothing more is put
+    threading.Timer(0.2, go.set).start()
+    settle()  # waits for it
+    run = t.client.get_run(t.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics == {"val_accuracy": 0.5}
+    assert not (tmp_path / "spool").exists()
+
+
+def test_an_ended_run_whose_records_a_killed_process_left_is_delivered_not_failed(store, tmp_path):
+    """A worker killed while its last trial's records were on their way: the next start on the store delivers
+    them (the run ends as it ended, with its metrics) instead of ending it FAILED."""
+    import json
+
+    from xp.tracking.spool import RUN, settle
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    t = Tracker(store, "xp", "trial", spool_dir=tmp_path / "spool", settle_later=True)
+    t.start()
+    t.client.set_tag(t.run_id, "xp.pid", str(gone.pid))  # as if that process had started it ...
+    t.client.set_tag(t.run_id, "xp.pid_started", "12345.00")
+    client, folder = t.client, t._spool.folder
+
+    def away():
+        raise OSError("the store does not answer")
+
+    t._spool.client = away  # ... and died with its last records undelivered
+    t.log_metrics({"val_accuracy": 0.75}, step=2)
+    t.end("FINISHED")
+    settle(0)
+    meta = json.loads((folder / RUN).read_text())
+    (folder / RUN).write_text(json.dumps({**meta, "pid": gone.pid, "started": 12345.0}))
+    assert client.get_run(t.run_id).info.status == "RUNNING"
+
+    nxt = Tracker(store, "xp", "next")
+    nxt.start()  # ends the runs of gone processes
+    nxt.end("FINISHED")
+    run = client.get_run(t.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics == {"val_accuracy": 0.75}
+    assert "xp.ended_by" not in run.data.tags and not folder.exists()
+
+
 def test_a_long_lived_process_looks_its_experiment_up_once_and_again_where_it_is_gone(store):
     """A study's worker runs trial after trial: the experiment's id is remembered after the first, and a run in an
     experiment deleted and made again meanwhile still lands in the live one."""

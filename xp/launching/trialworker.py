@@ -27,6 +27,7 @@ BACKEND_ENV = "XP_SLOT_BACKEND"  # the backend whose frameworks it imports befor
 TRACKING_ENV = "XP_SLOT_TRACKING"  # the tracking store it opens before its first trial
 CONNECT_ENV = "XP_SLOT_CONNECT"  # on another host: HOST:PORT where the scheduler waits for it
 TOKEN_ENV = "XP_SLOT_TOKEN"  # ... and the secret that names its slot there
+SETTLE_S = 8.0  # how long a leaving worker waits for the store to take its trials' records (the pool waits 10 s)
 
 
 def main(argv: list[str]) -> int:
@@ -70,21 +71,27 @@ def main(argv: list[str]) -> int:
         channel.send({"op": "error", "error": f"{type(e).__name__}: {e}"})
         return 1
     _logging(quiet=_quiet())
+    from xp.tracking.spool import settle
+
     channel.send({"op": "ready", "pid": os.getpid()})
     first = True
-    while True:
-        msg = channel.recv()
-        if msg is None or msg["op"] == "exit":  # idle: nothing of a trial is left to finish
-            logging.shutdown()
-            sys.stdout.flush()
-            os._exit(0)  # without the interpreter's and the frameworks' teardown (most of a second)
-        result = run_trial({**msg, "first": first}, channel, compose, slot)
-        first = False
-        channel.send(result)
-        if result.get("recycle"):
-            return 0
-        gc.collect()  # what the trial held goes before the next one starts (while the scheduler tells and asks)
-        gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
+    try:
+        while True:
+            msg = channel.recv()
+            if msg is None or msg["op"] == "exit":  # idle: nothing of a trial is left to finish but its records
+                settle(SETTLE_S)
+                logging.shutdown()
+                sys.stdout.flush()
+                os._exit(0)  # without the interpreter's and the frameworks' teardown (most of a second)
+            result = run_trial({**msg, "first": first}, channel, compose, slot)
+            first = False
+            channel.send(result)  # its records may still be on their way to the store: they go while the next runs
+            if result.get("recycle"):
+                return 0
+            gc.collect()  # what the trial held goes before the next one starts
+            gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
+    finally:  # recycled, or SIGTERM: the records of its trials reach the store before it goes
+        settle(SETTLE_S)
 
 
 def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dict[str, Any]:
@@ -119,7 +126,7 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dic
         trial = SlotTrial(channel, msg["number"], msg["params"], msg["study"])
         job = JobInfo(overrides=msg["task"], output_dir=out, log_file=out / "xp.log", parent_run_id=msg["parent"],
                       cwd=Path.cwd(), trial=(trial, spec), tags={**slot.tags(), "xp.cores": _cores()},
-                      tidy=msg.get("first", True), started_ms=started_ms)
+                      tidy=msg.get("first", True), started_ms=started_ms, settle_later=True)
         outcome = run(config, job)
         result.update(state=outcome.state, values=outcome.values)
     except XPError as e:

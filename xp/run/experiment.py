@@ -50,6 +50,7 @@ class JobInfo:
     # before its first trial only (its later trials would find what its first found, less what it ended)
     tidy: bool = True
     started_ms: int | None = None  # when the job began, if before its run opens (a trial: when its worker took it)
+    settle_later: bool = False  # its run's end does not wait for the store to take its records (a study's worker)
 
 
 @dataclass

@@ -60,7 +60,7 @@ def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, tr
     tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
     tracker = tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id,
                           tags=tags, attach_run_id=job.run_id, reopen_run_id=reopen, spool_dir=spool, params=params,
-                          tidy=job.tidy, start_ms=job.started_ms)
+                          tidy=job.tidy, start_ms=job.started_ms, settle_later=job.settle_later)
     kept = [(job.output_dir / ".hydra" / f, "hydra") for f in ("config.yaml", "overrides.yaml")
             if job.output_dir is not None] + ([(job.log_file, None)] if job.log_file is not None else [])
     for path, dest in kept:

@@ -131,7 +131,8 @@ class Spool:
 
     @property
     def closed(self) -> bool:
-        return self._file.closed
+        """The run has ended: it takes no more records."""
+        return self._closing or self._file.closed
 
     def ends(self) -> bool:
         """Whether the records still to deliver end the run (a run whose process died has no end record)."""
@@ -141,6 +142,26 @@ class Spool:
     def left(self) -> int:
         with self._lock:
             return len(self._queue)
+
+    def end(self, later: bool = False) -> None:
+        """Every record of the run is here. Wait (FLUSH_S at most) for the store to take them; or, `later`, let
+        the drain go on while this process does more (a study's worker starts its next trial): settle() waits
+        for it, as the next run's end does and the process must before it exits. A killed process's records
+        stay in the spool, which the next start on the store delivers when it ends the run (Tracker.end_orphans).
+        Records the store did not take in time: one line says where they wait."""
+        settle()
+        if not later:
+            self._settled(FLUSH_S)
+            return
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+        _unsettled.append(self)
+
+    def _settled(self, timeout_s: float) -> None:
+        if not self.close(timeout_s):
+            log.warning("tracking store %s did not answer: %d records of run %s wait in %s; deliver them with: "
+                        "python -m xp.sync", redact(self.uri), self.left(), self.run_id, self.folder)
 
     def close(self, timeout_s: float = FLUSH_S) -> bool:
         """Wait (at most timeout_s) for the store to take every record; True if it did. The spool folder goes
@@ -230,6 +251,19 @@ class Spool:
             params = [Param(k, v) for r in records for k, v in r.get("params", [])]
             tags = [RunTag(k, v) for r in records for k, v in r.get("tags", [])]
             client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
+
+
+_unsettled: list[Spool] = []  # runs ended with end(later=True), in order: their drains may still be delivering
+
+
+def settle(timeout_s: float = FLUSH_S, away_only: bool = False) -> None:
+    """Wait (timeout_s at most, in all) for the stores to take the records of the runs ended with end(later=True);
+    away_only: only if one of those stores is away (the next run would not start either)."""
+    if away_only and all(s.away_since is None for s in _unsettled):
+        return
+    deadline = time.monotonic() + timeout_s
+    while _unsettled:
+        _unsettled.pop(0)._settled(max(0.0, deadline - time.monotonic()))
 
 
 def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,12 +10,15 @@ Exit 0 when everything was delivered, 1 when a store is still away (its spool is
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
 
 from xp.errors import one_line, redact
 from xp.tracking.spool import RUN, Spool, pending, same_process
+
+log = logging.getLogger("xp")
 
 WAIT_S = 30.0  # how long one spool's store may stay away before sync gives up on it
 
@@ -61,6 +64,17 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
     if done:
         return True, f"delivered {n} records of run {spool.run_id} to {uri}"
     return False, f"{uri} is still away: {left} of {n} records of run {spool.run_id} wait in {folder}"
+
+
+def deliver_left(uri: str, run_id: str, wait_s: float = WAIT_S) -> bool:
+    """Deliver what gone processes left in spools of run `run_id` (a line each); True if they left any. Before a
+    process writes to a run again (resumed, attached) or ends a gone process's run: its history stays whole and
+    in order, and a run that had ended keeps its end."""
+    folders = [f for f in pending(uri) if f.name.startswith(run_id + "-")]
+    for folder in folders:
+        delivered, line = deliver(folder, wait_s)
+        (log.info if delivered else log.warning)(line)
+    return bool(folders)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,10 +76,12 @@ class Tracker:
     def __init__(self, uri: str, experiment: str, run_name: str, parent_run_id: str | None = None,
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
                  reopen_run_id: str | None = None, spool_dir: str | Path | None = None,
-                 params: dict[str, Any] | None = None, tidy: bool = True, start_ms: int | None = None):
+                 params: dict[str, Any] | None = None, tidy: bool = True, start_ms: int | None = None,
+                 settle_later: bool = False):
         self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
         self.tidy = tidy  # end the runs that gone processes of this host left RUNNING (end_orphans) as it starts
         self.start_ms = start_ms  # when the run began, if before it is created (a trial: when its worker took it)
+        self.settle_later = settle_later  # its end does not wait for the store to take its records (Spool.end)
         self.params = dict(params or {})  # logged with the run's start, in the batch of its first tags
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
         self._spool: Any = None
@@ -132,34 +134,26 @@ class Tracker:
         self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
         self._spool = Spool(base / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id, lambda: self.client)
 
-    def _deliver_earlier(self) -> None:
-        """Records of this run that a killed process left in its spool go to the store before this process
-        writes any: a resumed run's history stays whole and in order (its last epochs were committed, but their
-        metrics may not have been delivered when the process died)."""
-        from xp.tracking.spool import pending
-        from xp.tracking.sync import deliver
-
-        for folder in pending(self.uri):
-            if folder.name.startswith(self.run_id + "-"):
-                delivered, line = deliver(folder)
-                (log.info if delivered else log.warning)(line)
-
     def start(self) -> str:
+        from xp.tracking.spool import settle
+        from xp.tracking.sync import deliver_left
+
         if self.attach_run_id:
             self.run_id = self.attach_run_id
-            self._deliver_earlier()
+            deliver_left(self.uri, self.run_id)  # what a killed process left of it goes first
             self._open_spool()
             self.log(params=self.params, tags=self.tags)
             return self.run_id
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status="RUNNING")
-            self._deliver_earlier()
+            deliver_left(self.uri, self.run_id)  # what a killed process left of it goes first
             self._open_spool()
             self.log(params=self.params, tags={**self.tags, "xp.pid": str(os.getpid()), "xp.resumed": "true",
                                                "xp.pid_started": f"{started(os.getpid()):.2f}",
                                                "xp.host": socket.gethostname()})
             return self.run_id
+        settle(away_only=True)  # a run before it in this process whose store went away: its end waits first
         try:
             key = (self.uri, self.experiment)
             remembered = not self.tidy and key in _experiment_ids
@@ -196,6 +190,8 @@ class Tracker:
     def end_orphans(self) -> list[str]:
         """End FAILED the runs of this experiment left RUNNING by a process of this host that is gone
         (SIGKILL, out of memory). A run whose process still lives, or of another host, is not touched."""
+        from xp.tracking.sync import deliver_left
+
         host, ended = socket.gethostname(), []
         try:
             runs = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
@@ -208,6 +204,9 @@ class Tracker:
             pid, started_at = int(tags["xp.pid"]), tags.get("xp.pid_started")
             if same_process(pid, started_at):
                 continue  # its process lives (the same one: the start time matches)
+            if deliver_left(self.uri, run.info.run_id, 5.0) and self.client.get_run(run.info.run_id).info.status != \
+                    "RUNNING":
+                continue  # it had ended: its end waited in its spool (a worker killed while its last trial's went)
             self.client.set_tag(run.info.run_id, "xp.ended_by", f"xp: process {pid} on {host} was gone")
             self.client.set_terminated(run.info.run_id, "FAILED")
             log.warning("ended MLflow run %s FAILED: it was left RUNNING by process %d, which is gone",
@@ -257,7 +256,7 @@ class Tracker:
 
     def end(self, status: str) -> None:
         """Spool the artifacts (copied, passwords hidden) and the end state, then wait a bounded time for the
-        store to take everything; if it is away, one line says where the records wait."""
+        store to take everything (settle_later: Spool.end); if it is away, one line says where records wait."""
         import time
 
         if self.run_id is None or self._spool is None or self._spool.closed:
@@ -273,10 +272,7 @@ class Tracker:
                     log.warning("could not keep %s for MLflow: %s", path, one_line(e))
         if not self.attach_run_id:
             self._spool.put("end", status=status, time=int(time.time() * 1000))
-        left = self._spool.left()
-        if not self._spool.close():
-            log.warning("tracking store %s did not answer: %d records of run %s wait in %s; deliver them "
-                        "with: python -m xp.sync", redact(self.uri), left, self.run_id, self._spool.folder)
+        self._spool.end(later=self.settle_later)
 
     def __enter__(self) -> Tracker:
         self.start()
