@@ -5,14 +5,17 @@
    Gluon loop with the same space, pruner and network in one process (benchmarks/bare_study.py), whole
    processes, interleaved. Targets: xp at most 1.3x the bare loop; per trial (the slope between the two
    budgets: what one more trial costs, start-up left out) within 0.15 s of it.
-2. Slots kept busy: a study with pruning on 2 CPU slots, kept in flight by xp's scheduler, against the same
-   study launched in batches of 2 through Hydra's joblib launcher (sweep.scheduler=hydra, how xp ran studies
-   before), and against 1 slot. Busy slot-seconds / (slots x wall time after the first trial starts), from
-   the trials' MLflow runs. Targets: >= 0.95; the 2-slot study reaches the 1-slot study's best value in at
-   most 0.6 of its wall time.
+2. Slots kept busy: a study with pruning (40 trials of LeNet, 6 epochs, random sampler) on 2 CPU slots, kept
+   in flight by xp's scheduler, against the same study launched in batches of 2 through Hydra's joblib
+   launcher (sweep.scheduler=hydra, how xp ran studies before), and against 1 slot. Busy slot-seconds /
+   (slots x wall time after the first trial starts), from the trials' MLflow runs. Targets: >= 0.95; the
+   2-slot study reaches the 1-slot study's best value in at most 0.6 of its wall time. Beside it, what this
+   machine allows: how much faster two bare Gluon processes, one per core, train the same fixed trials than
+   one process on both cores (benchmarks/slot_ceiling.py), and so how early 2 slots could reach that best.
 3. `python -m xp --help`, whole process, median of --reps (at least 5) runs. Target: under 1 s.
 
     .venv/bin/python benchmarks/study_scheduler.py [--trials 10 30] [--reps 3] [--skip-cost] [--skip-busy]
+                                                   [--busy-trials 40]
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BUSY_STUDY = ["sweep=lr_batch", "sweep.sampler=random", "sweep.n_trials=16", "epochs=6",
-              "sweep.pruner_options.n_startup_trials=2", "sweep.pruner_options.n_warmup_steps=1"]
+BUSY_STUDY = ["sweep=lr_batch", "sweep.sampler=random", "epochs=6", "sweep.pruner_options.n_startup_trials=2",
+              "sweep.pruner_options.n_warmup_steps=1"]  # and sweep.n_trials=--busy-trials
 
 
 def timed(cmd: list[str], env: dict[str, str], out: list | None = None) -> float:
@@ -105,12 +108,13 @@ def busy_study(*extra: str) -> dict:
             "scheduler_busy": int(own.group(1)) / 100 if own else None}
 
 
-def busy(reps: int) -> dict:
+def busy(reps: int, trials: int) -> dict:
     rows: dict[str, list[dict]] = {"1 slot": [], "2 slots, xp's scheduler": [], "2 slots, batches (joblib)": []}
+    n = f"sweep.n_trials={trials}"
     for _ in range(reps):
-        rows["1 slot"].append(busy_study("sweep.parallel=1"))
-        rows["2 slots, xp's scheduler"].append(busy_study("sweep.parallel=2"))
-        rows["2 slots, batches (joblib)"].append(busy_study("sweep.parallel=2", "sweep.scheduler=hydra",
+        rows["1 slot"].append(busy_study(n, "sweep.parallel=1"))
+        rows["2 slots, xp's scheduler"].append(busy_study(n, "sweep.parallel=2"))
+        rows["2 slots, batches (joblib)"].append(busy_study(n, "sweep.parallel=2", "sweep.scheduler=hydra",
                                                              "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"))
     out = {}
     for name, runs in rows.items():
@@ -130,7 +134,29 @@ def busy(reps: int) -> dict:
     out["time_to_best_share"] = statistics.median(shares)
     print(f"2 slots reach the 1-slot study's best value in {out['time_to_best_share']:.2f} of its time "
           "(target <= 0.6)", flush=True)
+    at_best = statistics.median((next(t for t, v in a["completed"] if v >= a["best"]) - a["first_ms"]) / 1000
+                                / a["span_s"] for a in one)  # when the 1-slot study found its best
+    out["ceiling"] = ceiling(reps)
+    out["time_to_best_bound"] = at_best / out["ceiling"]
+    print(f"  this machine: two bare processes, one per core, train the same trials {out['ceiling']:.2f}x as fast as "
+          f"one on both cores; the 1-slot study found its best at {at_best:.2f} of its time, so 2 slots with no "
+          f"cost at all and the same trials would reach it at about {out['time_to_best_bound']:.2f}", flush=True)
     return out
+
+
+def ceiling(reps: int) -> float:
+    """How much faster two slots can train than one on this machine: benchmarks/slot_ceiling.py (median)."""
+    script, ratios = [sys.executable, str(ROOT / "benchmarks" / "slot_ceiling.py")], []
+    cores = sorted(os.sched_getaffinity(0))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "benchmarks"))
+    for _ in range(reps):
+        one = float(subprocess.run([*script, ",".join(map(str, cores)), "all"], env=env, capture_output=True,
+                                   text=True, timeout=600, check=True).stdout)
+        halves = [subprocess.Popen([*script, str(c), f"{i}/2"], env=env, stdout=subprocess.PIPE, text=True)
+                  for i, c in enumerate(cores[:2])]
+        two = max(float(p.communicate(timeout=600)[0]) for p in halves)
+        ratios.append(one / two)
+    return statistics.median(ratios)
 
 
 def help_time(reps: int) -> float:
@@ -148,12 +174,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--skip-busy", action="store_true")
+    ap.add_argument("--busy-trials", type=int, default=40, help="the busy study's budget (its last trial runs "
+                    "alone: with 16 short trials, that tail is 4%% of the slot time)")
     args = ap.parse_args()
     result = {}
     if not args.skip_cost:
         result["cost"] = cost(args.trials, args.reps)
     if not args.skip_busy:
-        result["busy"] = busy(args.reps)
+        result["busy"] = busy(args.reps, args.busy_trials)
     result["help_s"] = help_time(args.reps)
     out = ROOT / "benchmarks" / "results" / "study_scheduler.json"
     out.parent.mkdir(exist_ok=True)

@@ -202,3 +202,55 @@ def test_a_worker_without_hydra_resolves_hydras_interpolations_in_a_trials_confi
             " 'epochs': 2}, r; print('OK')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
+    """Slot 0 runs a long trial while slot 1 runs short ones: the trials asked meanwhile all go to slot 1, in
+    order, and none waits behind the long trial (the scheduler holds the next trials, not a slot)."""
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    from xp.studies.scheduler import Channel, Scheduler
+
+    started: list[tuple[int, int]] = []  # (slot, trial number), in the order the trials were sent
+
+    def worker(sock: socket.socket) -> None:
+        ch = Channel(sock)
+        while (msg := ch.recv(timeout=30)) is not None and msg["op"] == "trial":
+            time.sleep(0.6 if msg["number"] == 0 else 0.02)
+            ch.send({"op": "done", "state": "COMPLETE", "values": [float(msg["number"])]})
+
+    class Worker:
+        def __init__(self, slot: int):
+            ours, theirs = socket.socketpair()
+            self.channel, self.finished, self.slot = Channel(ours), 0, slot
+            self.thread = threading.Thread(target=worker, args=(theirs,), daemon=True)
+            self.thread.start()
+
+        def fileno(self) -> int:
+            return self.channel.fileno()
+
+        def send(self, msg: dict) -> None:
+            started.append((self.slot, msg["number"])) if msg["op"] == "trial" else None
+            self.channel.send(msg)
+
+        def pending(self):
+            return self.channel.pending()
+
+    pool = SimpleNamespace(workers=[Worker(0), Worker(1)])
+    numbers, told = iter(range(12)), []
+    storage = SimpleNamespace()  # keeps no heartbeats
+    scheduler = Scheduler(pool, ask=lambda: SimpleNamespace(number=next(numbers),
+                                                            study=SimpleNamespace(_storage=storage)),
+                          remaining=lambda: 12 - scheduler.jobs,
+                          job_of=lambda t, job: {"op": "trial", "number": t.number},
+                          tell=lambda t, msg: told.append(t.number) or "COMPLETE", lost=lambda t, why: None,
+                          heartbeat_s=60.0)
+    tally = scheduler.run()
+    for w in pool.workers:
+        w.send({"op": "exit"})
+        w.thread.join(timeout=30)
+    assert tally.states["COMPLETE"] == 12 and sorted(told) == list(range(12))
+    assert [n for _, n in started] == list(range(12))  # started in the order asked
+    assert [s for s, n in started if n > 0 and n < 10] == [1] * 9  # slot 0 held nothing while its long trial ran

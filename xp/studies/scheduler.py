@@ -123,10 +123,11 @@ class Scheduler:
     `tell(trial, result)` records how it ended, `lost(trial, why)` a trial whose worker died, `mark(trial)` who
     runs it.
 
-    Each worker holds its next trial while it runs one (`queued`): it starts it the moment it reports the one
-    before, without waiting for the scheduler to tell, ask and send (tens of ms a trial; with short pruned
-    trials, a tenth of a slot's time). The sampler proposes it without the result of the trial running before
-    it on that slot, as it does for the trials of the other slots."""
+    The scheduler holds the next trials asked (`ready`, one per slot) while every slot runs one: the first slot
+    to free starts the oldest the moment it reports, without waiting for the scheduler to tell and ask (tens of
+    ms a trial; with short pruned trials, a tenth of a slot's time), also when several free at once. Trials start
+    in the order they were asked, on whichever slot frees first: none waits behind a long trial while another
+    slot is free. The sampler proposes each without the results of the trials in flight when it was asked."""
 
     def __init__(self, pool: Any, ask: Callable[[], Any], remaining: Callable[[], int],
                  job_of: Callable[[Any, int], dict[str, Any]], tell: Callable[[Any, dict[str, Any]], str],
@@ -135,7 +136,7 @@ class Scheduler:
         self.pool, self.ask, self.remaining, self.job_of, self.mark = pool, ask, remaining, job_of, mark
         self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
         self.flights: dict[Any, Flight] = {}  # worker -> the trial it runs
-        self.queued: dict[Any, Flight] = {}  # worker -> the trial it was sent to run next
+        self.ready: collections.deque[Flight] = collections.deque()  # the next trials, asked and not sent yet
         self.ended: list[tuple[Flight, dict[str, Any], str]] = []  # trials told, not yet counted
         self.jobs = 0
         self.left = 0  # trials the budget has left, as last asked
@@ -162,28 +163,27 @@ class Scheduler:
                     self._count(*self.ended.pop(0))
                 if time.monotonic() >= beat + self.heartbeat_s:
                     beat = time.monotonic()
-                    _beat([f.trial for f in [*self.flights.values(), *self.queued.values()]])
+                    _beat([f.trial for f in [*self.flights.values(), *self.ready]])
         finally:
             selector.close()
 
     def _fill(self, idle: list[Any]) -> list[Any]:
-        """Give every idle worker a trial, then every busy one its next, while the budget lasts (an asked trial
-        that reused an earlier result is told at once, and the budget shrinks). The trial goes out first; its
-        bookkeeping is written while the worker starts it."""
+        """Give every idle worker a trial, then hold one ready for each, while the budget lasts (an asked trial
+        that reused an earlier result is told at once, and the budget shrinks)."""
         while idle:
-            flight = self._send(idle[0])
+            flight = self.ready.popleft() if self.ready else self._next()
             if flight is None:
                 break
-            self.flights[idle.pop(0)] = flight
-        for worker in [w for w in self.flights if w not in self.queued]:
-            flight = self._send(worker)
+            self._start(idle.pop(0), flight)
+        while self.flights and len(self.ready) < len(self.pool.workers):
+            flight = self._next()
             if flight is None:
                 break
-            self.queued[worker] = flight
+            self.ready.append(flight)
         return idle
 
-    def _send(self, worker: Any) -> Flight | None:
-        """The next trial, sent to `worker`; None when the budget is spent."""
+    def _next(self) -> Flight | None:
+        """The next trial asked, with its worker's message; None when the budget is spent."""
         while True:
             self.left = self.remaining()
             if self.left <= 0:
@@ -192,14 +192,16 @@ class Scheduler:
             if trial is not None:
                 break
         self.jobs += 1
-        message = self.job_of(trial, self.jobs - 1)
-        worker.send(message)
-        now = time.monotonic()
         self.mark(trial)
         _beat([trial])  # alive from the start: a later sweeper does not take it for a lost one
+        return Flight(trial, 0.0, self.jobs - 1, self.job_of(trial, self.jobs - 1))
+
+    def _start(self, worker: Any, flight: Flight) -> None:
+        worker.send(flight.message)
+        flight.started = time.monotonic()
+        self.flights[worker] = flight
         if self.tally.first is None:
-            self.tally.first = now
-        return Flight(trial, now, self.jobs - 1, message)
+            self.tally.first = flight.started
 
     def _serve(self, worker: Any, selector: Any) -> list[Any]:
         """Answer a worker's messages; returns it when it is free again (or its replacement)."""
@@ -208,11 +210,10 @@ class Scheduler:
         if messages is None:  # the worker died: its trials are lost and retried, a new worker takes the slot
             selector.unregister(worker)
             why = worker.ended()
-            for gone in (self.flights.pop(worker, None), self.queued.pop(worker, None)):
-                if gone is not None:
-                    self.tally.busy_s += time.monotonic() - gone.started if gone is flight else 0.0
-                    self.lost(gone.trial, why)
-                    self.tally.states["FAIL"] += 1
+            if self.flights.pop(worker, None) is not None:
+                self.tally.busy_s += time.monotonic() - flight.started
+                self.lost(flight.trial, why)
+                self.tally.states["FAIL"] += 1
             fresh = self.pool.replace(worker)
             selector.register(fresh, selectors.EVENT_READ)
             return [fresh]
@@ -227,23 +228,19 @@ class Scheduler:
                 flight.trial.set_user_attr(msg["key"], msg["value"])
             elif op == "done":
                 worker.finished += 1
-                now = time.monotonic()
                 del self.flights[worker]
-                self.tally.busy_s += now - flight.started
-                nxt = self.queued.pop(worker, None)
+                self.tally.busy_s += time.monotonic() - flight.started
                 if msg.get("recycle"):  # it ran something that changes its process for good (mixed precision)
                     selector.unregister(worker)
                     self.pool.retire(worker)
                     worker = self.pool.replace(worker)
                     selector.register(worker, selectors.EVENT_READ)
-                    if nxt is not None:
-                        worker.send(nxt.message)
-                if nxt is not None:  # its worker has started it already
-                    nxt.started = now
-                    self.flights[worker] = nxt
-                self.ended.append((flight, msg, self.tell(flight.trial, msg)))  # counted once the slot is refilled
-                if nxt is None:
+                nxt = self.ready.popleft() if self.ready else None
+                if nxt is not None:  # the trial held ready starts at once; the scheduler tells and asks meanwhile
+                    self._start(worker, nxt)
+                else:
                     free.append(worker)
+                self.ended.append((flight, msg, self.tell(flight.trial, msg)))  # counted once the slot is refilled
                 flight = nxt
         return free
 
@@ -264,7 +261,7 @@ class Scheduler:
             t.best = value
         done = sum(t.states.values())
         elapsed = time.monotonic() - t.started
-        left = self.left + len(self.flights) + len(self.queued)
+        left = self.left + len(self.flights) + len(self.ready)
         eta = f", about {elapsed / done * left / max(1, len(self.pool.workers)):.0f} s left" if left and done else ""
         error = f": {msg['error']}" if msg.get("error") else ""
         print(f"study: trial {flight.trial.number} {state.lower()}{error} after "
