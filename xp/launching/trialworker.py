@@ -71,9 +71,14 @@ def main(argv: list[str]) -> int:
         channel.send({"op": "error", "error": f"{type(e).__name__}: {e}"})
         return 1
     _logging(quiet=_quiet())
+    channel.send({"op": "ready", "pid": os.getpid()})
+    return _trials(channel, compose, slot)
+
+
+def _trials(channel: Any, compose: Any, slot: Any) -> int:
+    """Trial after trial, as the scheduler sends them, until it says exit (or the trial changed the process)."""
     from xp.tracking.spool import settle
 
-    channel.send({"op": "ready", "pid": os.getpid()})
     first = True
     try:
         while True:
