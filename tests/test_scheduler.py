@@ -73,7 +73,9 @@ def test_every_core_is_a_slot_and_each_trial_is_pinned_to_its_own(tmp_path, stor
 @pytest.mark.slow
 def test_four_slots_share_one_sqlite_study_and_a_killed_worker_is_replaced(tmp_path, store):
     """40 short trials on 4 slots: no "database is locked", every trial once, none left RUNNING; a worker
-    SIGKILLed loses the trial it runs and the one it holds next, both retried, and its slot gets a new worker."""
+    SIGKILLed loses the trial it runs (retried; the next trials wait in the scheduler, not in a worker), its slot
+    gets a new worker, and the runs of the trials it finished end FINISHED (their last records may still have been
+    on their way: the next start on the store delivers them)."""
     env = study_env(tmp_path, 40)
     with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=1", "sweep.parallel=4", env=env) as proc:
         wait_for_line(proc, "study: trial 3 ", timeout=300)
@@ -86,7 +88,7 @@ def test_four_slots_share_one_sqlite_study_and_a_killed_worker_is_replaced(tmp_p
     counted = [t for t in trials if t.state.name == "COMPLETE"]
     assert len(counted) == 40 and not [t for t in trials if t.state.name == "RUNNING"]
     lost = [t for t in trials if t.state.name == "FAIL"]
-    assert 1 <= len(lost) <= 2  # the trial it ran and the one it held next (none was done when it was killed)
+    assert len(lost) == 1  # the trial it ran (or the one it was sent as it reported the one before)
     assert "lost its worker (killed by SIGKILL): retried with the same parameters" in out + err
     for gone in lost:  # each retried with its parameters
         assert any(t.params == gone.params and t.system_attrs.get("failed_trial") == gone.number for t in counted)
