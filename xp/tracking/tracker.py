@@ -189,7 +189,8 @@ class Tracker:
 
     def end_orphans(self) -> list[str]:
         """End FAILED the runs of this experiment left RUNNING by a process of this host that is gone
-        (SIGKILL, out of memory). A run whose process still lives, or of another host, is not touched."""
+        (SIGKILL, out of memory), after delivering what it left in their spools (a run that had ended keeps its
+        end). A run whose process still lives, or of another host, is not touched."""
         from xp.tracking.sync import deliver_left
 
         host, ended = socket.gethostname(), []
