@@ -96,7 +96,10 @@ def test_four_slots_share_one_sqlite_study_and_a_killed_worker_is_replaced(tmp_p
     assert "RUNNING" not in {r.info.status for r in runs}
     ids = [t.user_attrs["mlflow_run_id"] for t in counted]
     assert len(set(ids)) == 40  # every trial its own run, none run twice
-    assert sum(1 for r in runs if r.info.status == "FINISHED") == 40
+    finished = {r.info.run_id for r in runs if r.info.status == "FINISHED"}
+    assert set(ids) <= finished
+    # another FINISHED run can only be the lost trial's: its worker died after ending its run, before reporting it
+    assert finished - set(ids) <= {t.user_attrs.get("mlflow_run_id") for t in lost}
 
 
 @pytest.mark.slow

@@ -149,7 +149,6 @@ class Spool:
         for it, as the next run's end does and the process must before it exits. A killed process's records
         stay in the spool, which the next start on the store delivers when it ends the run (Tracker.end_orphans).
         Records the store did not take in time: one line says where they wait."""
-        settle()
         if not later:
             self._settled(FLUSH_S)
             return

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 from xp.errors import ConfigError, Terminated, one_line, redact
-from xp.tracking.spool import same_process, started
+from xp.tracking.spool import same_process, settle, started
 from xp.tracking.stores import _artifact_root, check_database, check_server, open_client
 
 log = logging.getLogger("xp")
@@ -135,7 +135,6 @@ class Tracker:
         self._spool = Spool(base / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id, lambda: self.client)
 
     def start(self) -> str:
-        from xp.tracking.spool import settle
         from xp.tracking.sync import deliver_left
 
         if self.attach_run_id:
@@ -262,6 +261,7 @@ class Tracker:
 
         if self.run_id is None or self._spool is None or self._spool.closed:
             return  # never started, or ended already
+        settle()  # the records of runs ended before go first: this run's end is put just before its trial reports
         for i, (path, dest) in enumerate(self._artifacts):
             if path.exists():
                 try:  # a copy as it is now: a config or log may hold a database URL's password
