@@ -102,7 +102,7 @@ class SlotTrial:
 @dataclass
 class Flight:
     trial: Any  # the Optuna trial (the scheduler's)
-    started: float  # when its worker began it (it was sent to an idle worker, or the trial before it ended)
+    started: float  # when it was sent to its worker (0.0 while the scheduler holds it ready)
     job: int
     message: dict[str, Any]  # what its worker was sent
 

@@ -132,7 +132,7 @@ class Spool:
     @property
     def closed(self) -> bool:
         """The run has ended: it takes no more records."""
-        return self._closing or self._file.closed
+        return self._closing
 
     def ends(self) -> bool:
         """Whether the records still to deliver end the run (a run whose process died has no end record)."""
@@ -152,10 +152,16 @@ class Spool:
         if not later:
             self._settled(FLUSH_S)
             return
+        self._last()
+        _unsettled.append(self)
+
+    def _last(self) -> threading.Thread | None:
+        """No more records come: the drain ends once it has delivered them. Returns the drain's thread."""
         with self._lock:
             self._closing = True
+            thread = self._thread
         self._wake.set()
-        _unsettled.append(self)
+        return thread
 
     def _settled(self, timeout_s: float) -> None:
         if not self.close(timeout_s):
@@ -165,10 +171,7 @@ class Spool:
     def close(self, timeout_s: float = FLUSH_S) -> bool:
         """Wait (at most timeout_s) for the store to take every record; True if it did. The spool folder goes
         when it is delivered; otherwise it stays, listed in the pending index, for xp.sync."""
-        with self._lock:
-            self._closing = True
-            thread = self._thread
-        self._wake.set()
+        thread = self._last()
         if thread is not None:
             thread.join(timeout=timeout_s)
         self._abandoned.set()

@@ -66,11 +66,11 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
     return False, f"{uri} is still away: {left} of {n} records of run {spool.run_id} wait in {folder}"
 
 
-def deliver_left(uri: str, run_id: str, wait_s: float = WAIT_S) -> bool:
+def deliver_left(uri: str, run_id: str, wait_s: float = WAIT_S, among: list[Path] | None = None) -> bool:
     """Deliver what gone processes left in spools of run `run_id` (a line each); True if they left any. Before a
     process writes to a run again (resumed, attached) or ends a gone process's run: its history stays whole and
-    in order, and a run that had ended keeps its end."""
-    folders = [f for f in pending(uri) if f.name.startswith(run_id + "-")]
+    in order, and a run that had ended keeps its end. `among`: the pending spools, if listed already."""
+    folders = [f for f in (pending(uri) if among is None else among) if f.name.startswith(run_id + "-")]
     for folder in folders:
         delivered, line = deliver(folder, wait_s)
         (log.info if delivered else log.warning)(line)

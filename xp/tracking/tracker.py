@@ -190,6 +190,7 @@ class Tracker:
         """End FAILED the runs of this experiment left RUNNING by a process of this host that is gone
         (SIGKILL, out of memory), after delivering what it left in their spools (a run that had ended keeps its
         end). A run whose process still lives, or of another host, is not touched."""
+        from xp.tracking.spool import pending
         from xp.tracking.sync import deliver_left
 
         host, ended = socket.gethostname(), []
@@ -197,6 +198,7 @@ class Tracker:
             runs = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
         except Exception:
             return ended
+        left: list | None = None  # the pending spools, listed at the first orphan (not for each)
         for run in runs:
             tags = run.data.tags
             if tags.get("xp.host") != host or not str(tags.get("xp.pid", "")).isdigit():
@@ -204,8 +206,9 @@ class Tracker:
             pid, started_at = int(tags["xp.pid"]), tags.get("xp.pid_started")
             if same_process(pid, started_at):
                 continue  # its process lives (the same one: the start time matches)
-            if deliver_left(self.uri, run.info.run_id, 5.0) and self.client.get_run(run.info.run_id).info.status != \
-                    "RUNNING":
+            left = pending(self.uri) if left is None else left
+            if deliver_left(self.uri, run.info.run_id, 5.0, left) and \
+                    self.client.get_run(run.info.run_id).info.status != "RUNNING":
                 continue  # it had ended: its end waited in its spool (a worker killed while its last trial's went)
             self.client.set_tag(run.info.run_id, "xp.ended_by", f"xp: process {pid} on {host} was gone")
             self.client.set_terminated(run.info.run_id, "FAILED")
