@@ -259,3 +259,69 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     assert tally.states["COMPLETE"] == 12 and sorted(told) == list(range(12))
     assert [n for _, n in started] == list(range(12))  # started in the order asked
     assert [s for s, n in started if n > 0 and n < 10] == [1] * 9  # slot 0 held nothing while its long trial ran
+
+
+def running_trial_runs(store) -> int:
+    try:
+        return sum(r.info.status == "RUNNING" for r in trial_runs(store))
+    except Exception:  # the store is being created by the command
+        return 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_study_leaves_nothing_running_and_the_same_command_finishes_it(tmp_path, store, how):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to the command alone, while
+    both slots run a trial: within a few seconds the command exits (130, 143), no worker is left, every trial in
+    flight or held ready goes back to the study (FAIL, marked, queued again: none RUNNING), their runs and the
+    parent end KILLED; the same command then runs those trials first and ends the study at its budget."""
+    env = study_env(tmp_path, 6)
+    args = ("-m", "sweep=tiny", "epochs=40", "sweep.parallel=2")  # trials long enough to stop in the middle
+    proc = subprocess.Popen([sys.executable, "-m", "xp", *args, f"hydra.run.dir={tmp_path}/run",
+                             f"hydra.sweep.dir={tmp_path}/sweep"], cwd=ROOT, env={**os.environ, **env,
+                            "MLFLOW_TRACKING_URI": store}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while running_trial_runs(store) < 2:  # both slots are in a trial
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.2)
+        workers = workers_of(proc)
+        assert len(workers) == 2
+        stopped = time.monotonic()
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == (130 if how == "ctrl-c" else 143), out[-3000:]
+    assert took < 15, f"the command took {took:.1f} s to stop"
+    assert "Traceback" not in out, out[-3000:]
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    trials = trials_of(tmp_path)
+    states = [t.state.name for t in trials]
+    assert "RUNNING" not in states, states
+    given_back = [t for t in trials if t.user_attrs.get("xp.interrupted")]
+    assert len(given_back) >= 2 and all(t.state.name == "FAIL" for t in given_back)  # 2 in flight (+ held ones)
+    queued = [t for t in trials if t.state.name == "WAITING"]
+    assert sorted(t.user_attrs["interrupted_from"] for t in queued) == sorted(t.number for t in given_back)
+    assert "given back to the study" in out
+    _, runs = mlflow_runs(store)
+    assert "RUNNING" not in {r.info.status for r in runs}, [(r.info.run_name, r.info.status) for r in runs]
+    stopped_runs = {t.user_attrs.get("mlflow_run_id") for t in given_back} - {None}
+    assert len(stopped_runs) == 2 and {r.info.status for r in runs if r.info.run_id in stopped_runs} == {"KILLED"}
+    assert [r.info.status for r in runs if r.data.tags.get("xp.sweep") == "true"] == ["KILLED"]
+    if how == "sigterm":
+        return
+    again = run_xp(tmp_path, store, "-m", "sweep=tiny", "epochs=1", "sweep.parallel=2", env=env, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    trials = trials_of(tmp_path)
+    counted = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(counted) == 6 and not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    assert {t.number for t in given_back} <= {t.user_attrs.get("interrupted_from") for t in counted}
+    assert "RUNNING" not in {r.info.status for r in mlflow_runs(store)[1]}

@@ -57,15 +57,36 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
         os.environ.pop(PARENT_ENV, None)
         os.environ.pop(SWEPT_ENV, None)
         os.environ.pop(sweepstate.RESUMED_ENV, None)
+        rows: list[dict[str, Any]] | None = None
         try:
             children = sweepstate.latest_per_job(parent.child_runs())
             rows = [summary.row_from_mlflow(r) for r in children]
             parent.log_params(summary.parent_params(rows, children))
             parent.set_tags(summary.parent_tags(children))
+        except Exception as e:  # the store is away: the jobs' records wait in spools; the sweep still ends
+            from xp.errors import one_line
+
+            log.warning(f"sweep: no table: the tracking store did not answer ({one_line(e)[:200]})")
         finally:
             parent.end(status)
-        print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
-        print(summary.table(rows))
+            deliver_left_over(uri)
+        if rows is not None:
+            print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
+            print(summary.table(rows))
+
+
+def deliver_left_over(uri: str, wait_s: float = 30.0) -> int:
+    """What the sweep's processes left in spools for `uri` (a study's workers that ended while the store was away)
+    delivered, within wait_s in all; one line says how many records still wait. Returns that number."""
+    from xp.tracking.sync import deliver_pending
+
+    left = deliver_pending(uri, wait_s)
+    if left:
+        from xp.errors import redact
+
+        log.warning(f"sweep: {left} records wait for {redact(uri)}, which is away; deliver them with: "
+                    "python -m xp.sync")
+    return left
 
 
 def check_cluster_sweep(argv: list[str], config: dict[str, Any], uri: str) -> None:

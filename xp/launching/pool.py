@@ -23,6 +23,7 @@ from xp.studies.scheduler import Channel
 log = logging.getLogger("xp")
 
 READY_S = 300.0  # a worker that has not imported its frameworks by then is taken for a broken one
+STOP_S = 10.0  # how long a stopped study waits for its busy workers to end their trials' runs
 DEATHS = 3  # workers of one slot that die in a row without finishing a trial: the study stops
 
 
@@ -204,6 +205,20 @@ class Pool:
         fresh.deaths = deaths
         self.workers[self.workers.index(worker)] = fresh
         return fresh
+
+    def stop(self, busy: list[Worker], grace_s: float = STOP_S) -> None:
+        """The study stops: the workers running a trial are told by SIGTERM (the trial's run ends KILLED, its
+        records reach the store) and ended, SIGKILL after grace_s; the idle ones leave on "exit" (__exit__)."""
+        for w in busy:
+            if w.proc.poll() is None:
+                w.proc.terminate()
+        deadline = time.monotonic() + grace_s
+        for w in busy:
+            try:
+                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait(timeout=10)
 
     def retire(self, worker: Worker) -> None:
         worker.send({"op": "exit"})

@@ -34,7 +34,8 @@ def main(argv: list[str]) -> int:
     from xp.launching.slots import Slot
 
     _die_with_parent()
-    signal.signal(signal.SIGTERM, _terminated)  # its trial's run ends KILLED, as a run's does
+    signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
+    signal.signal(signal.SIGINT, _stopped)
     early = compose = None
     if SLOT_ENV not in os.environ:  # started before its slot was known (xp.launching.pool.early)
         from xp.studies.scheduler import Channel
@@ -95,7 +96,7 @@ def _trials(channel: Any, compose: Any, slot: Any) -> int:
                 return 0
             gc.collect()  # what the trial held goes before the next one starts
             gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
-    finally:  # recycled, or SIGTERM: the records of its trials reach the store before it goes
+    finally:  # recycled, Ctrl-C or SIGTERM: the records of its trials reach the store before it goes
         settle(SETTLE_S)
 
 
@@ -171,10 +172,14 @@ def _save_yaml(data: Any, path: Path) -> None:
     path.write_text(yaml.dump(data, Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False))
 
 
-def _terminated(signum: int, frame: Any) -> None:
+def _stopped(signum: int, frame: Any) -> None:
+    """Ctrl-C or SIGTERM: the trial's run ends KILLED. Only the first signal counts: a stopped study's scheduler
+    sends SIGTERM to a worker that Ctrl-C reached too, which must not cut short the end of its run."""
     from xp.errors import Terminated
 
-    raise Terminated()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
 
 def _before_slot() -> Any:

@@ -132,9 +132,11 @@ class Scheduler:
     def __init__(self, pool: Any, ask: Callable[[], Any], remaining: Callable[[], int],
                  job_of: Callable[[Any, int], dict[str, Any]], tell: Callable[[Any, dict[str, Any]], str],
                  lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None,
-                 mark: Callable[[Any], None] = lambda trial: None):
+                 mark: Callable[[Any], None] = lambda trial: None,
+                 give_back: Callable[[list[Any], str], None] = lambda trials, why: None):
         self.pool, self.ask, self.remaining, self.job_of, self.mark = pool, ask, remaining, job_of, mark
         self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
+        self.give_back = give_back  # trials in flight or held when the study stops early, handed back to it
         self.flights: dict[Any, Flight] = {}  # worker -> the trial it runs
         self.ready: collections.deque[Flight] = collections.deque()  # the next trials, asked and not sent yet
         self.ended: list[tuple[Flight, dict[str, Any], str]] = []  # trials told, not yet counted
@@ -164,8 +166,27 @@ class Scheduler:
                 if time.monotonic() >= beat + self.heartbeat_s:
                     beat = time.monotonic()
                     _beat([f.trial for f in [*self.flights.values(), *self.ready]])
+        except BaseException as e:  # Ctrl-C, SIGTERM, a slot that cannot keep a worker: nothing stays RUNNING
+            self._stop(e)
+            raise
         finally:
             selector.close()
+
+    def _stop(self, error: BaseException) -> None:
+        """The study stops before its trials end: their workers are stopped (their runs end KILLED), then every trial
+        in flight or held ready goes back to the study, to run first when the same command runs again."""
+        from xp.errors import Terminated
+
+        why = {KeyboardInterrupt: "interrupted (Ctrl-C)", Terminated: "terminated (SIGTERM)"}.get(
+            type(error), f"stopped ({type(error).__name__})")
+        self.pool.stop([w for w in self.flights])
+        trials = [f.trial for f in [*self.flights.values(), *self.ready]]
+        self.flights.clear()
+        self.ready.clear()
+        while self.ended:
+            self._count(*self.ended.pop(0))
+        if trials:
+            self.give_back(trials, why)
 
     def _fill(self, idle: list[Any]) -> list[Any]:
         """Give every idle worker a trial, then hold one ready for each, while the budget lasts (an asked trial

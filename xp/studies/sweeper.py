@@ -14,7 +14,7 @@ from typing import Any, Callable
 from xp.errors import redact
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
 from xp.studies.study import FINISHED, StudySpec, as_override, space_from_overrides, spec_from
-from xp.studies.trial import _counts, distributions, heartbeat, open_study, retry_dead_trials
+from xp.studies.trial import INTERRUPTED, _counts, distributions, heartbeat, open_study, retry_dead_trials
 
 log = logging.getLogger("xp")
 
@@ -133,9 +133,16 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         log.warning(f"trial {trial.number} lost its worker ({why}): "
                     + ("retried with the same parameters" if again else "failed, retry limit reached"))
 
+    def give_back(trials: list[Any], why: str) -> None:
+        for t in trials:
+            requeue(study, t)
+        log.warning(f"study {why}: trial{'s' if len(trials) > 1 else ''} "
+                    + ", ".join(str(t.number) for t in trials)
+                    + " given back to the study (the same command runs them first)")
+
     scheduler = Scheduler(pool, ask, remaining, job_of, tell, lost, spec.heartbeat_s,
                           None if spec.multi_objective else spec.objectives[0].direction,
-                          mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark))
+                          mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=give_back)
     return scheduler.run()
 
 
@@ -168,6 +175,24 @@ def _retry(study: Any, spec: StudySpec, trial_id: int) -> bool:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)(study, frozen)
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))) > before
+
+
+def requeue(study: Any, trial: Any) -> None:
+    """A trial the study stops before it ends: FAIL, marked INTERRUPTED (not counted: trial._counts), and queued
+    again with its parameters (WAITING: the next ask takes it first), not counted against max_retry (the trial did
+    nothing wrong)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    frozen = study._storage.get_trial(trial._trial_id)
+    if frozen.state != TrialState.RUNNING:  # told already (the stop came as it was)
+        return
+    study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+    study.tell(trial, state=TrialState.FAIL)
+    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params=frozen.params,
+                                              distributions=frozen.distributions,
+                                              system_attrs=frozen.system_attrs,
+                                              user_attrs={"interrupted_from": frozen.number}))
 
 
 def retry_orphans(study: Any, spec: StudySpec) -> list[str]:
@@ -272,7 +297,8 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     """Print the best trial (or the Pareto front) and log it on the sweep's parent MLflow run."""
     from optuna.trial import TrialState
 
-    trials = [t for t in study.get_trials(deepcopy=False) if DUPLICATE not in t.user_attrs]  # dropped proposals
+    trials = [t for t in study.get_trials(deepcopy=False)  # less dropped proposals and trials stopped and requeued
+              if DUPLICATE not in t.user_attrs and INTERRUPTED not in t.user_attrs]
     states = {s: sum(1 for t in trials if t.state == getattr(TrialState, s)) for s in FINISHED}
     best = study.best_trials
     front = [{"trial": t.number, "values": dict(zip([o.metric for o in spec.objectives], t.values)),
@@ -285,16 +311,35 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if parent and tracking_uri:
-        from xp.tracking.stores import open_client
-
-        client = open_client(tracking_uri)
-        client.set_tag(parent, "optuna.study", spec.study_name)
-        if front and not spec.multi_objective:
-            for k, v in front[0]["params"].items():
-                client.log_param(parent, f"best.{k}", v)
-            client.log_metric(parent, f"best_{spec.objectives[0].metric}", front[0]["values"][spec.objectives[0].metric])
-        client.log_dict(parent, summary, "pareto_front.json" if spec.multi_objective else "best_trial.json")
+        _on_parent(tracking_uri, parent, spec, front, summary)
     return summary
+
+
+def _on_parent(uri: str, parent: str, spec: StudySpec, front: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """The study's result on its MLflow parent run, through a spool of its own (a store that is away takes it
+    when it is back, or xp.sync delivers it): the study never ends in a traceback for its store."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from xp.tracking.spool import state_dir
+    from xp.tracking.tracker import Tracker
+
+    tracker = Tracker(uri, "", "", attach_run_id=parent, spool_dir=state_dir() / "summaries")
+    tracker.start()
+    folder = Path(tempfile.mkdtemp(prefix="xp-study-"))
+    try:
+        params = front[0]["params"] if front and not spec.multi_objective else {}
+        tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags={"optuna.study": spec.study_name})
+        if params:
+            metric = spec.objectives[0].metric
+            tracker.log_metrics({f"best_{metric}": front[0]["values"][metric]})
+        name = folder / ("pareto_front.json" if spec.multi_objective else "best_trial.json")
+        name.write_text(json.dumps(summary, indent=1, default=str))
+        tracker.add_artifact_on_exit(name)
+    finally:
+        tracker.end("FINISHED")  # attached: its records only; the parent's own end is the sweep's
+        shutil.rmtree(folder, ignore_errors=True)  # the spool keeps its own copy
 
 
 def to_json(summary: dict[str, Any]) -> str:

@@ -16,6 +16,8 @@ from xp.studies.study import FINISHED, StudySpec, spec_from
 
 log = logging.getLogger("xp")
 
+INTERRUPTED = "xp.interrupted"  # user attribute of a trial its study stopped before it ended (Ctrl-C, SIGTERM)
+
 
 class TrialPruned(Exception):
     """Raised inside a run when the pruner stops the trial."""
@@ -192,7 +194,8 @@ def _counts(study: Any) -> tuple[int, int]:
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     done = sum(1 for t in trials if t.state.name in FINISHED and t.number not in retried
-               and "duplicate_of" not in t.user_attrs)  # a proposal dropped as a duplicate of a running trial
+               and "duplicate_of" not in t.user_attrs  # a proposal dropped as a duplicate of a running trial
+               and INTERRUPTED not in t.user_attrs)  # stopped with its study and queued again (sweeper.requeue)
     return done, sum(1 for t in trials if t.state.name == "RUNNING")
 
 

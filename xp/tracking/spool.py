@@ -30,6 +30,8 @@ log = logging.getLogger("xp")
 
 RECORDS, DELIVERED, RUN = "records.jsonl", "delivered", "run.json"
 FLUSH_S = 15.0  # how long a run's end waits for the store to take what is left, before keeping the spool
+STORE_WAIT_S = float(os.environ.get("XP_STORE_WAIT_S", 900))  # how long a study's next trial waits for a store that
+# went away (its trial is not failed for it; past that, it fails as a run whose store is not usable does)
 BACKOFF_S = (0.5, 5.0)  # the drain's wait after a failed send: first, and at most (doubling)
 # MLflow's log_batch limits
 LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
@@ -60,14 +62,19 @@ def pending(uri: str | None = None) -> list[Path]:
             continue
         if same_process(meta.get("pid", 0), meta.get("started", -1)):
             continue  # its run is still going: its own process delivers it
-        delivered = _read_int(folder / DELIVERED)
-        if not any(r["seq"] > delivered for r in _read_records(folder / RECORDS)):
+        if not waiting(folder):
             shutil.rmtree(folder, ignore_errors=True)  # a killed process's spool, all of it delivered
             entry.unlink(missing_ok=True)
             continue
         if uri is None or meta["uri"] == uri:
             out.append(folder)
     return out
+
+
+def waiting(folder: Path) -> int:
+    """How many records of the spool in `folder` the store has not taken."""
+    delivered = _read_int(folder / DELIVERED)
+    return sum(1 for r in _read_records(folder / RECORDS) if r["seq"] > delivered)
 
 
 def started(pid: int) -> float:
@@ -225,7 +232,7 @@ class Spool:
                 if self.away_since is None:
                     self.away_since = time.monotonic()
                     log.warning("tracking store %s is away (%s): training goes on; its records wait in %s",
-                                redact(self.uri), _reason(e), self.folder)
+                                redact(self.uri), away_reason(e), self.folder)
                 return False
         if self.away_since is not None:
             log.warning("tracking store %s is back after %.0f s: delivering what waited", redact(self.uri),
@@ -286,10 +293,19 @@ def _refused(e: Exception) -> bool:
     return getattr(e, "error_code", None) in REFUSED and "active" not in str(e)
 
 
-def _reason(e: Exception) -> str:
+AWAY = ("Connection refused", "Max retries exceeded", "timed out", "database is locked", "Name or service not known",
+        "503", "502")  # what a store that does not answer (now) says, as an error's text has it
+
+
+def away(e: Exception) -> bool:
+    """Whether `e` says the store is away (it may come back), rather than that it refused what it was sent."""
+    return not _refused(e) and any(marker in one_line(e) for marker in AWAY)
+
+
+def away_reason(e: Exception) -> str:
+    """What a store that is away said, in a few words."""
     text = one_line(e)
-    for marker in ("Connection refused", "Max retries exceeded", "timed out", "database is locked",
-                   "Name or service not known", "503", "502"):
+    for marker in AWAY:
         if marker in text:
             return marker.lower()
     return text[:120]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from xp.errors import one_line, redact
-from xp.tracking.spool import RUN, Spool, pending, same_process
+from xp.tracking.spool import RUN, Spool, pending, same_process, waiting
 
 log = logging.getLogger("xp")
 
@@ -75,6 +75,21 @@ def deliver_left(uri: str, run_id: str, wait_s: float = WAIT_S, among: list[Path
         delivered, line = deliver(folder, wait_s)
         (log.info if delivered else log.warning)(line)
     return bool(folders)
+
+
+def deliver_pending(uri: str, wait_s: float) -> int:
+    """Deliver every spool gone processes left for `uri`, within wait_s in all (a line each); returns the records
+    that still wait."""
+    deadline, left = time.monotonic() + wait_s, 0
+    for folder in pending(uri):
+        try:
+            delivered, line = deliver(folder, max(0.0, deadline - time.monotonic()))
+        except Exception as e:  # one spool's trouble does not keep the others
+            delivered, line = False, f"{folder}: {type(e).__name__}: {one_line(e)[:300]}"
+        (log.info if delivered else log.warning)(line)
+        if not delivered:
+            left += waiting(folder)
+    return left
 
 
 def main(argv: list[str] | None = None) -> int:

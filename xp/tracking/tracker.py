@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 from xp.errors import ConfigError, Terminated, one_line, redact
-from xp.tracking.spool import same_process, settle, started
+from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, away, away_reason, same_process, settle, started
 from xp.tracking.stores import _artifact_root, check_database, check_server, open_client
 
 log = logging.getLogger("xp")
@@ -152,7 +152,41 @@ class Tracker:
                                                "xp.pid_started": f"{started(os.getpid()):.2f}",
                                                "xp.host": socket.gethostname()})
             return self.run_id
-        settle(away_only=True)  # a run before it in this process whose store went away: its end waits first
+        # a run before it in this process whose store went away: its end waits first (a study's trial waits for the
+        # store, see _created, rather than fail for its absence; its records go on to the store meanwhile)
+        settle(STORE_WAIT_S if self.settle_later else FLUSH_S, away_only=True)
+        self.run_id = self._created().info.run_id
+        self._open_spool()
+        if self.params:
+            self.log(params=self.params)
+        _offer_pending(self.uri)
+        return self.run_id
+
+    def _created(self) -> Any:
+        """The run, created in the store. A study's trial (settle_later) whose store is away waits for it (at most
+        STORE_WAIT_S), with a line when it goes and one when it is back: its trial is not failed for an outage."""
+        import time
+
+        deadline, pause, since = time.monotonic() + (STORE_WAIT_S if self.settle_later else 0.0), 0.5, None
+        while True:
+            try:
+                run = self._create()
+                if since is not None:
+                    log.warning("tracking store %s is back after %.0f s: the trial's run starts", redact(self.uri),
+                                time.monotonic() - since)
+                return run
+            except ConfigError as e:
+                if not (self.settle_later and isinstance(e.__cause__, Exception) and away(e.__cause__)) or \
+                        time.monotonic() + pause > deadline:
+                    raise
+                if since is None:
+                    since = time.monotonic()
+                    log.warning("tracking store %s is away (%s): the trial's run waits for it (at most %.0f s)",
+                                redact(self.uri), away_reason(e.__cause__), STORE_WAIT_S)
+                time.sleep(pause)
+                pause = min(2 * pause, 5.0)
+
+    def _create(self) -> Any:
         try:
             key = (self.uri, self.experiment)
             remembered = not self.tidy and key in _experiment_ids
@@ -175,12 +209,7 @@ class Tracker:
             raise
         except Exception as e:
             raise ConfigError(f"MLflow store {redact(self.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
-        self.run_id = run.info.run_id
-        self._open_spool()
-        if self.params:
-            self.log(params=self.params)
-        _offer_pending(self.uri)
-        return self.run_id
+        return run
 
     def _create_run(self, tags: dict[str, Any]) -> Any:
         return self.client.create_run(self.experiment_id, run_name=self.run_name, start_time=self.start_ms,
