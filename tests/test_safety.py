@@ -33,7 +33,7 @@ def test_run_names_fit_mlflow_and_leave_out_where_they_are_tracked():
 
 
 def test_logged_params_and_tags_never_carry_a_password(store, monkeypatch):
-    from xp.tracking.tracker import COMMAND_ENV
+    from xp.tracking.provenance import COMMAND_ENV
 
     # the command line as typed is a tag: a tracking_uri in it carries its password
     monkeypatch.setenv(COMMAND_ENV, "python -m xp tracking_uri=postgresql://xp:hunter2@db/mlflow epochs=2")

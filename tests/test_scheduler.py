@@ -243,6 +243,9 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
         def pending(self):
             return self.channel.pending()
 
+        def gone(self) -> bool:
+            return not self.thread.is_alive()
+
     pool = SimpleNamespace(workers=[Worker(0), Worker(1)])
     numbers, told = iter(range(12)), []
     storage = SimpleNamespace()  # keeps no heartbeats

@@ -310,3 +310,119 @@ def test_sigterm_to_the_submitter_cancels_the_job(cluster, tmp_path):
     state = c.slurm(["scontrol", "show", "-o", "job", run.data.tags["xp.slurm.job"]]).stdout
     assert "JobState=CANCELLED" in state, state  # ended by the time xp exits
     nothing_left(c)
+
+
+# --- a study's slots as Slurm jobs (launcher=slurm): each a long-lived worker, refilled as a trial ends ----------
+
+SMALL = ("study_name: small\nn_trials: {n}\nsampler: random\nsampler_seed: 5\npruner: median\n"
+         "pruner_options: {{n_startup_trials: 2, n_warmup_steps: 1}}\n"
+         "params:\n  lr: {{type: float, low: 0.001, high: 0.3, log: true}}\n")
+
+
+def slot_study(c, name: str, n: int, *args: str) -> tuple[list[str], str]:
+    """python -m xp -m sweep=small launcher=slurm (the scheduler on the login node; its study file and SQLite
+    storage in the shared folder, where the test reads them); returns the command line and the storage."""
+    folder = c.shared / name
+    (folder / "sweeps").mkdir(parents=True)
+    storage = f"sqlite:///{folder}/optuna.db"
+    (folder / "sweeps" / "small.yaml").write_text(SMALL.format(n=n) + f"storage: {storage}\n")
+    argv = [sys.executable, "-m", "xp", "-m", "sweep=small", "launcher=slurm", f"tracking_uri={c.uri}",
+            f"slurm.output_dir={c.shared}", "slurm.poll_s=0.5",
+            f"hydra.sweep.dir={folder}/sweep", f"experiment={name}", *args]
+    return argv, storage
+
+
+def study_env(c, name: str) -> dict:
+    return {**env(c), "XP_SWEEPS_DIR": str(c.shared / name / "sweeps")}
+
+
+def worker_jobs(c) -> list[str]:
+    """The study worker jobs Slurm knows (any state), as ID NAME STATE NODE lines."""
+    return [line for line in c.slurm(["squeue", "-h", "-t", "all", "-o", "%i %j %T %N"]).stdout.splitlines()
+            if " xp-slot-" in line]
+
+
+def test_a_study_keeps_one_slurm_job_per_slot_busy_with_trial_after_trial(cluster):
+    """12 trials with pruning on 2 slots: 2 worker jobs (not a job per trial), each taking trials as they free,
+    every trial COMPLETE or PRUNED in one study and under one MLflow parent, nothing left in the queue after."""
+    import optuna
+
+    c = cluster
+    before = set(worker_jobs(c))
+    argv, storage = slot_study(c, "slurm-slots", 12, "sweep.parallel=2", "epochs=6")
+    r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-slots"), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "sacct" not in r.stdout + r.stderr  # no batch system bookkeeping on the console
+    states = sorted(t.state.name for t in optuna.load_study(study_name="small", storage=storage).trials)
+    assert len(states) == 12 and set(states) <= {"COMPLETE", "PRUNED"} and "PRUNED" in states, states
+    children = children_of_one_parent(c, "slurm-slots")
+    assert len(children) == 12 and {ch.info.status for ch in children} == {"FINISHED"}
+    jobs = set(worker_jobs(c)) - before
+    assert len(jobs) == 2, jobs  # one long-lived job per slot
+    nothing_left(c)
+
+
+def test_a_lost_node_loses_only_its_trial_which_is_retried_on_a_new_slot_job(cluster):
+    """slurmd on h3 killed while its worker job runs a trial: Slurm ends that job NODE_FAIL, the scheduler
+    retries the trial and submits a job in its place (h2 takes it), the study ends with all its trials."""
+    import optuna
+
+    c = cluster
+    argv, storage = slot_study(c, "slurm-lost", 6, "sweep.parallel=2", "epochs=40", "slurm.time_min=10")
+    proc = subprocess.Popen(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-lost"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(line.endswith(" RUNNING h3") for line in worker_jobs(c)):  # a slot's job runs on h3
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        wait_for_line(proc, "study: trial ", timeout=300)  # trials run (h3's among them: 2 slots, 2 in flight)
+        c.stop_slurmd("h3")
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    try:
+        assert proc.returncode == 0, out[-3000:]
+        assert "lost its worker (Slurm job" in out and "NODE_FAIL" in out, out[-3000:]
+        trials = optuna.load_study(study_name="small", storage=storage).trials
+        done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+        lost = [t for t in trials if t.state.name == "FAIL"]
+        assert len(done) == 6 and len(lost) == 1, [t.state.name for t in trials]
+        assert any(t.params == lost[0].params and t.system_attrs.get("failed_trial") == lost[0].number for t in done)
+        assert not [t for t in trials if t.state.name == "RUNNING"]
+    finally:
+        c.start_slurmd("h3")
+    nothing_left(c)
+
+
+def test_ctrl_c_ends_a_slurm_study_and_leaves_the_queue_empty(cluster):
+    import signal
+
+    c = cluster
+    argv, storage = slot_study(c, "slurm-stop", 6, "sweep.parallel=2", "epochs=60")
+    proc = subprocess.Popen(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-stop"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while sum(line.split()[2] == "RUNNING" for line in worker_jobs(c)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        time.sleep(1)  # (the workers take their first trials)
+        proc.send_signal(signal.SIGINT)  # the login node's command: what Ctrl-C there sends it
+        stopped = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, out[-3000:]
+    queued = [line for line in worker_jobs(c) if line.split()[2] in ("PENDING", "RUNNING", "COMPLETING")]
+    assert not queued and took < 10, (queued, took)
+    import optuna
+
+    assert "RUNNING" not in {t.state.name for t in optuna.load_study(study_name="small", storage=storage).trials}
+    nothing_left(c)

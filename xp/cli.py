@@ -181,11 +181,11 @@ def _task(cfg: Any) -> float:
 
 
 def _remember_command(argv: list[str]) -> None:
-    """The command line as typed, for the runs' tags (xp.tracking.tracker.source_tags); a sweep's jobs, a study's trials
+    """The command line as typed, for the runs' tags (xp.tracking.provenance.source_tags); a sweep's jobs, a study's trials
     and launched workers inherit the first process's."""
     import shlex
 
-    from xp.tracking.tracker import COMMAND_ENV
+    from xp.tracking.provenance import COMMAND_ENV
 
     if not os.environ.get(COMMAND_ENV):
         entry = "python -m xp" if sys.argv[0].endswith("__main__.py") else "xp"

@@ -23,11 +23,13 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     multirun = "-m" in argv or "--multirun" in argv
     first = configs[0] if configs else {}
     plan, engine, launcher = job_of(first) if configs and not os.environ.get(WORKER_ENV) else (None, None, None)
-    if launcher and launcher.submits() and multirun:
-        raise ConfigError(f"launcher={launcher.name} submits one run at a time; run each configuration as its own "
-                          "command (a sweep's jobs go to Slurm with hydra/launcher=submitit_slurm)")
     study = first.get("sweep") or {}
-    if engine and multirun and study and study.get("scheduler", "slots") != "hydra":
+    on_slots = bool(study) and study.get("scheduler", "slots") == "slots"  # the launcher offers the study slots
+    if launcher and launcher.submits() and multirun and not on_slots:
+        raise ConfigError(f"launcher={launcher.name} submits one run at a time, or a study's workers (-m sweep=NAME); "
+                          "run each configuration as its own command (a sweep's jobs go to Slurm with "
+                          "hydra/launcher=submitit_slurm)")
+    if engine and multirun and on_slots:
         raise ConfigError(f"a study of {engine.name} jobs launches its trials one after another: set "
                           "sweep.scheduler=hydra (a study's slot workers train in their own process)")
     if (engine or (launcher and launcher.submits())) and not multirun:

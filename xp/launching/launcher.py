@@ -12,12 +12,17 @@ Launchers register in the entry-point group `xp.launchers` (pyproject.toml), as 
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from xp.errors import ConfigError
 from xp.launching.hosts import SSH, HostSlots, Transport, check_here, probe, reap, read_hosts
+from xp.launching.slots import Slot
 
 GROUP = "xp.launchers"
 SHIPPED = ("local", "ssh", "slurm")  # named first where launchers are listed
@@ -75,6 +80,25 @@ class Launcher:
         """Variables every process of a job of `workers` processes gets from this launcher."""
         return {}
 
+    # --- a study's slots (xp.launching.pool): where its long-lived trial workers run -------------------------
+    def check_study(self, tracking_uri: str) -> None:
+        """Before a study starts its workers: what its slots need (hosts that answer, a tracking store they reach),
+        one line each (ConfigError)."""
+
+    def slots(self, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
+        """The slots this launcher offers a study whose trials take `gpus_per_trial` GPUs each (0: CPU trials):
+        `parallel` of them (None: as many as there are). This machine's, here."""
+        from xp.launching.slots import plan_slots
+
+        return plan_slots(gpus_per_trial, parallel, trials_per_gpu)
+
+    def start_worker(self, slot: Slot, told: dict[str, Any]) -> Any:
+        """Start a study's worker on `slot`, elsewhere (a remote launcher; this machine's workers the pool starts
+        itself): it runs told["argv"] with the variables told["env"], which hold its slot's secret (never on a
+        command line), and calls the study's scheduler back. Returns the handle the pool keeps, with the calls of
+        subprocess.Popen it makes: poll(), wait(timeout), terminate(), kill(), returncode."""
+        raise NotImplementedError(f"launcher={self.name} places no study trials elsewhere")
+
 
 class Local(Launcher):
     """Every process on this machine, every socket on 127.0.0.1."""
@@ -111,6 +135,29 @@ class OnHosts(Launcher):
 
     def reap(self, hosts: list[str], job: str) -> None:
         reap(self.transport(), hosts, job)
+
+    def check_study(self, tracking_uri: str) -> None:
+        from xp.tracking.stores import check_reachable
+
+        hosts = [h.name for h in self.hosts()]
+        self.check(hosts, None, False)
+        check_reachable(tracking_uri, hosts, self.address())
+
+    def slots(self, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
+        from xp.launching.slots import host_slots
+
+        return host_slots(self.hosts(), gpus_per_trial, parallel, trials_per_gpu)
+
+    def start_worker(self, slot: Slot, told: dict[str, Any]) -> subprocess.Popen:
+        """Through the transport: xp.launching.remote run on the slot's host takes what to run on its stdin, and
+        ends it when this end of the session closes."""
+        py = shlex.quote(sys.executable)
+        proc = subprocess.Popen(self.transport().argv(
+            slot.host, f"cd {shlex.quote(os.getcwd())} && exec {py} -m xp.launching.remote run"),
+            stdin=subprocess.PIPE)
+        proc.stdin.write((json.dumps(told) + "\n").encode())
+        proc.stdin.flush()
+        return proc
 
 
 class Ssh(OnHosts):
@@ -168,7 +215,13 @@ class Slurm(OnHosts):
         return self._allocation()[0]
 
     def address(self) -> str | None:
-        return self.settings.host_ip or self._allocation()[1]
+        if self.settings.host_ip:
+            return self.settings.host_ip
+        if self.submits():  # a login node: its address as the partition's nodes reach it
+            from xp.launching.slurm import login_address
+
+            return login_address(self.settings.slurm)
+        return self._allocation()[1]
 
     def transport(self) -> Transport:
         from xp.launching.slurm import Srun
@@ -194,6 +247,37 @@ class Slurm(OnHosts):
         from xp.run.worker import RUN_ENV
 
         return os.environ.get(RUN_ENV) or None
+
+    # From a login node a study's slots are Slurm jobs, each a long-lived worker that takes trial after trial (a
+    # slot frees and is refilled at once: no batches); inside an allocation, its nodes' slots reached by srun.
+    def check_study(self, tracking_uri: str) -> None:
+        if not self.submits():
+            return super().check_study(tracking_uri)
+        from xp.tracking.stores import check_reachable
+
+        self.check_submission()
+        check_reachable(tracking_uri, [self.nodes], self.address())
+
+    def slots(self, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
+        if not self.submits():
+            return super().slots(gpus_per_trial, parallel, trials_per_gpu)
+        from xp.launching.slurm import worker_slots
+
+        return worker_slots(self.settings.slurm, gpus_per_trial, parallel)
+
+    def start_worker(self, slot: Slot, told: dict[str, Any]) -> Any:
+        if not self.submits():
+            return super().start_worker(slot, told)
+        from xp.launching.slurm import WorkerJob
+
+        return WorkerJob.submit(self.settings.slurm, slot, told)
+
+    def reap(self, hosts: list[str], job: str) -> None:
+        if not self.submits():
+            return super().reap(hosts, job)
+        from xp.launching.slurm import cancel_named
+
+        cancel_named(job)  # whatever the study's worker jobs left in the queue
 
 
 def launchers() -> Any:

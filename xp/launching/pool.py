@@ -47,8 +47,15 @@ class Worker:
     def pending(self) -> list[dict[str, Any]] | None:
         return self.channel.pending()
 
+    def gone(self) -> bool:
+        """Its process has ended (a worker elsewhere may end without its channel saying so: a lost node)."""
+        return self.proc.poll() is not None
+
     def ended(self) -> str:
         """How the process ended, in words (it is ended if it has not)."""
+        if not isinstance(self.proc, subprocess.Popen):  # a batch job: its batch system says how
+            _end(self.proc, 0.0)
+            return str(self.proc)
         try:
             code = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -65,7 +72,8 @@ class Pool:
     def __init__(self, slots: list[Slot], backend: str | None = None, tracking_uri: str | None = None,
                  launcher: Any = None):
         self.slots, self.backend, self.tracking_uri = slots, backend, tracking_uri
-        self.launcher = launcher  # how slots of other hosts are reached (xp.launching.launcher: ssh)
+        self.launcher = launcher  # how slots elsewhere are reached (xp.launching.launcher: ssh, slurm)
+        self.remote = launcher is not None and launcher.remote  # its workers start elsewhere and call back
         self.quiet = len(slots) > 1
         self.workers: list[Worker] = []
         self.started: list[tuple[subprocess.Popen, Channel | None, Slot]] = []
@@ -119,8 +127,8 @@ class Pool:
                 **({BACKEND_ENV: self.backend} if self.backend else {}),
                 **({TRACKING_ENV: self.tracking_uri} if self.tracking_uri else {})}
 
-    def _spawn(self, slot: Slot) -> tuple[subprocess.Popen, Channel | None, Slot]:
-        if slot.host:
+    def _spawn(self, slot: Slot) -> tuple[Any, Channel | None, Slot]:
+        if self.remote:
             return self._spawn_there(slot)
         if _unplaced:  # started before its slot was known (early): told it now
             proc, channel, env = _unplaced.pop()
@@ -133,11 +141,9 @@ class Pool:
             return proc, channel, slot
         return (*_local_worker({**os.environ, **self._variables(slot)}), slot)
 
-    def _spawn_there(self, slot: Slot) -> tuple[subprocess.Popen, None, Slot]:
-        """A worker on another host, through the launcher's transport (xp.launching.remote run: it ends when our
-        end of the session closes); it calls back to this process's listener with its slot's token."""
-        import shlex
-
+    def _spawn_there(self, slot: Slot) -> tuple[Any, None, Slot]:
+        """A worker elsewhere, started by the launcher (Launcher.start_worker: over its transport, or as a batch
+        job); it calls back to this process's listener with its slot's token."""
         from xp.launching.remote import JOB_ENV
 
         if self.listener is None:
@@ -146,16 +152,10 @@ class Pool:
         token = secrets.token_hex(16)
         self.tokens[token] = slot
         address, port = self.listener.getsockname()[:2]
-        py = shlex.quote(sys.executable)
-        proc = subprocess.Popen(self.launcher.transport().argv(
-            slot.host, f"cd {shlex.quote(os.getcwd())} && exec {py} -m xp.launching.remote run"),
-            stdin=subprocess.PIPE)
         told = {"argv": [sys.executable, "-m", "xp.launching.trialworker", "connect"],
                 "env": {**self._variables(slot), CONNECT_ENV: f"{address}:{port}", TOKEN_ENV: token,
-                        JOB_ENV: self.job}}  # on its stdin: no secret on a command line
-        proc.stdin.write((json.dumps(told) + "\n").encode())
-        proc.stdin.flush()
-        return proc, None, slot
+                        JOB_ENV: self.job}}  # the launcher keeps it off any command line
+        return self.launcher.start_worker(slot, told), None, slot
 
     def _called_back(self, slot: Slot, proc: subprocess.Popen) -> Channel | None:
         """The channel of `slot`'s remote worker once it has called back (None: it ended, or READY_S passed)."""
@@ -173,7 +173,8 @@ class Pool:
             except (TimeoutError, OSError):
                 hello = None
             caller = self.tokens.pop(str((hello or {}).get("token")), None)
-            if caller is None:  # not one of ours
+            if caller is None:  # not one of ours: dropped, in one line
+                log.warning(f"study: a connection from {_peer(conn)} without a slot's secret was refused")
                 conn.close()
                 continue
             self.arrived[caller] = channel
@@ -225,7 +226,14 @@ class Pool:
         _end(worker.proc)
 
 
-def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+def _peer(conn: socket.socket) -> str:
+    try:
+        return ":".join(map(str, conn.getpeername()[:2]))
+    except OSError:
+        return "an address that is gone"
+
+
+def _end(proc: Any, grace_s: float = 10.0) -> None:
     """End a worker we started: it leaves on "exit"; else SIGTERM, then SIGKILL."""
     try:
         proc.wait(timeout=grace_s)
@@ -258,11 +266,9 @@ def prestart(config: dict[str, Any], argv: list[str], launcher: Any = None) -> N
     if not node or node.get("scheduler", "slots") != "slots":
         return
     if launcher is not None and launcher.remote:
-        from xp.tracking.stores import check_reachable, resolve_uri
+        from xp.tracking.stores import resolve_uri
 
-        hosts = [h.name for h in launcher.hosts()]
-        launcher.check(hosts, None, False)
-        check_reachable(resolve_uri(config.get("tracking_uri")), hosts, launcher.address())
+        launcher.check_study(resolve_uri(config.get("tracking_uri")))
     if any(a.startswith(("hydra/launcher", "hydra.launcher")) for a in argv):
         return
     from xp.tracking.stores import resolve_uri
@@ -307,11 +313,11 @@ def discard_early() -> None:
 
 def _slots(config: Any, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
     """This machine's slots, or (launcher=ssh) its hosts'."""
-    from xp.launching.slots import host_slots, plan_slots
+    from xp.launching.slots import plan_slots
 
     launcher = _launcher[0] if _launcher else None
-    if launcher is not None and launcher.remote:
-        return host_slots(launcher.hosts(), int(config.get("gpus") or 0), parallel, trials_per_gpu)
+    if launcher is not None:
+        return launcher.slots(int(config.get("gpus") or 0), parallel, trials_per_gpu)
     return plan_slots(int(config.get("gpus") or 0), parallel, trials_per_gpu)
 
 

@@ -4,7 +4,8 @@
 - `run`: read one line of JSON from stdin ({"argv": [...], "env": {...}}: what to run, and the launcher's
   variables, kept off any command line), run argv in its own process group, and end that group when the
   launcher goes away (the ssh session's stdin closes: the launcher ended the job, died, or lost the host) or
-  on SIGTERM/SIGHUP. Exits with argv's exit code (128+N for a signal N, as a shell does).
+  on SIGTERM/SIGHUP. Exits with argv's exit code (128+N for a signal N, as a shell does). `run --spec FILE`
+  (a batch job): the JSON from FILE, removed once read; the job ends when its batch system ends it.
 - `state PID...`: each process's state letter (T: stopped), to name which worker of a stalled job stalled.
 - `reap JOB`: end every process of this host that carries XP_JOB=JOB in its environment (the launcher's job
   id: every process the job started here, also those a runner such as horovodrun started itself), and print
@@ -48,8 +49,13 @@ def probe() -> int:
     return 0
 
 
-def run() -> None:
-    spec = json.loads(sys.stdin.buffer.readline() or b"{}")
+def run(spec_file: str | None = None) -> None:
+    if spec_file:  # a batch job (a study's worker as a Slurm job): its spec in a file only its user reads, gone once read
+        with open(spec_file, "rb") as f:
+            spec = json.loads(f.read() or b"{}")
+        os.unlink(spec_file)
+    else:
+        spec = json.loads(sys.stdin.buffer.readline() or b"{}")
     if not spec.get("argv"):
         print("xp.launching.remote run: expected a line of JSON on stdin: {\"argv\": [...], \"env\": {...}}", file=sys.stderr)
         os._exit(2)
@@ -78,7 +84,8 @@ def run() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: (end(), os._exit(143)))
-    threading.Thread(target=watch_stdin, daemon=True).start()
+    if not spec_file:  # a batch job ends when its batch system ends it (SIGTERM)
+        threading.Thread(target=watch_stdin, daemon=True).start()
     code = child.wait()
     try:
         os.killpg(child.pid, signal.SIGKILL)  # whatever it left in its group
@@ -144,9 +151,9 @@ def main(argv: list[str]) -> int:
         return state(argv[1:])
     if argv[:1] == ["reap"] and len(argv) == 2:
         return reap(argv[1])
-    if argv == ["run"]:
-        run()
-    print("usage: python -m xp.launching.remote probe | run | state PID... | reap JOB", file=sys.stderr)
+    if argv == ["run"] or (argv[:2] == ["run", "--spec"] and len(argv) == 3):
+        run(argv[2] if len(argv) == 3 else None)
+    print("usage: python -m xp.launching.remote probe | run [--spec FILE] | state PID... | reap JOB", file=sys.stderr)
     return 2
 
 

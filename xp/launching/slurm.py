@@ -193,3 +193,98 @@ def _relay(path: Path, offset: int) -> int:
         sys.stdout.write(data.decode(errors="replace"))
         sys.stdout.flush()
     return offset + len(data)
+
+
+# --- a study's slots as Slurm jobs (launcher=slurm from a login node) --------------------------------------------
+
+WORKER_JOB = "xp-slot-"  # a study's worker jobs are named xp-slot-POOLJOB-INDEX (scancel --name ends them)
+
+
+def login_address(settings: Any) -> str:
+    """This machine's address as the nodes of the study's partition reach it (where its workers call back)."""
+    r = _run(["sinfo", "-h", "-N", "-o", "%N"] + ([f"--partition={settings.partition}"] if settings.partition else []))
+    nodes = r.stdout.split()
+    if r.returncode != 0 or not nodes:
+        raise ConfigError(f"launcher=slurm: cannot list the partition's nodes ({clip(r.stderr, 200)}); give "
+                          "host_ip=ADDRESS (this machine's address as the nodes reach it)")
+    return _address_towards(_field(_show("node", nodes[0]), "NodeAddr") or nodes[0])
+
+
+def worker_slots(settings: Any, gpus_per_trial: int, parallel: int | None) -> list[Any]:
+    """A study's slots on the cluster: `parallel` Slurm jobs (default: slurm.nodes x slurm.tasks_per_node), each
+    one task with the trial's GPUs (Slurm picks the node and the devices)."""
+    from xp.launching.slots import Slot
+
+    n = parallel if parallel is not None else settings.nodes * settings.tasks_per_node
+    return [Slot(i, tuple(range(gpus_per_trial)), (), "a Slurm job") for i in range(n)]
+
+
+class WorkerJob:
+    """A study's worker as a Slurm job of one task, which lives as long as the study wants it: the handle the pool
+    keeps, with the calls of subprocess.Popen it makes. What it runs, and its slot's secret, go in a file only this
+    user reads, which xp.launching.remote reads and removes as the job starts (never on a command line, nor in
+    the job's record)."""
+
+    def __init__(self, job: str, settings: Any):
+        self.job, self.settings, self.returncode = job, settings, None
+        self.state, self.reason = "PENDING", ""
+
+    @classmethod
+    def submit(cls, settings: Any, slot: Any, told: dict[str, Any]) -> WorkerJob:
+        import json
+        import secrets
+
+        out = Path(settings.output_dir).expanduser().resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        job = told["env"].get("XP_JOB", "")
+        spec = out / f".{WORKER_JOB}{secrets.token_hex(8)}.json"
+        fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        env = {k: v for k, v in told["env"].items() if k != "CUDA_VISIBLE_DEVICES"}  # Slurm gives the job its GPUs
+        with os.fdopen(fd, "w") as f:
+            json.dump({**told, "env": env}, f)
+        cmd = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", f"--time={settings.time_min}",
+               f"--job-name={WORKER_JOB}{job}-{slot.index}", f"--output={out}/slurm-%j.out", f"--chdir={os.getcwd()}",
+               "--export=ALL", "--no-requeue"]  # a lost node loses its trial (retried on another slot), not rerun
+        cmd += [f"--partition={settings.partition}"] if settings.partition else []
+        cmd += [f"--gpus={len(slot.gpus)}"] if slot.gpus else []
+        cmd += [f"--account={settings.account}"] if settings.account else []
+        r = _run([*cmd, "--wrap", f"exec {shlex.quote(sys.executable)} -m xp.launching.remote run --spec {spec}"])
+        if r.returncode != 0:
+            spec.unlink(missing_ok=True)
+            raise ConfigError(f"launcher=slurm: sbatch refused the study's worker job: {clip(r.stderr, 300)}")
+        return cls(r.stdout.strip().split(";")[0], settings)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            record = _show("job", self.job)
+            self.state = _field(record, "JobState") or ("UNKNOWN" if not record else self.state)
+            self.reason = _field(record, "Reason") or self.reason
+            if self.state in ENDED or self.state == "UNKNOWN":
+                code = (_field(record, "ExitCode") or "1:0").split(":")[0]
+                self.returncode = int(code) if self.state == "COMPLETED" and code.isdigit() else 1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"Slurm job {self.job}", timeout)
+            time.sleep(min(self.settings.poll_s, 0.5))
+        return self.returncode
+
+    def terminate(self) -> None:
+        _run(["scancel", self.job])
+
+    kill = terminate  # Slurm signals the job's processes, then kills them
+
+    def __str__(self) -> str:
+        return f"Slurm job {self.job} ({self.state}" + (f", {self.reason}" if self.reason not in ("", "None") else "") + ")"
+
+
+def cancel_named(job: str) -> None:
+    """End the worker jobs of the study whose pool is `job`, pending or running."""
+    r = _run(["squeue", "-h", "-o", "%i %j"])
+    ids = [i for i, name in (line.split(None, 1) for line in r.stdout.splitlines() if " " in line)
+           if name.startswith(f"{WORKER_JOB}{job}-")]
+    if ids:
+        _run(["scancel", *ids])

@@ -9,7 +9,8 @@ from typing import Any
 
 from xp.run.plan import Plan
 from xp.tracking import sweepstate
-from xp.tracking.tracker import NullTracker, Tracker, run_name, run_url_hint, versions
+from xp.tracking.provenance import run_url_hint, versions
+from xp.tracking.tracker import NullTracker, Tracker, run_name
 
 log = logging.getLogger("xp")
 

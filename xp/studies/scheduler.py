@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 log = logging.getLogger("xp")
 
+ALIVE_S = 2.0  # how often the workers running a trial are checked for a process that ended without a word
 SCHEDULER_ATTR = "xp.scheduler"  # a trial's user attribute: host:pid:start of the scheduler running it
 
 
@@ -149,7 +150,7 @@ class Scheduler:
         idle = list(self.pool.workers)
         for w in idle:
             selector.register(w, selectors.EVENT_READ)
-        beat = time.monotonic()
+        beat = checked = time.monotonic()
         try:
             while True:
                 idle = self._fill(idle)
@@ -158,8 +159,15 @@ class Scheduler:
                         self._count(*self.ended.pop(0))
                     self._summary()
                     return self.tally
-                for key, _ in selector.select(timeout=max(0.05, beat + self.heartbeat_s - time.monotonic())):
+                wake = min(beat + self.heartbeat_s, checked + ALIVE_S)
+                for key, _ in selector.select(timeout=max(0.05, wake - time.monotonic())):
                     idle.extend(self._serve(key.fileobj, selector))
+                if time.monotonic() >= checked + ALIVE_S:  # a worker elsewhere can be lost without a word (its
+                    checked = time.monotonic()  # node gone: no end of its connection arrives); its process says so
+                    for worker in [w for w in self.pool.workers if w.gone() and not _readable(w)]:  # (what it
+                        if worker in idle:  # said before it went, and its end, the select reads)
+                            idle.remove(worker)
+                        idle.extend(self._died(worker, selector))
                 idle = self._fill(idle)
                 while self.ended:
                     self._count(*self.ended.pop(0))
@@ -228,16 +236,8 @@ class Scheduler:
         """Answer a worker's messages; returns it when it is free again (or its replacement)."""
         messages = worker.pending()
         flight = self.flights.get(worker)
-        if messages is None:  # the worker died: its trials are lost and retried, a new worker takes the slot
-            selector.unregister(worker)
-            why = worker.ended()
-            if self.flights.pop(worker, None) is not None:
-                self.tally.busy_s += time.monotonic() - flight.started
-                self.lost(flight.trial, why)
-                self.tally.states["FAIL"] += 1
-            fresh = self.pool.replace(worker)
-            selector.register(fresh, selectors.EVENT_READ)
-            return [fresh]
+        if messages is None:
+            return self._died(worker, selector)
         free = []
         for msg in messages:
             op = msg["op"]
@@ -265,6 +265,19 @@ class Scheduler:
                 flight = nxt
         return free
 
+    def _died(self, worker: Any, selector: Any) -> list[Any]:
+        """A worker died: its trial is lost (and retried), a new worker takes the slot; returns it."""
+        selector.unregister(worker)
+        why = worker.ended()
+        flight = self.flights.pop(worker, None)
+        if flight is not None:
+            self.tally.busy_s += time.monotonic() - flight.started
+            self.lost(flight.trial, why)
+            self.tally.states["FAIL"] += 1
+        fresh = self.pool.replace(worker)
+        selector.register(fresh, selectors.EVENT_READ)
+        return [fresh]
+
     def _summary(self) -> None:
         t = self.tally
         if t.first is None:
@@ -290,6 +303,12 @@ class Scheduler:
               f"{t.states['PRUNED']} pruned, {t.states['FAIL']} failed), {len(self.flights)} running on "
               f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta,
               flush=True, file=sys.stdout)
+
+
+def _readable(worker: Any) -> bool:
+    import select
+
+    return bool(select.select([worker], [], [], 0)[0])
 
 
 def _beat(trials: list[Any]) -> None:

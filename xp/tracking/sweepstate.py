@@ -34,7 +34,7 @@ def code_identity() -> str:
     version where it runs from an installed wheel."""
     import subprocess
 
-    from xp.tracking.tracker import CHECKOUT, _git, versions
+    from xp.tracking.provenance import CHECKOUT, _git, versions
 
     git = _git()
     if not git:
