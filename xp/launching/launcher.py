@@ -99,6 +99,9 @@ class Launcher:
         subprocess.Popen it makes: poll(), wait(timeout), terminate(), kill(), returncode."""
         raise NotImplementedError(f"launcher={self.name} places no study trials elsewhere")
 
+    def worker_lost(self, slot: Slot, handle: Any) -> None:
+        """The worker `start_worker` started for `slot` (`handle`) was lost; its replacement is started next."""
+
 
 class Local(Launcher):
     """Every process on this machine, every socket on 127.0.0.1."""
@@ -194,6 +197,10 @@ class Slurm(OnHosts):
     name = "slurm"
     nodes = "the Slurm job's nodes"
 
+    def __init__(self, settings: Any = None):
+        super().__init__(settings)
+        self._avoid: dict[int, str] = {}  # a study's slot -> the node its last worker job was lost on
+
     @classmethod
     def check_plan(cls, plan: Any) -> None:
         s = plan.launch.slurm
@@ -270,7 +277,11 @@ class Slurm(OnHosts):
             return super().start_worker(slot, told)
         from xp.launching.slurm import WorkerJob
 
-        return WorkerJob.submit(self.settings.slurm, slot, told)
+        return WorkerJob.submit(self.settings.slurm, slot, told, avoid=self._avoid.get(slot.index))
+
+    def worker_lost(self, slot: Slot, handle: Any) -> None:
+        if handle.node and handle.lost_with_node:  # the job's worker went while Slurm had it running (or its
+            self._avoid[slot.index] = handle.node  # node failed): the slot's next jobs go to other nodes
 
     def reap(self, hosts: list[str], job: str) -> None:
         if not self.submits():

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from xp.errors import XPError
+from xp.errors import XPError, one_line
 from xp.launching.slots import Slot
 from xp.launching.trialworker import BACKEND_ENV, CONNECT_ENV, QUIET_ENV, SLOT_ENV, TOKEN_ENV, TRACKING_ENV
 from xp.studies.scheduler import Channel
@@ -53,9 +53,11 @@ class Worker:
 
     def ended(self) -> str:
         """How the process ended, in words (it is ended if it has not)."""
-        if not isinstance(self.proc, subprocess.Popen):  # a batch job: its batch system says how
-            _end(self.proc, 0.0)
-            return str(self.proc)
+        if not isinstance(self.proc, subprocess.Popen):  # a batch job: its batch system says how it went (as it
+            self.proc.poll()  # stood when the worker was lost), then it is ended (it may live on a lost node)
+            how = str(self.proc)
+            self.proc.terminate()
+            return how
         try:
             code = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -197,12 +199,22 @@ class Pool:
     def replace(self, worker: Worker) -> Worker:
         """A new worker on `worker`'s slot (the old one is ended if it is not); XPError when DEATHS workers of the
         slot died in a row without finishing a trial (a broken environment, not a bad trial)."""
-        _end(worker.proc)
+        if isinstance(worker.proc, subprocess.Popen):  # ended already (Worker.ended, or retired): reaped
+            _end(worker.proc, 1.0)
+        if self.remote:
+            self.launcher.worker_lost(worker.slot, worker.proc)
         deaths = 0 if worker.finished else worker.deaths + (worker.proc.returncode != 0)
-        if deaths >= DEATHS:
-            raise XPError(f"the study's workers on {worker.slot.describe()} died {deaths} times in a row without "
-                          f"finishing a trial (last: exit code {worker.proc.returncode}); see their lines above")
-        fresh = self._ready(*self._spawn(worker.slot))
+        while True:
+            if deaths >= DEATHS:
+                raise XPError(f"the study's workers on {worker.slot.describe()} died {deaths} times in a row "
+                              f"without finishing a trial (last: exit code {worker.proc.returncode}); see their "
+                              "lines above")
+            try:
+                fresh = self._ready(*self._spawn(worker.slot))
+                break
+            except XPError as e:  # its replacement did not start (a node that is going): another try
+                log.warning(f"study: {one_line(e)}")
+                deaths += 1
         fresh.deaths = deaths
         self.workers[self.workers.index(worker)] = fresh
         return fresh
@@ -234,17 +246,17 @@ def _peer(conn: socket.socket) -> str:
 
 
 def _end(proc: Any, grace_s: float = 10.0) -> None:
-    """End a worker we started: it leaves on "exit"; else SIGTERM, then SIGKILL."""
-    try:
-        proc.wait(timeout=grace_s)
-        return
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=grace_s)
+    """End a worker we started: it leaves on "exit"; else SIGTERM, then SIGKILL (a batch job: cancelled), each
+    given grace_s to take."""
+    for step in (None, proc.terminate, proc.kill):
+        if step is not None:
+            step()
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    log.warning(f"study: worker {proc} did not end within {3 * grace_s:.0f} s")
 
 
 LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")  # Hydra's launchers that run jobs on this machine

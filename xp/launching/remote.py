@@ -26,6 +26,7 @@ import threading
 import time
 
 JOB_ENV = "XP_JOB"
+GRACE_S = 5.0  # what argv gets between SIGTERM and SIGKILL when the job ends
 
 
 def probe() -> int:
@@ -62,14 +63,19 @@ def run(spec_file: str | None = None) -> None:
     child = subprocess.Popen(spec["argv"], env={**os.environ, **spec.get("env", {})}, start_new_session=True,
                              stdin=subprocess.DEVNULL)
 
-    def end(*_: object) -> None:
+    signalled = threading.Event()
+
+    def end() -> None:
+        """SIGTERM to argv's group, SIGKILL after a grace. On a thread: the main thread reaps argv meanwhile (a
+        signal handler that waited for it itself, inside the main thread's wait, could not: it waited out the grace
+        and killed a child that was ending cleanly)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(child.pid, sig)
             except ProcessLookupError:
                 return
             try:
-                child.wait(timeout=5)
+                child.wait(timeout=GRACE_S)
                 return
             except subprocess.TimeoutExpired:
                 continue
@@ -82,8 +88,13 @@ def run(spec_file: str | None = None) -> None:
             pass
         end()  # the launcher is gone: so is the job
 
+    def stop(*_: object) -> None:
+        if not signalled.is_set():
+            signalled.set()
+            threading.Thread(target=end, daemon=True).start()
+
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda *_: (end(), os._exit(143)))
+        signal.signal(sig, stop)
     if not spec_file:  # a batch job ends when its batch system ends it (SIGTERM)
         threading.Thread(target=watch_stdin, daemon=True).start()
     code = child.wait()
@@ -92,7 +103,8 @@ def run(spec_file: str | None = None) -> None:
     except ProcessLookupError:
         pass
     sys.stdout.flush()
-    os._exit(128 - code if code < 0 else code)  # at once: the thread reading stdin must not hold up the exit
+    # at once: the thread reading stdin must not hold up the exit
+    os._exit(143 if signalled.is_set() else 128 - code if code < 0 else code)
 
 
 def reap(job: str) -> int:

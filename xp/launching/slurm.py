@@ -227,10 +227,13 @@ class WorkerJob:
 
     def __init__(self, job: str, settings: Any):
         self.job, self.settings, self.returncode = job, settings, None
-        self.state, self.reason = "PENDING", ""
+        self.state, self.reason, self.node = "PENDING", "", ""
+        self.heard = time.monotonic()  # when Slurm last showed the job
+        self.ended_in = ""  # its state when xp first ended it
 
     @classmethod
-    def submit(cls, settings: Any, slot: Any, told: dict[str, Any]) -> WorkerJob:
+    def submit(cls, settings: Any, slot: Any, told: dict[str, Any], avoid: str | None = None) -> WorkerJob:
+        """The worker of `slot` submitted (`avoid`: a node not to place it on, where its predecessor was lost)."""
         import json
         import secrets
 
@@ -248,6 +251,7 @@ class WorkerJob:
         cmd += [f"--partition={settings.partition}"] if settings.partition else []
         cmd += [f"--gpus={len(slot.gpus)}"] if slot.gpus else []
         cmd += [f"--account={settings.account}"] if settings.account else []
+        cmd += [f"--exclude={avoid}"] if avoid else []
         r = _run([*cmd, "--wrap", f"exec {shlex.quote(sys.executable)} -m xp.launching.remote run --spec {spec}"])
         if r.returncode != 0:
             spec.unlink(missing_ok=True)
@@ -256,9 +260,15 @@ class WorkerJob:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            record = _show("job", self.job)
-            self.state = _field(record, "JobState") or ("UNKNOWN" if not record else self.state)
+            record = _show("job", self.job)  # "" while slurmctld does not answer (busy with a lost node)
+            if record:
+                self.heard = time.monotonic()
+            elif time.monotonic() - self.heard > UNKNOWN_AFTER_S:
+                self.state = "UNKNOWN"  # (purged, or slurmctld gone)
+            self.state = _field(record, "JobState") or self.state
             self.reason = _field(record, "Reason") or self.reason
+            node = _field(record, "NodeList") or ""
+            self.node = node if node and node != "(null)" else self.node
             if self.state in ENDED or self.state == "UNKNOWN":
                 code = (_field(record, "ExitCode") or "1:0").split(":")[0]
                 self.returncode = int(code) if self.state == "COMPLETED" and code.isdigit() else 1
@@ -272,13 +282,22 @@ class WorkerJob:
             time.sleep(min(self.settings.poll_s, 0.5))
         return self.returncode
 
+    @property
+    def lost_with_node(self) -> bool:
+        """When it was ended, Slurm still ran the job (its worker gone), or its node had failed: the node is in
+        doubt."""
+        return self.ended_in in ("RUNNING", "COMPLETING", "NODE_FAIL", "UNKNOWN")
+
     def terminate(self) -> None:
+        self.ended_in = self.ended_in or self.state
         _run(["scancel", self.job])
 
     kill = terminate  # Slurm signals the job's processes, then kills them
 
     def __str__(self) -> str:
-        return f"Slurm job {self.job} ({self.state}" + (f", {self.reason}" if self.reason not in ("", "None") else "") + ")"
+        on = f" on {self.node}" if self.node else ""
+        why = f", {self.reason}" if self.reason not in ("", "None") else ""
+        return f"Slurm job {self.job}{on} ({self.state}{why})"
 
 
 def cancel_named(job: str) -> None:
