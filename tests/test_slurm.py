@@ -395,7 +395,7 @@ def test_a_lost_node_loses_only_its_trial_which_is_retried_on_a_new_slot_job(clu
             proc.wait(timeout=30)
     try:
         assert proc.returncode == 0, out[-3000:]
-        assert f"lost its worker (Slurm job" in out and f" on {node} (RUNNING)" in out, out[-3000:]
+        assert "lost its worker (Slurm job" in out and f" on {node} (RUNNING)" in out, out[-3000:]
         trials = optuna.load_study(study_name="small", storage=storage).trials
         done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
         lost = [t for t in trials if t.state.name == "FAIL"]

@@ -230,8 +230,7 @@ class Pool:
             try:
                 w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait(timeout=10)
+                _end(w.proc, 2.0)
 
     def retire(self, worker: Worker) -> None:
         worker.send({"op": "exit"})
