@@ -246,7 +246,8 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
         def gone(self) -> bool:
             return not self.thread.is_alive()
 
-    pool = SimpleNamespace(workers=[Worker(0), Worker(1)])
+    pool = SimpleNamespace(workers=[Worker(0), Worker(1)], released=[])
+    pool.release = lambda w: (pool.workers.remove(w), pool.released.append(w), w.send({"op": "exit"}))
     numbers, told = iter(range(12)), []
     storage = SimpleNamespace()  # keeps no heartbeats
     scheduler = Scheduler(pool, ask=lambda: SimpleNamespace(number=next(numbers),
@@ -258,6 +259,7 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     tally = scheduler.run()
     for w in pool.workers:
         w.send({"op": "exit"})
+    for w in [*pool.workers, *pool.released]:
         w.thread.join(timeout=30)
     assert tally.states["COMPLETE"] == 12 and sorted(told) == list(range(12))
     assert [n for _, n in started] == list(range(12))  # started in the order asked

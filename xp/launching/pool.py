@@ -78,6 +78,7 @@ class Pool:
         self.remote = launcher is not None and launcher.remote  # its workers start elsewhere and call back
         self.quiet = len(slots) > 1
         self.workers: list[Worker] = []
+        self.released: list[Worker] = []  # left before the study's end (release)
         self.started: list[tuple[subprocess.Popen, Channel | None, Slot]] = []
         self.listener: socket.socket | None = None  # where workers of other hosts call back
         self.tokens: dict[str, Slot] = {}  # the secret each remote slot's worker says first
@@ -113,7 +114,7 @@ class Pool:
     def __exit__(self, *exc: Any) -> None:
         for w in self.workers:
             w.send({"op": "exit"})
-        for w in self.workers:
+        for w in [*self.workers, *self.released]:
             _end(w.proc)
         self._close()
 
@@ -231,6 +232,13 @@ class Pool:
                 w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _end(w.proc, 2.0)
+
+    def release(self, worker: Worker) -> None:
+        """An idle worker the study needs no more leaves now (its slot's resources go back: a batch job ends);
+        __exit__ waits for it with the others."""
+        worker.send({"op": "exit"})
+        self.workers.remove(worker)
+        self.released.append(worker)
 
     def retire(self, worker: Worker) -> None:
         worker.send({"op": "exit"})

@@ -151,9 +151,15 @@ class Scheduler:
         for w in idle:
             selector.register(w, selectors.EVENT_READ)
         beat = checked = time.monotonic()
+        self.slots = len(self.pool.workers)
         try:
             while True:
                 idle = self._fill(idle)
+                if idle and self.flights and not self.ready and self.left <= 0:  # the budget is spent: a slot that
+                    for worker in idle:  # has no trial left gives its resources back (a Slurm job's allocation)
+                        selector.unregister(worker)
+                        self.pool.release(worker)
+                    idle = []
                 if not self.flights:
                     while self.ended:
                         self._count(*self.ended.pop(0))
@@ -282,7 +288,7 @@ class Scheduler:
         t = self.tally
         if t.first is None:
             return
-        span, slots = time.monotonic() - t.first, len(self.pool.workers)
+        span, slots = time.monotonic() - t.first, self.slots
         log.info(f"study: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
                  f"the slots were busy {t.busy_s / (slots * span):.0%} of the time after the first trial started")
 
@@ -296,12 +302,12 @@ class Scheduler:
         done = sum(t.states.values())
         elapsed = time.monotonic() - t.started
         left = self.left + len(self.flights) + len(self.ready)
-        eta = f", about {elapsed / done * left / max(1, len(self.pool.workers)):.0f} s left" if left and done else ""
+        eta = f", about {elapsed / done * left / max(1, self.slots):.0f} s left" if left and done else ""
         error = f": {msg['error']}" if msg.get("error") else ""
         print(f"study: trial {flight.trial.number} {state.lower()}{error} after "
               f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states['COMPLETE']} complete, "
               f"{t.states['PRUNED']} pruned, {t.states['FAIL']} failed), {len(self.flights)} running on "
-              f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta,
+              f"{self.slots} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta,
               flush=True, file=sys.stdout)
 
 
