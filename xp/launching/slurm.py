@@ -225,8 +225,9 @@ class WorkerJob:
     user reads, which xp.launching.remote reads and removes as the job starts (never on a command line, nor in
     the job's record)."""
 
-    def __init__(self, job: str, settings: Any):
+    def __init__(self, job: str, settings: Any, spec: Path | None = None):
         self.job, self.settings, self.returncode = job, settings, None
+        self.spec = spec  # its spec file, until the job has read it (a job cancelled while it pends never does)
         self.state, self.reason, self.node = "PENDING", "", ""
         self.heard = time.monotonic()  # when Slurm last showed the job
         self.ended_in = ""  # its state when xp first ended it
@@ -256,7 +257,7 @@ class WorkerJob:
         if r.returncode != 0:
             spec.unlink(missing_ok=True)
             raise ConfigError(f"launcher=slurm: sbatch refused the study's worker job: {clip(r.stderr, 300)}")
-        return cls(r.stdout.strip().split(";")[0], settings)
+        return cls(r.stdout.strip().split(";")[0], settings, spec)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -291,6 +292,8 @@ class WorkerJob:
     def terminate(self) -> None:
         self.ended_in = self.ended_in or self.state
         _run(["scancel", self.job])
+        if self.spec is not None:  # the slot's secret goes with the job
+            self.spec.unlink(missing_ok=True)
 
     kill = terminate  # Slurm signals the job's processes, then kills them
 

@@ -24,6 +24,30 @@ from xp.run.plan import Plan
 _amp_target: str | None = None  # MXNet's AMP, once initialised, stays on for the whole process
 
 
+AVX512_CORE = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # what MKL-DNN's bfloat16 kernels need at least
+
+
+def cpu_bfloat16() -> bool:
+    """Whether this CPU runs MKL-DNN's bfloat16 kernels (AVX-512 core: emulated; avx512_bf16 or AMX: native).
+    Without it MXNet fails mid-training ("could not create a primitive descriptor iterator")."""
+    return AVX512_CORE <= set(_cpuinfo("flags").split())
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or "unknown"
+
+
+def _cpuinfo(key: str) -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(key) and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def enable_amp(device_type: str) -> str:
     """Switch on MXNet's AMP: float16 on GPUs, bfloat16 on CPUs (MKL-DNN kernels)."""
     global _amp_target
@@ -116,6 +140,10 @@ class MXNetBackend(Backend):
         if plan.dtype == "bfloat16":
             raise ConfigError("dtype=bfloat16: the MXNet backends reach bfloat16 through AMP on CPUs; use dtype=amp "
                               "(or backend=torch dtype=bfloat16)")
+        if plan.dtype == "amp" and plan.device_type != "gpu" and not cpu_bfloat16():
+            raise ConfigError(f"dtype=amp on the CPU: MXNet's bfloat16 kernels (MKL-DNN) need AVX-512, which this CPU "
+                              f"({cpu_model()}) does not have; use dtype=float32, backend=torch dtype=bfloat16, or "
+                              "train on GPUs (gpus>=1)")
         if plan.workers > 1 and cls.engine_for(plan) is None:
             raise ConfigError(f"workers={plan.workers}: several worker processes need a distributed kvstore "
                               "(kvstore=dist_sync) or backend=horovod; for devices in one process use "
