@@ -36,7 +36,8 @@ def test_the_scaling_recipe_reports_efficiency_recomputed_from_its_runs(tmp_path
         assert (p_["epochs"], p_["warmup_epochs"], p_["lr_schedule"]) == ("16", "2", "cosine")
         assert float(p_["derived.effective_lr"]) == 0.05 * int(p_["derived.global_batch"]) / 32
     acc = {n: r.data.metrics["val_accuracy"] for n, r in trials.items()}
-    assert abs(acc[2] - acc[1]) <= 0.01 and abs(acc[4] - acc[1]) <= 0.01, acc
+    tol = recipe_tolerance("scaling")
+    assert abs(acc[2] - acc[1]) <= tol and abs(acc[4] - acc[1]) <= tol, acc
     thr = {n: float(r.data.params["summary.throughput_samples_per_s"]) for n, r in trials.items()}
 
     out = tmp_path / "report"
@@ -51,9 +52,17 @@ def test_the_scaling_recipe_reports_efficiency_recomputed_from_its_runs(tmp_path
     assert "they share 2 cores" in claims and (out / "claim_scaling.png").stat().st_size > 10_000
 
 
+def recipe_tolerance(name: str) -> float:
+    """The accuracy tolerance a shipped recipe's claim is judged by (sweeps/NAME.yaml)."""
+    import yaml
+
+    return float(yaml.safe_load((ROOT / "sweeps" / f"{name}.yaml").read_text())["claim"]["accuracy_tolerance"])
+
+
 def test_the_batch_recipe_climbs_to_batch_autos_largest_and_reports_what_it_buys(tmp_path, store):
     """batch=auto's largest per-device batch is found once; one trial per batch of the ladder 16, 32, ... up to it,
-    each with the linear rule; accuracy holds within a point at equal epochs; the report's figures are the runs'."""
+    each with the linear rule; accuracy holds within the recipe's tolerance at equal epochs; the report's figures
+    are the runs'."""
     from conftest import compose_config
     from xp.run.planning import plan_and_backend
 
@@ -70,7 +79,8 @@ def test_the_batch_recipe_climbs_to_batch_autos_largest_and_reports_what_it_buys
     for b, r in trials.items():
         assert float(r.data.params["derived.effective_lr"]) == pytest.approx(0.02 * b / 32)
     acc = {b: r.data.metrics["val_accuracy"] for b, r in trials.items()}
-    assert all(abs(a - acc[16]) <= 0.01 for a in acc.values()), acc
+    tol = recipe_tolerance("batch")
+    assert all(abs(a - acc[16]) <= tol for a in acc.values()), acc
     thr = {b: float(r.data.params["summary.throughput_samples_per_s"]) for b, r in trials.items()}
     assert thr[largest] > 1.3 * thr[16], thr  # 2.0x measured here (README)
 
@@ -83,7 +93,7 @@ def test_the_batch_recipe_climbs_to_batch_autos_largest_and_reports_what_it_buys
         assert f"| {b} | {0.02 * b / 32:.4g} | {thr[b]:.1f} | {thr[b] / thr[16]:.2f}x | {acc[b]:.4f} |" in claims
     assert (f"| batch | 88 per device (ResNet-50 on 16 GPUs) | {largest} per device, {thr[largest] / thr[16]:.2f}x "
             "the throughput of 16 | holds |") in claims
-    assert f"accuracy stays within 1.0 points of batch 16's up to batch {largest}" in claims
+    assert f"accuracy stays within {tol * 100:.1f} points of batch 16's up to batch {largest}" in claims
     assert (out / "claim_batch.png").stat().st_size > 10_000
 
 
