@@ -266,6 +266,12 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     assert [s for s, n in started if n > 0 and n < 10] == [1] * 9  # slot 0 held nothing while its long trial ran
 
 
+def default_sigint() -> None:
+    """In the child before exec: Ctrl-C's default (a test run as a background job inherits SIGINT ignored, and
+    Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def running_trial_runs(store) -> int:
     try:
         return sum(r.info.status == "RUNNING" for r in trial_runs(store))
@@ -285,7 +291,7 @@ def test_an_interrupted_study_leaves_nothing_running_and_the_same_command_finish
     proc = subprocess.Popen([sys.executable, "-m", "xp", *args, f"hydra.run.dir={tmp_path}/run",
                              f"hydra.sweep.dir={tmp_path}/sweep"], cwd=ROOT, env={**os.environ, **env,
                             "MLFLOW_TRACKING_URI": store}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 300
         while running_trial_runs(store) < 2:  # both slots are in a trial

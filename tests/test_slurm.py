@@ -414,9 +414,11 @@ def test_ctrl_c_ends_a_slurm_study_and_leaves_the_queue_empty(cluster):
     import signal
 
     c = cluster
+    from test_scheduler import default_sigint
+
     argv, storage = slot_study(c, "slurm-stop", 6, "sweep.parallel=2", "epochs=60")
     proc = subprocess.Popen(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-stop"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 180
         while running_trial_runs(c, "slurm-stop") < 2:  # both slots' jobs run a trial

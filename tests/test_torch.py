@@ -53,7 +53,9 @@ def test_torch_computes_what_gluon_computes_from_the_same_weights():
     train_epoch(g.plan, g, 1, lambda *a: None)
     train_epoch(t.plan, t, 1, lambda *a: None)
     for (name, want), got in zip(g.get_params().items(), t.get_params().values()):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5, err_msg=name)
+        # atol 3e-4: on an AMD EPYC without AVX-512 MKL-DNN's kernels sum in another order; 7 of LeNet's 288 first
+        # conv weights then differed by up to 2e-4 after the epoch (2e-5 held on an Intel CPU with AVX-512)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-4, err_msg=name)
     gv, tv = g.evaluate(), t.evaluate()
     assert gv["val_accuracy"] == tv["val_accuracy"] and gv["val_loss"] == pytest.approx(tv["val_loss"], rel=1e-4)
 

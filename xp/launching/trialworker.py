@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
 
     _die_with_parent()
     signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
-    signal.signal(signal.SIGINT, _stopped)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
+        signal.signal(signal.SIGINT, _stopped)
     early = compose = None
     if SLOT_ENV not in os.environ:  # started before its slot was known (xp.launching.pool.early)
         from xp.studies.scheduler import Channel
