@@ -86,7 +86,7 @@ def test_amp_trains_in_bfloat16_on_cpu(tmp_path, store, backend):
     """MXNet's AMP patches operators process-wide: tested in its own process. On a CPU without AVX-512 (an AMD
     EPYC of these machines) MKL-DNN has no bfloat16 kernels: one line before anything starts, not a failure in
     the first convolution."""
-    from xp.mx.base import cpu_bfloat16
+    from xp.mx.cpu import cpu_bfloat16
 
     proc = run_xp(tmp_path, store, "dtype=amp", f"backend={backend}", "epochs=5")
     if not cpu_bfloat16():
