@@ -43,7 +43,7 @@ def inner(engine: str, addresses: list[str], host_ip: str, ssh_config: str, elem
 
     cls = {"ps-lite": PsLite, "horovod": Horovod, "torchrun": Torchrun}[engine]
     n = len(addresses)
-    launcher = Ssh(LaunchSettings("ssh", host_ip=host_ip, interface="eth0", ssh_config=ssh_config))
+    launcher = Ssh(LaunchSettings("ssh", {"config": ssh_config}, host_ip=host_ip, interface="eth0"))
     spec = Spec([engine, str(elements), str(steps)], workers=n, servers=n, launcher=launcher,
                 hosts=[HostSlots(a, 1) for a in addresses], host_ip=host_ip, interface="eth0",
                 transport=launcher.transport(), timeout_s=600, module="benchmarks.comm_worker")

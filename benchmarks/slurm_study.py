@@ -66,7 +66,7 @@ def one(c, way: str, rep: int, args: argparse.Namespace) -> dict[str, float]:
     argv = [sys.executable, "-m", "xp", "-m", "sweep=bench", f"sweep.parallel={args.parallel}",
             f"epochs={args.epochs}", f"tracking_uri={c.uri}", f"experiment={name}", f"hydra.sweep.dir={folder}/sweep"]
     if way == "slots":
-        argv += ["launcher=slurm", f"slurm.output_dir={c.shared}", "slurm.poll_s=0.5"]
+        argv += ["launcher=slurm", f"launcher.output_dir={c.shared}", "launcher.poll_s=0.5"]
     else:  # the README's way before: every trial a submitit job, batches of `parallel`
         argv += ["hydra/launcher=submitit_slurm", "hydra.launcher.timeout_min=10", "sweep.scheduler=hydra"]
     env = {**os.environ, **c.env, "PYTHONUNBUFFERED": "1", "XP_SWEEPS_DIR": str(folder / "sweeps")}

@@ -3,10 +3,14 @@
 - exact: ps-lite, Horovod and torchrun jobs compute what one process computes, in one FINISHED MLflow run,
   and leave nothing on any host;
 - killed: a worker killed mid-training fails the job (exit 1) with a line naming its rank, and its host when
-  the job spans hosts; one FAILED MLflow run; nothing left on any host.
+  the job spans hosts; one FAILED MLflow run; nothing left on any host;
+- study: a study's trials land on every host's or allocation's slots into one study and one MLflow parent; a
+  worker killed (or its node lost) mid-trial loses exactly that trial, which is retried while its slot is
+  refilled; an interrupted study leaves no process, job, RUNNING trial or RUNNING run, and the same command
+  finishes its budget.
 
 Each site's module runs the checks on the hosts it builds (local: test_distributed.py; ssh and the fixture
-launcher nsenter: test_multihost.py; slurm: test_slurm.py) and marks each such test with `@conformance(CHECK,
+launcher nsenter: test_multihost.py; slurm: test_slurm.py; a local study: test_scheduler.py) and marks each such test with `@conformance(CHECK,
 ...)`. test_launchers.py fails when a registered launcher is missing from a check.
 """
 
@@ -19,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-CHECKS = ("exact", "killed")
-MODULES = ("test_distributed", "test_multihost", "test_slurm")  # where the checks run
+CHECKS = ("exact", "killed", "study")
+MODULES = ("test_distributed", "test_multihost", "test_slurm", "test_scheduler")  # where the checks run
 SUITE: dict[str, set[str]] = {check: set() for check in CHECKS}  # check -> the launchers it runs on
 
 

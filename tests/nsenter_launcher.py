@@ -1,8 +1,10 @@
 """A launcher written as a test fixture, as a third party would write one: `launcher=nsenter` starts each
 host's processes by entering the test hosts' namespaces (tests/hosts.py) with nsenter instead of ssh.
 
-It is the whole of what a site needs: where the processes may go (`hosts`: the hosts file), how a command
-runs on a host (`transport`: a `Transport`), and what it refuses when the run is planned (`check_plan`).
+It is the whole of what a site needs: its settings (`NsenterOptions`: the config group `launcher`, offered from
+the dataclass, launcher.hosts_file=... launcher.connect_timeout_s=...), where the processes may go (`hosts`: the
+hosts file), how a command runs on a host (`transport`: a `Transport`), and what it refuses when the run is
+planned (`check_plan`).
 Probing the hosts before the job, reaping them after it, and handing horovodrun an `ssh` come from the
 interface (`OnHosts`, `Transport.as_ssh`); ps-lite, Horovod and torchrun run on it unchanged.
 
@@ -46,21 +48,27 @@ class Nsenter(Transport):
         return ["nsenter", "-t", pid, "-n", "-m", "-u", "sh", "-c", command]
 
 
+@dataclass(frozen=True)
+class NsenterOptions:
+    hosts_file: str | None = None  # HOST or HOST:SLOTS a line
+    connect_timeout_s: float = 10.0  # a host whose namespaces are gone answers at once; kept for the interface
+
+
 class NsenterLauncher(OnHosts):
     name = "nsenter"
+    Options = NsenterOptions
 
-    @classmethod
-    def check_plan(cls, plan: Any) -> None:
-        if not plan.launch.hosts_file:
-            raise ConfigError("launcher=nsenter: needs hosts_file=PATH (HOST or HOST:SLOTS a line)")
+    def check_plan(self, plan: Any) -> None:
+        if not self.options.hosts_file:
+            raise ConfigError("launcher=nsenter: needs launcher.hosts_file=PATH (HOST or HOST:SLOTS a line)")
         if not os.environ.get(HOSTS_ENV):
             raise ConfigError(f"launcher=nsenter: needs ${HOSTS_ENV}, a file of ADDRESS PID lines")
 
     def hosts(self) -> list[HostSlots]:
-        return read_hosts(self.settings.hosts_file)
+        return read_hosts(self.options.hosts_file)
 
     def transport(self) -> Nsenter:
-        return Nsenter(os.environ[HOSTS_ENV], self.settings.ssh_connect_timeout_s)
+        return Nsenter(os.environ[HOSTS_ENV], float(self.options.connect_timeout_s))
 
 
 def register(root: Path, entry_points: str = "nsenter = nsenter_launcher:NsenterLauncher\n") -> Path:

@@ -142,7 +142,7 @@ def test_more_gpus_than_visible_is_one_line_and_exit_2(tmp_path, store):
     (["lr=[1"], ["cannot parse the command line"]),
     (["dtype=float16"], ["dtype=float16: MXNet 1.9.1 has no float16 CPU kernels", "dtype=amp"]),
     (["kvstore=nccl"], ["kvstore=nccl: NCCL aggregates gradients between GPUs"]),
-    (["kvstore=dist_sync", "workers=2", "launcher=ssh"], ["launcher=ssh: needs hosts_file=PATH"]),
+    (["kvstore=dist_sync", "workers=2", "launcher=ssh"], ["launcher=ssh: needs launcher.hosts_file=PATH"]),
     (["workers=2"], ["workers=2: several worker processes need a distributed kvstore"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, store, args, fragments):

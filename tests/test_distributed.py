@@ -236,7 +236,6 @@ def test_a_missing_horovod_build_is_a_clear_error(tmp_path, store):
     (["backend=horovod", "cpu_devices=2"], "backend=horovod: one device per worker process (2 asked); use workers=2"),
     (["backend=horovod", "kvstore=dist_sync"], "kvstore=dist_sync: backend=horovod allreduces gradients itself"),
     (["backend=horovod", "backend.api=symbol"], "backend.api='symbol': must be one of gluon, module"),
-    (["kvstore=dist_sync", "launcher=k8s"], "launcher='k8s'"),
     (["kvstore=dist_sync", "port=80"], "port=80: must be an integer from 1024 to 65535"),
     (["kvstore=dist_sync", "dist_timeout_s=0"], "dist_timeout_s=0"),
 ])
@@ -248,14 +247,14 @@ def test_distributed_settings_are_validated(overrides, message):
 def test_hosts_files_and_placement():
     from xp.launching.hosts import HostSlots, parse_hosts
 
-    hosts = parse_hosts("10.0.0.1\n# a comment\n10.0.0.2:2\nnode3 slots=3\n\n10.0.0.1:1\n", "hosts_file=f")
+    hosts = parse_hosts("10.0.0.1\n# a comment\n10.0.0.2:2\nnode3 slots=3\n\n10.0.0.1:1\n", "launcher.hosts_file=f")
     assert hosts == [HostSlots("10.0.0.1", 2), HostSlots("10.0.0.2", 2), HostSlots("node3", 3)]
     spec = Spec(["kvstore=dist_sync"], workers=5, servers=2, launcher=Ssh(), hosts=hosts, host_ip="10.0.0.9")
     assert spec.placement() == [("10.0.0.1", 2), ("10.0.0.2", 2), ("node3", 1)]  # slots filled in order
     with pytest.raises(ConfigError, match=r"workers: 8 processes need 8 slots; the hosts list 7"):
         Spec([], workers=8, launcher=Ssh(), hosts=hosts).placement()
     with pytest.raises(ConfigError, match=r"'10.0.0.4:x' is not HOST, HOST:SLOTS"):
-        parse_hosts("10.0.0.4:x\n", "hosts_file=f")
+        parse_hosts("10.0.0.4:x\n", "launcher.hosts_file=f")
 
 
 def test_the_parameter_server_roles_across_hosts():

@@ -35,7 +35,7 @@ def test_every_registered_launcher_runs_the_conformance_suite(third_party):
     assert "nsenter" in registered  # the test's own launcher is found like any plugin
     assert missing(registered) == {}, "launchers the conformance suite does not run (tests/conformance.py)"
     # a launcher someone registers without adding it to the suite fails it
-    assert missing([*registered, "k8s"]) == {"exact": ["k8s"], "killed": ["k8s"]}
+    assert missing([*registered, "k8s"]) == {"exact": ["k8s"], "killed": ["k8s"], "study": ["k8s"]}
 
 
 def test_a_launcher_registered_twice_is_refused(third_party):
@@ -46,12 +46,62 @@ def test_a_launcher_registered_twice_is_refused(third_party):
 
 
 def test_an_unknown_launcher_is_one_line_naming_the_registered_ones():
+    from dataclasses import replace
+
     from conftest import compose_config
     from xp.run.planning import plan_and_backend
 
-    plan, _ = plan_and_backend(compose_config("kvstore=dist_sync", "workers=2", "launcher=k8s"))
+    plan, _ = plan_and_backend(compose_config("kvstore=dist_sync", "workers=2"))
+    plan = replace(plan, launch=replace(plan.launch, launcher="k8s"))  # (the command line refuses it earlier)
     with pytest.raises(ConfigError, match=r"launcher='k8s': not supported; valid: local, ssh, slurm$"):
         launcher_for(plan)
+
+
+def test_each_shipped_launchers_config_file_holds_exactly_its_settings():
+    """conf/launcher/NAME.yaml documents the settings the launcher reads (its Options dataclass), and defaults
+    them as the dataclass does: the one place a user reads them says what the code does."""
+    import yaml
+    from dataclasses import fields
+
+    from conftest import CONF
+
+    for name in ("local", "ssh", "slurm"):
+        options = launchers().load(name).Options
+        documented = yaml.safe_load((CONF / "launcher" / f"{name}.yaml").read_text())
+        assert documented.pop("name") == name
+        assert documented == {f.name: f.default for f in fields(options)}, name
+
+
+def test_a_third_partys_launcher_brings_its_own_config_group(third_party, monkeypatch):
+    """launcher=nsenter (no file in xp's conf/): its settings are offered from its Options dataclass, composed
+    under launcher.*, read and checked by the launcher; a key it lacks, or a setting of another launcher, is one
+    line; the settings launchers had before they brought their own are refused naming the key now."""
+    from hydra.core.config_store import ConfigStore
+
+    from xp import preflight
+    from xp.launching.launcher import offer_options
+
+    monkeypatch.setenv(nsenter_launcher.HOSTS_ENV, str(third_party / "nsenter-hosts"))
+    offer_options()
+    try:
+        configs = preflight.preflight(["kvstore=dist_sync", "workers=2", "launcher=nsenter",
+                                       "launcher.hosts_file=/the/hosts", "launcher.connect_timeout_s=3"])
+        assert configs[0]["launcher"] == {"name": "nsenter", "hosts_file": "/the/hosts", "connect_timeout_s": 3}
+        for args, message in [
+            (["launcher.identity=/k"], "launcher.identity=/k: unknown key 'launcher.identity'; the chosen launcher "
+                                       "has no such key"),
+            (["launcher.hosts_file=/h", "+launcher.nodes=2"], "launcher.nodes: launcher=nsenter has no such setting; "
+                                                             "its settings: hosts_file, connect_timeout_s"),
+            (["hosts_file=/h"], "hosts_file=/h: now a setting of launcher=ssh: write launcher=ssh "
+                                "launcher.hosts_file=/h"),
+            (["slurm.time_min=5"], "slurm.time_min=5: now a setting of launcher=slurm: write launcher=slurm "
+                                   "launcher.time_min=5"),
+        ]:
+            with pytest.raises(ConfigError) as e:
+                preflight.preflight(["kvstore=dist_sync", "workers=2", "launcher=nsenter", *args])
+            assert str(e.value).startswith(message), str(e.value)
+    finally:
+        ConfigStore.instance().repo.get("launcher", {}).pop("nsenter.yaml", None)
 
 
 @dataclass(frozen=True)

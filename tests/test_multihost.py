@@ -44,8 +44,9 @@ def cluster(tmp_path_factory):
 def xp_on_launcher(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
     """python -m xp on h1 with the cluster's launch settings (an argument with the same key replaces one;
     launcher=nsenter: the fixture launcher, its variables set on the command)."""
-    settings = unless_given(("launcher=ssh", f"host_ip={c.launcher.address}", "network_interface=eth0",
-                             f"ssh.config={c.ssh_config}", f"tracking_uri={c.uri}"), args)
+    ssh = [f"launcher.config={c.ssh_config}"] if "launcher=nsenter" not in args else []  # (its own settings)
+    settings = unless_given(("launcher=ssh", f"host_ip={c.launcher.address}", "network_interface=eth0", *ssh,
+                             f"tracking_uri={c.uri}"), args)
     variables = [f"{k}={v}" for k, v in c.nsenter_env.items()] if "launcher=nsenter" in args else []
     return c.on_launcher(["env", *variables, sys.executable, "-m", "xp", *settings, f"experiment={experiment}", *args,
                           f"hydra.run.dir={tmp_path}/run"])
@@ -100,7 +101,7 @@ def test_workers_on_other_hosts_compute_what_one_process_computes(cluster, tmp_p
     out = c.shared / f"{launcher}-{engine}-{n_hosts}.npz"
     experiment = f"exact-{launcher}-{engine}-{n_hosts}"
     r = subprocess.run(xp_on_launcher(c, tmp_path, f"launcher={launcher}", *ENGINES[engine], *EXACT,
-                                      f"hosts_file={hosts_file}",
+                                      f"launcher.hosts_file={hosts_file}",
                                       f"workers={n_hosts}", f"batch={global_batch // n_hosts}", f"save_params={out}",
                                       "dist_timeout_s=120", experiment=experiment),
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
@@ -146,7 +147,7 @@ def test_a_remote_worker_that_dies_or_stalls_fails_the_job_naming_rank_and_host(
     timeout_s = 20
     proc = subprocess.Popen(xp_on_launcher(c, tmp_path, f"launcher={launcher}", "kvstore=dist_sync", "workers=2",
                                            "batch=16", "epochs=400",
-                                           f"hosts_file={hosts_file}", f"dist_timeout_s={timeout_s}",
+                                           f"launcher.hosts_file={hosts_file}", f"dist_timeout_s={timeout_s}",
                                            experiment=experiment),
                             cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -178,7 +179,7 @@ def test_the_hosts_end_the_job_when_the_launcher_dies(cluster, tmp_path):
     c = cluster
     hosts_file = c.hosts_file(tmp_path / "hosts", ["h2", "h3"])
     proc = subprocess.Popen(xp_on_launcher(c, tmp_path, "kvstore=dist_sync", "workers=2", "batch=16", "epochs=400",
-                                           f"hosts_file={hosts_file}", experiment="launcher-killed"),
+                                           f"launcher.hosts_file={hosts_file}", experiment="launcher-killed"),
                             cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_line(proc, "epoch   2/400", timeout=120)
@@ -198,17 +199,17 @@ def test_the_hosts_end_the_job_when_the_launcher_dies(cluster, tmp_path):
 def test_bad_multihost_setups_fail_before_anything_starts(cluster, tmp_path, case):
     c = cluster
     hosts_file = c.hosts_file(tmp_path / "hosts", ["h2", "h3"])
-    args = ["kvstore=dist_sync", "workers=2", f"hosts_file={hosts_file}"]
+    args = ["kvstore=dist_sync", "workers=2", f"launcher.hosts_file={hosts_file}"]
     experiment, want = f"bad-{case.replace(' ', '-')}", ""
     if case == "unreachable":
         (tmp_path / "hosts").write_text(f"{c.host('h2').address}:1\n{c.subnet}.99:1\n")  # nothing there
-        args += ["ssh.connect_timeout_s=2"]
+        args += ["launcher.connect_timeout_s=2"]
         want = f"host {c.subnet}.99: ssh failed"
     elif case == "wrong key":
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
         cfg = tmp_path / "ssh_config"
         cfg.write_text(c.ssh_config.read_text().replace(str(c.key), str(tmp_path / "other")))
-        args += [f"ssh.config={cfg}"]
+        args += [f"launcher.config={cfg}"]
         want = "Permission denied"
     elif case == "no checkout":
         (tmp_path / "hosts").write_text(f"{c.host('h2').address}:1\n{c.host('h4').address}:1\n")
@@ -241,44 +242,95 @@ def test_bad_multihost_setups_fail_before_anything_starts(cluster, tmp_path, cas
 
 
 # --- a study across hosts ------------------------------------------------------------------------------
-def test_a_study_keeps_trials_in_flight_on_every_hosts_slots(cluster, tmp_path):
-    """launcher=ssh with -m sweep=NAME: the hosts file's slots (h2:2, h3:1) each get a worker over ssh; the
-    trials report into one study (SQLite on the launcher: only its scheduler writes it; the workers' values
-    travel over their channels) and one MLflow parent. A store the hosts cannot reach is one line first."""
-    from test_scheduler import TINY
+@conformance("study", "launcher", ["ssh", "nsenter"])
+def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_stops_clean(cluster, tmp_path,
+                                                                                          launcher):
+    """-m sweep=NAME on the hosts file's slots (h2:2, h3:1), each a worker started by the launcher (ssh; the
+    fixture launcher with its own config group): the trials report into one study (SQLite on the launcher: only
+    its scheduler writes it; the values travel over the workers' channels) and one MLflow parent. A worker killed
+    mid-trial loses that trial, which is retried while its slot gets a new worker; Ctrl-C then ends the study
+    within seconds with no process on any host, no RUNNING trial or run; the same command finishes its budget on
+    every host. (launcher=ssh: a store the hosts cannot reach is one line first.)"""
+    from test_scheduler import TINY, default_sigint
 
     c = cluster
     (tmp_path / "hosts").write_text(f"{c.host('h2').address}:2\n{c.host('h3').address}:1\n")
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
     (sweeps / "tiny.yaml").write_text(TINY.format(n=6))  # only on the launcher: the workers get the config
-    study_env = dict(env(), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=f"sqlite:///{tmp_path}/optuna.db")
-    args = ["-m", "sweep=tiny", "epochs=1", f"hosts_file={tmp_path / 'hosts'}", f"hydra.sweep.dir={tmp_path}/sweep"]
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study_env = dict(env(), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage)
+    experiment = f"study-{launcher}"
+    args = ["-m", "sweep=tiny", f"launcher={launcher}", f"launcher.hosts_file={tmp_path / 'hosts'}",
+            f"hydra.sweep.dir={tmp_path}/sweep"]
+    if launcher == "ssh":
+        bad = subprocess.run(xp_on_launcher(c, tmp_path, *args, "epochs=1", f"tracking_uri=sqlite:///{tmp_path}/m.db",
+                                            experiment="study-bad"), cwd=ROOT, env=study_env, capture_output=True,
+                             text=True, timeout=120)
+        assert bad.returncode == 2 and "a file on this machine, which the workers on" in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "m.db").exists()
 
-    bad = subprocess.run(xp_on_launcher(c, tmp_path, *args, f"tracking_uri=sqlite:///{tmp_path}/m.db",
-                                        experiment="study-bad"), cwd=ROOT, env=study_env, capture_output=True,
-                         text=True, timeout=120)
-    assert bad.returncode == 2 and "a file on this machine, which the workers on" in bad.stderr, bad.stderr
-    assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "m.db").exists()
-
-    r = subprocess.run(xp_on_launcher(c, tmp_path, *args, experiment="study-hosts"), cwd=ROOT, env=study_env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    h2, h3 = c.host("h2").address, c.host("h3").address
-    assert "study: 3 slots" in r.stdout + r.stderr and f"on {h2}" in r.stdout + r.stderr
     import optuna
 
-    trials = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()
-    assert len(trials) == 6 and all(t.state.name == "COMPLETE" for t in trials)
-    _, found = runs(c, "study-hosts")
+    def trials():
+        try:
+            return optuna.load_study(study_name="tiny", storage=storage).get_trials()
+        except Exception:  # not created yet
+            return []
+
+    def until(what, check, timeout=240):
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert proc.poll() is None and time.monotonic() < deadline, f"{what}: " + out.read_text()[-3000:]
+            time.sleep(0.3)
+
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:  # epochs=40: trials long enough to kill and stop in the middle
+        proc = subprocess.Popen(xp_on_launcher(c, tmp_path, *args, "epochs=40", experiment=experiment), cwd=ROOT,
+                                env=study_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=default_sigint)
+    try:
+        until("3 trials in flight", lambda: sum(t.state.name == "RUNNING" for t in trials()) == 3)
+        h3 = c.host("h3")
+        victim = [int(p.split()[0]) for p in c.processes(h3) if "xp.launching.trialworker" in p]
+        assert len(victim) == 1, c.processes(h3)
+        os.kill(victim[0], signal.SIGKILL)
+        until("the lost trial retried", lambda: any(t.system_attrs.get("failed_trial") is not None
+                                                    and t.state.name == "RUNNING" for t in trials()))
+        stopped = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    said = out.read_text()
+    assert proc.returncode == 130 and took < 15, (took, said[-3000:])
+    assert "Traceback" not in said and "lost its worker" in said, said[-3000:]
+    nothing_left(c)
+    lost = [t for t in trials() if t.state.name == "FAIL" and not t.user_attrs.get("xp.interrupted")]
+    assert len(lost) == 1, [(t.number, t.state.name, t.user_attrs) for t in trials()]
+    assert "RUNNING" not in {t.state.name for t in trials()}
+    _, found = runs(c, experiment)
+    assert "RUNNING" not in {x.info.status for x in found}, [(x.info.run_name, x.info.status) for x in found]
+
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *args, "epochs=1", experiment=experiment), cwd=ROOT,
+                       env=study_env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    h2 = c.host("h2").address
+    assert "study: 3 slots" in r.stdout + r.stderr and f"on {h2}" in r.stdout + r.stderr
+    done = [t for t in trials() if t.state.name == "COMPLETE"]
+    assert len(done) == 6 and not [t for t in trials() if t.state.name in ("RUNNING", "WAITING")]
+    assert any(t.params == lost[0].params for t in done)  # the lost trial's parameters ran after all
+    _, found = runs(c, experiment)
     parents = [x for x in found if x.data.tags.get("xp.sweep") == "true"]
-    children = [x for x in found if "optuna.trial_number" in x.data.tags]
-    assert len(parents) == 1 and len(children) == 6
-    assert all(x.data.tags["mlflow.parentRunId"] == parents[0].info.run_id and x.info.status == "FINISHED"
-               for x in children)
-    assert {x.data.tags["xp.slot.host"] for x in children} == {h2, h3}  # every host ran trials
-    assert {x.data.tags["xp.host"] for x in children} == {"h2", "h3"}  # in its own namespace: its hostname
-    assert sorted(t.user_attrs["mlflow_run_id"] for t in trials) == sorted(x.info.run_id for x in children)
+    children = {x.info.run_id: x for x in found if "optuna.trial_number" in x.data.tags}
+    ran = [children[t.user_attrs["mlflow_run_id"]] for t in done]
+    assert all(x.info.status == "FINISHED" for x in ran)
+    assert {x.data.tags["mlflow.parentRunId"] for x in ran} <= {p.info.run_id for p in parents}
+    assert {x.data.tags["xp.slot.host"] for x in children.values()} == {h2, h3.address}  # every host ran trials
+    assert {x.data.tags["xp.host"] for x in children.values()} == {"h2", "h3"}  # in its own namespace
     nothing_left(c)
 
 
@@ -328,7 +380,7 @@ def test_hosts_join_leave_and_crash_with_the_global_batch_fixed(cluster, tmp_pat
     6 per worker; 239 steps an epoch, so the crash lands inside one)."""
     c = cluster
     fixed_hosts = c.hosts_file(tmp_path / "fixed-hosts", ["h2", "h3"])
-    r = subprocess.run(xp_on_launcher(c, tmp_path, *ELASTIC, f"hosts_file={fixed_hosts}", experiment="fixed"),
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *ELASTIC, f"launcher.hosts_file={fixed_hosts}", experiment="fixed"),
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     client, found = runs(c, "fixed")
@@ -419,7 +471,7 @@ def test_torchruns_own_elastic_agent_takes_a_host_joining_and_survives_one_kille
     assert len(r.stderr.strip().splitlines()) == 1 and runs(c, "torch-elastic")[1] == []
 
     fixed_hosts = c.hosts_file(tmp_path / "fixed", ["h2", "h4"])
-    r = subprocess.run(xp_on_launcher(c, tmp_path, *torch_job, "workers=2", f"hosts_file={fixed_hosts}",
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *torch_job, "workers=2", f"launcher.hosts_file={fixed_hosts}",
                                       experiment="torch-fixed"), cwd=ROOT, env=env(), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from conformance import conformance
 from conftest import ROOT, mlflow_runs, run_xp, wait_for_line, xp_process
 
 TINY = """\
@@ -71,13 +72,15 @@ def test_every_core_is_a_slot_and_each_trial_is_pinned_to_its_own(tmp_path, stor
 
 
 @pytest.mark.slow
-def test_four_slots_share_one_sqlite_study_and_a_killed_worker_is_replaced(tmp_path, store):
+@conformance("study", "launcher", ["local"])
+def test_four_slots_share_one_sqlite_study_and_a_killed_worker_is_replaced(tmp_path, store, launcher):
     """40 short trials on 4 slots: no "database is locked", every trial once, none left RUNNING; a worker
     SIGKILLed loses the trial it runs (retried; the next trials wait in the scheduler, not in a worker), its slot
     gets a new worker, and the runs of the trials it finished end FINISHED (their last records may still have been
     on their way: the next start on the store delivers them)."""
     env = study_env(tmp_path, 40)
-    with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=1", "sweep.parallel=4", env=env) as proc:
+    with xp_process(tmp_path, store, "-m", "sweep=tiny", f"launcher={launcher}", "epochs=1", "sweep.parallel=4",
+                    env=env) as proc:
         wait_for_line(proc, "study: trial 3 ", timeout=300)
         victim = workers_of(proc)[0]
         victim.send_signal(signal.SIGKILL)
@@ -280,14 +283,17 @@ def running_trial_runs(store) -> int:
 
 
 @pytest.mark.slow
+@conformance("study", "launcher", ["local"])
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_an_interrupted_study_leaves_nothing_running_and_the_same_command_finishes_it(tmp_path, store, how):
+def test_an_interrupted_study_leaves_nothing_running_and_the_same_command_finishes_it(tmp_path, store, how,
+                                                                                     launcher):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to the command alone, while
     both slots run a trial: within a few seconds the command exits (130, 143), no worker is left, every trial in
     flight or held ready goes back to the study (FAIL, marked, queued again: none RUNNING), their runs and the
     parent end KILLED; the same command then runs those trials first and ends the study at its budget."""
     env = study_env(tmp_path, 6)
-    args = ("-m", "sweep=tiny", "epochs=40", "sweep.parallel=2")  # trials long enough to stop in the middle
+    args = ("-m", "sweep=tiny", f"launcher={launcher}", "epochs=40", "sweep.parallel=2")  # trials long enough to
+    # stop in the middle
     proc = subprocess.Popen([sys.executable, "-m", "xp", *args, f"hydra.run.dir={tmp_path}/run",
                              f"hydra.sweep.dir={tmp_path}/sweep"], cwd=ROOT, env={**os.environ, **env,
                             "MLFLOW_TRACKING_URI": store}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -40,7 +40,7 @@ def cluster(tmp_path_factory):
 def xp_argv(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
     """python -m xp launcher=slurm with the cluster's settings (an argument with the same key replaces one)."""
     settings = unless_given(("launcher=slurm", "network_interface=eth0", f"tracking_uri={c.uri}",
-                             f"slurm.output_dir={c.shared}", "slurm.poll_s=0.5", "dist_timeout_s=120"), args)
+                             f"launcher.output_dir={c.shared}", "launcher.poll_s=0.5", "dist_timeout_s=120"), args)
     return [sys.executable, "-m", "xp", *settings, f"experiment={experiment}", f"hydra.run.dir={tmp_path}/run", *args]
 
 
@@ -90,7 +90,7 @@ def test_a_2_node_job_from_the_login_node_computes_what_one_process_computes(clu
     c, experiment = cluster, f"slurm-{engine}"
     want = one_process(reference, *EXACT, "batch=48")
     out = c.shared / f"{engine}.npz"
-    r = submit(c, tmp_path, f"launcher={launcher}", *args, *EXACT, "workers=2", "slurm.nodes=2", "batch=24", f"save_params={out}",
+    r = submit(c, tmp_path, f"launcher={launcher}", *args, *EXACT, "workers=2", "launcher.nodes=2", "batch=24", f"save_params={out}",
                experiment=experiment)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "submitted Slurm job" in r.stdout and "epoch 1/1" in r.stdout  # the job's output, relayed
@@ -107,7 +107,7 @@ def test_a_killed_worker_fails_the_job_naming_rank_and_node(cluster, tmp_path, l
     FAILED, and so does the run."""
     c = cluster
     proc = subprocess.Popen(c.on_launcher(xp_argv(c, tmp_path, f"launcher={launcher}", "kvstore=dist_sync",
-                                                  "workers=2", "slurm.nodes=2", "batch=16", "epochs=400",
+                                                  "workers=2", "launcher.nodes=2", "batch=16", "epochs=400",
                                                   experiment="slurm-killed")),
                             cwd=ROOT, env=env(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -139,7 +139,7 @@ def test_inside_an_allocation_the_job_runs_on_its_nodes(cluster, tmp_path):
     """salloc gives the nodes and runs xp on the login node: xp reads SLURM_* and starts the roles with srun."""
     c = cluster
     argv = ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", "--quiet",
-            *xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "slurm.nodes=2", *EXACT, "batch=24",
+            *xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "launcher.nodes=2", *EXACT, "batch=24",
                      experiment="slurm-salloc")]
     r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=env(c), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -151,7 +151,7 @@ def test_inside_an_allocation_the_job_runs_on_its_nodes(cluster, tmp_path):
 
 def test_a_job_over_its_time_limit_ends_the_run_failed_with_slurms_reason(cluster, tmp_path):
     c = cluster
-    r = submit(c, tmp_path, "kvstore=dist_sync", "workers=2", "slurm.nodes=2", "slurm.time_min=1", "epochs=100000",
+    r = submit(c, tmp_path, "kvstore=dist_sync", "workers=2", "launcher.nodes=2", "launcher.time_min=1", "epochs=100000",
                experiment="slurm-timeout", timeout=240)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     err = r.stderr.strip().splitlines()
@@ -162,15 +162,15 @@ def test_a_job_over_its_time_limit_ends_the_run_failed_with_slurms_reason(cluste
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["slurm.partition=gpu"], "slurm.partition=gpu: no such partition; valid: debug"),
-    (["workers=3", "slurm.nodes=3"], "slurm.nodes=3: partition debug has 2 nodes"),
-    (["workers=3"], "workers=3: launcher=slurm runs slurm.nodes x slurm.tasks_per_node = 2 x 1 = 2 workers"),
+    (["launcher.partition=gpu"], "launcher.partition=gpu: no such partition; valid: debug"),
+    (["workers=3", "launcher.nodes=3"], "launcher.nodes=3: partition debug has 2 nodes"),
+    (["workers=3"], "workers=3: launcher=slurm runs launcher.nodes x launcher.tasks_per_node = 2 x 1 = 2 workers"),
     (["tracking_uri=sqlite:///mlruns/mlflow.db"], "a file on this machine, which the workers on the Slurm job's nodes"),
 ])
 def test_bad_slurm_input_is_one_line_and_nothing_is_submitted(cluster, tmp_path, args, fragment):
     c = cluster
     before = c.slurm(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout.split()
-    r = submit(c, tmp_path, "kvstore=dist_sync", "workers=2", "slurm.nodes=2", *args, experiment="slurm-bad")
+    r = submit(c, tmp_path, "kvstore=dist_sync", "workers=2", "launcher.nodes=2", *args, experiment="slurm-bad")
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("xp: error: ") and fragment in lines[0], r.stderr
@@ -181,8 +181,8 @@ def test_a_node_taken_away_ends_the_run_failed_and_leaves_no_process(cluster, tm
     """slurmd on h3 is killed mid-job: Slurm marks the node down and ends the job NODE_FAIL; the run ends FAILED
     with that reason; the job's processes on both nodes end (xp's workers end when their srun session closes)."""
     c = cluster
-    proc = subprocess.Popen(c.on_launcher(xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "slurm.nodes=2",
-                                                  "epochs=100000", "slurm.time_min=10", experiment="slurm-node")),
+    proc = subprocess.Popen(c.on_launcher(xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "launcher.nodes=2",
+                                                  "epochs=100000", "launcher.time_min=10", experiment="slurm-node")),
                             cwd=ROOT, env=env(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_line(proc, "/100000", timeout=120)  # "epoch      1/100000": the job trains
@@ -292,7 +292,7 @@ def test_sigterm_to_the_submitter_cancels_the_job(cluster, tmp_path):
     import signal
 
     c = cluster
-    proc = subprocess.Popen(c.on_launcher(xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "slurm.nodes=2",
+    proc = subprocess.Popen(c.on_launcher(xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "launcher.nodes=2",
                                                   "epochs=100000", experiment="slurm-cancel")),
                             cwd=ROOT, env=env(c), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -319,15 +319,15 @@ SMALL = ("study_name: small\nn_trials: {n}\nsampler: random\nsampler_seed: 5\npr
          "params:\n  lr: {{type: float, low: 0.001, high: 0.3, log: true}}\n")
 
 
-def slot_study(c, name: str, n: int, *args: str) -> tuple[list[str], str]:
-    """python -m xp -m sweep=small launcher=slurm (the scheduler on the login node; its study file and SQLite
+def slot_study(c, name: str, n: int, launcher: str, *args: str) -> tuple[list[str], str]:
+    """python -m xp -m sweep=small launcher=LAUNCHER (slurm; the scheduler on the login node; its study file and SQLite
     storage in the shared folder, where the test reads them); returns the command line and the storage."""
     folder = c.shared / name
     (folder / "sweeps").mkdir(parents=True)
     storage = f"sqlite:///{folder}/optuna.db"
     (folder / "sweeps" / "small.yaml").write_text(SMALL.format(n=n) + f"storage: {storage}\n")
-    argv = [sys.executable, "-m", "xp", "-m", "sweep=small", "launcher=slurm", f"tracking_uri={c.uri}",
-            f"slurm.output_dir={c.shared}", "slurm.poll_s=0.5",
+    argv = [sys.executable, "-m", "xp", "-m", "sweep=small", f"launcher={launcher}", f"tracking_uri={c.uri}",
+            f"launcher.output_dir={c.shared}", "launcher.poll_s=0.5",
             f"hydra.sweep.dir={folder}/sweep", f"experiment={name}", *args]
     return argv, storage
 
@@ -342,14 +342,15 @@ def worker_jobs(c) -> list[str]:
             if " xp-slot-" in line]
 
 
-def test_a_study_keeps_one_slurm_job_per_slot_busy_with_trial_after_trial(cluster):
+@conformance("study", "launcher", ["slurm"])
+def test_a_study_keeps_one_slurm_job_per_slot_busy_with_trial_after_trial(cluster, launcher):
     """12 trials with pruning on 2 slots: 2 worker jobs (not a job per trial), each taking trials as they free,
     every trial COMPLETE or PRUNED in one study and under one MLflow parent, nothing left in the queue after."""
     import optuna
 
     c = cluster
     before = set(worker_jobs(c))
-    argv, storage = slot_study(c, "slurm-slots", 12, "sweep.parallel=2", "epochs=6")
+    argv, storage = slot_study(c, "slurm-slots", 12, launcher, "sweep.parallel=2", "epochs=6")
     r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-slots"), capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -363,14 +364,15 @@ def test_a_study_keeps_one_slurm_job_per_slot_busy_with_trial_after_trial(cluste
     nothing_left(c)
 
 
-def test_a_lost_node_loses_only_its_trial_which_is_retried_on_a_new_slot_job(cluster):
+@conformance("study", "launcher", ["slurm"])
+def test_a_lost_node_loses_only_its_trial_which_is_retried_on_a_new_slot_job(cluster, launcher):
     """The node of the slot's worker job crashes mid-trial (its slurmd and every process of the job killed at
     once): the scheduler retries the trial and submits a job in its place on the other node (the test cluster's
     select/linear gives a job a whole node), and the study ends with all its trials."""
     import optuna
 
     c = cluster
-    argv, storage = slot_study(c, "slurm-lost", 4, "sweep.parallel=1", "epochs=40", "slurm.time_min=10")
+    argv, storage = slot_study(c, "slurm-lost", 4, launcher, "sweep.parallel=1", "epochs=40", "launcher.time_min=10")
     proc = subprocess.Popen(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-lost"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     node = None
@@ -410,13 +412,14 @@ def test_a_lost_node_loses_only_its_trial_which_is_retried_on_a_new_slot_job(clu
     nothing_left(c)
 
 
-def test_ctrl_c_ends_a_slurm_study_and_leaves_the_queue_empty(cluster):
+@conformance("study", "launcher", ["slurm"])
+def test_ctrl_c_ends_a_slurm_study_and_leaves_the_queue_empty(cluster, launcher):
     import signal
 
     c = cluster
     from test_scheduler import default_sigint
 
-    argv, storage = slot_study(c, "slurm-stop", 6, "sweep.parallel=2", "epochs=60")
+    argv, storage = slot_study(c, "slurm-stop", 6, launcher, "sweep.parallel=2", "epochs=60")
     proc = subprocess.Popen(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-stop"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
     try:

@@ -337,7 +337,7 @@ def test_a_login_node_without_a_controller_says_so_in_one_whole_line(tmp_path):
     conf = tmp_path / "slurm.conf"  # a controller on a loopback port nothing listens on
     conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\nAuthType=auth/none\n"
                     "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=main Nodes=n1 Default=YES\n")
-    r = run_xp(tmp_path, f"sqlite:///{tmp_path}/m.db", "launcher=slurm", "workers=2", "slurm.nodes=2",
+    r = run_xp(tmp_path, f"sqlite:///{tmp_path}/m.db", "launcher=slurm", "workers=2", "launcher.nodes=2",
                "kvstore=dist_sync", "tracking_uri=http://10.9.9.9:5000", env={"SLURM_CONF": str(conf)}, timeout=120)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()

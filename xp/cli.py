@@ -65,12 +65,14 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from xp import recipes
+    from xp.launching.launcher import offer_options
     from xp.studies import study
 
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         # the study files are options of the config group `sweep`; the help only lists them
         study.register(names_only=all(a in HELP for a in argv))
+        offer_options()
         return _hydra(argv)
     study_here = ("-m" in argv or "--multirun" in argv) and any(a.startswith("sweep=") for a in argv)
     try:
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
             pool.early(argv)  # first: its imports overlap all that follows (Hydra's own import among it)
         study.register()
+        offer_options()
         _remember_command(argv)
         signal.signal(signal.SIGTERM, _on_sigterm)
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))

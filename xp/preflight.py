@@ -26,7 +26,9 @@ def _groups(dirs: list[Path]) -> dict[str, list[str]]:
     """Each config group's options: xp's, the study files, and those of the user's config directories."""
     from xp.studies import study
 
-    groups: dict[str, set[str]] = {"sweep": set(study.names())}
+    from xp.launching.launcher import launchers
+
+    groups: dict[str, set[str]] = {"sweep": set(study.names()), "launcher": set(launchers().names())}
     for d in [CONF_DIR, *dirs]:
         for g in (p for p in d.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
             groups.setdefault(g.name, set()).update(f.stem for f in g.glob("*.yaml"))
@@ -73,6 +75,9 @@ def _composition_error(e: Exception, override: list[str], known_keys: list[str])
     for o in override:
         key = o.split("=", 1)[0].lstrip("+~")
         if f"Key '{key.split('.')[-1]}' is not in struct" in text or f"Could not override '{key}'" in text:
+            moved = _moved(o)
+            if moved:
+                return moved
             close = ([k for k in known_keys if k.endswith("." + key)]
                      or difflib.get_close_matches(key, known_keys, n=1))
             hint = f"did you mean {close[0]}?" if close else "see python -m xp --help"
@@ -86,6 +91,18 @@ def _composition_error(e: Exception, override: list[str], known_keys: list[str])
         bad = next((o for o in override if o in lines[0]), lines[0])
         return ConfigError(f"{bad}: {why.split('full_key')[0].strip()}")
     return ConfigError(" ".join(lines[:2]) or type(e).__name__)
+
+
+def _moved(override: str) -> ConfigError | None:
+    """A launcher's setting given under the key it had before launchers brought their own: the key now."""
+    from xp.launching.launcher import moved_key
+
+    key, _, value = override.lstrip("+~").partition("=")
+    moved = moved_key(key)
+    if moved is None:
+        return None
+    name, now = moved
+    return ConfigError(f"{override}: now a setting of launcher={name}: write launcher={name} {now}={value}")
 
 
 def preflight(argv: list[str]) -> list[dict[str, Any]]:
@@ -185,7 +202,12 @@ def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) ->
 
     from xp.run.plan import flatten
 
+    from dataclasses import fields
+
+    from xp.launching.launcher import launchers
+
     known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
+    known.update(f"launcher.{f.name}" for name in launchers().names() for f in fields(launchers().load(name).Options))
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # only the top keys: libyaml's parser, 15x OmegaConf's
     for group in groups:
         for f in (f for d in [CONF_DIR, *dirs] for f in (d / group).glob("*.yaml")):
@@ -201,6 +223,9 @@ def _check_added(parsed: list[Any], known: list[str], groups: dict[str, list[str
         if not (o.is_add() or o.is_force_add()) or key.startswith(("hydra", "sweep")) or key in groups:
             continue
         if key not in known and key not in sections:
+            moved = _moved(o.input_line)
+            if moved:
+                raise moved
             close = ([k for k in known if k.endswith("." + key)] or difflib.get_close_matches(key, known, n=1))
             raise ConfigError(f"{o.input_line}: xp has no key {key!r}, nothing would read it"
                               + (f"; did you mean {close[0]}?" if close else "; see python -m xp --help"))
@@ -258,7 +283,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
             raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
     spec = study.spec_from(node, name, set(known), extra=space)
     check_storage(spec.storage)
-    if here and spec.scheduler == "slots" and config.get("launcher", "local") == "local":  # (ssh: the hosts')
+    if here and spec.scheduler == "slots" and (config.get("launcher") or {}).get("name", "local") == "local":  # (remote: the hosts')
         from xp.launching.slots import plan_slots
 
         plan_slots(int(config.get("gpus") or 0), spec.parallel, spec.trials_per_gpu)  # what this machine can place

@@ -52,13 +52,13 @@ def parse_hosts(text: str, what: str) -> list[HostSlots]:
     return [HostSlots(h, n) for h, n in hosts.items()]
 
 
-def read_hosts(path: str) -> list[HostSlots]:
+def read_hosts(path: str, key: str = "launcher.hosts_file") -> list[HostSlots]:
     try:
-        hosts = parse_hosts(Path(path).expanduser().read_text(), f"hosts_file={path}")
+        hosts = parse_hosts(Path(path).expanduser().read_text(), f"{key}={path}")
     except OSError as e:
-        raise ConfigError(f"hosts_file={path}: cannot read it ({e.strerror})") from None
+        raise ConfigError(f"{key}={path}: cannot read it ({e.strerror})") from None
     if not hosts:
-        raise ConfigError(f"hosts_file={path}: lists no hosts (HOST or HOST:SLOTS a line)")
+        raise ConfigError(f"{key}={path}: lists no hosts (HOST or HOST:SLOTS a line)")
     return hosts
 
 
@@ -151,7 +151,7 @@ def on_hosts(ssh: Transport, hosts: list[str], command: str, timeout: float,
 def reap(ssh: Transport, hosts: list[str], job: str) -> None:
     """End, on every host, whatever carries the job's id; a host that cannot be reached is noted."""
     command = f"{shlex.quote(sys.executable)} -m xp.launching.remote reap {job}"
-    for host, r in on_hosts(ssh, hosts, command, ssh.connect_timeout_s + 20).items():
+    for host, r in on_hosts(ssh, hosts, command, launcher.connect_timeout_s + 20).items():
         if r.returncode != 0:
             print(f"xp: could not reach {host} to end the job's processes there ({_ssh_error(r)})", flush=True)
 
@@ -186,13 +186,13 @@ def probe(ssh: Transport, interface: str | None, hosts: list[str]) -> None:
     this path, the interface there, its own name resolving. One line each (ConfigError)."""
     py, cwd = shlex.quote(sys.executable), shlex.quote(os.getcwd())
     command = f"cd {cwd} 2>/dev/null && test -x {py} && exec {py} -m xp.launching.remote probe; exit {NO_CHECKOUT}"
-    for host, r in on_hosts(ssh, hosts, command, ssh.connect_timeout_s + 20).items():
+    for host, r in on_hosts(ssh, hosts, command, launcher.connect_timeout_s + 20).items():
         if r.returncode == NO_CHECKOUT or (r.returncode == 1 and "No module named" in r.stderr):
             raise ConfigError(f"host {host}: no xp checkout at {os.getcwd()} with its Python {sys.executable} (the "
                               "checkout and its .venv must be at the same path on every host)")
         if r.returncode == 255:
             why = _ssh_error(r)
-            hint = ("check ssh.identity / ssh.config" if "denied" in why.lower()
+            hint = ("check launcher.identity / launcher.config" if "denied" in why.lower()
                     else "check the hosts file and that sshd runs there")
             raise ConfigError(f"host {host}: ssh failed ({why}); {hint}")
         if r.returncode != 0:

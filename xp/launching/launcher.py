@@ -8,6 +8,9 @@ never test which launcher they run under; `xp.launching.job.Job` starts what the
 
 Launchers register in the entry-point group `xp.launchers` (pyproject.toml), as backends do in `xp.backends`:
 `launcher=NAME` picks one; a name registered twice is an error. The README's "Adding a launcher" shows one.
+Each brings its own settings, the config group `launcher` (launcher.KEY=VALUE): a dataclass `Options` it reads
+and checks itself (`read_options`); xp's launchers document theirs in conf/launcher/NAME.yaml, another
+package's are offered from its dataclass (`offer_options`).
 """
 
 from __future__ import annotations
@@ -18,14 +21,22 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
 from xp.errors import ConfigError
 from xp.launching.hosts import SSH, HostSlots, Transport, check_here, probe, reap, read_hosts
 from xp.launching.slots import Slot
+from xp.launching.slurm import SlurmOptions
+from xp.run.settings import LaunchSettings, number, text
 
 GROUP = "xp.launchers"
 SHIPPED = ("local", "ssh", "slurm")  # named first where launchers are listed
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A launcher without settings of its own."""
 
 
 class Launcher:
@@ -33,12 +44,25 @@ class Launcher:
     name: ClassVar[str]
     remote: ClassVar[bool] = False  # processes go to other hosts (through `transport`), not only this machine
     nodes: ClassVar[str] = "the hosts"  # what messages call the machines a submitted run's processes run on
+    Options: ClassVar[type] = NoOptions  # its settings (config group `launcher`), with their defaults
+    moved: ClassVar[dict[str, str]] = {}  # settings it had under other keys: old KEY (or PREFIX.) -> launcher.KEY
 
-    def __init__(self, settings: Any = None):
-        self.settings = settings  # the plan's LaunchSettings
+    def __init__(self, settings: LaunchSettings | None = None):
+        self.settings = settings or LaunchSettings(self.name)  # the plan's LaunchSettings
+        self.options = self.read_options(self.settings.options)  # its own, checked
 
     @classmethod
-    def check_plan(cls, plan: Any) -> None:
+    def read_options(cls, raw: dict[str, Any]) -> Any:
+        """The launcher's own settings from its config group, checked: one line (ConfigError) per problem. This
+        default refuses keys its Options lacks; a launcher checks the values' types and ranges itself."""
+        known = [f.name for f in fields(cls.Options)]
+        for key in raw:
+            if key not in known:
+                raise ConfigError(f"launcher.{key}: launcher={cls.name} has no such setting; its settings: "
+                                  f"{', '.join(known) or 'none'}")
+        return cls.Options(**raw)
+
+    def check_plan(self, plan: Any) -> None:
         """Refuse, when the run is planned (every job of a sweep before the first starts), what this launcher
         cannot launch (ConfigError, one line)."""
 
@@ -107,8 +131,7 @@ class Local(Launcher):
     """Every process on this machine, every socket on 127.0.0.1."""
     name = "local"
 
-    @classmethod
-    def check_plan(cls, plan: Any) -> None:
+    def check_plan(self, plan: Any) -> None:
         if plan.checkpoint_dir:  # on this machine (a remote launcher's is on rank 0's host)
             from xp.run.plan import writable_folder
 
@@ -163,15 +186,34 @@ class OnHosts(Launcher):
         return proc
 
 
+@dataclass(frozen=True)
+class SshOptions:
+    """launcher=ssh's settings (conf/launcher/ssh.yaml)."""
+    hosts_file: str | None = None  # HOST or HOST:SLOTS a line
+    config: str | None = None  # ssh -F
+    identity: str | None = None  # ssh -i
+    connect_timeout_s: float = 10.0
+
+
 class Ssh(OnHosts):
-    """The hosts of `hosts_file` (HOST or HOST:SLOTS a line), over ssh with xp's options."""
+    """The hosts of `launcher.hosts_file` (HOST or HOST:SLOTS a line), over ssh with xp's options."""
     name = "ssh"
+    Options = SshOptions
+    moved = {"hosts_file": "launcher.hosts_file", "ssh.": "launcher."}
 
     @classmethod
-    def check_plan(cls, plan: Any) -> None:
+    def read_options(cls, raw: dict[str, Any]) -> SshOptions:
+        o = super().read_options(raw)
+        flat = {f"launcher.{k}": v for k, v in raw.items()}
+        for key in ("hosts_file", "config", "identity"):  # their files are read when the hosts are
+            text(flat, f"launcher.{key}")
+        number({"launcher.connect_timeout_s": o.connect_timeout_s}, "launcher.connect_timeout_s", 1, 3600)
+        return o
+
+    def check_plan(self, plan: Any) -> None:
         elastic = plan.elastic.enabled
-        if not plan.launch.hosts_file and not elastic:
-            raise ConfigError("launcher=ssh: needs hosts_file=PATH (HOST or HOST:SLOTS a line)")
+        if not self.options.hosts_file and not elastic:
+            raise ConfigError("launcher=ssh: needs launcher.hosts_file=PATH (HOST or HOST:SLOTS a line)")
         if elastic and not plan.elastic.discovery:
             raise ConfigError("elastic.enabled=true launcher=ssh: needs elastic.discovery=FILE|SCRIPT listing the "
                               "hosts (HOST:SLOTS a line)")
@@ -180,15 +222,15 @@ class Ssh(OnHosts):
                               "and this machine share (rank 0 commits there; a relaunch resumes from it)")
 
     def hosts(self) -> list[HostSlots]:
-        return read_hosts(self.settings.hosts_file)
+        return read_hosts(self.options.hosts_file, "launcher.hosts_file")
 
     def transport(self) -> SSH:
-        s = self.settings
-        for key, path in (("ssh.config", s.ssh_config), ("ssh.identity", s.ssh_identity)):
+        o = self.options
+        for key, path in (("launcher.config", o.config), ("launcher.identity", o.identity)):
             if path and not Path(path).expanduser().is_file():
                 raise ConfigError(f"{key}={path}: no such file")
-        return SSH(*(str(Path(p).expanduser()) if p else None for p in (s.ssh_config, s.ssh_identity)),
-                   s.ssh_connect_timeout_s)
+        return SSH(*(str(Path(p).expanduser()) if p else None for p in (o.config, o.identity)),
+                   float(o.connect_timeout_s))
 
 
 class Slurm(OnHosts):
@@ -196,18 +238,22 @@ class Slurm(OnHosts):
     are the hosts and srun the transport."""
     name = "slurm"
     nodes = "the Slurm job's nodes"
+    Options = SlurmOptions
+    moved = {"slurm.": "launcher."}
 
     def __init__(self, settings: Any = None):
         super().__init__(settings)
         self._avoid: dict[int, str] = {}  # a study's slot -> the node its last worker job was lost on
 
     @classmethod
-    def check_plan(cls, plan: Any) -> None:
-        s = plan.launch.slurm
-        if s is None:
-            raise ConfigError("launcher=slurm: needs the slurm group (slurm.nodes, slurm.tasks_per_node, ...)")
+    def read_options(cls, raw: dict[str, Any]) -> SlurmOptions:
+        super().read_options(raw)
+        return SlurmOptions.read(raw)
+
+    def check_plan(self, plan: Any) -> None:
+        s = self.options
         if plan.workers != s.nodes * s.tasks_per_node:
-            raise ConfigError(f"workers={plan.workers}: launcher=slurm runs slurm.nodes x slurm.tasks_per_node = "
+            raise ConfigError(f"workers={plan.workers}: launcher=slurm runs launcher.nodes x launcher.tasks_per_node = "
                               f"{s.nodes} x {s.tasks_per_node} = {s.nodes * s.tasks_per_node} workers; make them "
                               "agree")
 
@@ -215,7 +261,7 @@ class Slurm(OnHosts):
         if not hasattr(self, "_nodes"):
             from xp.launching import slurm
 
-            self._nodes = slurm.allocation(self.settings.slurm.tasks_per_node)
+            self._nodes = slurm.allocation(self.options.tasks_per_node)
         return self._nodes
 
     def hosts(self) -> list[HostSlots]:
@@ -227,7 +273,7 @@ class Slurm(OnHosts):
         if self.submits():  # a login node: its address as the partition's nodes reach it
             from xp.launching.slurm import login_address
 
-            return login_address(self.settings.slurm)
+            return login_address(self.options)
         return self._allocation()[1]
 
     def transport(self) -> Transport:
@@ -243,12 +289,12 @@ class Slurm(OnHosts):
     def check_submission(self) -> None:
         from xp.launching import slurm
 
-        slurm.check(self.settings.slurm)
+        slurm.check(self.options)
 
     def submit(self, plan: Any, argv: list[str], tracker: Any) -> None:
         from xp.launching import slurm
 
-        slurm.submit(plan, argv, tracker)
+        slurm.submit(plan, self.options, argv, tracker)
 
     def submitted_run(self) -> str | None:
         from xp.run.worker import RUN_ENV
@@ -270,14 +316,14 @@ class Slurm(OnHosts):
             return super().slots(gpus_per_trial, parallel, trials_per_gpu)
         from xp.launching.slurm import worker_slots
 
-        return worker_slots(self.settings.slurm, gpus_per_trial, parallel)
+        return worker_slots(self.options, gpus_per_trial, parallel)
 
     def start_worker(self, slot: Slot, told: dict[str, Any]) -> Any:
         if not self.submits():
             return super().start_worker(slot, told)
         from xp.launching.slurm import WorkerJob
 
-        return WorkerJob.submit(self.settings.slurm, slot, told, avoid=self._avoid.get(slot.index))
+        return WorkerJob.submit(self.options, slot, told, avoid=self._avoid.get(slot.index))
 
     def worker_lost(self, slot: Slot, handle: Any) -> None:
         if handle.node and handle.lost_with_node:  # the job's worker went while Slurm had it running (or its
@@ -305,6 +351,35 @@ def launcher_for(plan: Any) -> Launcher:
         shipped = [n for n in SHIPPED if n in registry.names()]
         valid = [*shipped, *sorted(set(registry.names()) - set(shipped))]
         raise ConfigError(f"launcher={name!r}: not supported; valid: {', '.join(valid)}")
-    cls = registry.load(name)
-    cls.check_plan(plan)
-    return cls(plan.launch)
+    launcher = registry.load(name)(plan.launch)
+    launcher.check_plan(plan)
+    return launcher
+
+
+def offer_options() -> None:
+    """Offer every registered launcher as an option of the config group `launcher`: xp's own from
+    conf/launcher/NAME.yaml, another package's from its Options dataclass (Hydra's ConfigStore), so
+    launcher=NAME launcher.KEY=VALUE composes for it too."""
+    from dataclasses import MISSING, asdict
+
+    from hydra.core.config_store import ConfigStore
+
+    from xp import shipped
+
+    store, documented = ConfigStore.instance(), {p.stem for p in shipped("conf").glob("launcher/*.yaml")}
+    for name in launchers().names():
+        if name not in documented:
+            options = launchers().load(name).Options
+            if any(f.default is MISSING and f.default_factory is MISSING for f in fields(options)):
+                raise ConfigError(f"launcher {name}: every field of its Options needs a default")
+            store.store(group="launcher", name=name, node={"name": name, **asdict(options())})
+
+
+def moved_key(key: str) -> tuple[str, str] | None:
+    """A launcher's setting under the key it had before launchers brought their own (hosts_file, ssh.config,
+    slurm.nodes): (the launcher, its key now), or None."""
+    for name in launchers().names():
+        for old, new in launchers().load(name).moved.items():
+            if key == old or (old.endswith(".") and key.startswith(old)):
+                return name, new + key[len(old):] if old.endswith(".") else new
+    return None

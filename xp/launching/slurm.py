@@ -108,6 +108,31 @@ def _field(record: str, key: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class SlurmOptions:
+    """launcher=slurm's settings (conf/launcher/slurm.yaml): the job xp submits, or a study's worker jobs."""
+    partition: str | None = None
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    time_min: int = 60
+    account: str | None = None
+    output_dir: str = "slurm"
+    poll_s: float = 2.0
+
+    @classmethod
+    def read(cls, raw: dict[str, Any]) -> SlurmOptions:
+        from xp.run.settings import integer, number, text
+
+        flat = {f"launcher.{k}": v for k, v in {**vars(cls()), **raw}.items()}
+        return cls(partition=text(flat, "launcher.partition"), nodes=integer(flat, "launcher.nodes", 1, 100_000),
+                   tasks_per_node=integer(flat, "launcher.tasks_per_node", 1, 1024),
+                   gpus_per_node=integer(flat, "launcher.gpus_per_node", 0, 64),
+                   time_min=integer(flat, "launcher.time_min", 1, 525_600), account=text(flat, "launcher.account"),
+                   output_dir=text(flat, "launcher.output_dir") or "slurm",
+                   poll_s=number(flat, "launcher.poll_s", 0.1, 600))
+
+
 def check(settings: Any) -> None:
     """Before anything is submitted: the partition exists and has the nodes asked for (one line each)."""
     r = _run(["sinfo", "-h", "-o", "%P %D"])
@@ -119,14 +144,13 @@ def check(settings: Any) -> None:
                    None)
     name = settings.partition or default
     if name not in partitions:
-        raise ConfigError(f"slurm.partition={settings.partition}: no such partition; valid: "
+        raise ConfigError(f"launcher.partition={settings.partition}: no such partition; valid: "
                           f"{', '.join(sorted(partitions))}")
     if settings.nodes > partitions[name]:
-        raise ConfigError(f"slurm.nodes={settings.nodes}: partition {name} has {partitions[name]} nodes")
+        raise ConfigError(f"launcher.nodes={settings.nodes}: partition {name} has {partitions[name]} nodes")
 
 
-def batch_command(plan: Any, argv: list[str]) -> list[str]:
-    s = plan.launch.slurm
+def batch_command(plan: Any, s: SlurmOptions, argv: list[str]) -> list[str]:
     out = Path(s.output_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--nodes={s.nodes}", f"--ntasks-per-node={s.tasks_per_node}",
@@ -138,18 +162,18 @@ def batch_command(plan: Any, argv: list[str]) -> list[str]:
     return [*cmd, "--wrap", f"exec {shlex.quote(sys.executable)} -m xp {shlex.join(argv)}"]
 
 
-def submit(plan: Any, argv: list[str], tracker: Any) -> None:
+def submit(plan: Any, settings: SlurmOptions, argv: list[str], tracker: Any) -> None:
     """Submit the run as a job, relay its output, follow it to its end; SlurmError if it did not complete."""
     from xp.run.worker import RUN_ENV
 
     os.environ[RUN_ENV] = tracker.run_id  # the job inherits it (--export=ALL): rank 0 logs into this run
-    r = _run(batch_command(plan, argv))
+    r = _run(batch_command(plan, settings, argv))
     if r.returncode != 0:
         raise ConfigError(f"launcher=slurm: sbatch refused the job: {r.stderr.strip()[:300]}")
     job = r.stdout.strip().split(";")[0]
     tracker.set_tags({"xp.slurm.job": job})
     print(f"xp: submitted Slurm job {job}; MLflow run {tracker.run_id}", flush=True)
-    state, reason = follow(job, plan.launch.slurm)
+    state, reason = follow(job, settings)
     tracker.set_tags({"xp.slurm.state": state, "xp.slurm.reason": reason})
     if state != "COMPLETED":
         raise SlurmError(f"Slurm job {job} ended {state}" + (f" ({reason})" if reason and reason != "None" else ""))
@@ -211,7 +235,7 @@ def login_address(settings: Any) -> str:
 
 
 def worker_slots(settings: Any, gpus_per_trial: int, parallel: int | None) -> list[Any]:
-    """A study's slots on the cluster: `parallel` Slurm jobs (default: slurm.nodes x slurm.tasks_per_node), each
+    """A study's slots on the cluster: `parallel` Slurm jobs (default: launcher.nodes x launcher.tasks_per_node), each
     one task with the trial's GPUs (Slurm picks the node and the devices)."""
     from xp.launching.slots import Slot
 

@@ -27,7 +27,8 @@ from xp.tracking.summary import num as _num, row_from_mlflow
 
 # params that say where or how a run was tracked or launched, not what it trained
 NOT_SETTINGS = ("derived.", "version.", "summary.", "diagnosis.", "sweep.", "optuna.", "hydra.", "tracking_uri",
-                "experiment", "run_name", "hosts_file", "host_ip", "ssh.", "checkpoint_dir", "resume", "save_params")
+                "experiment", "run_name", "launcher.", "host_ip", "checkpoint_dir", "resume", "save_params")
+SETTING = ("launcher.name",)  # which launcher is a setting a comparison may vary; its hosts and keys are not
 
 
 def report_row(run: Any) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def report_row(run: Any) -> dict[str, Any]:
            "batch": _num(p.get("batch")), "seed": p.get("seed"), "run_id": run.info.run_id,
            "start_ms": run.info.start_time, "end_ms": run.info.end_time,
            "trial": int(tags["optuna.trial_number"]) if "optuna.trial_number" in tags else None,
-           "settings": {k: v for k, v in p.items() if not k.startswith(NOT_SETTINGS)}, **claims.recipe_of(tags)}
+           "settings": {k: v for k, v in p.items() if k in SETTING or not k.startswith(NOT_SETTINGS)}, **claims.recipe_of(tags)}
     if _num(p.get("derived.cost_per_hour")) == 0:
         row["cost_usd"] = None  # hardware without a price: no cost, not $0
     return row

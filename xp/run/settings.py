@@ -1,11 +1,11 @@
-"""The settings a plan carries beside the run itself (launching, Slurm, elastic membership, a study's trial),
+"""The settings a plan carries beside the run itself (launching, elastic membership, a study's trial),
 and the small validators every part of the plan is checked with: each names the key, the value given and
 what is valid."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from xp.errors import ConfigError
@@ -13,30 +13,14 @@ from xp.errors import ConfigError
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    """How a distributed run's processes start: the launcher (xp.launching.launcher) and what it reads."""
-    launcher: str = "local"  # a registered launcher: local | ssh | slurm | a plugin's
-    hosts_file: str | None = None  # launcher=ssh: HOST or HOST:SLOTS a line
-    host_ip: str | None = None  # launcher=ssh: this machine's address as the hosts reach it
-    interface: str | None = None  # launcher=ssh: the network interface the workers talk over
+    """How a distributed run's processes start: the launcher (xp.launching.launcher), its own settings (the config
+    group `launcher`, read and checked by the launcher itself) and what every remote launcher shares."""
+    launcher: str = "local"  # a registered launcher (launcher=NAME)
+    options: dict[str, Any] = field(default_factory=dict)  # the rest of its config group: launcher.KEY=VALUE
+    host_ip: str | None = None  # a remote launcher: this machine's address as the hosts reach it
+    interface: str | None = None  # a remote launcher: the network interface the workers talk over
     port: int | None = None  # scheduler / rendezvous port; None: a free one
     timeout_s: float = 300.0  # a worker without progress for this long fails the job
-    ssh_config: str | None = None  # ssh -F
-    ssh_identity: str | None = None  # ssh -i
-    ssh_connect_timeout_s: float = 10.0
-    slurm: SlurmSettings | None = None  # the slurm group (launcher=slurm reads it)
-
-
-@dataclass(frozen=True)
-class SlurmSettings:
-    """launcher=slurm: the job xp submits (xp.slurm)."""
-    partition: str | None
-    nodes: int
-    tasks_per_node: int
-    gpus_per_node: int
-    time_min: int
-    account: str | None
-    output_dir: str
-    poll_s: float
 
 
 @dataclass(frozen=True)
@@ -116,26 +100,17 @@ def text(cfg: dict, key: str) -> str | None:
 
 
 def launch_settings(cfg: dict) -> LaunchSettings:
-    """The launch settings, typed; what a launcher needs of them it checks itself (Launcher.check_settings)."""
-    launcher = cfg.get("launcher", "local")
-    if not isinstance(launcher, str) or not launcher:
-        raise ConfigError(f"launcher={launcher!r}: must be the name of a launcher (local, ssh, slurm, ...)")
-    ssh = cfg.get("ssh") or {}
-    if not isinstance(ssh, dict):
-        raise ConfigError(f"ssh={ssh!r}: must be the ssh group (ssh.config, ssh.identity, ssh.connect_timeout_s)")
-    flat = {f"ssh.{k}": v for k, v in ssh.items()}
-    for key in ("ssh.config", "ssh.identity"):  # their files are checked by the ssh launcher
-        text(flat, key)
+    """The launch settings, typed; the launcher's own group it reads and checks itself (Launcher.read_options)."""
+    chosen = cfg.get("launcher") or {}
+    if isinstance(chosen, str):  # a config of the user's that names the launcher as a plain key
+        chosen = {"name": chosen}
+    if not isinstance(chosen, dict) or not isinstance(chosen.get("name"), str) or not chosen["name"]:
+        raise ConfigError(f"launcher={chosen!r}: choose a launcher with launcher=NAME (local, ssh, slurm, ...)")
     settings = LaunchSettings(
-        launcher=launcher, hosts_file=text(cfg, "hosts_file"), host_ip=text(cfg, "host_ip"),
-        interface=text(cfg, "network_interface"),
+        launcher=chosen["name"], options={k: v for k, v in chosen.items() if k != "name"},
+        host_ip=text(cfg, "host_ip"), interface=text(cfg, "network_interface"),
         port=None if cfg.get("port") is None else integer(cfg, "port", 1024, 65535),
-        timeout_s=300.0 if cfg.get("dist_timeout_s") is None else number(cfg, "dist_timeout_s", 1, 86400),
-        ssh_config=flat.get("ssh.config"), ssh_identity=flat.get("ssh.identity"),
-        ssh_connect_timeout_s=(number(flat, "ssh.connect_timeout_s", 1, 3600)
-                               if flat.get("ssh.connect_timeout_s") is not None else 10.0))
-    if cfg.get("slurm") is not None:
-        settings = replace(settings, slurm=_slurm(cfg))
+        timeout_s=300.0 if cfg.get("dist_timeout_s") is None else number(cfg, "dist_timeout_s", 1, 86400))
     if settings.host_ip:
         import ipaddress
 
@@ -144,20 +119,6 @@ def launch_settings(cfg: dict) -> LaunchSettings:
         except ValueError:
             raise ConfigError(f"host_ip={settings.host_ip}: must be an IPv4 address of this machine") from None
     return settings
-
-
-def _slurm(cfg: dict) -> SlurmSettings:
-    raw = cfg.get("slurm") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"slurm={raw!r}: must be the slurm group (slurm.partition, slurm.nodes, ...)")
-    flat = {f"slurm.{k}": v for k, v in raw.items()}
-    s = SlurmSettings(partition=text(flat, "slurm.partition"), nodes=integer(flat, "slurm.nodes", 1, 100_000),
-                      tasks_per_node=integer(flat, "slurm.tasks_per_node", 1, 1024),
-                      gpus_per_node=integer(flat, "slurm.gpus_per_node", 0, 64),
-                      time_min=integer(flat, "slurm.time_min", 1, 525_600), account=text(flat, "slurm.account"),
-                      output_dir=text(flat, "slurm.output_dir") or "slurm",
-                      poll_s=number(flat, "slurm.poll_s", 0.1, 600))
-    return s
 
 
 def elastic_settings(e: dict) -> ElasticSettings:

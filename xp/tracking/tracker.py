@@ -51,8 +51,8 @@ def _offer_pending(uri: str) -> None:
 
 MAX_RUN_NAME = 250  # MLflow's column; PostgreSQL enforces it, SQLite does not
 # overrides that say nothing of the run: where it is tracked, and how its processes reach the hosts
-UNNAMING = ("tracking_uri=", "experiment=", "run_name=", "optuna.", "hydra.", "hosts_file=", "host_ip=",
-            "network_interface=", "ssh.", "port=", "dist_timeout_s=")
+UNNAMING = ("tracking_uri=", "experiment=", "run_name=", "optuna.", "hydra.", "launcher.", "host_ip=",
+            "network_interface=", "port=", "dist_timeout_s=")
 
 
 def run_name(overrides: list[str] | tuple[str, ...]) -> str:
