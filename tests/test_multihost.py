@@ -311,9 +311,11 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
     nothing_left(c)
     lost = [t for t in trials() if t.state.name == "FAIL" and not t.user_attrs.get("xp.interrupted")]
     assert len(lost) == 1, [(t.number, t.state.name, t.user_attrs) for t in trials()]
-    assert "RUNNING" not in {t.state.name for t in trials()}
+    assert "RUNNING" not in {t.state.name for t in trials()}, ([(t.number, t.state.name, t.user_attrs,
+                                                                 t.system_attrs) for t in trials()], said[-4000:])
     _, found = runs(c, experiment)
-    assert "RUNNING" not in {x.info.status for x in found}, [(x.info.run_name, x.info.status) for x in found]
+    assert "RUNNING" not in {x.info.status for x in found}, ([(x.info.run_name, x.info.status) for x in found],
+                                                             said[-5000:])
 
     r = subprocess.run(xp_on_launcher(c, tmp_path, *args, "epochs=1", experiment=experiment), cwd=ROOT,
                        env=study_env, capture_output=True, text=True, timeout=300)

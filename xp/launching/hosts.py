@@ -151,7 +151,7 @@ def on_hosts(ssh: Transport, hosts: list[str], command: str, timeout: float,
 def reap(ssh: Transport, hosts: list[str], job: str) -> None:
     """End, on every host, whatever carries the job's id; a host that cannot be reached is noted."""
     command = f"{shlex.quote(sys.executable)} -m xp.launching.remote reap {job}"
-    for host, r in on_hosts(ssh, hosts, command, launcher.connect_timeout_s + 20).items():
+    for host, r in on_hosts(ssh, hosts, command, ssh.connect_timeout_s + 20).items():
         if r.returncode != 0:
             print(f"xp: could not reach {host} to end the job's processes there ({_ssh_error(r)})", flush=True)
 
@@ -186,7 +186,7 @@ def probe(ssh: Transport, interface: str | None, hosts: list[str]) -> None:
     this path, the interface there, its own name resolving. One line each (ConfigError)."""
     py, cwd = shlex.quote(sys.executable), shlex.quote(os.getcwd())
     command = f"cd {cwd} 2>/dev/null && test -x {py} && exec {py} -m xp.launching.remote probe; exit {NO_CHECKOUT}"
-    for host, r in on_hosts(ssh, hosts, command, launcher.connect_timeout_s + 20).items():
+    for host, r in on_hosts(ssh, hosts, command, ssh.connect_timeout_s + 20).items():
         if r.returncode == NO_CHECKOUT or (r.returncode == 1 and "No module named" in r.stderr):
             raise ConfigError(f"host {host}: no xp checkout at {os.getcwd()} with its Python {sys.executable} (the "
                               "checkout and its .venv must be at the same path on every host)")

@@ -34,6 +34,8 @@ class Worker:
         self.slot, self.proc, self.channel = slot, proc, channel
         self.deaths = deaths  # workers of its slot that died before it without finishing a trial
         self.finished = 0  # trials it finished
+        self.previous: tuple[Any, str | None] | None = None  # the last (trial, state): its run's records may
+        # still be on their way from this worker while it runs the next
 
     def fileno(self) -> int:
         return self.channel.fileno()
@@ -227,11 +229,19 @@ class Pool:
             if w.proc.poll() is None:
                 w.proc.terminate()
         deadline = time.monotonic() + grace_s
-        for w in busy:
+        for w in busy:  # all given the same grace, then all killed at once: the stop takes grace_s + 2 s at most
             try:
                 w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _end(w.proc, 2.0)
+                pass
+        late = [w for w in busy if w.proc.poll() is None]
+        for w in late:
+            w.proc.kill()
+        for w in late:
+            try:
+                w.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                log.warning("a worker of slot %s did not end after SIGKILL", w.slot.index)
 
     def release(self, worker: Worker) -> None:
         """An idle worker the study needs no more leaves now (its slot's resources go back: a batch job ends);

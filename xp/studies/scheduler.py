@@ -122,7 +122,8 @@ class Scheduler:
     """Keeps every slot of `pool` busy with a trial of `study` until `remaining()` is 0 and none is in flight.
     `ask()` gives the next trial (None: nothing to run now), `job_of(trial, job)` its message for a worker,
     `tell(trial, result)` records how it ended, `lost(trial, why)` a trial whose worker died, `mark(trial)` who
-    runs it.
+    runs it, `unsettled(trial, state, why)` the trial a gone worker finished last (its run's last records may have
+    gone with it: its worker sends them while it runs the next).
 
     The scheduler holds the next trials asked (`ready`, one per slot) while every slot runs one: the first slot
     to free starts the oldest the moment it reports, without waiting for the scheduler to tell and ask (tens of
@@ -134,10 +135,12 @@ class Scheduler:
                  job_of: Callable[[Any, int], dict[str, Any]], tell: Callable[[Any, dict[str, Any]], str],
                  lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None,
                  mark: Callable[[Any], None] = lambda trial: None,
-                 give_back: Callable[[list[Any], str], None] = lambda trials, why: None):
+                 give_back: Callable[[list[Any], str], None] = lambda trials, why: None,
+                 unsettled: Callable[[Any, str | None, str], None] = lambda trial, state, why: None):
         self.pool, self.ask, self.remaining, self.job_of, self.mark = pool, ask, remaining, job_of, mark
         self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
         self.give_back = give_back  # trials in flight or held when the study stops early, handed back to it
+        self.unsettled = unsettled
         self.flights: dict[Any, Flight] = {}  # worker -> the trial it runs
         self.ready: collections.deque[Flight] = collections.deque()  # the next trials, asked and not sent yet
         self.ended: list[tuple[Flight, dict[str, Any], str]] = []  # trials told, not yet counted
@@ -193,7 +196,11 @@ class Scheduler:
 
         why = {KeyboardInterrupt: "interrupted (Ctrl-C)", Terminated: "terminated (SIGTERM)"}.get(
             type(error), f"stopped ({type(error).__name__})")
-        self.pool.stop([w for w in self.flights])
+        stopped = list(self.flights)
+        self.pool.stop(stopped)
+        for worker in stopped:
+            if worker.previous is not None:
+                self.unsettled(*worker.previous, why)
         trials = [f.trial for f in [*self.flights.values(), *self.ready]]
         self.flights.clear()
         self.ready.clear()
@@ -255,6 +262,7 @@ class Scheduler:
                 flight.trial.set_user_attr(msg["key"], msg["value"])
             elif op == "done":
                 worker.finished += 1
+                worker.previous = (flight.trial, msg.get("state"))
                 del self.flights[worker]
                 self.tally.busy_s += time.monotonic() - flight.started
                 if msg.get("recycle"):  # it ran something that changes its process for good (mixed precision)
@@ -280,6 +288,8 @@ class Scheduler:
             self.tally.busy_s += time.monotonic() - flight.started
             self.lost(flight.trial, why)
             self.tally.states["FAIL"] += 1
+        if worker.previous is not None:
+            self.unsettled(*worker.previous, why)
         fresh = self.pool.replace(worker)
         selector.register(fresh, selectors.EVENT_READ)
         return [fresh]

@@ -92,6 +92,9 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
 
     from optuna.trial import TrialState
 
+    from xp.tracking.stores import resolve_uri
+    from xp.tracking.tracker import end_lost
+
     dists, mark = distributions(spec), scheduler_mark()
     sweep_dir = Path(str(config.hydra.sweep.dir))
     # the user's config folders (--config-dir, hydra.searchpath), as the jobs of a sweep see them
@@ -100,6 +103,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
     shipped = {"config": _base_config(config, arguments, searchpath)}
+    uri, parent = resolve_uri(config.get("tracking_uri")), os.environ.get("XP_PARENT_RUN_ID")
 
     def ask() -> Any:
         trials, _ = _ask(study, dists, 1)
@@ -127,7 +131,14 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
             state = "FAIL"
         return state
 
+    def end_run(trial: Any, why: str, state: str) -> None:
+        """The trial's run ended in the store if its worker could not (gone, perhaps with its host: nothing there
+        may ever start again to end it)."""
+        if parent and uri:
+            end_lost(uri, parent, trial.number, why, state)
+
     def lost(trial: Any, why: str) -> None:
+        end_run(trial, f"its worker was lost: {why}", "FAILED")
         study.tell(trial, state=TrialState.FAIL)
         again = _retry(study, spec, trial._trial_id)
         log.warning(f"trial {trial.number} lost its worker ({why}): "
@@ -135,6 +146,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
 
     def give_back(trials: list[Any], why: str) -> None:
         for t in trials:
+            end_run(t, f"the study was {why}", "KILLED")  # (its worker, stopped, did not end it in time)
             requeue(study, t)
         log.warning(f"study {why}: trial{'s' if len(trials) > 1 else ''} "
                     + ", ".join(str(t.number) for t in trials)
@@ -142,7 +154,10 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
 
     scheduler = Scheduler(pool, ask, remaining, job_of, tell, lost, spec.heartbeat_s,
                           None if spec.multi_objective else spec.objectives[0].direction,
-                          mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=give_back)
+                          mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=give_back,
+                          unsettled=lambda trial, state, why: end_run(
+                              trial, f"its worker went ({why}) before its records reached the store",
+                              "FINISHED" if state in ("COMPLETE", "PRUNED") else "FAILED"))
     return scheduler.run()
 
 

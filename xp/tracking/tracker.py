@@ -49,6 +49,28 @@ def _offer_pending(uri: str) -> None:
                     "with: python -m xp.sync", len(left), redact(uri))
 
 
+def end_lost(uri: str, parent: str, trial_number: int, why: str, state: str = "FAILED") -> list[str]:
+    """End the runs of a study's trial (under the study's `parent` run) still RUNNING though their process was
+    lost (a study's worker killed, or gone with its host or node: FAILED; stopped with its study and killed before
+    it ended its run: KILLED). The scheduler knows the process is gone, and no process on that host may ever start
+    again to say so (end_orphans); the run is found by its tags, which it carries from its creation (the worker
+    may be gone before it said which run it made). A store that does not answer leaves it to end_orphans or
+    xp.sync. Returns the runs ended."""
+    try:
+        client = open_client(uri)
+        experiment = client.get_run(parent).info.experiment_id
+        runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
+                                                f"tags.`optuna.trial_number` = '{int(trial_number)}' and "
+                                                "attributes.status = 'RUNNING'")
+        for run in runs:
+            client.set_tag(run.info.run_id, "xp.ended_by", f"xp: {why}")
+            client.set_terminated(run.info.run_id, state)
+        return [run.info.run_id for run in runs]
+    except Exception as e:
+        log.debug("could not end the runs of lost trial %s: %s", trial_number, one_line(e))
+        return []
+
+
 MAX_RUN_NAME = 250  # MLflow's column; PostgreSQL enforces it, SQLite does not
 # overrides that say nothing of the run: where it is tracked, and how its processes reach the hosts
 UNNAMING = ("tracking_uri=", "experiment=", "run_name=", "optuna.", "hydra.", "launcher.", "host_ip=",
