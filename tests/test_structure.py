@@ -15,6 +15,10 @@ FRAMEWORKS = re.compile(r"mxnet|gluoncv|horovod|torch|DMLC_|MXNET_|NCCL_", re.I)
 # Optuna's GP sampler needs the torch package: the study checks Optuna's own dependency, not a framework xp
 # trains with
 ALLOWED = {("xp/studies/study.py", "torch")}
+# what code of xp/ outside xp/launching may not name: the launchers (xp's and Hydra's); placement is theirs
+LAUNCHERS = re.compile(r"\b(ssh|slurm|submitit\w*|joblib|ray)\b", re.I)
+# horovodrun starts its workers with a program called ssh: xp's engine puts the launcher's transport there
+LAUNCHER_ALLOWED = {("xp/mx/horovodrun.py", "ssh")}
 # packages, lowest first: each imports only those before it (xp/__init__'s `shipped` is everybody's)
 LAYERS = ("errors", "data", "tracking", "studies", "run", "launching", "mx", "pt")
 
@@ -33,7 +37,7 @@ def docstring_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
-def framework_names(path: Path) -> list[str]:
+def framework_names(path: Path, names: re.Pattern = FRAMEWORKS, allowed: set = ALLOWED) -> list[str]:
     tree = ast.parse(path.read_text())
     docs, found = docstring_lines(tree), []
     for node in ast.walk(tree):
@@ -52,8 +56,8 @@ def framework_names(path: Path) -> list[str]:
             continue
         rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
         for w in words:
-            for m in FRAMEWORKS.finditer(w):
-                if (rel, m.group(0).lower()) not in ALLOWED:
+            for m in names.finditer(w):
+                if (rel, m.group(0).lower()) not in allowed:
                     found.append(f"{rel}:{node.lineno}: {m.group(0)} in {w[:60]!r}")
     return found
 
@@ -68,6 +72,15 @@ def test_the_check_sees_a_framework_named_in_code(tmp_path):
     bad = tmp_path / "core_module.py"
     bad.write_text('"""Docstrings may say mxnet."""\nimport mxnet\nFORWARD = ("DMLC_",)\n')
     assert [h.split(": ", 1)[1] for h in framework_names(bad)] == ["mxnet in 'mxnet'", "DMLC_ in 'DMLC_'"]
+
+
+def test_no_launcher_is_named_outside_the_launchers():
+    """Where a study's trials or a job's processes run is the launchers' decision (xp/launching): the rest of xp
+    asks them, and matches no launcher's name (ssh, slurm, Hydra's submitit and joblib, ray) in code."""
+    files = [f for f in sorted(XP.rglob("*.py")) if f.relative_to(XP).parts[0] != "launching"]
+    found = [hit for f in files for hit in framework_names(f, LAUNCHERS, LAUNCHER_ALLOWED)]
+    assert found == [], "\n".join(found)
+    assert framework_names(Path(__file__), LAUNCHERS, set()) != []  # the check can fail: this file names them
 
 
 def imports_of(path: Path) -> set[str]:

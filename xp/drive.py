@@ -27,8 +27,8 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     on_slots = bool(study) and study.get("scheduler", "slots") == "slots"  # the launcher offers the study slots
     if launcher and launcher.submits() and multirun and not on_slots:
         raise ConfigError(f"launcher={launcher.name} submits one run at a time, or a study's workers (-m sweep=NAME); "
-                          "run each configuration as its own command (a sweep's jobs go to Slurm with "
-                          "hydra/launcher=submitit_slurm)")
+                          "run each configuration as its own command" + (f" ({launcher.sweeps})" if launcher.sweeps
+                                                                          else ""))
     if engine and multirun and on_slots:
         raise ConfigError(f"a study of {engine.name} jobs launches its trials one after another: set "
                           "sweep.scheduler=hydra (a study's slot workers train in their own process)")

@@ -7,6 +7,8 @@ import logging
 import os
 from typing import Any, Callable
 
+from xp.launching import hydra_launchers
+
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
 SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
 
@@ -16,7 +18,7 @@ log = logging.getLogger("xp")
 def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callable[[list[str]], int]) -> int:
     """Run a Hydra multirun under one MLflow parent run in the store `uri` (the first job's plan resolved it);
     print the sweep's table at the end."""
-    check_cluster_sweep(argv, config, uri)
+    hydra_launchers.check_cluster_sweep(argv, config, uri)
     if config.get("sweep"):
         _register_study_sweeper()
         argv = [*argv, "hydra/sweeper=xp_optuna"]
@@ -87,25 +89,6 @@ def deliver_left_over(uri: str, wait_s: float = 30.0) -> int:
         log.warning(f"sweep: {left} records wait for {redact(uri)}, which is away; deliver them with: "
                     "python -m xp.sync")
     return left
-
-
-def check_cluster_sweep(argv: list[str], config: dict[str, Any], uri: str) -> None:
-    """hydra/launcher=submitit_slurm: every job or trial runs on a cluster node, so the MLflow store, and a
-    study's Optuna storage (its trials report every epoch for pruning), must be ones every node reaches."""
-    launcher = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
-    if not launcher.startswith("submitit_slurm"):
-        return
-    from xp.tracking.stores import check_reachable
-
-    stores = [(uri, "tracking_uri", None)]
-    if config.get("sweep"):
-        from xp.studies.study import storage_url
-
-        stores.append((storage_url(config["sweep"].get("storage")), "sweep.storage",
-                       "give the study a database every node reaches: "
-                       "sweep.storage=postgresql://USER:PASSWORD@HOST/DB (or $XP_OPTUNA_STORAGE)"))
-    for url, key, fix in stores:
-        check_reachable(url, [f"the Slurm jobs' nodes (hydra/launcher={launcher})"], None, key=key, fix=fix)
 
 
 def _register_study_sweeper() -> None:

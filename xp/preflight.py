@@ -112,6 +112,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
+    from xp.launching.hydra_launchers import chosen, runs_elsewhere
     from xp.launching.launcher import launcher_for
     from xp.run.planning import plan_and_backend
     from xp.run.worker import WORKER_ENV
@@ -135,7 +136,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
         known = _known_keys(compose, groups, dirs)
         _check_added(parsed, known, groups)
         jobs = [[*searchpath, *job] for job in jobs]
-        here = not any(o.key_or_group == "hydra/launcher" and "submitit" in str(o.value()) for o in parsed)
+        here = not runs_elsewhere(chosen(argv))
         # Hydra's own settings go into every composition (they leave the job's config as it is): checked now, or a
         # sweep fails after its parent run began
         hydra_overrides = [o.input_line for o in parsed

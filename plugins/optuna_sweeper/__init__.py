@@ -24,7 +24,8 @@ class XPOptunaSweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
+        from xp.launching.hydra_launchers import at_once
         from xp.launching.pool import slot_pool
         from xp.studies.sweeper import run_study
 
-        return run_study(self.config, arguments, self.launcher, slot_pool)
+        return run_study(self.config, arguments, self.launcher, slot_pool, at_once(self.config.hydra.launcher))

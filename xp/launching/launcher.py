@@ -46,6 +46,7 @@ class Launcher:
     nodes: ClassVar[str] = "the hosts"  # what messages call the machines a submitted run's processes run on
     Options: ClassVar[type] = NoOptions  # its settings (config group `launcher`), with their defaults
     moved: ClassVar[dict[str, str]] = {}  # settings it had under other keys: old KEY (or PREFIX.) -> launcher.KEY
+    sweeps: ClassVar[str] = ""  # a batch launcher: where a sweep's jobs go instead (its refusal says so)
 
     def __init__(self, settings: LaunchSettings | None = None):
         self.settings = settings or LaunchSettings(self.name)  # the plan's LaunchSettings
@@ -240,6 +241,7 @@ class Slurm(OnHosts):
     nodes = "the Slurm job's nodes"
     Options = SlurmOptions
     moved = {"slurm.": "launcher."}
+    sweeps = "a sweep's jobs go to Slurm with hydra/launcher=submitit_slurm"
 
     def __init__(self, settings: Any = None):
         super().__init__(settings)

@@ -276,9 +276,6 @@ def _end(proc: Any, grace_s: float = 10.0) -> None:
     log.warning(f"study: worker {proc} did not end within {3 * grace_s:.0f} s")
 
 
-LOCAL_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")  # Hydra's launchers that run jobs on this machine
-
-
 _unplaced: list[tuple[subprocess.Popen, Channel, dict[str, str]]] = []  # early(): a worker and the environment
 # it started with, until a local slot takes it or discard_early() ends it
 _early: list[Pool] = []  # the workers prestart() started, until slot_pool takes them or discard_early() ends them
@@ -361,8 +358,9 @@ def slot_pool(config: Any, spec: Any, parallel: int | None) -> Pool | None:
     """The pool of a study whose trials Hydra's basic or joblib launcher would run here: this machine's slots,
     or those of the hosts of xp's launcher (ssh); its placement printed. None for a cluster's Hydra launcher
     (submitit: the trials are its jobs)."""
-    target = str(config.hydra.launcher.get("_target_", ""))
-    if not target.endswith(LOCAL_LAUNCHERS):
+    from xp.launching.hydra_launchers import runs_here
+
+    if not runs_here(str(config.hydra.launcher.get("_target_", ""))):
         return None
     slots = _slots(config, parallel, spec.trials_per_gpu)
     log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each: "

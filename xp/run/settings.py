@@ -105,7 +105,7 @@ def launch_settings(cfg: dict) -> LaunchSettings:
     if isinstance(chosen, str):  # a config of the user's that names the launcher as a plain key
         chosen = {"name": chosen}
     if not isinstance(chosen, dict) or not isinstance(chosen.get("name"), str) or not chosen["name"]:
-        raise ConfigError(f"launcher={chosen!r}: choose a launcher with launcher=NAME (local, ssh, slurm, ...)")
+        raise ConfigError(f"launcher={chosen!r}: choose a launcher with launcher=NAME (python -m xp --help lists them)")
     settings = LaunchSettings(
         launcher=chosen["name"], options={k: v for k, v in chosen.items() if k != "name"},
         host_ip=text(cfg, "host_ip"), interface=text(cfg, "network_interface"),

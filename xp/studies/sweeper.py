@@ -19,10 +19,12 @@ from xp.studies.trial import INTERRUPTED, _counts, distributions, heartbeat, ope
 log = logging.getLogger("xp")
 
 
-def run_study(config: Any, arguments: list[str], launcher: Any, slot_pool: Callable | None = None) -> list[Any]:
+def run_study(config: Any, arguments: list[str], launcher: Any, slot_pool: Callable | None = None,
+              at_once: int | None = None) -> list[Any]:
     """Run trials until the study has n_trials finished ones; report the best. With `slot_pool` (a Hydra launcher on
     this machine: xp.launching.pool.slot_pool) its scheduler keeps a trial in flight on every slot; otherwise
-    (a cluster launcher, submitit) trials go to the launcher in batches of sweep.parallel."""
+    (a cluster launcher, submitit) trials go to the launcher in batches of sweep.parallel (or `at_once`, the
+    jobs a parallel Hydra launcher runs at once, if more)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -46,10 +48,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any, slot_pool: Calla
         spec = dataclasses.replace(spec, n_trials=min(spec.n_trials, len(combos)))  # the grid, at most
         for combo in combos:
             study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
-    # a parallel Hydra launcher (hydra/launcher=joblib hydra.launcher.n_jobs=N) asks for N trials at a time
-    n_jobs = config.hydra.launcher.get("n_jobs") if "n_jobs" in config.hydra.launcher else None
-    parallel = spec.parallel if n_jobs is None else max(spec.parallel or 1, os.cpu_count() or 1 if n_jobs == -1
-                                                        else n_jobs)
+    # a parallel Hydra launcher asks for as many trials at a time as it runs jobs
+    parallel = spec.parallel if at_once is None else max(spec.parallel or 1, at_once)
     pool = (slot_pool(config, spec, parallel) if slot_pool is not None and spec.scheduler == "slots" and remaining > 0
             else None)
     if pool is not None:
@@ -93,7 +93,6 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
     from optuna.trial import TrialState
 
     from xp.tracking.stores import resolve_uri
-    from xp.tracking.tracker import end_lost
 
     dists, mark = distributions(spec), scheduler_mark()
     sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -103,7 +102,6 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
     shipped = {"config": _base_config(config, arguments, searchpath)}
-    uri, parent = resolve_uri(config.get("tracking_uri")), os.environ.get("XP_PARENT_RUN_ID")
 
     def ask() -> Any:
         trials, _ = _ask(study, dists, 1)
@@ -131,34 +129,48 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
             state = "FAIL"
         return state
 
-    def end_run(trial: Any, why: str, state: str) -> None:
-        """The trial's run ended in the store if its worker could not (gone, perhaps with its host: nothing there
-        may ever start again to end it)."""
-        if parent and uri:
-            end_lost(uri, parent, trial.number, why, state)
+    ends = _Unended(study, spec, resolve_uri(config.get("tracking_uri")), os.environ.get("XP_PARENT_RUN_ID"))
+    scheduler = Scheduler(pool, ask, remaining, job_of, tell, ends.lost, spec.heartbeat_s,
+                          None if spec.multi_objective else spec.objectives[0].direction,
+                          mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=ends.give_back,
+                          unsettled=ends.unsettled)
+    return scheduler.run()
 
-    def lost(trial: Any, why: str) -> None:
-        end_run(trial, f"its worker was lost: {why}", "FAILED")
-        study.tell(trial, state=TrialState.FAIL)
-        again = _retry(study, spec, trial._trial_id)
+
+class _Unended:
+    """The trials that do not end on their own: one whose worker was lost (retried), those in flight or held when
+    the study stops early (queued again), the one a gone worker finished last. Each one's run is ended in the store
+    where its worker could not (gone, perhaps with its host: nothing there may ever start again to end it)."""
+
+    def __init__(self, study: Any, spec: StudySpec, uri: str | None, parent: str | None):
+        self.study, self.spec, self.uri, self.parent = study, spec, uri, parent
+
+    def _end_run(self, trial: Any, why: str, state: str) -> None:
+        from xp.tracking.tracker import end_lost
+
+        if self.parent and self.uri:
+            end_lost(self.uri, self.parent, trial.number, why, state)
+
+    def lost(self, trial: Any, why: str) -> None:
+        from optuna.trial import TrialState
+
+        self._end_run(trial, f"its worker was lost: {why}", "FAILED")
+        self.study.tell(trial, state=TrialState.FAIL)
+        again = _retry(self.study, self.spec, trial._trial_id)
         log.warning(f"trial {trial.number} lost its worker ({why}): "
                     + ("retried with the same parameters" if again else "failed, retry limit reached"))
 
-    def give_back(trials: list[Any], why: str) -> None:
+    def give_back(self, trials: list[Any], why: str) -> None:
         for t in trials:
-            end_run(t, f"the study was {why}", "KILLED")  # (its worker, stopped, did not end it in time)
-            requeue(study, t)
+            self._end_run(t, f"the study was {why}", "KILLED")  # (its worker, stopped, did not end it in time)
+            requeue(self.study, t)
         log.warning(f"study {why}: trial{'s' if len(trials) > 1 else ''} "
                     + ", ".join(str(t.number) for t in trials)
                     + " given back to the study (the same command runs them first)")
 
-    scheduler = Scheduler(pool, ask, remaining, job_of, tell, lost, spec.heartbeat_s,
-                          None if spec.multi_objective else spec.objectives[0].direction,
-                          mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=give_back,
-                          unsettled=lambda trial, state, why: end_run(
-                              trial, f"its worker went ({why}) before its records reached the store",
-                              "FINISHED" if state in ("COMPLETE", "PRUNED") else "FAILED"))
-    return scheduler.run()
+    def unsettled(self, trial: Any, state: str | None, why: str) -> None:
+        self._end_run(trial, f"its worker went ({why}) before its records reached the store",
+                      "FINISHED" if state in ("COMPLETE", "PRUNED") else "FAILED")
 
 
 def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> dict[str, Any]:
