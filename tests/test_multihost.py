@@ -291,9 +291,18 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
                                 preexec_fn=default_sigint)
     try:
         until("3 trials in flight", lambda: sum(t.state.name == "RUNNING" for t in trials()) == 3)
+        secrets, stranger = slot_secrets(c), c.host("h2")  # a stranger on a host calls the scheduler back too
+        address = secrets[0][1]
+        knock = ("import json, socket, sys; host, port = sys.argv[1].rsplit(':', 1); "
+                 "s = socket.create_connection((host, int(port)), timeout=10); s.settimeout(120); "
+                 "s.sendall(json.dumps({'op': 'hello', 'token': 'guess'}).encode() + b'\\n'); "
+                 "print(s.recv(100) == b'')")
+        knocked = subprocess.Popen([*stranger.enter(), sys.executable, "-c", knock, address], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
         h3 = c.host("h3")
         victim = [int(p.split()[0]) for p in c.processes(h3) if "xp.launching.trialworker" in p]
         assert len(victim) == 1, c.processes(h3)
+        seen_commands = [p for h in [c.launcher, *c.workers] for p in c.processes(h)]
         os.kill(victim[0], signal.SIGKILL)
         until("the lost trial retried", lambda: any(t.system_attrs.get("failed_trial") is not None
                                                     and t.state.name == "RUNNING" for t in trials()))
@@ -308,6 +317,8 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
     said = out.read_text()
     assert proc.returncode == 130 and took < 15, (took, said[-3000:])
     assert "Traceback" not in said and "lost its worker" in said, said[-3000:]
+    # the stranger was dropped when the replacement called back, and the study went on
+    assert knocked.communicate(timeout=30)[0].strip() == "True" and "without a slot's secret was refused" in said
     nothing_left(c)
     lost = [t for t in trials() if t.state.name == "FAIL" and not t.user_attrs.get("xp.interrupted")]
     assert len(lost) == 1, [(t.number, t.state.name, t.user_attrs) for t in trials()]
@@ -334,6 +345,24 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
     assert {x.data.tags["xp.slot.host"] for x in children.values()} == {h2, h3.address}  # every host ran trials
     assert {x.data.tags["xp.host"] for x in children.values()} == {"h2", "h3"}  # in its own namespace
     nothing_left(c)
+    # a slot's secret is in its worker's environment only: no command line, console line or MLflow record has it
+    recorded = " ".join(str(x.data.tags) + str(x.data.params) for x in found)
+    for secret, _ in secrets:
+        assert secret not in said + r.stdout + r.stderr + recorded + " ".join(seen_commands)
+
+
+def slot_secrets(c) -> list[tuple[str, str]]:
+    """(secret, HOST:PORT to call back) of every study worker on the hosts, from their processes' environments."""
+    found = []
+    for h in c.workers:
+        for line in c.processes(h):
+            if "xp.launching.trialworker" not in line:
+                continue
+            env = dict(v.split("=", 1) for v in Path(f"/proc/{line.split()[0]}/environ").read_bytes().decode()
+                       .split("\0") if "=" in v)
+            found.append((env["XP_SLOT_TOKEN"], env["XP_SLOT_CONNECT"]))
+    assert found
+    return found
 
 
 # --- elastic across hosts (last: it crashes h3 for good) ---------------------------------------------------
