@@ -83,7 +83,7 @@ def register(root: Path, entry_points: str = "nsenter = nsenter_launcher:Nsenter
 def install(root: Path, cluster: Any) -> dict[str, str]:
     """Register the launcher under `root` and write the cluster's hosts for it; returns the variables a process
     needs to find both."""
-    register(root)
+    register(root)  # (a launcher, as any plugin, is installed on every host: `root` must be seen there too)
     hosts = root / "nsenter-hosts"
     hosts.write_text("".join(f"{h.address} {h.holder.pid}\n" for h in cluster.workers))
     tests = str(Path(__file__).resolve().parent)

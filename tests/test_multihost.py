@@ -37,7 +37,8 @@ def cluster(tmp_path_factory):
     with hosts.Cluster(4) as c:
         c.db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
         c.uri = c.mlflow_server(c.db)
-        c.nsenter_env = nsenter_launcher.install(tmp_path_factory.mktemp("nsenter"), c)
+        # where every host sees it: a launched worker composes its command line, launcher=nsenter included
+        c.nsenter_env = nsenter_launcher.install(c.shared / "nsenter", c)
         yield c
 
 
