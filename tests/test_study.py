@@ -282,8 +282,8 @@ def test_bad_study_on_the_command_line(tmp_path, store, sweeps, body, args, mess
 def test_a_study_takes_its_settings_and_search_space_from_the_command_line(tmp_path, store, sweeps):
     d = sweeps("small", "n_trials: 20\nparams: {batch: {type: categorical, choices: [16, 32]}}")
     proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", "sweep.n_trials=3", "sweep.sampler=random",
-                  "sweep.pruner=none", "hydra.sweeper.max_retry=1", "lr=tag(log, interval(0.001,0.3))",
-                  "momentum=0.5,0.9", env=study_env(tmp_path, d), timeout=600)
+                  "sweep.pruner=none", "hydra.sweeper.max_retry=1", "lr=tag(log, interval(0.001,0.1))",
+                  "momentum=0.5,0.9", env=study_env(tmp_path, d), timeout=600)  # (lr 0.29, momentum 0.9: LeNet diverged)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "hydra.sweeper.max_retry=1: xp's studies are the config group sweep: taken as sweep.max_retry=1" in \
         proc.stdout + proc.stderr
@@ -291,7 +291,7 @@ def test_a_study_takes_its_settings_and_search_space_from_the_command_line(tmp_p
     assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)  # sweep.n_trials, not the file's 20
     for t in trials:  # the file's space and the command line's, mixed
         assert set(t.params) == {"batch", "lr", "momentum"}
-        assert t.params["batch"] in (16, 32) and 0.001 <= t.params["lr"] <= 0.3 and t.params["momentum"] in (0.5, 0.9)
+        assert t.params["batch"] in (16, 32) and 0.001 <= t.params["lr"] <= 0.1 and t.params["momentum"] in (0.5, 0.9)
         assert t.distributions["lr"].log
     _, runs = mlflow_runs(store)
     names = sorted(r.info.run_name for r in runs if "mlflow.parentRunId" in r.data.tags)
