@@ -102,8 +102,6 @@ def text(cfg: dict, key: str) -> str | None:
 def launch_settings(cfg: dict) -> LaunchSettings:
     """The launch settings, typed; the launcher's own group it reads and checks itself (Launcher.read_options)."""
     chosen = cfg.get("launcher") or {}
-    if isinstance(chosen, str):  # a config of the user's that names the launcher as a plain key
-        chosen = {"name": chosen}
     if not isinstance(chosen, dict) or not isinstance(chosen.get("name"), str) or not chosen["name"]:
         raise ConfigError(f"launcher={chosen!r}: choose a launcher with launcher=NAME (python -m xp --help lists them)")
     settings = LaunchSettings(

@@ -145,31 +145,31 @@ class _Unended:
     def __init__(self, study: Any, spec: StudySpec, uri: str | None, parent: str | None):
         self.study, self.spec, self.uri, self.parent = study, spec, uri, parent
 
-    def _end_run(self, trial: Any, why: str, state: str) -> None:
+    def _end_runs(self, trials: list[Any], why: str, state: str) -> None:
         from xp.tracking.tracker import end_lost
 
-        if self.parent and self.uri:
-            end_lost(self.uri, self.parent, trial.number, why, state)
+        if self.parent and self.uri and trials:
+            end_lost(self.uri, self.parent, [t.number for t in trials], why, state)
 
     def lost(self, trial: Any, why: str) -> None:
         from optuna.trial import TrialState
 
-        self._end_run(trial, f"its worker was lost: {why}", "FAILED")
+        self._end_runs([trial], f"its worker was lost: {why}", "FAILED")
         self.study.tell(trial, state=TrialState.FAIL)
         again = _retry(self.study, self.spec, trial._trial_id)
         log.warning(f"trial {trial.number} lost its worker ({why}): "
                     + ("retried with the same parameters" if again else "failed, retry limit reached"))
 
     def give_back(self, trials: list[Any], why: str) -> None:
+        self._end_runs(trials, f"the study was {why}", "KILLED")  # (a worker, stopped, did not end its run in time)
         for t in trials:
-            self._end_run(t, f"the study was {why}", "KILLED")  # (its worker, stopped, did not end it in time)
             requeue(self.study, t)
         log.warning(f"study {why}: trial{'s' if len(trials) > 1 else ''} "
                     + ", ".join(str(t.number) for t in trials)
                     + " given back to the study (the same command runs them first)")
 
     def unsettled(self, trial: Any, state: str | None, why: str) -> None:
-        self._end_run(trial, f"its worker went ({why}) before its records reached the store",
+        self._end_runs([trial], f"its worker went ({why}) before its records reached the store",
                       "FINISHED" if state in ("COMPLETE", "PRUNED") else "FAILED")
 
 

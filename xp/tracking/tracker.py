@@ -49,26 +49,32 @@ def _offer_pending(uri: str) -> None:
                     "with: python -m xp.sync", len(left), redact(uri))
 
 
-def end_lost(uri: str, parent: str, trial_number: int, why: str, state: str = "FAILED") -> list[str]:
-    """End the runs of a study's trial (under the study's `parent` run) still RUNNING though their process was
+def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: str = "FAILED") -> list[str]:
+    """End the runs of a study's trials (under the study's `parent` run) still RUNNING though their process was
     lost (a study's worker killed, or gone with its host or node: FAILED; stopped with its study and killed before
     it ended its run: KILLED). The scheduler knows the process is gone, and no process on that host may ever start
-    again to say so (end_orphans); the run is found by its tags, which it carries from its creation (the worker
-    may be gone before it said which run it made). A store that does not answer leaves it to end_orphans or
-    xp.sync. Returns the runs ended."""
+    again to say so (end_orphans); the runs are found by their tags, which they carry from their creation (a worker
+    may be gone before it said which run it made), in one search. A store that does not answer leaves them to
+    end_orphans or xp.sync. Returns the runs ended."""
     try:
         client = open_client(uri)
         experiment = client.get_run(parent).info.experiment_id
-        runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
-                                                f"tags.`optuna.trial_number` = '{int(trial_number)}' and "
-                                                "attributes.status = 'RUNNING'")
-        for run in runs:
-            client.set_tag(run.info.run_id, "xp.ended_by", f"xp: {why}")
-            client.set_terminated(run.info.run_id, state)
-        return [run.info.run_id for run in runs]
+        running = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
+                                                   "attributes.status = 'RUNNING'", max_results=1000)
+        numbers = {str(int(n)) for n in trial_numbers}
+        runs = [r.info.run_id for r in running if r.data.tags.get("optuna.trial_number") in numbers]
+        for run_id in runs:
+            _end_for(client, run_id, why, state)
+        return runs
     except Exception as e:
-        log.debug("could not end the runs of lost trial %s: %s", trial_number, one_line(e))
+        log.debug("could not end the runs of lost trials %s: %s", trial_numbers, one_line(e))
         return []
+
+
+def _end_for(client: Any, run_id: str, why: str, state: str) -> None:
+    """End a run its own process could not, saying why (tag xp.ended_by)."""
+    client.set_tag(run_id, "xp.ended_by", f"xp: {why}")
+    client.set_terminated(run_id, state)
 
 
 MAX_RUN_NAME = 250  # MLflow's column; PostgreSQL enforces it, SQLite does not
@@ -261,8 +267,7 @@ class Tracker:
             if deliver_left(self.uri, run.info.run_id, 5.0, left) and \
                     self.client.get_run(run.info.run_id).info.status != "RUNNING":
                 continue  # it had ended: its end waited in its spool (a worker killed while its last trial's went)
-            self.client.set_tag(run.info.run_id, "xp.ended_by", f"xp: process {pid} on {host} was gone")
-            self.client.set_terminated(run.info.run_id, "FAILED")
+            _end_for(self.client, run.info.run_id, f"process {pid} on {host} was gone", "FAILED")
             log.warning("ended MLflow run %s FAILED: it was left RUNNING by process %d, which is gone",
                         run.info.run_id, pid)
             ended.append(run.info.run_id)
