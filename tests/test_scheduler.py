@@ -92,7 +92,7 @@ def test_four_slots_share_one_sqlite_study_and_a_killed_worker_is_replaced(tmp_p
     assert len(counted) == 40 and not [t for t in trials if t.state.name == "RUNNING"]
     lost = [t for t in trials if t.state.name == "FAIL"]
     assert len(lost) == 1  # the trial it ran (or the one it was sent as it reported the one before)
-    assert "lost its worker (killed by SIGKILL): retried with the same parameters" in out + err
+    assert "lost its worker (it was killed by signal 9): retried with the same parameters" in out + err
     for gone in lost:  # each retried with its parameters
         assert any(t.params == gone.params and t.system_attrs.get("failed_trial") == gone.number for t in counted)
     runs = trial_runs(store)
@@ -214,59 +214,60 @@ def test_a_worker_without_hydra_resolves_hydras_interpolations_in_a_trials_confi
 
 def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     """Slot 0 runs a long trial while slot 1 runs short ones: the trials asked meanwhile all go to slot 1, in
-    order, and none waits behind the long trial (the scheduler holds the next trials, not a slot)."""
-    import socket
+    order, and none waits behind the long trial (the scheduler holds the next trials, not a slot). The workers
+    here are threads with no socket and no file descriptor: the scheduler waits on its inbox, whatever carries
+    the messages (a Ray actor's, next)."""
+    import queue
     import threading
     from types import SimpleNamespace
 
-    from xp.studies.scheduler import Channel, Scheduler
+    from xp.studies.channel import Done, Exit, Inbox, Trial
+    from xp.studies.scheduler import Scheduler
 
     started: list[tuple[int, int]] = []  # (slot, trial number), in the order the trials were sent
-
-    def worker(sock: socket.socket) -> None:
-        ch = Channel(sock)
-        while (msg := ch.recv(timeout=30)) is not None and msg["op"] == "trial":
-            time.sleep(0.6 if msg["number"] == 0 else 0.02)
-            ch.send({"op": "done", "state": "COMPLETE", "values": [float(msg["number"])]})
+    ninth = threading.Event()  # slot 0's long trial ends once trial 9 was sent (to slot 1, if none waits)
+    inbox = Inbox()
 
     class Worker:
         def __init__(self, slot: int):
-            ours, theirs = socket.socketpair()
-            self.channel, self.finished, self.slot = Channel(ours), 0, slot
-            self.thread = threading.Thread(target=worker, args=(theirs,), daemon=True)
+            self.finished, self.slot, self.mail = 0, slot, queue.SimpleQueue()
+            self.thread = threading.Thread(target=self.run, daemon=True)
             self.thread.start()
 
-        def fileno(self) -> int:
-            return self.channel.fileno()
+        def run(self) -> None:
+            while isinstance(msg := self.mail.get(timeout=30), Trial):
+                if msg.number == 0:
+                    assert ninth.wait(timeout=30)
+                inbox.put(self, Done("COMPLETE", [float(msg.number)]))
 
-        def send(self, msg: dict) -> None:
-            started.append((self.slot, msg["number"])) if msg["op"] == "trial" else None
-            self.channel.send(msg)
-
-        def pending(self):
-            return self.channel.pending()
+        def send(self, msg) -> None:
+            if isinstance(msg, Trial):
+                started.append((self.slot, msg.number))
+                if msg.number == 9:
+                    ninth.set()
+            self.mail.put(msg)
 
         def gone(self) -> bool:
             return not self.thread.is_alive()
 
-    pool = SimpleNamespace(workers=[Worker(0), Worker(1)], released=[])
-    pool.release = lambda w: (pool.workers.remove(w), pool.released.append(w), w.send({"op": "exit"}))
+    pool = SimpleNamespace(workers=[Worker(0), Worker(1)], released=[], inbox=inbox)
+    pool.release = lambda w: (pool.workers.remove(w), pool.released.append(w), w.send(Exit()))
     numbers, told = iter(range(12)), []
     storage = SimpleNamespace()  # keeps no heartbeats
     scheduler = Scheduler(pool, ask=lambda: SimpleNamespace(number=next(numbers),
                                                             study=SimpleNamespace(_storage=storage)),
                           remaining=lambda: 12 - scheduler.jobs,
-                          job_of=lambda t, job: {"op": "trial", "number": t.number},
+                          job_of=lambda t, job: Trial(t.number, {}, "s", "s", [], [], "", None),
                           tell=lambda t, msg: told.append(t.number) or "COMPLETE", lost=lambda t, why: None,
                           heartbeat_s=60.0)
     tally = scheduler.run()
     for w in pool.workers:
-        w.send({"op": "exit"})
+        w.send(Exit())
     for w in [*pool.workers, *pool.released]:
         w.thread.join(timeout=30)
     assert tally.states["COMPLETE"] == 12 and sorted(told) == list(range(12))
     assert [n for _, n in started] == list(range(12))  # started in the order asked
-    assert [s for s, n in started if n > 0 and n < 10] == [1] * 9  # slot 0 held nothing while its long trial ran
+    assert [s for s, n in started if 0 < n < 10] == [1] * 9  # slot 0 held nothing while its long trial ran
 
 
 def default_sigint() -> None:

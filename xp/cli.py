@@ -75,17 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         offer_options()
         return _hydra(argv)
     study_here = ("-m" in argv or "--multirun" in argv) and any(a.startswith("sweep=") for a in argv)
+    placement = None
     try:
         if study_here and not os.environ.get(WORKER_ENV):
-            from xp.launching import pool
+            from xp.launching.placement import Placement
 
-            pool.early(argv)  # first: its imports overlap all that follows (Hydra's own import among it)
+            placement = Placement.ahead()  # first: its worker's imports overlap all that follows
         study.register()
         offer_options()
         _remember_command(argv)
         signal.signal(signal.SIGTERM, _on_sigterm)
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
-        return drive.start(argv, preflight.preflight(argv), _hydra)
+        return drive.start(argv, preflight.preflight(argv), _hydra, placement)
     except XPError as e:
         return error_line(e, e.exit_code)
     except KeyboardInterrupt:
@@ -93,10 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         return error_line("terminated (SIGTERM)", 143)
     finally:
-        if study_here:
-            from xp.launching import pool
-
-            pool.discard_early()
+        if placement is not None:  # the workers it started ahead that no study took
+            placement.discard()
 
 
 def leave(code: int) -> None:

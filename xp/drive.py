@@ -17,9 +17,11 @@ from xp.run.worker import WORKER_ENV
 log = logging.getLogger("xp")
 
 
-def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[list[str]], int]) -> int:
+def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[list[str]], int],
+          placement: Any = None) -> int:
     """What the command line asks, started: a distributed job or a batch submission (one at a time), a sweep
-    under one MLflow parent run, or one run (Hydra's job, `hydra_main`)."""
+    under one MLflow parent run, or one run (Hydra's job, `hydra_main`). A study's trials go where `placement`
+    (xp.launching.placement, made by the command line) decides, once the composed command says."""
     multirun = "-m" in argv or "--multirun" in argv
     first = configs[0] if configs else {}
     plan, engine, launcher = job_of(first) if configs and not os.environ.get(WORKER_ENV) else (None, None, None)
@@ -43,13 +45,11 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
         from xp.tracking.stores import resolve_uri
 
         return sweeps.sweep(argv, first, resolve_uri(None), hydra_main)
-    from xp.launching import pool
+    from xp.launching.placement import Placement
 
-    pool.prestart(first, [a for a in argv if a not in ("-m", "--multirun")], launcher)
-    try:
+    with placement or Placement() as where:  # the study's sweeper, which Hydra makes, takes it from there
+        where.decide(first, argv, launcher)
         return sweeps.sweep(argv, first, plan.tracking_uri, hydra_main)
-    finally:
-        pool.discard_early()  # the study did not need them (done already, or stopped before its trials)
 
 
 def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:

@@ -2,7 +2,7 @@
 
 Hydra instantiates sweepers only from the hydra_plugins namespace; xp's CLI registers
 this class with Hydra and selects it (hydra/sweeper=xp_optuna) for `-m sweep=NAME`.
-The work is in xp.studies.sweeper; on this machine its trials run on the slots of xp.launching.pool.
+The work is in xp.studies.sweeper; its trials run where the command's placement (xp.launching.placement) says.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ class XPOptunaSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from xp.launching.hydra_launchers import at_once
-        from xp.launching.pool import slot_pool
+        from xp.launching.placement import Placement
         from xp.studies.sweeper import run_study
 
-        return run_study(self.config, arguments, self.launcher, slot_pool, at_once(self.config.hydra.launcher))
+        return run_study(self.config, arguments, self.launcher, Placement.current(),
+                         at_once(self.config.hydra.launcher))

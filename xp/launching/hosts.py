@@ -232,3 +232,29 @@ def hosts_for(launcher: Any, plan: Any, elastic: bool) -> list[HostSlots]:
                               "list, one instance each")
         return pool
     return launcher.hosts()
+
+
+def exit_words(code: int) -> str:
+    """How a process ended, as xp says it. 128+N, what xp.launching.remote run (for a process on another host) and
+    shells say of one killed by signal N, reads as that signal."""
+    if code > 128:
+        code = 128 - code
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
+def start_there(transport: Transport, host: str, told: dict[str, Any], output: bool = False) -> subprocess.Popen:
+    """Run told["argv"] with the variables told["env"] on `host`, in this folder, through xp.launching.remote run:
+    what to run goes through the session's stdin, never a command line (the variables may hold a password or a
+    slot's secret); stdin then stays open, and when it closes (the caller ends it, or this process dies) the
+    host ends the process group. `output`: its output comes back on the handle's stdout (text), else it goes
+    where this process's does."""
+    command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(sys.executable)} -m xp.launching.remote run"
+    proc = subprocess.Popen(transport.argv(host, command + (" 2>&1" if output else "")), start_new_session=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE if output else None,
+                            stderr=subprocess.STDOUT if output else None, text=True)
+    try:
+        proc.stdin.write(json.dumps(told) + "\n")
+        proc.stdin.flush()
+    except OSError:
+        pass  # the transport already gave up: its exit code says why
+    return proc

@@ -17,6 +17,11 @@ def chosen(argv: list[str]) -> str:
     return next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
 
 
+def runs_jobs_here(argv: list[str]) -> bool:
+    """The command line's Hydra launcher (Hydra's default if it picks none) runs jobs on this machine."""
+    return chosen(argv) in ("", "basic", "joblib")
+
+
 def runs_elsewhere(name: str) -> bool:
     """Jobs of this Hydra launcher run outside this process's reach: a study's trials are its jobs, in batches."""
     return name.startswith(ELSEWHERE)

@@ -34,13 +34,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
 from xp.launching.engine import LOOPBACK, Engine, Role, Spec, python
 from xp.errors import XPError
-from xp.launching.hosts import on_hosts
+from xp.launching.hosts import exit_words, on_hosts, start_there
 from xp.run.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV
 
 # variables a remote process gets from the launcher's environment (the rest is the host's own), with those its
@@ -139,16 +139,8 @@ class Job:
         else:
             prefixes = FORWARDED + self.engine.forwarded
             forwarded = {k: v for k, v in os.environ.items() if k.startswith(prefixes) and k not in env}
-            command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(python())} -m xp.launching.remote run 2>&1"
-            proc = subprocess.Popen(self.spec.transport.argv(role.host, command), start_new_session=True,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            # what to run goes through the session, not a command line (the environment may hold a password);
-            # stdin then stays open: when it closes (the job ends, or this process dies) the host ends the process
-            try:
-                proc.stdin.write(json.dumps({"argv": role.argv, "env": {**forwarded, **env}}) + "\n")
-                proc.stdin.flush()
-            except OSError:
-                pass  # ssh already gave up: its exit code says why, and the watch reports it
+            proc = start_there(self.spec.transport, role.host, {"argv": role.argv, "env": {**forwarded, **env}},
+                               output=True)
         s = Started(role, proc)
         if piped:
             s.relay = threading.Thread(target=self._relay, args=(s,), daemon=True)
@@ -261,14 +253,9 @@ class Job:
             rank, code = failed[0]
             host = self.beats[rank].host if rank in self.beats else host
         lost = s.role.host is not None and code == 255 and not failed
-        if code > 128:
-            code = 128 - code  # xp.launching.remote run and the runners' shells: 128+N means signal N
         who = f"worker rank {rank}" if rank is not None else s.role.name
         where = f" on host {host}" if host and self.spec.remote else ""
-        if lost:
-            how = "lost its ssh connection (the host went down or became unreachable)"
-        else:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        how = "lost its ssh connection (the host went down or became unreachable)" if lost else exit_words(code)
         e = LaunchError(f"{who}{where} {how}; the other processes were stopped (its error is in the log above)")
         e.host = host
         if code == 2:

@@ -15,17 +15,14 @@ package's are offered from its dataclass (`offer_options`).
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
 from xp.errors import ConfigError
-from xp.launching.hosts import SSH, HostSlots, Transport, check_here, probe, reap, read_hosts
+from xp.launching.hosts import SSH, HostSlots, Transport, check_here, exit_words, probe, reap, read_hosts, start_there
 from xp.launching.slots import Slot
 from xp.launching.slurm import SlurmOptions
 from xp.run.settings import LaunchSettings, number, text
@@ -124,8 +121,19 @@ class Launcher:
         subprocess.Popen it makes: poll(), wait(timeout), terminate(), kill(), returncode."""
         raise NotImplementedError(f"launcher={self.name} places no study trials elsewhere")
 
+    def worker_ended(self, handle: Any) -> str:
+        """How a study's worker (`handle`) ended, in words ("it was killed by signal 9"); it is ended if it has
+        not (SIGTERM, then SIGKILL)."""
+        try:
+            code = handle.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            handle.kill()
+            code = handle.wait(timeout=10)
+        return f"it {exit_words(code)}"
+
     def worker_lost(self, slot: Slot, handle: Any) -> None:
-        """The worker `start_worker` started for `slot` (`handle`) was lost; its replacement is started next."""
+        """The worker `start_worker` started for `slot` (`handle`) was lost (ended already); its replacement is
+        started next."""
 
 
 class Local(Launcher):
@@ -176,15 +184,8 @@ class OnHosts(Launcher):
         return host_slots(self.hosts(), gpus_per_trial, parallel, trials_per_gpu)
 
     def start_worker(self, slot: Slot, told: dict[str, Any]) -> subprocess.Popen:
-        """Through the transport: xp.launching.remote run on the slot's host takes what to run on its stdin, and
-        ends it when this end of the session closes."""
-        py = shlex.quote(sys.executable)
-        proc = subprocess.Popen(self.transport().argv(
-            slot.host, f"cd {shlex.quote(os.getcwd())} && exec {py} -m xp.launching.remote run"),
-            stdin=subprocess.PIPE)
-        proc.stdin.write((json.dumps(told) + "\n").encode())
-        proc.stdin.flush()
-        return proc
+        """Through the transport, as a job's processes are started (xp.launching.hosts.start_there)."""
+        return start_there(self.transport(), slot.host, told)
 
 
 @dataclass(frozen=True)
@@ -327,8 +328,16 @@ class Slurm(OnHosts):
 
         return WorkerJob.submit(self.options, slot, told, avoid=self._avoid.get(slot.index))
 
+    def worker_ended(self, handle: Any) -> str:
+        if not self.submits():
+            return super().worker_ended(handle)
+        handle.poll()  # its batch system says how it went (as it stood when the worker was lost), then it is
+        how = str(handle)  # ended (it may live on a lost node)
+        handle.terminate()
+        return how
+
     def worker_lost(self, slot: Slot, handle: Any) -> None:
-        if handle.node and handle.lost_with_node:  # the job's worker went while Slurm had it running (or its
+        if self.submits() and handle.node and handle.lost_with_node:  # the job's worker went while Slurm had it running (or its
             self._avoid[slot.index] = handle.node  # node failed): the slot's next jobs go to other nodes
 
     def reap(self, hosts: list[str], job: str) -> None:

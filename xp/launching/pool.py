@@ -1,5 +1,7 @@
 """A study's workers: one long-lived process per slot (xp.launching.slots), started once, pinned to its slot,
-replaced when it dies. The scheduler (xp.studies.scheduler) reads them through one selector."""
+replaced when it dies. Each talks to the scheduler (xp.studies.scheduler) over its channel (xp.studies.channel),
+whose messages all arrive in the pool's one inbox. Where the slots are and how a worker gets there is the
+launcher's (Launcher.slots, start_worker); this machine's workers the pool starts itself."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +19,8 @@ from typing import Any
 from xp.errors import XPError, one_line
 from xp.launching.slots import Slot
 from xp.launching.trialworker import BACKEND_ENV, CONNECT_ENV, QUIET_ENV, SLOT_ENV, TOKEN_ENV, TRACKING_ENV
-from xp.studies.scheduler import Channel
+from xp.studies.channel import Channel, Exit, Hello, Inbox, Message, Ready
+from xp.studies.channel import Slot as SlotMessage
 
 log = logging.getLogger("xp")
 
@@ -30,24 +32,18 @@ DEATHS = 3  # workers of one slot that die in a row without finishing a trial: t
 class Worker:
     """The scheduler's handle on one worker process."""
 
-    def __init__(self, slot: Slot, proc: subprocess.Popen, channel: Channel, deaths: int = 0):
-        self.slot, self.proc, self.channel = slot, proc, channel
+    def __init__(self, slot: Slot, proc: Any, channel: Channel, launcher: Any, deaths: int = 0):
+        self.slot, self.proc, self.channel, self.launcher = slot, proc, channel, launcher
         self.deaths = deaths  # workers of its slot that died before it without finishing a trial
         self.finished = 0  # trials it finished
         self.previous: tuple[Any, str | None] | None = None  # the last (trial, state): its run's records may
         # still be on their way from this worker while it runs the next
 
-    def fileno(self) -> int:
-        return self.channel.fileno()
-
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Message) -> None:
         try:
             self.channel.send(msg)
-        except OSError:  # it died; its end of the channel says so to the selector
+        except OSError:  # it died; its channel's end says so to the inbox
             pass
-
-    def pending(self) -> list[dict[str, Any]] | None:
-        return self.channel.pending()
 
     def gone(self) -> bool:
         """Its process has ended (a worker elsewhere may end without its channel saying so: a lost node)."""
@@ -55,29 +51,21 @@ class Worker:
 
     def ended(self) -> str:
         """How the process ended, in words (it is ended if it has not)."""
-        if not isinstance(self.proc, subprocess.Popen):  # a batch job: its batch system says how it went (as it
-            self.proc.poll()  # stood when the worker was lost), then it is ended (it may live on a lost node)
-            how = str(self.proc)
-            self.proc.terminate()
-            return how
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait(timeout=10)
-        if self.slot.host and 128 < code < 160:  # the remote side's 128+N (xp.launching.remote run)
-            code = 128 - code
-        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        return self.launcher.worker_ended(self.proc)
 
 
 class Pool:
     """One worker per slot. `backend`: the backend the trials use, imported by each worker as it starts."""
 
     def __init__(self, slots: list[Slot], backend: str | None = None, tracking_uri: str | None = None,
-                 launcher: Any = None):
+                 launcher: Any = None, unplaced: Unplaced | None = None):
+        from xp.launching.launcher import Local
+
         self.slots, self.backend, self.tracking_uri = slots, backend, tracking_uri
-        self.launcher = launcher  # how slots elsewhere are reached (xp.launching.launcher: ssh, slurm)
-        self.remote = launcher is not None and launcher.remote  # its workers start elsewhere and call back
+        self.launcher = launcher or Local()  # where the slots are, how a worker elsewhere gets there
+        self.remote = self.launcher.remote  # its workers start elsewhere and call back
+        self.unplaced = unplaced  # a local worker started before its slot was known, for the first slot here
+        self.inbox = Inbox()  # where every worker's messages arrive
         self.quiet = len(slots) > 1
         self.workers: list[Worker] = []
         self.released: list[Worker] = []  # left before the study's end (release)
@@ -109,13 +97,16 @@ class Pool:
                 proc.terminate()
             _end(proc)
             if channel is not None:
-                channel.sock.close()
+                channel.close()
         self.started = []
+        if self.unplaced is not None:
+            self.unplaced.discard()
+            self.unplaced = None
         self._close()
 
     def __exit__(self, *exc: Any) -> None:
         for w in self.workers:
-            w.send({"op": "exit"})
+            w.send(Exit())
         for w in [*self.workers, *self.released]:
             _end(w.proc)
         self._close()
@@ -135,16 +126,10 @@ class Pool:
     def _spawn(self, slot: Slot) -> tuple[Any, Channel | None, Slot]:
         if self.remote:
             return self._spawn_there(slot)
-        if _unplaced:  # started before its slot was known (early): told it now
-            proc, channel, env = _unplaced.pop()
-            told = {**{k: v for k, v in os.environ.items() if env.get(k) != v}, **self._variables(slot)}
-            try:
-                channel.send({"op": "slot", "env": told, "unset": [k for k in env if k not in os.environ],
-                              "cwd": os.getcwd()})
-            except OSError:  # it died meanwhile: _ready says so in one line
-                pass
-            return proc, channel, slot
-        return (*_local_worker({**os.environ, **self._variables(slot)}), slot)
+        if self.unplaced is not None:  # started before its slot was known (early): told it now
+            unplaced, self.unplaced = self.unplaced, None
+            return unplaced.place(self._variables(slot)), unplaced.channel, slot
+        return (*local_worker({**os.environ, **self._variables(slot)}), slot)
 
     def _spawn_there(self, slot: Slot) -> tuple[Any, None, Slot]:
         """A worker elsewhere, started by the launcher (Launcher.start_worker: over its transport, or as a batch
@@ -175,9 +160,9 @@ class Pool:
             channel = Channel(conn)
             try:
                 hello = channel.recv(timeout=10)
-            except (TimeoutError, OSError):
+            except (TimeoutError, OSError, ValueError):  # silent, gone, or bytes that are no message
                 hello = None
-            caller = self.tokens.pop(str((hello or {}).get("token")), None)
+            caller = self.tokens.pop(hello.token, None) if isinstance(hello, Hello) else None
             if caller is None:  # not one of ours: dropped, in one line
                 log.warning(f"study: a connection from {_peer(conn)} without a slot's secret was refused")
                 conn.close()
@@ -185,27 +170,26 @@ class Pool:
             self.arrived[caller] = channel
         return self.arrived.pop(slot)
 
-    def _ready(self, proc: subprocess.Popen, channel: Channel | None, slot: Slot) -> Worker:
+    def _ready(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker:
         if channel is None:
             channel = self._called_back(slot, proc)
         try:
             msg = channel.recv(timeout=READY_S) if channel is not None else None
-        except TimeoutError:
+        except (TimeoutError, ValueError):
             msg = None
-        if msg is None or msg.get("op") != "ready":
+        if not isinstance(msg, Ready):
             _end(proc)
-            why = msg.get("error") if msg else (f"exit code {proc.returncode}" if proc.poll() is not None
-                                                 else "no answer")
+            why = getattr(msg, "error", None) or (f"exit code {proc.returncode}" if proc.poll() is not None
+                                                  else "no answer")
             raise XPError(f"the study's worker for {slot.describe()} did not start ({why})")
-        return Worker(slot, proc, channel)
+        worker = Worker(slot, proc, channel, self.launcher)
+        channel.listen(self.inbox, worker)
+        return worker
 
     def replace(self, worker: Worker) -> Worker:
         """A new worker on `worker`'s slot (the old one is ended if it is not); XPError when DEATHS workers of the
         slot died in a row without finishing a trial (a broken environment, not a bad trial)."""
-        if isinstance(worker.proc, subprocess.Popen):  # ended already (Worker.ended, or retired): reaped
-            _end(worker.proc, 1.0)
-        if self.remote:
-            self.launcher.worker_lost(worker.slot, worker.proc)
+        self.launcher.worker_lost(worker.slot, worker.proc)
         deaths = 0 if worker.finished else worker.deaths + (worker.proc.returncode != 0)
         while True:
             if deaths >= DEATHS:
@@ -246,12 +230,12 @@ class Pool:
     def release(self, worker: Worker) -> None:
         """An idle worker the study needs no more leaves now (its slot's resources go back: a batch job ends);
         __exit__ waits for it with the others."""
-        worker.send({"op": "exit"})
+        worker.send(Exit())
         self.workers.remove(worker)
         self.released.append(worker)
 
     def retire(self, worker: Worker) -> None:
-        worker.send({"op": "exit"})
+        worker.send(Exit())
         _end(worker.proc)
 
 
@@ -276,100 +260,38 @@ def _end(proc: Any, grace_s: float = 10.0) -> None:
     log.warning(f"study: worker {proc} did not end within {3 * grace_s:.0f} s")
 
 
-_unplaced: list[tuple[subprocess.Popen, Channel, dict[str, str]]] = []  # early(): a worker and the environment
-# it started with, until a local slot takes it or discard_early() ends it
-_early: list[Pool] = []  # the workers prestart() started, until slot_pool takes them or discard_early() ends them
-_launcher: list[Any] = []  # the study's launcher (its plan's), where its slots come from: set by prestart()
+class Unplaced:
+    """A local worker started before its slot was known (xp.launching.placement: before the study is composed): it
+    imports what does not depend on its slot (MLflow, Hydra, xp: a second on 2 cores), then waits to be told its
+    slot, pins itself there and imports its frameworks. It dies with this process."""
+
+    def __init__(self, proc: subprocess.Popen, channel: Channel, env: dict[str, str]):
+        self.proc, self.channel, self.env = proc, channel, env
+
+    @classmethod
+    def start(cls, env: dict[str, str]) -> Unplaced:
+        return cls(*local_worker(env), env)
+
+    def place(self, variables: dict[str, str]) -> subprocess.Popen:
+        """Tell it its slot: the slot's `variables`, and what changed in this process's environment since."""
+        told = {**{k: v for k, v in os.environ.items() if self.env.get(k) != v}, **variables}
+        try:
+            self.channel.send(SlotMessage(told, [k for k in self.env if k not in os.environ], os.getcwd()))
+        except OSError:  # it died meanwhile: Pool._ready says so in one line
+            pass
+        return self.proc
+
+    def discard(self) -> None:
+        """It holds nothing yet: ended at once."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.channel.close()
 
 
-def prestart(config: dict[str, Any], argv: list[str], launcher: Any = None) -> None:
-    """A study on slots: its launcher's hosts checked (launcher=ssh: every host answers, the tracking store is
-    one they reach), then its workers started now, while this process opens its stores and its study, so their
-    imports (seconds) overlap; slot_pool hands them to the study when its slots are the same. Workers start
-    early only under Hydra's default launcher (another one, or its settings, may place trials differently)."""
-    _launcher[:] = [launcher]
-    node = config.get("sweep")
-    if not node or node.get("scheduler", "slots") != "slots":
-        return
-    if launcher is not None and launcher.remote:
-        from xp.tracking.stores import resolve_uri
-
-        launcher.check_study(resolve_uri(config.get("tracking_uri")))
-    if any(a.startswith(("hydra/launcher", "hydra.launcher")) for a in argv):
-        return
-    from xp.tracking.stores import resolve_uri
-
-    if not resolve_uri(config.get("tracking_uri")).startswith(("sqlite:", "http:", "https:")):
-        return  # a new database's schema (PostgreSQL) has no creation lock: the workers open it after this process
-    slots = _slots(config, node.get("parallel"), node.get("trials_per_gpu") or 1)
-    _early.append(_pool(config, slots).spawn())
-
-
-def early(argv: list[str]) -> None:
-    """A study's first local worker, started before anything is composed (the command line looks like a study on
-    this machine's slots): it imports what does not depend on its slot (MLflow, Hydra, xp: a second on 2 cores)
-    while this process composes and checks the study, then waits to be told its slot (Pool._spawn), pins itself
-    there and imports its frameworks. Not taken by a slot, discard_early() ends it; it dies with this process."""
-    if any(a.startswith(("hydra/launcher", "hydra.launcher", "sweep.scheduler=hydra")) for a in argv) or any(
-            a.startswith("launcher=") and a != "launcher=local" for a in argv):
-        return  # trials placed by another launcher: no local slot would take it
-    env = {k: v for k, v in os.environ.items() if k != SLOT_ENV}
-    _unplaced.append((*_local_worker(env), env))
-
-
-def _local_worker(env: dict[str, str]) -> tuple[subprocess.Popen, Channel]:
+def local_worker(env: dict[str, str]) -> tuple[subprocess.Popen, Channel]:
     """A worker process on this machine, and the scheduler's end of its channel."""
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
                             pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
     theirs.close()
     return proc, Channel(ours)
-
-
-def discard_early() -> None:
-    while _early:
-        _early.pop().discard()
-    while _unplaced:  # it holds nothing yet: ended at once
-        proc, channel, _ = _unplaced.pop()
-        proc.kill()
-        proc.wait(timeout=30)
-        channel.sock.close()
-    _launcher.clear()
-
-
-def _slots(config: Any, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
-    """This machine's slots, or (launcher=ssh) its hosts'."""
-    from xp.launching.slots import plan_slots
-
-    launcher = _launcher[0] if _launcher else None
-    if launcher is not None:
-        return launcher.slots(int(config.get("gpus") or 0), parallel, trials_per_gpu)
-    return plan_slots(int(config.get("gpus") or 0), parallel, trials_per_gpu)
-
-
-def _pool(config: Any, slots: list[Slot]) -> Pool:
-    from xp.tracking.stores import resolve_uri
-
-    return Pool(slots, backend=(config.get("backend") or {}).get("name"),
-                tracking_uri=resolve_uri(config.get("tracking_uri")), launcher=_launcher[0] if _launcher else None)
-
-
-def slot_pool(config: Any, spec: Any, parallel: int | None) -> Pool | None:
-    """The pool of a study whose trials Hydra's basic or joblib launcher would run here: this machine's slots,
-    or those of the hosts of xp's launcher (ssh); its placement printed. None for a cluster's Hydra launcher
-    (submitit: the trials are its jobs)."""
-    from xp.launching.hydra_launchers import runs_here
-
-    if not runs_here(str(config.hydra.launcher.get("_target_", ""))):
-        return None
-    slots = _slots(config, parallel, spec.trials_per_gpu)
-    log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each: "
-             + "; ".join(s.describe() for s in slots))
-    pool = _pool(config, slots)
-    early = next((p for p in _early if (p.slots, p.backend, p.tracking_uri) == (slots, pool.backend,
-                                                                              pool.tracking_uri)), None)
-    if early is not None:
-        _early.remove(early)
-    while _early:  # started for other slots: not this study's
-        _early.pop().discard()
-    return early or pool

@@ -37,63 +37,64 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
         signal.signal(signal.SIGINT, _stopped)
-    early = compose = None
-    if SLOT_ENV not in os.environ:  # started before its slot was known (xp.launching.pool.early)
-        from xp.studies.scheduler import Channel
+    from xp.studies.channel import Channel, Error, Hello, Ready
+    from xp.studies.channel import Slot as SlotMessage
 
+    early = compose = None
+    if SLOT_ENV not in os.environ:  # started before its slot was known (xp.launching.pool.Unplaced)
         early = Channel(socket.socket(fileno=int(argv[0])))
         try:
             compose = _before_slot()
         except Exception:  # done again once told its slot, where a failure reaches the scheduler in one line
             compose = None
         told = early.recv()
-        if told is None or told.get("op") != "slot":  # not needed
+        if not isinstance(told, SlotMessage):  # not needed
             os._exit(0)
-        os.environ.update(told["env"])
-        for k in told["unset"]:
+        os.environ.update(told.env)
+        for k in told.unset:
             os.environ.pop(k, None)
-        os.chdir(told["cwd"])
+        os.chdir(told.cwd)
     slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(os.environ[SLOT_ENV]).items()})
     slot.pin()  # before the frameworks start their threads: those inherit it (the ones already there are moved)
-    from xp.studies.scheduler import Channel
-
     if early is not None:
         channel = early
     elif argv[0] == "connect":  # on another host: it calls the scheduler back, with its slot's token
         host, port = os.environ[CONNECT_ENV].rsplit(":", 1)
         channel = Channel(socket.create_connection((host, int(port)), timeout=30))
         channel.sock.settimeout(None)
-        channel.send({"op": "hello", "token": os.environ.pop(TOKEN_ENV, "")})
+        channel.send(Hello(os.environ.pop(TOKEN_ENV, "")))
     else:
         channel = Channel(socket.socket(fileno=int(argv[0])))
     try:
         compose = compose or _composer()
         _warm(os.environ.get(BACKEND_ENV), os.environ.get(TRACKING_ENV))
     except Exception as e:
-        channel.send({"op": "error", "error": f"{type(e).__name__}: {e}"})
+        channel.send(Error(f"{type(e).__name__}: {e}"))
         return 1
     _logging(quiet=_quiet())
-    channel.send({"op": "ready", "pid": os.getpid()})
+    channel.send(Ready(os.getpid()))
     return _trials(channel, compose, slot)
 
 
 def _trials(channel: Any, compose: Any, slot: Any) -> int:
     """Trial after trial, as the scheduler sends them, until it says exit (or the trial changed the process)."""
+    from xp.studies.channel import Trial
     from xp.tracking.spool import settle
 
     first = True
     try:
         while True:
             msg = channel.recv()
-            if msg is None or msg["op"] == "exit":  # idle: nothing of a trial is left to finish but its records
-                settle(SETTLE_S)
+            if not isinstance(msg, Trial):  # exit, or the scheduler is gone: nothing of a trial is left to finish
+                settle(SETTLE_S)  # but its records
                 logging.shutdown()
                 sys.stdout.flush()
                 os._exit(0)  # without the interpreter's and the frameworks' teardown (most of a second)
-            result = run_trial({**msg, "first": first}, channel, compose, slot)
+            msg.first = first
+            result = run_trial(msg, channel, compose, slot)
             first = False
             channel.send(result)  # its records may still be on their way to the store: they go while the next runs
-            if result.get("recycle"):
+            if result.recycle:
                 return 0
             gc.collect()  # what the trial held goes before the next one starts
             gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
@@ -101,17 +102,17 @@ def _trials(channel: Any, compose: Any, slot: Any) -> int:
         settle(SETTLE_S)
 
 
-def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dict[str, Any]:
-    """One trial, as the study's job message describes it; returns how it ended ("done")."""
+def run_trial(msg: Any, channel: Any, compose: Any, slot: Any) -> Any:
+    """One trial, as the scheduler's Trial message describes it; returns how it ended (Done)."""
     from omegaconf import OmegaConf
 
     from xp.errors import XPError, one_line
     from xp.run.experiment import JobInfo, run
-    from xp.studies.scheduler import SlotTrial
+    from xp.studies.channel import Done
     from xp.studies.study import spec_from
 
     started_ms = int(time.time() * 1000)  # its MLflow run's start: the slot is this trial's from now
-    out = Path(msg["output_dir"])
+    out = Path(msg.output_dir)
     (out / ".hydra").mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "xp.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -120,34 +121,62 @@ def run_trial(msg: dict[str, Any], channel: Any, compose: Any, slot: Any) -> dic
     handler.addFilter(RedactFilter())
     root = logging.getLogger()
     root.addHandler(handler)
-    result: dict[str, Any] = {"op": "done", "state": "FAIL"}
+    result = Done()
     try:
-        if msg.get("config"):
-            compose.seed(msg["base"], msg["config"])
-        with compose.applied(msg["base"], msg["params"]) as cfg:
+        if msg.config:
+            compose.seed(msg.base, msg.config)
+        with compose.applied(msg.base, msg.params) as cfg:
             _save_yaml(OmegaConf.to_container(cfg), out / ".hydra" / "config.yaml")
             config = _resolved(cfg)
-        _save_yaml(msg["task"], out / ".hydra" / "overrides.yaml")
-        result["recycle"] = (config.get("dtype") or {}).get("name", "float32") != "float32"  # AMP patches the process
-        spec = spec_from(config["sweep"], msg["sweep"], search=False)
-        trial = SlotTrial(channel, msg["number"], msg["params"], msg["study"])
-        job = JobInfo(overrides=msg["task"], output_dir=out, log_file=out / "xp.log", parent_run_id=msg["parent"],
+        _save_yaml(msg.task, out / ".hydra" / "overrides.yaml")
+        result.recycle = (config.get("dtype") or {}).get("name", "float32") != "float32"  # AMP patches the process
+        spec = spec_from(config["sweep"], msg.sweep, search=False)
+        trial = SlotTrial(channel, msg.number, msg.params, msg.study)
+        job = JobInfo(overrides=msg.task, output_dir=out, log_file=out / "xp.log", parent_run_id=msg.parent,
                       cwd=Path.cwd(), trial=(trial, spec), tags={**slot.tags(), "xp.cores": _cores()},
-                      tidy=msg.get("first", True), started_ms=started_ms, settle_later=True)
+                      tidy=msg.first, started_ms=started_ms, settle_later=True)
         outcome = run(config, job)
-        result.update(state=outcome.state, values=outcome.values)
+        result.state, result.values = outcome.state, outcome.values
     except XPError as e:
         logging.getLogger("xp").debug("error", exc_info=True)
-        result["error"] = one_line(e)[:300]
+        result.error = one_line(e)[:300]
         if not _quiet():  # as a run's error reads on the console
-            print(f"xp: error: {result['error']}", file=sys.stderr, flush=True)
+            print(f"xp: error: {result.error}", file=sys.stderr, flush=True)
     except Exception as e:
         logging.getLogger("xp").debug("failed", exc_info=True)
-        result["error"] = f"training failed: {type(e).__name__}: {one_line(e)[:300]} (traceback in {out / 'xp.log'})"
+        result.error = f"training failed: {type(e).__name__}: {one_line(e)[:300]} (traceback in {out / 'xp.log'})"
     finally:
         root.removeHandler(handler)
         handler.close()
     return result
+
+
+class SlotTrial:
+    """A worker's view of the trial it runs (what xp's run uses of an Optuna trial): its values go to the
+    scheduler, which reports them to the study and answers whether to prune."""
+
+    def __init__(self, channel: Any, number: int, params: dict[str, Any], study_name: str):
+        self.channel, self.number, self.params = channel, number, params
+        self.study = type("Study", (), {"study_name": study_name})()
+
+    def report(self, value: float, step: int) -> None:
+        from xp.studies.channel import Report
+
+        self.channel.send(Report(float(value), int(step)))
+
+    def should_prune(self) -> bool:
+        from xp.studies.channel import Prune, ShouldPrune
+
+        self.channel.send(ShouldPrune())
+        answer = self.channel.recv_kind(Prune)  # (the worker's next trial may come first: it is held)
+        if answer is None:
+            raise ConnectionError("the study's scheduler is gone")
+        return answer.prune
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        from xp.studies.channel import Attr
+
+        self.channel.send(Attr(key, value))
 
 
 def _resolved(cfg: Any) -> dict[str, Any]:

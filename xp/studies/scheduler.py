@@ -11,15 +11,15 @@ scheduler. Several schedulers (on several machines) may still share one PostgreS
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
-import selectors
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from xp.studies.channel import Attr, Done, Message, Prune, Report, ShouldPrune, Trial
 
 log = logging.getLogger("xp")
 
@@ -27,85 +27,12 @@ ALIVE_S = 2.0  # how often the workers running a trial are checked for a process
 SCHEDULER_ATTR = "xp.scheduler"  # a trial's user attribute: host:pid:start of the scheduler running it
 
 
-class Channel:
-    """JSON messages, one per line, over a socket (a scheduler and one of its workers)."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock, self.buf = sock, b""
-        self.held: collections.deque[dict[str, Any]] = collections.deque()  # read while waiting for another
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def send(self, msg: dict[str, Any]) -> None:
-        self.sock.sendall((json.dumps(msg) + "\n").encode())
-
-    def recv_op(self, op: str) -> dict[str, Any] | None:
-        """The next message of kind `op` from the socket; the others that come first are held for recv()."""
-        while True:
-            msg = self._read()
-            if msg is None or msg.get("op") == op:
-                return msg
-            self.held.append(msg)
-
-    def recv(self, timeout: float | None = None) -> dict[str, Any] | None:
-        """The next message (blocking, at most `timeout` s: TimeoutError); None once the other end closed."""
-        return self.held.popleft() if self.held else self._read(timeout)
-
-    def _read(self, timeout: float | None = None) -> dict[str, Any] | None:
-        self.sock.settimeout(timeout)
-        try:
-            while b"\n" not in self.buf:
-                data = self.sock.recv(65536)
-                if not data:
-                    return None
-                self.buf += data
-        finally:
-            self.sock.settimeout(None)
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def pending(self) -> list[dict[str, Any]] | None:
-        """The messages that arrived (the socket is readable); None once the other end closed."""
-        try:
-            data = self.sock.recv(65536)
-        except (ConnectionError, OSError):
-            data = b""
-        if not data:
-            return None
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        return [json.loads(line) for line in lines]
-
-
-class SlotTrial:
-    """A worker's view of the trial it runs (what xp's run uses of an Optuna trial): its values go to the
-    scheduler, which reports them to the study and answers whether to prune."""
-
-    def __init__(self, channel: Channel, number: int, params: dict[str, Any], study_name: str):
-        self.channel, self.number, self.params = channel, number, params
-        self.study = type("Study", (), {"study_name": study_name})()
-
-    def report(self, value: float, step: int) -> None:
-        self.channel.send({"op": "report", "value": float(value), "step": int(step)})
-
-    def should_prune(self) -> bool:
-        self.channel.send({"op": "should_prune"})
-        answer = self.channel.recv_op("prune")  # (the worker's next trial may come first: it is held)
-        if answer is None:
-            raise ConnectionError("the study's scheduler is gone")
-        return bool(answer["prune"])
-
-    def set_user_attr(self, key: str, value: Any) -> None:
-        self.channel.send({"op": "attr", "key": key, "value": value})
-
-
 @dataclass
 class Flight:
     trial: Any  # the Optuna trial (the scheduler's)
     started: float  # when it was sent to its worker (0.0 while the scheduler holds it ready)
     job: int
-    message: dict[str, Any]  # what its worker was sent
+    message: Trial  # what its worker was sent
 
 
 @dataclass
@@ -132,7 +59,7 @@ class Scheduler:
     slot is free. The sampler proposes each without the results of the trials in flight when it was asked."""
 
     def __init__(self, pool: Any, ask: Callable[[], Any], remaining: Callable[[], int],
-                 job_of: Callable[[Any, int], dict[str, Any]], tell: Callable[[Any, dict[str, Any]], str],
+                 job_of: Callable[[Any, int], Trial], tell: Callable[[Any, Done], str],
                  lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None,
                  mark: Callable[[Any], None] = lambda trial: None,
                  give_back: Callable[[list[Any], str], None] = lambda trials, why: None,
@@ -143,16 +70,14 @@ class Scheduler:
         self.unsettled = unsettled
         self.flights: dict[Any, Flight] = {}  # worker -> the trial it runs
         self.ready: collections.deque[Flight] = collections.deque()  # the next trials, asked and not sent yet
-        self.ended: list[tuple[Flight, dict[str, Any], str]] = []  # trials told, not yet counted
+        self.ended: list[tuple[Flight, Done, str]] = []  # trials told, not yet counted
         self.jobs = 0
         self.left = 0  # trials the budget has left, as last asked
         self.tally = Tally()
 
     def run(self) -> Tally:
-        selector = selectors.DefaultSelector()
         idle = list(self.pool.workers)
-        for w in idle:
-            selector.register(w, selectors.EVENT_READ)
+        inbox = self.pool.inbox  # every worker's messages, whatever carries them (xp.studies.channel)
         beat = checked = time.monotonic()
         self.slots = len(self.pool.workers)
         try:
@@ -160,7 +85,6 @@ class Scheduler:
                 idle = self._fill(idle)
                 if idle and self.flights and not self.ready and self.left <= 0:  # the budget is spent: a slot that
                     for worker in idle:  # has no trial left gives its resources back (a Slurm job's allocation)
-                        selector.unregister(worker)
                         self.pool.release(worker)
                     idle = []
                 if not self.flights:
@@ -168,15 +92,19 @@ class Scheduler:
                         self._count(*self.ended.pop(0))
                     self._summary()
                     return self.tally
-                wake = min(beat + self.heartbeat_s, checked + ALIVE_S)
-                for key, _ in selector.select(timeout=max(0.05, wake - time.monotonic())):
-                    idle.extend(self._serve(key.fileobj, selector))
-                if time.monotonic() >= checked + ALIVE_S:  # a worker elsewhere can be lost without a word (its
-                    checked = time.monotonic()  # node gone: no end of its connection arrives); its process says so
-                    for worker in [w for w in self.pool.workers if w.gone() and not _readable(w)]:  # (what it
-                        if worker in idle:  # said before it went, and its end, the select reads)
+                got = inbox.get(min(beat + self.heartbeat_s, checked + ALIVE_S) - time.monotonic())
+                while got is not None:  # everything that came, in order
+                    worker, msg = got
+                    if worker in self.pool.workers:  # (a replaced, released or retired worker's last words: not)
+                        if worker in idle and msg is None:
                             idle.remove(worker)
-                        idle.extend(self._died(worker, selector))
+                        idle.extend(self._serve(worker, msg) if msg is not None else self._died(worker))
+                    got = inbox.get(0)
+                if time.monotonic() >= checked + ALIVE_S:  # a worker elsewhere can be lost without a word (its
+                    checked = time.monotonic()  # node gone: its connection stays open); its process says so
+                    for worker in self.pool.workers:
+                        if worker.gone():  # what it said before it went is still read, then its channel ends
+                            worker.channel.hang_up()
                 idle = self._fill(idle)
                 while self.ended:
                     self._count(*self.ended.pop(0))
@@ -186,8 +114,6 @@ class Scheduler:
         except BaseException as e:  # Ctrl-C, SIGTERM, a slot that cannot keep a worker: nothing stays RUNNING
             self._stop(e)
             raise
-        finally:
-            selector.close()
 
     def _stop(self, error: BaseException) -> None:
         """The study stops before its trials end: their workers are stopped (their runs end KILLED), then every trial
@@ -245,43 +171,32 @@ class Scheduler:
         if self.tally.first is None:
             self.tally.first = flight.started
 
-    def _serve(self, worker: Any, selector: Any) -> list[Any]:
-        """Answer a worker's messages; returns it when it is free again (or its replacement)."""
-        messages = worker.pending()
+    def _serve(self, worker: Any, msg: Message) -> list[Any]:
+        """Answer a worker's message; returns it when it is free again (or its replacement)."""
         flight = self.flights.get(worker)
-        if messages is None:
-            return self._died(worker, selector)
-        free = []
-        for msg in messages:
-            op = msg["op"]
-            if op == "report":
-                flight.trial.report(msg["value"], msg["step"])
-            elif op == "should_prune":
-                worker.send({"op": "prune", "prune": bool(flight.trial.should_prune())})
-            elif op == "attr":
-                flight.trial.set_user_attr(msg["key"], msg["value"])
-            elif op == "done":
-                worker.finished += 1
-                worker.previous = (flight.trial, msg.get("state"))
-                del self.flights[worker]
-                self.tally.busy_s += time.monotonic() - flight.started
-                if msg.get("recycle"):  # it ran something that changes its process for good (mixed precision)
-                    selector.unregister(worker)
-                    self.pool.retire(worker)
-                    worker = self.pool.replace(worker)
-                    selector.register(worker, selectors.EVENT_READ)
-                nxt = self.ready.popleft() if self.ready else None
-                if nxt is not None:  # the trial held ready starts at once; the scheduler tells and asks meanwhile
-                    self._start(worker, nxt)
-                else:
-                    free.append(worker)
-                self.ended.append((flight, msg, self.tell(flight.trial, msg)))  # counted once the slot is refilled
-                flight = nxt
-        return free
+        if isinstance(msg, Report):
+            flight.trial.report(msg.value, msg.step)
+        elif isinstance(msg, ShouldPrune):
+            worker.send(Prune(bool(flight.trial.should_prune())))
+        elif isinstance(msg, Attr):
+            flight.trial.set_user_attr(msg.key, msg.value)
+        elif isinstance(msg, Done) and flight is not None:
+            worker.finished += 1
+            worker.previous = (flight.trial, msg.state)
+            del self.flights[worker]
+            self.tally.busy_s += time.monotonic() - flight.started
+            if msg.recycle:  # it ran something that changes its process for good (mixed precision)
+                self.pool.retire(worker)
+                worker = self.pool.replace(worker)
+            nxt = self.ready.popleft() if self.ready else None
+            if nxt is not None:  # the trial held ready starts at once; the scheduler tells and asks meanwhile
+                self._start(worker, nxt)
+            self.ended.append((flight, msg, self.tell(flight.trial, msg)))  # counted once the slot is refilled
+            return [worker] if nxt is None else []
+        return []
 
-    def _died(self, worker: Any, selector: Any) -> list[Any]:
+    def _died(self, worker: Any) -> list[Any]:
         """A worker died: its trial is lost (and retried), a new worker takes the slot; returns it."""
-        selector.unregister(worker)
         why = worker.ended()
         flight = self.flights.pop(worker, None)
         if flight is not None:
@@ -290,9 +205,7 @@ class Scheduler:
             self.tally.states["FAIL"] += 1
         if worker.previous is not None:
             self.unsettled(*worker.previous, why)
-        fresh = self.pool.replace(worker)
-        selector.register(fresh, selectors.EVENT_READ)
-        return [fresh]
+        return [self.pool.replace(worker)]
 
     def _summary(self) -> None:
         t = self.tally
@@ -302,10 +215,10 @@ class Scheduler:
         log.info(f"study: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
                  f"the slots were busy {t.busy_s / (slots * span):.0%} of the time after the first trial started")
 
-    def _count(self, flight: Flight, msg: dict[str, Any], state: str) -> None:
+    def _count(self, flight: Flight, msg: Done, state: str) -> None:
         t = self.tally
         t.states[state] = t.states.get(state, 0) + 1
-        value = msg["values"][0] if state == "COMPLETE" and msg.get("values") else None
+        value = msg.values[0] if state == "COMPLETE" and msg.values else None
         if value is not None and (t.best is None or (value > t.best if self.direction != "minimize" else
                                                      value < t.best)):
             t.best = value
@@ -313,18 +226,12 @@ class Scheduler:
         elapsed = time.monotonic() - t.started
         left = self.left + len(self.flights) + len(self.ready)
         eta = f", about {elapsed / done * left / max(1, self.slots):.0f} s left" if left and done else ""
-        error = f": {msg['error']}" if msg.get("error") else ""
+        error = f": {msg.error}" if msg.error else ""
         print(f"study: trial {flight.trial.number} {state.lower()}{error} after "
               f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states['COMPLETE']} complete, "
               f"{t.states['PRUNED']} pruned, {t.states['FAIL']} failed), {len(self.flights)} running on "
               f"{self.slots} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta,
               flush=True, file=sys.stdout)
-
-
-def _readable(worker: Any) -> bool:
-    import select
-
-    return bool(select.select([worker], [], [], 0)[0])
 
 
 def _beat(trials: list[Any]) -> None:

@@ -9,9 +9,10 @@ import json
 import logging
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 from xp.errors import redact
+from xp.studies.channel import Done, Trial
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
 from xp.studies.study import FINISHED, StudySpec, as_override, space_from_overrides, spec_from
 from xp.studies.trial import INTERRUPTED, _counts, distributions, heartbeat, open_study, retry_dead_trials
@@ -19,12 +20,12 @@ from xp.studies.trial import INTERRUPTED, _counts, distributions, heartbeat, ope
 log = logging.getLogger("xp")
 
 
-def run_study(config: Any, arguments: list[str], launcher: Any, slot_pool: Callable | None = None,
+def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any = None,
               at_once: int | None = None) -> list[Any]:
-    """Run trials until the study has n_trials finished ones; report the best. With `slot_pool` (a Hydra launcher on
-    this machine: xp.launching.pool.slot_pool) its scheduler keeps a trial in flight on every slot; otherwise
-    (a cluster launcher, submitit) trials go to the launcher in batches of sweep.parallel (or `at_once`, the
-    jobs a parallel Hydra launcher runs at once, if more)."""
+    """Run trials until the study has n_trials finished ones; report the best. Where its `placement`
+    (xp.launching.placement) gives it a pool of slots, its scheduler keeps a trial in flight on every slot;
+    otherwise (a cluster's Hydra launcher, submitit) trials go to Hydra's `launcher` in batches of sweep.parallel
+    (or `at_once`, the jobs a parallel Hydra launcher runs at once, if more)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -50,8 +51,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any, slot_pool: Calla
             study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
     # a parallel Hydra launcher asks for as many trials at a time as it runs jobs
     parallel = spec.parallel if at_once is None else max(spec.parallel or 1, at_once)
-    pool = (slot_pool(config, spec, parallel) if slot_pool is not None and spec.scheduler == "slots" and remaining > 0
-            else None)
+    pool = (placement.pool(config, spec, parallel) if placement is not None and spec.scheduler == "slots"
+            and remaining > 0 else None)
     if pool is not None:
         with pool:
             returns = [scheduled(study, spec, pool, config, arguments)]
@@ -101,7 +102,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
              if s.provider in ("command-line", "hydra.searchpath in command-line", "hydra.searchpath in main")]
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
-    shipped = {"config": _base_config(config, arguments, searchpath)}
+    base = _base_config(config, arguments, searchpath)
 
     def ask() -> Any:
         trials, _ = _ask(study, dists, 1)
@@ -111,17 +112,15 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         done, running = _counts(study)
         return spec.n_trials - done - running
 
-    def job_of(trial: Any, job: int) -> dict[str, Any]:
+    def job_of(trial: Any, job: int) -> Trial:
         params = [as_override(k, v) for k, v in trial.params.items()]
-        return {"op": "trial", "number": trial.number, "params": trial.params, "study": spec.study_name,
-                "sweep": spec.name, "base": [*searchpath, *arguments],
-                "task": [*arguments, *params],
-                "output_dir": str(sweep_dir / str(job)), "parent": os.environ.get("XP_PARENT_RUN_ID"), **shipped}
+        return Trial(trial.number, trial.params, spec.study_name, spec.name, [*searchpath, *arguments],
+                     [*arguments, *params], str(sweep_dir / str(job)), os.environ.get("XP_PARENT_RUN_ID"), base)
 
-    def tell(trial: Any, msg: dict[str, Any]) -> str:
-        state = msg.get("state")
+    def tell(trial: Any, msg: Done) -> str:
+        state = msg.state
         if state == "COMPLETE":
-            study.tell(trial, msg["values"])
+            study.tell(trial, msg.values)
         elif state == "PRUNED":
             study.tell(trial, state=TrialState.PRUNED)
         else:

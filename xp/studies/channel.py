@@ -1,0 +1,206 @@
+"""The one channel between a study's scheduler and its workers, whatever carries it (a socket pair on this machine,
+a TCP connection a worker elsewhere makes back): the messages they exchange, typed, and where the scheduler waits
+for them (`Inbox`: every worker's messages in the order they came, not file descriptors, so a carrier without one
+fits too).
+
+    scheduler -> worker:  Slot (an early worker's slot), Trial, Prune (the answer to ShouldPrune), Exit
+    worker -> scheduler:  Hello (a worker elsewhere calling back, with its slot's secret), Ready, Error,
+                          Report, ShouldPrune, Attr, Done
+
+On the wire each is one line of JSON, {"op": KIND, ...fields}.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import queue
+import socket
+import threading
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+
+class Message:
+    op: ClassVar[str]
+
+
+def _kind(op: str) -> Any:
+    def mark(cls: Any) -> Any:
+        cls.op = op
+        KINDS[op] = cls
+        return dataclass(cls)
+    return mark
+
+
+KINDS: dict[str, type[Message]] = {}
+
+
+@_kind("slot")
+class Slot(Message):
+    """To a worker started before its slot was known: its slot's variables, those to drop, its folder."""
+    env: dict[str, str]
+    unset: list[str]
+    cwd: str
+
+
+@_kind("trial")
+class Trial(Message):
+    """One trial to run: its parameters, the study's config they are set on, where its files and run go."""
+    number: int
+    params: dict[str, Any]
+    study: str
+    sweep: str
+    base: list[str]  # the command line's overrides (and the user's config folders) the trial composes from
+    task: list[str]  # ... and its parameters: its .hydra/overrides.yaml
+    output_dir: str
+    parent: str | None  # the study's MLflow parent run
+    config: dict[str, Any] | None = None  # the study's composed config (its parameters are set on it)
+    first: bool = True  # the worker's first trial (it tidies what a previous process left)
+
+
+@_kind("prune")
+class Prune(Message):
+    prune: bool
+
+
+@_kind("exit")
+class Exit(Message):
+    pass
+
+
+@_kind("hello")
+class Hello(Message):
+    token: str
+
+
+@_kind("ready")
+class Ready(Message):
+    pid: int
+
+
+@_kind("error")
+class Error(Message):
+    error: str
+
+
+@_kind("report")
+class Report(Message):
+    value: float
+    step: int
+
+
+@_kind("should_prune")
+class ShouldPrune(Message):
+    pass
+
+
+@_kind("attr")
+class Attr(Message):
+    key: str
+    value: Any
+
+
+@_kind("done")
+class Done(Message):
+    """How a trial ended: its state (COMPLETE, PRUNED, FAIL), its objectives' values, the failure's line, and
+    whether the trial changed the worker's process for good (mixed precision: the worker leaves)."""
+    state: str = "FAIL"
+    values: list[float] = field(default_factory=list)
+    error: str | None = None
+    recycle: bool = False
+
+
+def encode(msg: Message) -> bytes:
+    return (json.dumps({"op": msg.op, **asdict(msg)}) + "\n").encode()
+
+
+def decode(line: bytes) -> Message:
+    """ValueError for what is not one of the messages (a stranger's bytes)."""
+    data = json.loads(line)
+    cls = KINDS.get(data.pop("op", None)) if isinstance(data, dict) else None
+    if cls is None or set(data) - {f.name for f in fields(cls)}:
+        raise ValueError(f"not a study message: {line[:80]!r}")
+    try:
+        return cls(**data)
+    except TypeError as e:
+        raise ValueError(f"not a study message: {e}") from None
+
+
+class Channel:
+    """Messages over a socket. Read by its owner (recv), or, once `listen` is called, by a thread that puts each
+    into an Inbox."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buf = sock, b""
+        self.held: collections.deque[Message] = collections.deque()  # read while waiting for another kind
+
+    def send(self, msg: Message) -> None:
+        self.sock.sendall(encode(msg))
+
+    def recv(self, timeout: float | None = None) -> Message | None:
+        """The next message (blocking, at most `timeout` s: TimeoutError); None once the other end closed."""
+        return self.held.popleft() if self.held else self._read(timeout)
+
+    def recv_kind(self, kind: type[Message]) -> Message | None:
+        """The next message of `kind`; the others that come first are held for recv()."""
+        while True:
+            msg = self._read()
+            if msg is None or isinstance(msg, kind):
+                return msg
+            self.held.append(msg)
+
+    def _read(self, timeout: float | None = None) -> Message | None:
+        self.sock.settimeout(timeout)
+        try:
+            while b"\n" not in self.buf:
+                data = self.sock.recv(65536)
+                if not data:
+                    return None
+                self.buf += data
+        finally:
+            self.sock.settimeout(None)
+        line, self.buf = self.buf.split(b"\n", 1)
+        return decode(line)
+
+    def listen(self, inbox: Inbox, source: Any) -> None:
+        """From now on each message goes to `inbox` as (source, message), and the channel's end as (source, None)."""
+        def read() -> None:
+            try:
+                while (msg := self.recv()) is not None:
+                    inbox.put(source, msg)
+            except (OSError, ValueError):  # reset, or bytes that are no message: the channel is done either way
+                pass
+            inbox.put(source, None)
+
+        threading.Thread(target=read, name="xp-channel", daemon=True).start()
+
+    def hang_up(self) -> None:
+        """Stop reading: what already arrived is still read, then the channel ends (its listener says so). For a
+        worker whose process is gone while its connection is not (a lost node's)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.hang_up()
+        self.sock.close()
+
+
+class Inbox:
+    """Where the scheduler waits: (source, message) from every channel listening into it, in the order they came;
+    (source, None) when a channel ended."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[tuple[Any, Message | None]] = queue.SimpleQueue()
+
+    def put(self, source: Any, msg: Message | None) -> None:
+        self.queue.put((source, msg))
+
+    def get(self, timeout: float) -> tuple[Any, Message | None] | None:
+        """The next one, waiting at most `timeout` s (None: nothing came)."""
+        try:
+            return self.queue.get(timeout=max(0.0, timeout)) if timeout > 0 else self.queue.get_nowait()
+        except queue.Empty:
+            return None
