@@ -270,6 +270,33 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     assert [s for s, n in started if 0 < n < 10] == [1] * 9  # slot 0 held nothing while its long trial ran
 
 
+def test_a_hung_up_channel_still_delivers_what_came_then_ends_and_strangers_bytes_are_no_message():
+    """The scheduler hangs up the channel of a worker whose process is gone while its connection is not (a lost
+    node's): what the worker said before is still read, in order, then the channel's end. Bytes that are not one
+    of the study's messages are refused, not guessed at."""
+    import socket
+
+    from xp.studies.channel import Channel, Done, Inbox, Report, decode, encode
+
+    ours, theirs = socket.socketpair()
+    inbox = Inbox()
+    sent = [Report(0.5, 1), Done("COMPLETE", [0.9])]
+    for msg in sent:
+        theirs.sendall(encode(msg))
+    channel = Channel(ours)
+    channel.listen(inbox, "w")
+    channel.hang_up()  # theirs stays open, as a lost node's connection does
+    got = [inbox.get(10) for _ in range(3)]
+    assert got == [("w", sent[0]), ("w", sent[1]), ("w", None)]
+    assert inbox.get(0) is None
+    for bad in (b'{"op": "trial"}', b'{"op": "launch", "argv": ["sh"]}', b'[1, 2]',
+                b'{"op": "ready", "pid": 1, "x": 2}'):
+        with pytest.raises(ValueError):
+            decode(bad)
+    theirs.close()
+    channel.close()
+
+
 def default_sigint() -> None:
     """In the child before exec: Ctrl-C's default (a test run as a background job inherits SIGINT ignored, and
     Python then never raises KeyboardInterrupt)."""
