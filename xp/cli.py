@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         _remember_command(argv)
         signal.signal(signal.SIGTERM, _on_sigterm)
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
-        return drive.start(argv, preflight.preflight(argv), _hydra, placement)
+        configs = preflight.preflight(argv)  # every job composed and checked before anything starts
+        return drive.start(argv, configs, _hydra, placement)
     except XPError as e:
         return error_line(e, e.exit_code)
     except KeyboardInterrupt:

@@ -40,16 +40,14 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     if not multirun:
         return hydra_main(argv)
     from xp import multirun as sweeps
-
-    if plan is None:  # another config tree (--config-path): the store its jobs default to
-        from xp.tracking.stores import resolve_uri
-
-        return sweeps.sweep(argv, first, resolve_uri(None), hydra_main)
     from xp.launching.placement import Placement
+    from xp.tracking.stores import resolve_uri
 
+    # (plan None: another config tree, --config-path; its jobs' store is the default one)
+    uri = plan.tracking_uri if plan is not None else resolve_uri(None)
     with placement or Placement() as where:  # the study's sweeper, which Hydra makes, takes it from there
-        where.decide(first, argv, launcher)
-        return sweeps.sweep(argv, first, plan.tracking_uri, hydra_main)
+        where.decide(first, argv, launcher, uri)
+        return sweeps.sweep(argv, first, uri, hydra_main)
 
 
 def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:

@@ -35,9 +35,9 @@ class Placement:
         overlap all that follows (Hydra's own import among it). A study placed elsewhere ends it in `decide`."""
         return cls(Unplaced.start({k: v for k, v in os.environ.items() if k != SLOT_ENV}))
 
-    def decide(self, config: dict[str, Any], argv: list[str], launcher: Any) -> None:
+    def decide(self, config: dict[str, Any], argv: list[str], launcher: Any, uri: str) -> None:
         """The composed command's placement: its launcher's slots checked (launcher=ssh: every host answers, the
-        tracking store is one they reach), then their workers started, to import their frameworks while this
+        tracking store `uri` is one they reach), then their workers started, to import their frameworks while this
         process opens its stores and its study."""
         self.launcher = launcher
         node = config.get("sweep")
@@ -48,15 +48,12 @@ class Placement:
             self.unplaced = None
         if not (on_slots and here):
             return
-        from xp.tracking.stores import resolve_uri
-
-        uri = resolve_uri(config.get("tracking_uri"))
         if launcher is not None and launcher.remote:
             launcher.check_study(uri)
         if not uri.startswith(("sqlite:", "http:", "https:")):
             return  # a new database's schema (PostgreSQL) has no creation lock: the workers open it after this process
-        self.early = self._pool(config, self._slots(config, node.get("parallel"), node.get("trials_per_gpu") or 1))
-        self.early.spawn()
+        slots = self._slots(config, node.get("parallel"), node.get("trials_per_gpu") or 1)
+        self.early = self._pool(config, slots, uri).spawn()
 
     def pool(self, config: Any, spec: Any, parallel: int | None) -> Pool | None:
         """The pool of a study whose trials run on slots: this machine's, or its launcher's, its placement printed;
@@ -64,10 +61,12 @@ class Placement:
         the trials are its jobs)."""
         if not hydra_launchers.runs_here(str(config.hydra.launcher.get("_target_", ""))):
             return None
+        from xp.tracking.stores import resolve_uri
+
         slots = self._slots(config, parallel, spec.trials_per_gpu)
         log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each: "
                  + "; ".join(s.describe() for s in slots))
-        pool, early = self._pool(config, slots), self.early
+        pool, early = self._pool(config, slots, resolve_uri(config.get("tracking_uri"))), self.early
         self.early = None
         if early is not None and (early.slots, early.backend, early.tracking_uri) == (slots, pool.backend,
                                                                                     pool.tracking_uri):
@@ -103,9 +102,7 @@ class Placement:
 
         return (self.launcher or Local()).slots(int(config.get("gpus") or 0), parallel, trials_per_gpu)
 
-    def _pool(self, config: Any, slots: list[Any]) -> Pool:
-        from xp.tracking.stores import resolve_uri
-
+    def _pool(self, config: Any, slots: list[Any], uri: str) -> Pool:
         unplaced, self.unplaced = self.unplaced, None  # the first local worker: told its slot by the pool
-        return Pool(slots, backend=(config.get("backend") or {}).get("name"),
-                    tracking_uri=resolve_uri(config.get("tracking_uri")), launcher=self.launcher, unplaced=unplaced)
+        return Pool(slots, backend=(config.get("backend") or {}).get("name"), tracking_uri=uri,
+                    launcher=self.launcher, unplaced=unplaced)
