@@ -242,15 +242,18 @@ def exit_words(code: int) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
-def start_there(transport: Transport, host: str, told: dict[str, Any], output: bool = False) -> subprocess.Popen:
+def start_there(transport: Transport, host: str, told: dict[str, Any], output: bool = False,
+                own_session: bool = False) -> subprocess.Popen:
     """Run told["argv"] with the variables told["env"] on `host`, in this folder, through xp.launching.remote run:
     what to run goes through the session's stdin, never a command line (the variables may hold a password or a
     slot's secret); stdin then stays open, and when it closes (the caller ends it, or this process dies) the
     host ends the process group. `output`: its output comes back on the handle's stdout (text), else it goes
-    where this process's does."""
+    where this process's does. `own_session`: Ctrl-C at the terminal does not reach it (a job's processes, which
+    the job ends itself); else it does, as it reaches this process (a study's workers: their trials end KILLED)."""
     command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(sys.executable)} -m xp.launching.remote run"
-    proc = subprocess.Popen(transport.argv(host, command + (" 2>&1" if output else "")), start_new_session=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE if output else None,
+    proc = subprocess.Popen(transport.argv(host, command + (" 2>&1" if output else "")),
+                            start_new_session=own_session, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE if output else None,
                             stderr=subprocess.STDOUT if output else None, text=True)
     try:
         proc.stdin.write(json.dumps(told) + "\n")

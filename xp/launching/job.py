@@ -140,7 +140,7 @@ class Job:
             prefixes = FORWARDED + self.engine.forwarded
             forwarded = {k: v for k, v in os.environ.items() if k.startswith(prefixes) and k not in env}
             proc = start_there(self.spec.transport, role.host, {"argv": role.argv, "env": {**forwarded, **env}},
-                               output=True)
+                               output=True, own_session=True)
         s = Started(role, proc)
         if piped:
             s.relay = threading.Thread(target=self._relay, args=(s,), daemon=True)
