@@ -337,8 +337,9 @@ class Slurm(OnHosts):
         return how
 
     def worker_lost(self, slot: Slot, handle: Any) -> None:
-        if self.submits() and handle.node and handle.lost_with_node:  # the job's worker went while Slurm had it running (or its
-            self._avoid[slot.index] = handle.node  # node failed): the slot's next jobs go to other nodes
+        # the job's worker went while Slurm had it running (or its node failed): the slot's next jobs go elsewhere
+        if self.submits() and handle.node and handle.lost_with_node:
+            self._avoid[slot.index] = handle.node
 
     def reap(self, hosts: list[str], job: str) -> None:
         if not self.submits():

@@ -42,13 +42,14 @@ class Placement:
         self.launcher = launcher
         node = config.get("sweep")
         on_slots = bool(node) and node.get("scheduler", "slots") == "slots"
-        here = hydra_launchers.runs_jobs_here(argv)  # (under a cluster's Hydra launcher, trials are its jobs)
-        if self.unplaced is not None and not (on_slots and here and not (launcher and launcher.remote)):
+        on_slots = on_slots and hydra_launchers.runs_jobs_here(argv)  # (a cluster's Hydra launcher: its jobs)
+        remote = launcher is not None and launcher.remote
+        if self.unplaced is not None and (remote or not on_slots):
             self.unplaced.discard()  # no slot of this machine will take it
             self.unplaced = None
-        if not (on_slots and here):
+        if not on_slots:
             return
-        if launcher is not None and launcher.remote:
+        if remote:
             launcher.check_study(uri)
         if not uri.startswith(("sqlite:", "http:", "https:")):
             return  # a new database's schema (PostgreSQL) has no creation lock: the workers open it after this process
@@ -66,14 +67,13 @@ class Placement:
         slots = self._slots(config, parallel, spec.trials_per_gpu)
         log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each: "
                  + "; ".join(s.describe() for s in slots))
-        pool, early = self._pool(config, slots, resolve_uri(config.get("tracking_uri"))), self.early
+        uri, early = resolve_uri(config.get("tracking_uri")), self.early
         self.early = None
-        if early is not None and (early.slots, early.backend, early.tracking_uri) == (slots, pool.backend,
-                                                                                    pool.tracking_uri):
+        if early is not None and (early.slots, early.backend, early.tracking_uri) == (slots, _backend(config), uri):
             return early
         if early is not None:  # started for other slots: not this study's
             early.discard()
-        return pool
+        return self._pool(config, slots, uri)
 
     def discard(self) -> None:
         """The workers started ahead that no study took (done already, or stopped before its trials)."""
@@ -104,5 +104,9 @@ class Placement:
 
     def _pool(self, config: Any, slots: list[Any], uri: str) -> Pool:
         unplaced, self.unplaced = self.unplaced, None  # the first local worker: told its slot by the pool
-        return Pool(slots, backend=(config.get("backend") or {}).get("name"), tracking_uri=uri,
-                    launcher=self.launcher, unplaced=unplaced)
+        return Pool(slots, backend=_backend(config), tracking_uri=uri, launcher=self.launcher, unplaced=unplaced)
+
+
+def _backend(config: Any) -> str | None:
+    """The backend a study's trials use (its workers import its frameworks before their first trial)."""
+    return (config.get("backend") or {}).get("name")

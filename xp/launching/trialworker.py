@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from xp.studies.channel import Attr, Channel, Done, Error, Hello, Prune, Ready, Report, ShouldPrune, Trial
+from xp.studies.channel import Slot as SlotMessage
+
 # what the pool (xp.launching.pool) tells a worker, in its environment
 SLOT_ENV = "XP_SLOT"  # its slot (JSON)
 QUIET_ENV = "XP_SLOT_QUIET"  # "1": its trials keep their lines in their log files (several slots)
@@ -37,9 +40,6 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
         signal.signal(signal.SIGINT, _stopped)
-    from xp.studies.channel import Channel, Error, Hello, Ready
-    from xp.studies.channel import Slot as SlotMessage
-
     early = compose = None
     if SLOT_ENV not in os.environ:  # started before its slot was known (xp.launching.pool.Unplaced)
         early = Channel(socket.socket(fileno=int(argv[0])))
@@ -78,7 +78,6 @@ def main(argv: list[str]) -> int:
 
 def _trials(channel: Any, compose: Any, slot: Any) -> int:
     """Trial after trial, as the scheduler sends them, until it says exit (or the trial changed the process)."""
-    from xp.studies.channel import Trial
     from xp.tracking.spool import settle
 
     first = True
@@ -102,13 +101,12 @@ def _trials(channel: Any, compose: Any, slot: Any) -> int:
         settle(SETTLE_S)
 
 
-def run_trial(msg: Any, channel: Any, compose: Any, slot: Any) -> Any:
+def run_trial(msg: Trial, channel: Channel, compose: Any, slot: Any) -> Done:
     """One trial, as the scheduler's Trial message describes it; returns how it ended (Done)."""
     from omegaconf import OmegaConf
 
     from xp.errors import XPError, one_line
     from xp.run.experiment import JobInfo, run
-    from xp.studies.channel import Done
     from xp.studies.study import spec_from
 
     started_ms = int(time.time() * 1000)  # its MLflow run's start: the slot is this trial's from now
@@ -160,13 +158,9 @@ class SlotTrial:
         self.study = type("Study", (), {"study_name": study_name})()
 
     def report(self, value: float, step: int) -> None:
-        from xp.studies.channel import Report
-
         self.channel.send(Report(float(value), int(step)))
 
     def should_prune(self) -> bool:
-        from xp.studies.channel import Prune, ShouldPrune
-
         self.channel.send(ShouldPrune())
         answer = self.channel.recv_kind(Prune)  # (the worker's next trial may come first: it is held)
         if answer is None:
@@ -174,8 +168,6 @@ class SlotTrial:
         return answer.prune
 
     def set_user_attr(self, key: str, value: Any) -> None:
-        from xp.studies.channel import Attr
-
         self.channel.send(Attr(key, value))
 
 
