@@ -10,7 +10,7 @@
   finishes its budget.
 
 Each site's module runs the checks on the hosts it builds (local: test_distributed.py; ssh and the fixture
-launcher nsenter: test_multihost.py; slurm: test_slurm.py; a local study: test_scheduler.py) and marks each such test with `@conformance(CHECK,
+launcher nsenter: test_multihost.py; slurm: test_slurm.py; ray: test_ray.py; a local study: test_scheduler.py) and marks each such test with `@conformance(CHECK,
 ...)`. test_launchers.py fails when a registered launcher is missing from a check.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 CHECKS = ("exact", "killed", "study")
-MODULES = ("test_distributed", "test_multihost", "test_slurm", "test_scheduler")  # where the checks run
+MODULES = ("test_distributed", "test_multihost", "test_slurm", "test_scheduler", "test_ray")  # where the checks run
 SUITE: dict[str, set[str]] = {check: set() for check in CHECKS}  # check -> the launchers it runs on
 
 

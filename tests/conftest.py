@@ -19,8 +19,9 @@ import torch  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-# xp's state folder (the index of runs' spools waiting for a store, xp.spool): the test session's own
-os.environ.setdefault("XP_STATE_DIR", tempfile.mkdtemp(prefix="xp-test-state-"))
+# xp's state folder (the index of runs' spools waiting for a store, xp.spool): each test process's own (under
+# pytest-xdist too, whose workers would otherwise inherit the controller's)
+os.environ["XP_STATE_DIR"] = tempfile.mkdtemp(prefix="xp-test-state-")
 
 
 @pytest.fixture

@@ -101,7 +101,8 @@ class Cluster:
         if why:
             raise Unavailable(why)
         self.id = f"xp{os.getpid() % 100000}"
-        self.subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250 + 1}"
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)  # two test processes: never one subnet
+        self.subnet = f"10.{200 + 25 * (worker % 2) + os.getpid() % 25}.{os.getpid() % 250 + 1}"
         self.dir = Path(tempfile.mkdtemp(prefix="xp-hosts-"))
         self.shared = self.dir / "shared"  # the same folder at the same path on every host
         self.etc = self.dir / "etc"  # keys and daemons' configs, at the same path on every host

@@ -53,7 +53,7 @@ def test_an_unknown_launcher_is_one_line_naming_the_registered_ones():
 
     plan, _ = plan_and_backend(compose_config("kvstore=dist_sync", "workers=2"))
     plan = replace(plan, launch=replace(plan.launch, launcher="k8s"))  # (the command line refuses it earlier)
-    with pytest.raises(ConfigError, match=r"launcher='k8s': not supported; valid: local, ssh, slurm$"):
+    with pytest.raises(ConfigError, match=r"launcher='k8s': not supported; valid: local, ssh, slurm, ray$"):
         launcher_for(plan)
 
 

@@ -1,0 +1,245 @@
+"""launcher=ray on a real Ray cluster of namespace hosts (tests/hosts.py): a head on h1, the launching machine
+(no CPUs: only the drivers of xp's processes run there), and a node of 2 CPUs on each of h2 and h3, each in its own
+process namespace (a `ray stop` anywhere stops every Ray process of a machine; SIGKILL of a node's first process
+is a clean host crash). Every Ray process is given its host's address (never this machine's interfaces). An
+MLflow server on h1 serves every node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conformance import conformance
+from conftest import ROOT, metric_by_step, wait_for_line
+from test_distributed import EXACT, assert_same_params, one_process
+from test_multihost import ENGINES, env, runs
+
+pytestmark = [pytest.mark.slow, pytest.mark.multihost]
+PORT = 6380
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    import hosts
+
+    why = hosts.requirements()
+    if why:
+        pytest.fail(why)  # CI runs as root with the packages ./dev.sh installs: a missing piece is a failure
+    with hosts.Cluster(3) as c:
+        c.db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+        c.uri = c.mlflow_server(c.db)
+        c.ray_address = f"{c.launcher.address}:{PORT}"
+        for h, role in ((c.launcher, ["--head", f"--port={PORT}", "--num-cpus=0", "--include-dashboard=false"]),
+                        (c.host("h2"), [f"--address={c.ray_address}", "--num-cpus=2"]),
+                        (c.host("h3"), [f"--address={c.ray_address}", "--num-cpus=2"])):
+            start_node(c, h, role)
+            if h is c.launcher:
+                wait_nodes(c, 1)
+        wait_nodes(c, 3)
+        yield c
+
+
+def start_node(c, h, role: list[str]) -> None:
+    log = open(c.dir / f"ray-{h.name}.out", "a")
+    h.daemons.append(subprocess.Popen(
+        [*h.enter(), "unshare", "--pid", "--fork", "--mount-proc", RAY, "start", "--block",
+         f"--node-ip-address={h.address}", "--object-store-memory=80000000", "--disable-usage-stats", *role],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env()))
+
+
+def wait_nodes(c, n: int, timeout: float = 90) -> list[dict]:
+    import json
+
+    deadline = time.monotonic() + timeout
+    while True:
+        r = subprocess.run(c.on_launcher([sys.executable, "-m", "xp.launching.ray_cluster", "nodes", c.ray_address]),
+                           capture_output=True, text=True, timeout=120, env=env())
+        found = json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 else []
+        if len(found) == n:
+            return found
+        assert time.monotonic() < deadline, (r.stderr[-2000:], (c.dir / "ray-h1.out").read_text()[-2000:])
+        time.sleep(1)
+
+
+def xp_on_ray(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
+    return c.on_launcher(["env", sys.executable, "-m", "xp", "launcher=ray", f"launcher.address={c.ray_address}",
+                          f"host_ip={c.launcher.address}", "network_interface=eth0", f"tracking_uri={c.uri}",
+                          f"experiment={experiment}", *args, f"hydra.run.dir={tmp_path}/run",
+                          f"hydra.sweep.dir={tmp_path}/sweep"])
+
+
+def xp_processes(c) -> dict[str, list[str]]:
+    """Every process of xp's on the hosts: the Ray nodes' own (raylet, idle workers) are not, what an actor
+    started is (a job's workers, a study's, their `remote run`), and so is an actor still holding one."""
+    left = {}
+    for h in c.hosts:
+        mine = []
+        for pid in sorted(h.pids()):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:
+                continue
+            if (" -m xp" in cmd or "xp.launching" in cmd or cmd.startswith("ray::Process")) \
+                    and "ray_cluster nodes" not in cmd and "mlflow" not in cmd:
+                mine.append(f"{pid} {cmd[:160]}")
+        left[h.name] = mine
+    return left
+
+
+def nothing_left(c) -> None:
+    deadline = time.monotonic() + 20
+    while any((left := xp_processes(c)).values()):
+        assert time.monotonic() < deadline, left
+        time.sleep(0.5)
+
+
+# --- jobs --------------------------------------------------------------------------------------------------
+@conformance("exact", "launcher, engine", [("ray", "torchrun"), ("ray", "ps-lite")])
+def test_a_job_on_two_ray_nodes_computes_what_one_process_computes(cluster, tmp_path, launcher, engine):
+    c = cluster
+    backend = ENGINES[engine][0].split("=")[1]
+    want = one_process(backend, *EXACT, "batch=48")
+    out = c.shared / f"ray-{engine}.npz"
+    experiment = f"ray-exact-{engine}"
+    # 2 CPUs a process: each node (2 CPUs) takes one
+    r = subprocess.run(xp_on_ray(c, tmp_path, *ENGINES[engine], *EXACT, "workers=2", "batch=24",
+                                 "launcher.cpus_per_process=2",
+                                 f"save_params={out}", "dist_timeout_s=120", experiment=experiment),
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_same_params(dict(np.load(out)), want)
+    client, found = runs(c, experiment)
+    assert len(found) == 1 and found[0].info.status == "FINISHED"
+    nodes = {c.host("h2").address, c.host("h3").address}
+    assert set(found[0].data.tags["xp.hosts"].split(",")) == nodes  # one process on each node
+    assert len(metric_by_step(client, found[0].info.run_id, "val_accuracy")) == 1
+    nothing_left(c)
+
+
+@conformance("killed", "launcher", ["ray"])
+def test_a_killed_worker_on_a_ray_node_fails_the_job_naming_rank_and_node(cluster, tmp_path, launcher):
+    c = cluster
+    experiment = "ray-killed"
+    proc = subprocess.Popen(xp_on_ray(c, tmp_path, "backend=gluon", "kvstore=dist_sync", "workers=2", "batch=8",
+                                      "launcher.cpus_per_process=2",
+                                      "epochs=30", "dist_timeout_s=60", experiment=experiment),
+                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "  train_loss", timeout=180)  # training: every worker is in
+        h3 = c.host("h3")
+        victims = [int(line.split()[0]) for line in xp_processes(c)["h3"]
+                   if " -m xp " in line + " " and "xp.launching" not in line
+                   and b"DMLC_ROLE=worker" in Path(f"/proc/{line.split()[0]}/environ").read_bytes()]
+        assert len(victims) == 1, xp_processes(c)
+        os.kill(victims[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 1, out[-2000:] + err[-2000:]
+    failure = [ln for ln in err.splitlines() if "was killed by signal 9" in ln]
+    assert failure and "rank " in failure[0] and h3.address in failure[0], err[-3000:]
+    _, found = runs(c, experiment)
+    assert [x.info.status for x in found] == ["FAILED"]
+    nothing_left(c)
+
+
+def test_bad_ray_settings_are_one_line_before_anything_starts(cluster, tmp_path):
+    c = cluster
+    cases = [(["launcher.address=" + f"{c.launcher.address}:1"], "no Ray cluster answers there"),
+             (["launcher.cpus_per_process=3"], "has 3 CPUs for a process"),
+             (["launcher.gpus_per_process=1"], "has 1 GPUs for a process"),
+             (["launcher.cpu_per_process=1"], "did you mean launcher.cpus_per_process?")]
+    for args, said in cases:
+        r = subprocess.run(xp_on_ray(c, tmp_path, "backend=torch", "workers=2", *args, experiment="ray-bad"),
+                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
+        assert r.returncode == 2 and said in r.stderr, (args, r.stderr[-2000:])
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert runs(c, "ray-bad")[1] == []
+
+
+# --- a study -----------------------------------------------------------------------------------------------
+@conformance("study", "launcher", ["ray"])
+def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(cluster, tmp_path, launcher):
+    """-m sweep=NAME launcher=ray on 2 slots (an actor of 1 CPU each, one per node): the trials report into one
+    study and one MLflow parent from both nodes; h3's node crashes mid-trial (its process namespace killed, Ray's
+    processes and the trial's with it): that trial is lost and retried, its slot placed again where Ray has room
+    (h2); Ctrl-C then ends the study with no process left and nothing RUNNING; the same command finishes its
+    budget. (Last in the module: h3's node does not come back.)"""
+    import optuna
+
+    from test_scheduler import TINY, default_sigint
+
+    c = cluster
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "tiny.yaml").write_text(TINY.format(n=6))
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study_env = dict(env(), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage)
+    args = ["-m", "sweep=tiny", "sweep.parallel=2"]
+    experiment = "ray-study"
+
+    def trials():
+        try:
+            return optuna.load_study(study_name="tiny", storage=storage).get_trials()
+        except Exception:  # not created yet
+            return []
+
+    def until(what, check, timeout=240):
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert proc.poll() is None and time.monotonic() < deadline, f"{what}: " + out.read_text()[-3000:]
+            time.sleep(0.3)
+
+    out = tmp_path / "out.txt"
+    with out.open("w") as sink:  # epochs=40: trials long enough to lose a node and stop in the middle
+        proc = subprocess.Popen(xp_on_ray(c, tmp_path, *args, "epochs=40", experiment=experiment), cwd=ROOT,
+                                env=study_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=default_sigint)
+    try:
+        until("2 trials in flight", lambda: sum(t.state.name == "RUNNING" for t in trials()) == 2)
+        assert [p for p in xp_processes(c)["h3"] if "xp.launching.trialworker" in p], xp_processes(c)
+        h3 = c.host("h3")
+        node = next(p for p in h3.daemons if "--num-cpus=2" in " ".join(p.args))
+        os.killpg(node.pid, signal.SIGKILL)  # the node crashes: its pid namespace, the trial's worker with it
+        until("the lost trial retried", lambda: any(t.system_attrs.get("failed_trial") is not None
+                                                    and t.state.name == "RUNNING" for t in trials()))
+        stopped = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    said = out.read_text()
+    assert proc.returncode == 130 and took < 20, (took, said[-3000:])
+    assert "Traceback" not in said and "lost its worker" in said, said[-3000:]
+    nothing_left(c)
+    lost = [t for t in trials() if t.state.name == "FAIL" and not t.user_attrs.get("xp.interrupted")]
+    assert len(lost) == 1, [(t.number, t.state.name, t.user_attrs) for t in trials()]
+    assert "RUNNING" not in {t.state.name for t in trials()}
+    _, found = runs(c, experiment)
+    assert "RUNNING" not in {x.info.status for x in found}, [(x.info.run_name, x.info.status) for x in found]
+
+    r = subprocess.run(xp_on_ray(c, tmp_path, *args, "epochs=1", experiment=experiment), cwd=ROOT, env=study_env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    done = [t for t in trials() if t.state.name == "COMPLETE"]
+    assert len(done) == 6 and any(t.params == lost[0].params for t in done)
+    _, found = runs(c, experiment)
+    parents = {x.info.run_id for x in found if x.data.tags.get("xp.sweep") == "true"}
+    children = [x for x in found if "optuna.trial_number" in x.data.tags]
+    assert {x.data.tags["mlflow.parentRunId"] for x in children} <= parents
+    assert {x.data.tags["xp.host"] for x in children} == {"h2", "h3"}  # trials ran on both nodes
+    nothing_left(c)
