@@ -82,3 +82,26 @@ def assert_killed_line(output: str, host: str | None) -> None:
     assert "was killed by signal 9" in lines[-1], lines[-1]
     if host is not None:
         assert f"on host {host}" in lines[-1], lines[-1]
+
+
+def study_trials(storage: str, name: str = "tiny") -> list:
+    """The study's trials in its storage ([] before it is created)."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=name, storage=storage).get_trials()
+    except Exception:  # not created yet
+        return []
+
+
+def wait_for(what: str, check, proc, out: Path, timeout: float = 240) -> None:
+    """Poll check() until true; fail with the study command's output (`out`) if it ends first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert proc.poll() is None and time.monotonic() < deadline, f"{what}: " + out.read_text()[-3000:]
+        time.sleep(0.3)
+
+
+def retried(trials: list) -> bool:
+    """A lost trial's retry is running."""
+    return any(t.system_attrs.get("failed_trial") is not None and t.state.name == "RUNNING" for t in trials)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import nsenter_launcher
-from conformance import conformance
+from conformance import conformance, retried, study_trials, wait_for
 from conftest import ROOT, metric_by_step, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
@@ -271,19 +271,11 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
         assert bad.returncode == 2 and "a file on this machine, which the workers on" in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "m.db").exists()
 
-    import optuna
-
     def trials():
-        try:
-            return optuna.load_study(study_name="tiny", storage=storage).get_trials()
-        except Exception:  # not created yet
-            return []
+        return study_trials(storage)
 
-    def until(what, check, timeout=240):
-        deadline = time.monotonic() + timeout
-        while not check():
-            assert proc.poll() is None and time.monotonic() < deadline, f"{what}: " + out.read_text()[-3000:]
-            time.sleep(0.3)
+    def until(what, check):
+        wait_for(what, check, proc, out)
 
     out = tmp_path / "out.txt"
     with out.open("w") as sink:  # epochs=40: trials long enough to kill and stop in the middle
@@ -305,8 +297,7 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
         assert len(victim) == 1, c.processes(h3)
         seen_commands = [p for h in [c.launcher, *c.workers] for p in c.processes(h)]
         os.kill(victim[0], signal.SIGKILL)
-        until("the lost trial retried", lambda: any(t.system_attrs.get("failed_trial") is not None
-                                                    and t.state.name == "RUNNING" for t in trials()))
+        until("the lost trial retried", lambda: retried(trials()))
         stopped = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)

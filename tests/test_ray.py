@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance import conformance
+from conformance import assert_killed_line, conformance, kill_one_worker, retried, study_trials, wait_for
 from conftest import ROOT, metric_by_step, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 from test_multihost import ENGINES, env, runs
@@ -38,7 +38,8 @@ def cluster(tmp_path_factory):
         c.db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
         c.uri = c.mlflow_server(c.db)
         c.ray_address = f"{c.launcher.address}:{PORT}"
-        for h, role in ((c.launcher, ["--head", f"--port={PORT}", "--num-cpus=0", "--include-dashboard=false"]),
+        for h, role in ((c.launcher, ["--head", f"--port={PORT}", "--num-cpus=0", "--include-dashboard=false",
+                                     f"--temp-dir={c.dir / 'ray'}"]),
                         (c.host("h2"), [f"--address={c.ray_address}", "--num-cpus=2"]),
                         (c.host("h3"), [f"--address={c.ray_address}", "--num-cpus=2"])):
             start_node(c, h, role)
@@ -136,19 +137,14 @@ def test_a_killed_worker_on_a_ray_node_fails_the_job_naming_rank_and_node(cluste
     try:
         wait_for_line(proc, "  train_loss", timeout=180)  # training: every worker is in
         h3 = c.host("h3")
-        victims = [int(line.split()[0]) for line in xp_processes(c)["h3"]
-                   if " -m xp " in line + " " and "xp.launching" not in line
-                   and b"DMLC_ROLE=worker" in Path(f"/proc/{line.split()[0]}/environ").read_bytes()]
-        assert len(victims) == 1, xp_processes(c)
-        os.kill(victims[0], signal.SIGKILL)
+        kill_one_worker(h3.pids)
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
     assert proc.returncode == 1, out[-2000:] + err[-2000:]
-    failure = [ln for ln in err.splitlines() if "was killed by signal 9" in ln]
-    assert failure and "rank " in failure[0] and h3.address in failure[0], err[-3000:]
+    assert_killed_line(out + err, h3.address)
     _, found = runs(c, experiment)
     assert [x.info.status for x in found] == ["FAILED"]
     nothing_left(c)
@@ -176,8 +172,6 @@ def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(
     processes and the trial's with it): that trial is lost and retried, its slot placed again where Ray has room
     (h2); Ctrl-C then ends the study with no process left and nothing RUNNING; the same command finishes its
     budget. (Last in the module: h3's node does not come back.)"""
-    import optuna
-
     from test_scheduler import TINY, default_sigint
 
     c = cluster
@@ -190,16 +184,10 @@ def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(
     experiment = "ray-study"
 
     def trials():
-        try:
-            return optuna.load_study(study_name="tiny", storage=storage).get_trials()
-        except Exception:  # not created yet
-            return []
+        return study_trials(storage)
 
-    def until(what, check, timeout=240):
-        deadline = time.monotonic() + timeout
-        while not check():
-            assert proc.poll() is None and time.monotonic() < deadline, f"{what}: " + out.read_text()[-3000:]
-            time.sleep(0.3)
+    def until(what, check):
+        wait_for(what, check, proc, out)
 
     out = tmp_path / "out.txt"
     with out.open("w") as sink:  # epochs=40: trials long enough to lose a node and stop in the middle
@@ -212,8 +200,7 @@ def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(
         h3 = c.host("h3")
         node = next(p for p in h3.daemons if "--num-cpus=2" in " ".join(p.args))
         os.killpg(node.pid, signal.SIGKILL)  # the node crashes: its pid namespace, the trial's worker with it
-        until("the lost trial retried", lambda: any(t.system_attrs.get("failed_trial") is not None
-                                                    and t.state.name == "RUNNING" for t in trials()))
+        until("the lost trial retried", lambda: retried(trials()))
         stopped = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)

@@ -168,13 +168,18 @@ def _live(ray: Any) -> list[dict]:
 
 
 class Process:
-    """The actor: one command in a shell on its node, its output read by the driver."""
+    """The actor: one command in a shell on its node, its output read by the driver; Ray's dashboard shows it
+    by its label ("xp study slot 0", "xp job ID process 2")."""
 
-    def __init__(self, command: str):
+    def __init__(self, command: str, label: str):
+        self.label = label
         self.proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._pump, daemon=True).start()
+
+    def __repr__(self) -> str:
+        return self.label
 
     def _pump(self) -> None:
         while chunk := os.read(self.proc.stdout.fileno(), 65536):
@@ -226,18 +231,20 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
     if node is None and not t.anywhere:
         print(f"ray: no live node at {host}", file=sys.stderr, flush=True)
         return LOST
-    told, holds = b"", True  # a process that takes one of the node's slots holds its CPUs and GPUs
+    told, holds, label = b"", True, f"xp process on {host}"  # one that takes a slot holds its CPUs and GPUs
     if "xp.launching.remote run" in command:  # xp's own: what to run is the first line on stdin
         told = sys.stdin.buffer.readline()
         try:
-            holds = json.loads(told).get("slot", True)  # a job's service (a ps-lite server) takes no slot
+            spec = json.loads(told)
+            holds = spec.get("slot", True)  # a job's service (a ps-lite server) takes no slot
+            label = _label(spec.get("env", {}), host)
         except (ValueError, AttributeError):
             pass
     elif "xp.launching.remote" in command:  # probing or reaping a node: no share of it
-        holds = False
+        holds, label = False, f"xp probe of {host}"
     where = NodeAffinitySchedulingStrategy(node["id"], soft=t.anywhere) if node else "DEFAULT"
     actor = ray.remote(Process).options(num_cpus=t.cpus if holds else 0, num_gpus=t.gpus if holds else 0,
-                                        max_concurrency=4, max_restarts=0, scheduling_strategy=where).remote(command)
+                                        max_concurrency=4, max_restarts=0, scheduling_strategy=where).remote(command, label)
     try:
         ray.get(actor.node.remote(), timeout=t.connect_timeout_s)
     except GetTimeoutError:
@@ -251,6 +258,15 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
     if told:
         actor.write.remote(told)
     return actor
+
+
+def _label(env: dict[str, str], host: str) -> str:
+    from xp.launching.trialworker import SLOT_ENV
+    from xp.run.worker import JOB_ENV, ROLE_ENV
+
+    if SLOT_ENV in env:
+        return f"xp study slot {json.loads(env[SLOT_ENV]).get('index', '?')}"
+    return f"xp job {env.get(JOB_ENV, '?')} process {env.get(ROLE_ENV, '?')} on {host}"
 
 
 def _follow(ray: Any, actor: Any, host: str) -> int:

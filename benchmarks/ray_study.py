@@ -1,0 +1,94 @@
+"""A study on a Ray cluster and on this machine, side by side: the same study through launcher=ray (each slot an
+actor holding a warm trial worker on a Ray node) and launcher=local (each slot a worker process here).
+
+    .venv/bin/python benchmarks/ray_study.py [--trials 24] [--parallel 2] [--epochs 3] [--reps 2]   # as root
+
+The hosts are the tests' namespaces (tests/hosts.py): h1 is the launching machine, with the Ray head (no CPUs:
+only the drivers run there) and an MLflow server both ways log to; h2 is a Ray node of `parallel` CPUs
+(tests/test_ray.py's nodes). All of them share this machine's cores. Both ways run the same study (random sampler,
+seed 5, no pruner, LeNet on the digits, SQLite study storage on h1). For each way and repetition (interleaved):
+
+- wall: the command's time, start to exit;
+- s/trial: wall over trials;
+- overhead/trial: what a trial cost beyond its own MLflow run, (parallel x wall - the runs' time) / trials;
+- cover: the trials' run time over parallel x the span from the first run's start to the last run's end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+STUDY = ("study_name: {name}\nn_trials: {n}\nsampler: random\nsampler_seed: 5\npruner: none\n"
+         "params:\n  lr: {{type: float, low: 0.001, high: 0.3, log: true}}\n")
+
+
+def one(c, way: str, rep: int, args: argparse.Namespace) -> dict[str, float]:
+    from slurm_study import trial_runs
+    from test_multihost import env
+
+    name = f"bench-{way}-{rep}"
+    folder = c.shared / name
+    (folder / "sweeps").mkdir(parents=True)
+    (folder / "sweeps" / "bench.yaml").write_text(STUDY.format(name=name, n=args.trials))
+    argv = [sys.executable, "-m", "xp", "-m", "sweep=bench", f"sweep.parallel={args.parallel}",
+            f"epochs={args.epochs}", f"tracking_uri={c.uri}", f"experiment={name}", f"hydra.sweep.dir={folder}/sweep"]
+    if way == "ray":
+        argv += ["launcher=ray", f"launcher.address={c.ray_address}", f"host_ip={c.launcher.address}"]
+    study_env = dict(env(), XP_SWEEPS_DIR=str(folder / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{folder}/optuna.db")
+    t0 = time.monotonic()
+    r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=study_env, capture_output=True, text=True, timeout=1800)
+    wall = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{way}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    runs = trial_runs(c.db, name)
+    busy = sum(e - s for s, e, _ in runs)
+    span = max(e for _, e, _ in runs) - min(s for s, _, _ in runs)
+    return {"wall": wall, "per_trial": wall / len(runs), "overhead": (args.parallel * wall - busy) / len(runs),
+            "cover": busy / (args.parallel * span), "trials": len(runs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=24)
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2)
+    args = ap.parse_args()
+    import hosts
+    from test_ray import PORT, start_node, wait_nodes
+
+    with hosts.Cluster(2) as c:
+        c.db = c.dir / "mlflow.db"
+        c.uri = c.mlflow_server(c.db)
+        c.ray_address = f"{c.launcher.address}:{PORT}"
+        start_node(c, c.launcher, ["--head", f"--port={PORT}", "--num-cpus=0", "--include-dashboard=false",
+                                      f"--temp-dir={c.dir}/ray"])
+        wait_nodes(c, 1)
+        start_node(c, c.host("h2"), [f"--address={c.ray_address}", f"--num-cpus={args.parallel}"])
+        wait_nodes(c, 2)
+        print(f"{args.trials} trials of {args.epochs} epochs, {args.parallel} at a time; Ray {ray_version()}")
+        print(f"{'way':<6} {'rep':>3} {'wall s':>7} {'s/trial':>8} {'overhead/trial s':>16} {'cover':>6} {'trials':>6}")
+        for rep in range(args.reps):
+            for way in ("local", "ray"):  # interleaved: the machine's drift hits both
+                m = one(c, way, rep, args)
+                print(f"{way:<6} {rep:>3} {m['wall']:>7.1f} {m['per_trial']:>8.2f} {m['overhead']:>16.2f} "
+                      f"{m['cover']:>6.3f} {m['trials']:>6}", flush=True)
+
+
+def ray_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("ray")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    main()
