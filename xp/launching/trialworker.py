@@ -108,6 +108,7 @@ def run_trial(msg: Trial, channel: Channel, compose: Any, slot: Any) -> Done:
     from xp.errors import XPError, one_line
     from xp.run.experiment import JobInfo, run
     from xp.studies.study import spec_from
+    from xp.studies.trial import StudyTrial
 
     started_ms = int(time.time() * 1000)  # its MLflow run's start: the slot is this trial's from now
     out = Path(msg.output_dir)
@@ -131,7 +132,7 @@ def run_trial(msg: Trial, channel: Channel, compose: Any, slot: Any) -> Done:
         spec = spec_from(config["sweep"], msg.sweep, search=False)
         trial = SlotTrial(channel, msg.number, msg.params, msg.study)
         job = JobInfo(overrides=msg.task, output_dir=out, log_file=out / "xp.log", parent_run_id=msg.parent,
-                      cwd=Path.cwd(), trial=(trial, spec), tags={**slot.tags(), "xp.cores": _cores()},
+                      cwd=Path.cwd(), trial=StudyTrial(trial, spec), tags={**slot.tags(), "xp.cores": _cores()},
                       tidy=msg.first, started_ms=started_ms, settle_later=True)
         outcome = run(config, job)
         result.state, result.values = outcome.state, outcome.values

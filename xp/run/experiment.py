@@ -44,7 +44,7 @@ class JobInfo:
     trace_t0: float | None = None  # an elastic round's worker on a spot trace: when the job started (time.time())
     resumed: bool = False  # an elastic round after the first: the run's params are logged already
     swept: tuple[str, ...] = ()  # a sweep job: the keys the sweep varies (they name the run)
-    trial: Any = None  # a study's trial run by a slot's worker: (its trial, the StudySpec); else from the config
+    trial: Any = None  # a study's trial run by a slot's worker (xp.studies.trial.StudyTrial); else from the config
     tags: dict[str, str] = field(default_factory=dict)  # more tags for the run (a trial's slot)
     # end the runs gone processes of this host left RUNNING before opening this one; a study's worker does it
     # before its first trial only (its later trials would find what its first found, less what it ended)
@@ -92,13 +92,13 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
                 handler.setLevel(logging.WARNING)
     with record.open_run(plan, backend_cls, backend, uri, job, trial, reopen) as tracker:
         if trial:
-            trial[0].set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
+            trial.optuna.set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
         log.info(f"  MLflow run       {tracker.run_id} ({tracker.run_name})")
         if plan.diagnose:
             rate, params, tags = diagnosed(plan, backend_cls)  # its throughput: the real data's rate
             tracker.log(params={**params, "summary.throughput_samples_per_s": f"{rate:.6g}"},
                         tags={**tags, **({"optuna.trial_state": "COMPLETE"} if trial else {})})
-            values = [rate if o.metric == "throughput" else float("nan") for o in trial[1].objectives] if trial else []
+            values = [rate if o.metric == "throughput" else float("nan") for o in trial.spec.objectives] if trial else []
             return Outcome("COMPLETE" if trial else "FINISHED", rate, values)
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
@@ -116,7 +116,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         tracker.log(params=as_params(summary, cbs.meter.name))
         log.info("\n" + record.summary_table(plan, tracker.run_name, summary, state, uri, tracker))
     objective = float(summary.get("throughput", 0.0) if plan.test_io else summary.get("val_accuracy", 0.0))
-    values = [float(summary.get(o.metric, float("nan"))) for o in trial[1].objectives] if trial else []
+    values = [float(summary.get(o.metric, float("nan"))) for o in trial.spec.objectives] if trial else []
     return Outcome(state, objective, values)
 
 
@@ -168,7 +168,7 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
         "commit": commits,
         "print": [ProgressBar(plan.steps_per_epoch, plan.worker_batch), ProgressPrinter(plan.epochs)],
         "decide": [*([stop] if stop else []),
-                   *([TrialReporter(trial[0], trial[1].objectives[0].metric, plan.epochs)]
-                     if trial and not trial[1].multi_objective else [])],
+                   *([TrialReporter(trial.optuna, trial.spec.objectives[0].metric, plan.epochs)]
+                     if trial and not trial.spec.multi_objective else [])],
     }
     return RunCallbacks([cb for group in phases.values() for cb in group], meter, history, stop)

@@ -21,7 +21,7 @@ def name_of(plan: Plan, job: Any, trial: Any) -> str:
     if plan.run_name:
         return plan.run_name
     if trial:
-        return f"trial {trial[0].number}: " + " ".join(f"{k}={_short(v)}" for k, v in trial[0].params.items())
+        return f"trial {trial.optuna.number}: " + " ".join(f"{k}={_short(v)}" for k, v in trial.optuna.params.items())
     swept = [o for o in job.overrides if o.lstrip("+~").split("=", 1)[0] in job.swept]
     return " ".join(swept) or run_name(job.overrides or ()) or f"{plan.model.name}-{plan.dataset.name}-{plan.backend}"
 
@@ -46,11 +46,11 @@ def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, tr
     if backend is not None:
         tags["xp.input"] = backend.input_path  # where the batches are made (a fallback shows)
     if trial:
-        tags.update({"optuna.study": trial[0].study.study_name, "optuna.trial_number": str(trial[0].number),
+        tags.update({"optuna.study": trial.optuna.study.study_name, "optuna.trial_number": str(trial.optuna.number),
                      "optuna.trial_state": "RUNNING"})
         if job.run_id:  # a launched trial (sweep.scheduler=hydra): its launcher named the run by its command line
             tags["mlflow.runName"] = name
-        spec = trial[1] if len(trial) > 1 else None
+        spec = trial.spec
         if getattr(spec, "claim", None):  # a recipe's trial: the report's seed-claims section finds it by these
             tags.update({"xp.recipe": spec.name, "xp.claim": json.dumps(spec.claim, sort_keys=True)})
     elif job.parent_run_id and not job.run_id:  # a sweep's job: found again if the sweep is killed and resumed

@@ -227,7 +227,7 @@ def train_run(plan: Plan, backend: Backend, callbacks: list[Callback], tracker: 
         raise
     except TrialPruned as e:
         state = "PRUNED"
-        log.info(f"trial {trial[0].number}: {e}")
+        log.info(f"trial {trial.optuna.number}: {e}")
     except Exception as e:
         log.debug("training failed", exc_info=True)  # into the log file now, while the run is open
         e.xp_logged = True

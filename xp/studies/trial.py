@@ -7,6 +7,7 @@ import logging
 import threading
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from xp.errors import ConfigError, one_line, redact
@@ -201,7 +202,14 @@ def _counts(study: Any) -> tuple[int, int]:
 
 # --- the job side: a run that is a trial ------------------------------------------
 
-def attach(settings: Any) -> tuple[Any, StudySpec] | None:
+@dataclass(frozen=True)
+class StudyTrial:
+    """The trial a run is: Optuna's trial (asked, reported to, told) and its study's spec (objectives, recipe)."""
+    optuna: Any
+    spec: StudySpec
+
+
+def attach(settings: Any) -> StudyTrial | None:
     """The trial a run is (the plan's StudySettings, from the sweeper's optuna.* overrides), or None."""
     if settings is None:
         return None
@@ -211,4 +219,4 @@ def attach(settings: Any) -> tuple[Any, StudySpec] | None:
     spec = spec_from(settings.sweep, settings.sweep.get("name") or settings.study, search=False)
     with first_use(settings.storage, "sweep.storage"):
         study = optuna.load_study(study_name=settings.study, storage=settings.storage, pruner=make_pruner(spec))
-    return optuna.trial.Trial(study, settings.trial_id), spec
+    return StudyTrial(optuna.trial.Trial(study, settings.trial_id), spec)
