@@ -56,7 +56,7 @@ CASES = [
     ("workers=0", "workers=0: must be an integer from 1"),
     ("kvstore=dist_sync port=80", "port=80: must be an integer from 1024 to 65535"),
     ("kvstore=dist_sync dist_timeout_s=0", "dist_timeout_s=0: must be a number >= 1"),
-    ("kvstore=dist_sync launcher=k8s", "launcher=k8s: no such launcher; valid: local, slurm, ssh"),
+    ("kvstore=dist_sync launcher=k8s", "launcher=k8s: no such launcher; valid: local, ray, slurm, ssh"),
     ("kvstore=dist_sync workers=2 launcher=ssh", "launcher=ssh: needs launcher.hosts_file=PATH"),
     ("kvstore=dist_sync workers=2 launcher=mpi", "launcher=mpi: no such launcher; valid: "),
     ("kvstore=dist_sync workers=2 launcher=ssh launcher.hosts_file={tmp}/no-hosts", "no-hosts: cannot read it"),

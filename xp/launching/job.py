@@ -41,7 +41,7 @@ import psutil
 from xp.launching.engine import LOOPBACK, Engine, Role, Spec, python
 from xp.errors import XPError
 from xp.launching.hosts import exit_words, on_hosts, start_there
-from xp.run.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV
+from xp.run.worker import HOST_ENV, JOB_ENV, PROGRESS_ENV, ROLE_ENV, WORKER_ENV, die_with_parent
 
 # variables a remote process gets from the launcher's environment (the rest is the host's own), with those its
 # engine names (Engine.forwarded)
@@ -133,7 +133,7 @@ class Job:
         if role.host is None:
             own = self.engine.not_inherited  # the engine's own variables come from the role, not this process
             inherited = {k: v for k, v in os.environ.items() if not (own and k.startswith(own))}
-            proc = subprocess.Popen(role.argv, env={**inherited, **env}, start_new_session=True, preexec_fn=_die_with_us,
+            proc = subprocess.Popen(role.argv, env={**inherited, **env}, start_new_session=True, preexec_fn=die_with_parent,
                                     stdout=subprocess.PIPE if piped else None,
                                     stderr=subprocess.STDOUT if piped else None, text=piped)
         else:
@@ -364,14 +364,6 @@ class Job:
             except psutil.Error:
                 continue
         psutil.wait_procs(left, timeout=5)
-
-
-def _die_with_us() -> None:
-    """In a local role's process, before it runs: the kernel ends it if the launcher dies (even by SIGKILL)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _is_stopped(pid: int) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 
 from xp.studies.channel import Attr, Channel, Done, Error, Hello, Prune, Ready, Report, ShouldPrune, Trial
 from xp.studies.channel import Slot as SlotMessage
+from xp.run.worker import die_with_parent
 
 # what the pool (xp.launching.pool) tells a worker, in its environment
 SLOT_ENV = "XP_SLOT"  # its slot (JSON)
@@ -36,7 +37,7 @@ SETTLE_S = 8.0  # how long a leaving worker waits for the store to take its tria
 def main(argv: list[str]) -> int:
     from xp.launching.slots import Slot
 
-    _die_with_parent()
+    die_with_parent()  # a SIGKILLed scheduler leaves no worker behind
     signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
         signal.signal(signal.SIGINT, _stopped)
@@ -291,18 +292,6 @@ def _logging(quiet: bool) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     if quiet:  # MLflow prints a "View run" line per run itself (its own handler), on a server's store
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-
-
-def _die_with_parent() -> None:
-    """Linux: this worker ends when its scheduler does (a SIGKILLed scheduler leaves no worker behind)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        return
-    if os.getppid() == 1:  # the scheduler died before we asked
-        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -19,6 +20,19 @@ HOST_ENV = "XP_HOST"  # the host a process runs on, as the hosts file names it
 ROLE_ENV = "XP_ROLE"  # the index of the role (process) the launcher started
 HOSTS_ENV = "XP_HOSTS"  # the hosts the job occupies (its cost), counted by the launcher
 HOST_FROM_ENV = "XP_HOST_FROM"  # the variable a runner's processes find their host's name in
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel ends this process when its parent does, even by SIGKILL (PR_SET_PDEATHSIG); a parent gone
+    before we asked: at once. The first thing a launched process does (or its preexec_fn, before it runs)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux: it outlives a killed parent, as elsewhere
+        return
+    if os.getppid() == 1:
+        os._exit(1)
 
 
 _last_report = -1e9
