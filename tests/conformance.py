@@ -10,8 +10,8 @@
   finishes its budget.
 
 Each site's module runs the checks on the hosts it builds (local: test_distributed.py; ssh and the fixture
-launcher nsenter: test_multihost.py; slurm: test_slurm.py; ray: test_ray.py; a local study: test_scheduler.py) and marks each such test with `@conformance(CHECK,
-...)`. test_launchers.py fails when a registered launcher is missing from a check.
+launcher nsenter: test_multihost.py; slurm: test_slurm.py; ray: test_ray.py; a local study: test_scheduler.py)
+and marks each such test with `@conformance(CHECK, ...)`. test_launchers.py fails when a registered launcher is missing from a check.
 """
 
 from __future__ import annotations

@@ -133,8 +133,8 @@ class Job:
         if role.host is None:
             own = self.engine.not_inherited  # the engine's own variables come from the role, not this process
             inherited = {k: v for k, v in os.environ.items() if not (own and k.startswith(own))}
-            proc = subprocess.Popen(role.argv, env={**inherited, **env}, start_new_session=True, preexec_fn=die_with_parent,
-                                    stdout=subprocess.PIPE if piped else None,
+            proc = subprocess.Popen(role.argv, env={**inherited, **env}, start_new_session=True,
+                                    preexec_fn=die_with_parent, stdout=subprocess.PIPE if piped else None,
                                     stderr=subprocess.STDOUT if piped else None, text=piped)
         else:
             prefixes = FORWARDED + self.engine.forwarded

@@ -244,7 +244,8 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
         holds, label = False, f"xp probe of {host}"
     where = NodeAffinitySchedulingStrategy(node["id"], soft=t.anywhere) if node else "DEFAULT"
     actor = ray.remote(Process).options(num_cpus=t.cpus if holds else 0, num_gpus=t.gpus if holds else 0,
-                                        max_concurrency=4, max_restarts=0, scheduling_strategy=where).remote(command, label)
+                                        max_concurrency=4, max_restarts=0, scheduling_strategy=where)
+    actor = actor.remote(command, label)
     try:
         ray.get(actor.node.remote(), timeout=t.connect_timeout_s)
     except GetTimeoutError:
