@@ -63,12 +63,14 @@ class Ray(OnHosts):
     name = "ray"
     nodes = "the Ray cluster's nodes"
     Options = RayOptions
+    _found: list[dict] | None = None  # the cluster's live nodes, asked once
+    _trial_gpus = 0.0  # a study's slot: the GPUs its actor holds (its trial's, over trials_per_gpu)
 
     @classmethod
     def read_options(cls, raw: dict[str, Any]) -> RayOptions:
         o = super().read_options(raw)
-        for key, hi in (("cpus_per_process", 1024), ("gpus_per_process", 64), ("connect_timeout_s", 3600)):
-            number({f"launcher.{key}": getattr(o, key)}, f"launcher.{key}", 0 if key != "connect_timeout_s" else 1, hi)
+        for key, lo, hi in (("cpus_per_process", 0, 1024), ("gpus_per_process", 0, 64), ("connect_timeout_s", 1, 3600)):
+            number({f"launcher.{key}": getattr(o, key)}, f"launcher.{key}", lo, hi)
         return o
 
     def cluster(self) -> str:
@@ -84,7 +86,7 @@ class Ray(OnHosts):
                               "use launcher=ssh with elastic.discovery for hosts that come and go")
 
     def _nodes(self) -> list[dict]:
-        if not hasattr(self, "_found"):
+        if self._found is None:
             self._found = nodes(self.cluster(), self.options.connect_timeout_s)
         return self._found
 
@@ -108,7 +110,7 @@ class Ray(OnHosts):
     def slots(self, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
         from xp.launching.slots import host_slots
 
-        self._trial_gpus = gpus_per_trial / trials_per_gpu if gpus_per_trial else 0.0  # what a slot's actor holds
+        self._trial_gpus = gpus_per_trial / trials_per_gpu if gpus_per_trial else 0.0
         if not gpus_per_trial:
             return super().slots(0, parallel, trials_per_gpu)
         hosts = [HostSlots(h.name, h.slots * gpus_per_trial) for h in self.hosts(gpus=gpus_per_trial)]
@@ -121,15 +123,15 @@ class Ray(OnHosts):
         from xp.launching.hosts import start_there
 
         told = {**told, "env": {k: v for k, v in told["env"].items() if k != "CUDA_VISIBLE_DEVICES"}}
-        return start_there(self.transport(gpus=getattr(self, "_trial_gpus", 0.0), anywhere=True), slot.host, told)
+        return start_there(self.transport(gpus=self._trial_gpus, anywhere=True), slot.host, told)
 
 
 def nodes(address: str, timeout_s: float) -> list[dict]:
     """The cluster's live nodes: [{"id", "address", "CPU", "GPU"}], asked by a short-lived driver (xp itself
     never connects to Ray). One line (ConfigError) when Ray is missing or no cluster answers."""
     try:
-        r = subprocess.run([sys.executable, "-m", "xp.launching.ray_cluster", "nodes", address], capture_output=True,
-                           text=True, timeout=timeout_s + 30)
+        r = subprocess.run([sys.executable, "-m", "xp.launching.ray_cluster", "nodes", address, str(timeout_s)],
+                           capture_output=True, text=True, timeout=timeout_s + 30)
     except subprocess.TimeoutExpired:
         raise ConfigError(f"launcher.address={address}: no Ray cluster answered within {timeout_s + 30:g} s") from None
     if r.returncode != 0:
@@ -306,15 +308,16 @@ def _follow(ray: Any, actor: Any, host: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["nodes"] and len(argv) == 2:
-        ray = _connect(argv[1], 30.0)
+    if argv[:1] == ["nodes"] and len(argv) in (2, 3):
+        ray = _connect(argv[1], float(argv[2]) if len(argv) == 3 else 30.0)
         print(json.dumps(_live(ray)))
         return 0
     if argv[:1] == ["exec"] and len(argv) == 4:
         code = run_there(RayActors(**json.loads(argv[1])), argv[2], argv[3])
         sys.stdout.flush()
         os._exit(code)  # Ray's threads must not hold up the exit
-    print("usage: python -m xp.launching.ray_cluster nodes ADDRESS | exec JSON HOST COMMAND", file=sys.stderr)
+    print("usage: python -m xp.launching.ray_cluster nodes ADDRESS [TIMEOUT_S] | exec JSON HOST COMMAND",
+          file=sys.stderr)
     return 2
 
 
