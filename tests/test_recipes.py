@@ -195,7 +195,9 @@ def test_the_input_pipeline_recipe_finds_the_knee_and_says_where_it_stalls(tmp_p
     assert sorted(trials) == [1, 2, 4, 8]
     thr = {t: float(r.data.params["summary.throughput_samples_per_s"]) for t, r in trials.items()}
     verdict = {t: r.data.tags["xp.diagnosis"] for t, r in trials.items()}
-    assert verdict[1] == "input-bound"  # one decode worker for 256 px JPEGs against LeNet: by far
+    one = trials[1].data.params  # one decode worker for 256 px JPEGs against LeNet: training waits on the input
+    assert float(one["diagnosis.real_samples_per_s"]) < 0.8 * float(one["diagnosis.synthetic_samples_per_s"]), one
+    assert verdict[1] in ("input-bound", "mixed"), verdict  # (mixed: the pipeline alone ran faster, under CI's load)
     assert set(verdict.values()) <= {"input-bound", "communication-bound", "compute-bound", "mixed"}, verdict
 
     out = tmp_path / "report"

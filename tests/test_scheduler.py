@@ -212,6 +212,76 @@ def test_a_worker_without_hydra_resolves_hydras_interpolations_in_a_trials_confi
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
 
 
+def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_running(tmp_path):
+    """Ctrl-C that arrives while the scheduler commits to the study's SQLite (sent here from SQLAlchemy's commit
+    event of the third result told) waits for that write: the study stops, hands back every trial in flight or
+    held, and none stays RUNNING. Raised inside the commit, it left SQLAlchemy's session broken, the trials could
+    not be handed back and 3 stayed RUNNING (CI, the ssh study's Ctrl-C). Workers are threads, the storage real."""
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    import optuna
+    from sqlalchemy import event
+
+    from xp.studies.channel import Done, Exit, Inbox, Trial
+    from xp.studies.scheduler import Scheduler
+    from xp.studies.sweeper import _Unended
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/optuna.db")
+    inbox = Inbox()
+
+    class Worker:
+        previous, finished = None, 0
+
+        def __init__(self):
+            self.mail = queue.SimpleQueue()
+            self.thread = threading.Thread(target=self.run, daemon=True)
+            self.thread.start()
+
+        def run(self) -> None:
+            while isinstance(msg := self.mail.get(timeout=30), Trial):
+                inbox.put(self, Done("COMPLETE", [float(msg.number)]))
+
+        def send(self, msg) -> None:
+            self.mail.put(msg)
+
+        def gone(self) -> bool:
+            return False
+
+    workers = [Worker(), Worker()]
+    pool = SimpleNamespace(workers=workers, inbox=inbox, release=lambda w: None, stop=lambda busy: None)
+    told: list[int] = []
+    interrupt = threading.Event()
+
+    def tell(trial, msg):
+        if len(told) == 2:  # the third result's commit is interrupted
+            interrupt.set()
+        study.tell(trial, msg.values)
+        told.append(trial.number)
+        return "COMPLETE"
+
+    def on_commit(connection):
+        if interrupt.is_set():
+            interrupt.clear()
+            os.kill(os.getpid(), signal.SIGINT)
+
+    event.listen(study._storage._backend.engine, "commit", on_commit)
+    scheduler = Scheduler(pool, ask=study.ask, remaining=lambda: 20 - scheduler.jobs,
+                          job_of=lambda t, job: Trial(t.number, {}, "s", "s", [], [], "", None), tell=tell,
+                          lost=lambda t, why: None, heartbeat_s=60.0,
+                          give_back=_Unended(study, None, None, None).give_back)
+    with pytest.raises(KeyboardInterrupt):
+        scheduler.run()
+    for w in workers:
+        w.send(Exit())
+        w.thread.join(timeout=30)
+    states = [t.state.name for t in study.get_trials()]
+    assert told[:3] == [0, 1, 2] and "RUNNING" not in states, (told, states)
+    assert states.count("WAITING") >= 1  # the trials in flight or held, queued again
+
+
 def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     """Slot 0 runs a long trial while slot 1 runs short ones: the trials asked meanwhile all go to slot 1, in
     order, and none waits behind the long trial (the scheduler holds the next trials, not a slot). The workers

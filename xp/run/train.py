@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 import logging
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from xp.errors import Diverged, Terminated
+from xp.interrupts import Interrupts, held_interrupts
 from xp.run.backend import Backend, BatchHook
 from xp.run.callbacks import Callback, StopTraining
 from xp.run.plan import Plan, learning_rate
@@ -63,32 +61,10 @@ def fit(plan: Plan, backend: Backend, callbacks: list[Callback], setup: bool = T
     state = state if state is not None else LoopState()
     fire(callbacks, "on_train_begin")
     try:
-        with deferred_interrupts() as pending:
-            return _epochs(plan, backend, callbacks, start_epoch, pending, state)
+        with held_interrupts() as held:  # Ctrl-C and SIGTERM wait for the batch being trained to finish, so the
+            return _epochs(plan, backend, callbacks, start_epoch, held, state)  # state is one a checkpoint holds
     finally:
         fire(callbacks, "on_end")
-
-
-@contextmanager
-def deferred_interrupts() -> Iterator[list[BaseException]]:
-    """SIGTERM (a spot interruption notice) and Ctrl-C wait for the batch being trained to finish, so the
-    state at the interruption is one a checkpoint can hold; a second signal interrupts at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield []
-        return
-    pending: list[BaseException] = []
-
-    def handler(signum: int, frame: object) -> None:
-        if pending:
-            raise pending[0]
-        pending.append(KeyboardInterrupt() if signum == signal.SIGINT else Terminated())
-
-    before = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield pending
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h)
 
 
 # Steps in flight: a step's logits are read back this many steps after it was given. An asynchronous engine
@@ -177,13 +153,8 @@ class InFlight:
                                f"(lr {lr:.4g}); lower lr or add warmup_epochs")
 
 
-def _check(pending: list[BaseException]) -> None:
-    if pending:
-        raise pending[0]
-
-
 def _epochs(plan: Plan, backend: Backend, callbacks: list[Callback], start_epoch: int,
-            pending: list[BaseException], state: LoopState) -> list[dict[str, float]]:
+            held: Interrupts, state: LoopState) -> list[dict[str, float]]:
     history = state.history
 
     # per batch, only the callbacks that listen (the event costs microseconds of a LeNet step's 1.3 ms)
@@ -192,10 +163,10 @@ def _epochs(plan: Plan, backend: Backend, callbacks: list[Callback], start_epoch
     def on_batch(epoch: int, step: int, n: int) -> None:
         for listener in listeners:
             listener(epoch, step, n)
-        _check(pending)  # a batch boundary: the interruption happens here
+        held.check()  # a batch boundary: the interruption happens here
 
     for epoch in range(start_epoch + 1, plan.epochs + 1):
-        _check(pending)  # an epoch boundary: the last epoch is complete (and committed)
+        held.check()  # an epoch boundary: the last epoch is complete (and committed)
         fire(callbacks, "on_epoch_begin", epoch)
         metrics = dict(train_epoch(plan, backend, epoch, lambda step, n, e=epoch: on_batch(e, step, n), state))
         fire(callbacks, "on_train_epoch_end", epoch)

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from xp.interrupts import held_interrupts
 from xp.studies.channel import Attr, Done, Message, Prune, Report, ShouldPrune, Trial
 
 log = logging.getLogger("xp")
@@ -80,40 +81,43 @@ class Scheduler:
         inbox = self.pool.inbox  # every worker's messages, whatever carries them (xp.studies.channel)
         beat = checked = time.monotonic()
         self.slots = len(self.pool.workers)
-        try:
-            while True:
-                idle = self._fill(idle)
-                if idle and self.flights and not self.ready and self.left <= 0:  # the budget is spent: a slot that
-                    for worker in idle:  # has no trial left gives its resources back (a Slurm job's allocation)
-                        self.pool.release(worker)
-                    idle = []
-                if not self.flights:
+        with held_interrupts() as held:  # a signal lands between two storage calls, or while the scheduler waits
+            try:
+                while True:
+                    held.check()
+                    idle = self._fill(idle)
+                    if idle and self.flights and not self.ready and self.left <= 0:  # the budget is spent: a slot
+                        for worker in idle:  # with no trial left gives its resources back (a Slurm job's allocation)
+                            self.pool.release(worker)
+                        idle = []
+                    if not self.flights:
+                        while self.ended:
+                            self._count(*self.ended.pop(0))
+                        self._summary()
+                        return self.tally
+                    with held.waiting():
+                        got = inbox.get(min(beat + self.heartbeat_s, checked + ALIVE_S) - time.monotonic())
+                    while got is not None:  # everything that came, in order
+                        worker, msg = got
+                        if worker in self.pool.workers:  # (a replaced, released or retired worker's last words: not)
+                            if worker in idle and msg is None:
+                                idle.remove(worker)
+                            idle.extend(self._serve(worker, msg) if msg is not None else self._died(worker))
+                        got = inbox.get(0)
+                    if time.monotonic() >= checked + ALIVE_S:  # a worker elsewhere can be lost without a word (its
+                        checked = time.monotonic()  # node gone: its connection stays open); its process says so
+                        for worker in self.pool.workers:
+                            if worker.gone():  # what it said before it went is still read, then its channel ends
+                                worker.channel.hang_up()
+                    idle = self._fill(idle)
                     while self.ended:
                         self._count(*self.ended.pop(0))
-                    self._summary()
-                    return self.tally
-                got = inbox.get(min(beat + self.heartbeat_s, checked + ALIVE_S) - time.monotonic())
-                while got is not None:  # everything that came, in order
-                    worker, msg = got
-                    if worker in self.pool.workers:  # (a replaced, released or retired worker's last words: not)
-                        if worker in idle and msg is None:
-                            idle.remove(worker)
-                        idle.extend(self._serve(worker, msg) if msg is not None else self._died(worker))
-                    got = inbox.get(0)
-                if time.monotonic() >= checked + ALIVE_S:  # a worker elsewhere can be lost without a word (its
-                    checked = time.monotonic()  # node gone: its connection stays open); its process says so
-                    for worker in self.pool.workers:
-                        if worker.gone():  # what it said before it went is still read, then its channel ends
-                            worker.channel.hang_up()
-                idle = self._fill(idle)
-                while self.ended:
-                    self._count(*self.ended.pop(0))
-                if time.monotonic() >= beat + self.heartbeat_s:
-                    beat = time.monotonic()
-                    _beat([f.trial for f in [*self.flights.values(), *self.ready]])
-        except BaseException as e:  # Ctrl-C, SIGTERM, a slot that cannot keep a worker: nothing stays RUNNING
-            self._stop(e)
-            raise
+                    if time.monotonic() >= beat + self.heartbeat_s:
+                        beat = time.monotonic()
+                        _beat([f.trial for f in [*self.flights.values(), *self.ready]])
+            except BaseException as e:  # Ctrl-C, SIGTERM, a slot that cannot keep a worker: nothing stays RUNNING
+                self._stop(e)
+                raise
 
     def _stop(self, error: BaseException) -> None:
         """The study stops before its trials end: their workers are stopped (their runs end KILLED), then every trial
