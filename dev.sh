@@ -91,7 +91,8 @@ cmd=${1:-}
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
     run)   ensure_venv; exec "$VENV/bin/python" -m xp "$@" ;;
-    test)  ensure_venv; ensure_test_packages; exec "$VENV/bin/python" -m pytest "$@" ;;
+    test)  ensure_venv; ensure_test_packages  # a process per core (4 at most), tests grouped in tests/conftest.py
+           exec "$VENV/bin/python" -m pytest -n auto --maxprocesses 4 --dist loadgroup "$@" ;;
     setup) ensure_venv ;;
     *)     sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -24,6 +24,20 @@ CONF = ROOT / "conf"
 os.environ["XP_STATE_DIR"] = tempfile.mkdtemp(prefix="xp-test-state-")
 
 
+# Under pytest-xdist (./dev.sh test: -n auto --dist loadgroup), a module's tests run in one process, as its
+# module-scoped fixtures want; the modules whose tests start clusters of processes (emulated hosts, Slurm, Ray,
+# local multi-worker jobs: more than a core each) run one after another in one process, while the other takes the
+# rest: on CI's 2 cores two such modules at once slowed each other past what their tests allow.
+CLUSTERS = {"test_multihost", "test_slurm", "test_ray", "test_distributed"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("clusters" if module in CLUSTERS else module))
+
+
 @pytest.fixture
 def store(tmp_path):
     """A fresh SQLite MLflow store; returns its URI."""

