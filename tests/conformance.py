@@ -86,10 +86,10 @@ def assert_killed_line(output: str, host: str | None) -> None:
 
 def study_trials(storage: str, name: str = "tiny") -> list:
     """The study's trials in its storage ([] before it is created)."""
-    import optuna
+    from conftest import load_study
 
     try:
-        return optuna.load_study(study_name=name, storage=storage).get_trials()
+        return load_study(name, storage).get_trials()
     except Exception:  # not created yet
         return []
 

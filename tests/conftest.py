@@ -24,18 +24,64 @@ CONF = ROOT / "conf"
 os.environ["XP_STATE_DIR"] = tempfile.mkdtemp(prefix="xp-test-state-")
 
 
-# Under pytest-xdist (./dev.sh test: -n auto --dist loadgroup), a module's tests run in one process, as its
+# Under pytest-xdist (./dev.sh test: -n auto --dist loadscope), a module's tests run in one process, as its
 # module-scoped fixtures want; the modules whose tests start clusters of processes (emulated hosts, Slurm, Ray,
-# local multi-worker jobs: more than a core each) run one after another in one process, while the other takes the
-# rest: on CI's 2 cores two such modules at once slowed each other past what their tests allow.
+# local multi-worker jobs: more than a core each) run one after another in one process, while the others take the
+# rest: on CI's 2 cores two such modules at once slowed each other past what their tests allow. (xdist's own
+# loadgroup marks do not group on pytest 9: its nodeid suffix no longer reaches the scheduler.)
 CLUSTERS = {"test_multihost", "test_slurm", "test_ray", "test_distributed"}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.path.stem
-        item.add_marker(pytest.mark.xdist_group("clusters" if module in CLUSTERS else module))
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "clusters" if Path(module).stem in CLUSTERS else module
+
+    return ByModule(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _machine(request, tmp_path_factory):
+    """Tests marked `quiet` (they measure speed: a verdict from rates) have the machine to themselves under
+    pytest-xdist: each test holds a shared lock on it, a quiet one an exclusive lock, asked for through a
+    turnstile that lets no new test start meanwhile. In one process it costs nothing."""
+    import fcntl
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        yield
+        return
+    folder = tmp_path_factory.getbasetemp().parent  # shared by the session's workers
+    quiet = request.node.get_closest_marker("quiet") is not None
+    with open(folder / "machine.lock", "a") as machine, open(folder / "turnstile.lock", "a") as turnstile:
+        _lock(turnstile, fcntl.LOCK_EX)
+        if quiet:  # held while it waits: no other test starts
+            _lock(machine, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            _lock(machine, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def _lock(f, how: int, timeout_s: float = 1800) -> None:
+    import fcntl
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(f, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{f.name}: not had within {timeout_s} s") from None
+            time.sleep(0.05)
 
 
 @pytest.fixture
@@ -87,10 +133,28 @@ def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> str:
     raise AssertionError(f"{needle!r} not seen within {timeout}s; output:\n{''.join(seen)[-3000:]}\nstderr:\n{err}")
 
 
-def mlflow_runs(store_uri: str, experiment: str = "xp"):
-    from mlflow.tracking import MlflowClient
+def mlflow_client(store_uri: str):
+    """An MlflowClient on the store, opened as xp opens one (xp.tracking.stores.open_client: a new SQLite store's
+    schema is written under its first-use lock). A test that looks while the command creates the store raced it
+    through MLflow's migrations with a bare MlflowClient, and the command found the store half-migrated."""
+    from xp.tracking.stores import open_client
 
-    client = MlflowClient(store_uri)
+    return open_client(store_uri)
+
+
+def load_study(name: str, storage: str):
+    """The Optuna study, its storage opened as xp opens one (under the first-use lock: see mlflow_client)."""
+    import optuna
+
+    from xp.tracking.stores import optuna_schema
+    from xp.tracking.storefile import first_use
+
+    with first_use(storage, "sweep.storage", seed=optuna_schema):
+        return optuna.load_study(study_name=name, storage=storage)
+
+
+def mlflow_runs(store_uri: str, experiment: str = "xp"):
+    client = mlflow_client(store_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return client, []

@@ -95,6 +95,10 @@ class Host:
         return {int(p) for p in out if p.isdigit()}
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt()
+
+
 class Cluster:
     def __init__(self, hosts: int = 3):
         why = requirements()
@@ -116,8 +120,10 @@ class Cluster:
         import threading
 
         if threading.current_thread() is threading.main_thread():
-            # a SIGTERM (CI cancelling, a killed pytest) unwinds through __exit__: the namespaces go too
-            self._sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+            # a SIGTERM (CI cancelling, a killed pytest) unwinds through __exit__: the namespaces go too. As Ctrl-C:
+            # pytest (and a pytest-xdist worker) then ends the session and runs every fixture's teardown; SystemExit
+            # only failed the test at hand, and an xdist worker then went without its module's teardown
+            self._sigterm = signal.signal(signal.SIGTERM, _interrupted)
         try:
             self._start()
         except BaseException:
@@ -299,8 +305,6 @@ class Cluster:
     def mlflow_server(self, db: Path, timeout: float = 90) -> str:
         """An MLflow tracking server on the launcher's address (what every host reaches), its runs in the SQLite
         file `db`; returns its URI. Ended with the cluster."""
-        import sys
-
         port = 5000
         artifacts = db.parent / "artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)

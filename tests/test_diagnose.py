@@ -28,6 +28,7 @@ def test_mixed_when_both_compete_for_cores():
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 @pytest.mark.parametrize("backend, path", [("gluon", "cpu (1 decode threads)"), ("torch", "cpu (1 decode workers)")])
 def test_a_slow_pipeline_is_called_input_bound(tmp_path, store, backend, path):
     # big JPEGs stored at full size, one decode thread, a tiny network on 16x16 crops

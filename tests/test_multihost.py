@@ -20,7 +20,7 @@ import pytest
 
 import nsenter_launcher
 from conformance import conformance, retried, study_trials, wait_for
-from conftest import ROOT, metric_by_step, unless_given, wait_for_line
+from conftest import ROOT, metric_by_step, mlflow_client, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
@@ -61,9 +61,7 @@ def env() -> dict:
 
 
 def runs(c, experiment: str):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{c.db}")
+    client = mlflow_client(f"sqlite:///{c.db}")
     exp = client.get_experiment_by_name(experiment)
     return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
 

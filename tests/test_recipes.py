@@ -59,6 +59,7 @@ def recipe_tolerance(name: str) -> float:
     return float(yaml.safe_load((ROOT / "sweeps" / f"{name}.yaml").read_text())["claim"]["accuracy_tolerance"])
 
 
+@pytest.mark.quiet
 def test_the_batch_recipe_climbs_to_batch_autos_largest_and_reports_what_it_buys(tmp_path, store):
     """batch=auto's largest per-device batch is found once; one trial per batch of the ladder 16, 32, ... up to it,
     each with the linear rule; accuracy holds within the recipe's tolerance at equal epochs; the report's figures
@@ -181,6 +182,7 @@ def test_two_processes_making_the_jpeg_digits_at_once_both_get_one_whole_folder(
     assert sum(1 for _ in folder.glob("*/*.jpg")) == 1797 and len(list(folder.iterdir())) == 11
 
 
+@pytest.mark.quiet
 def test_the_input_pipeline_recipe_finds_the_knee_and_says_where_it_stalls(tmp_path, store):
     """Decode threads 1, 2, 4, 8 on the generated JPEG digits: input-bound at 1 thread; the report's figures, knee
     and verdicts are the runs' own. How much more throughput the threads buy and the verdict at the knee are speed

@@ -373,11 +373,12 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def running_trial_runs(store) -> int:
-    try:
-        return sum(r.info.status == "RUNNING" for r in trial_runs(store))
-    except Exception:  # the store is being created by the command
-        return 0
+def linked_running_trials(tmp_path) -> int:
+    """The study's RUNNING trials that know their MLflow run (their worker said it: it trains)."""
+    from conformance import study_trials
+
+    trials = study_trials(f"sqlite:///{tmp_path}/optuna.db")
+    return sum(t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs for t in trials)
 
 
 @pytest.mark.slow
@@ -398,7 +399,7 @@ def test_an_interrupted_study_leaves_nothing_running_and_the_same_command_finish
                             text=True, start_new_session=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 300
-        while running_trial_runs(store) < 2:  # both slots are in a trial
+        while linked_running_trials(tmp_path) < 2:  # both slots are in a trial, whose run the study knows
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
             time.sleep(0.2)
         workers = workers_of(proc)

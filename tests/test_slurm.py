@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conformance import assert_killed_line, conformance, kill_one_worker
-from conftest import ROOT, unless_given, wait_for_line
+from conftest import ROOT, load_study, mlflow_client, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
@@ -58,9 +58,7 @@ def submit(c, tmp_path: Path, *args: str, experiment: str, timeout: float = 300)
 
 
 def the_run(c, experiment: str):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{c.db}")
+    client = mlflow_client(f"sqlite:///{c.db}")
     exp = client.get_experiment_by_name(experiment)
     found = [] if exp is None else client.search_runs([exp.experiment_id])
     assert len(found) == 1, [r.info.run_name for r in found]  # the submitter's run; no worker opened another
@@ -221,9 +219,7 @@ def sweep_argv(c, tmp_path: Path, *args: str, experiment: str) -> list[str]:
 
 
 def children_of_one_parent(c, experiment: str):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{c.db}")
+    client = mlflow_client(f"sqlite:///{c.db}")
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     parents = [r for r in runs if r.data.tags.get("xp.sweep") == "true"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
@@ -442,19 +438,15 @@ def test_ctrl_c_ends_a_slurm_study_and_leaves_the_queue_empty(cluster, launcher)
     assert proc.returncode == 130, out[-3000:]
     assert not queued() and emptied < 10, (queued(), emptied)
     assert in_flight(storage) == 0 and "given back to the study" in out, out[-3000:]
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{c.db}")
+    client = mlflow_client(f"sqlite:///{c.db}")
     runs = client.search_runs([client.get_experiment_by_name("slurm-stop").experiment_id])
     assert len(runs) == 3 and {r.info.status for r in runs} == {"KILLED"}  # the parent and the 2 trials' runs
     nothing_left(c)
 
 
 def running_trial_runs(c, experiment: str) -> int:
-    from mlflow.tracking import MlflowClient
-
     try:
-        client = MlflowClient(f"sqlite:///{c.db}")
+        client = mlflow_client(f"sqlite:///{c.db}")
         runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     except Exception:  # not created yet
         return 0
@@ -463,9 +455,7 @@ def running_trial_runs(c, experiment: str) -> int:
 
 def in_flight(storage: str) -> int:
     """The study's RUNNING trials (0 before the study exists)."""
-    import optuna
-
     try:
-        return sum(t.state.name == "RUNNING" for t in optuna.load_study(study_name="small", storage=storage).trials)
+        return sum(t.state.name == "RUNNING" for t in load_study("small", storage).trials)
     except KeyError:  # not created yet
         return 0

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import mlflow_runs, run_xp, wait_for_line, xp_process
+from conftest import mlflow_client, mlflow_runs, run_xp, wait_for_line, xp_process
 from xp.studies import study
 from xp.studies import trial
 from xp.errors import ConfigError
@@ -393,8 +393,6 @@ def test_new_sqlite_stores_start_as_copies_of_an_empty_schema_and_work_as_the_li
     the copy works as a store the library made itself (a study created and told, a run logged), holds nothing of
     another store, and a template that cannot be made leaves the library to create the schema."""
     import optuna
-    from mlflow.tracking import MlflowClient
-
     from xp.tracking import stores
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -405,7 +403,7 @@ def test_new_sqlite_stores_start_as_copies_of_an_empty_schema_and_work_as_the_li
         study = optuna.create_study(study_name=f"s{n}", storage=f"sqlite:///{optuna_db}")
         study.tell(study.ask(), 1.0)
         assert [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{optuna_db}")] == [f"s{n}"]
-        client = MlflowClient(f"sqlite:///{mlflow_db}")
+        client = mlflow_client(f"sqlite:///{mlflow_db}")
         run = client.create_run(client.create_experiment(f"e{n}"))
         client.log_metric(run.info.run_id, "m", 1.0)
         assert [e.name for e in client.search_experiments()] == [f"e{n}", "Default"]

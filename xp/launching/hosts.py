@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -240,6 +241,25 @@ def exit_words(code: int) -> str:
     if code > 128:
         code = 128 - code
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
+def end_together(procs: list[Any], steps: tuple[tuple[str | None, float], ...]) -> list[Any]:
+    """End processes this one started (subprocess.Popen, or a handle with its poll, wait, terminate and kill),
+    all at once: each (step, grace_s) is given to those still running ("terminate", "kill"; None: they were told
+    to leave already, only wait), then grace_s for all of them together. Returns those that outlived every step."""
+    for step, grace_s in steps:
+        alive = [p for p in procs if p.poll() is None]
+        if not alive:
+            return []
+        for p in alive if step else []:
+            getattr(p, step)()
+        deadline = time.monotonic() + grace_s
+        for p in alive:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    return [p for p in procs if p.poll() is None]
 
 
 def start_there(transport: Transport, host: str, told: dict[str, Any], output: bool = False,

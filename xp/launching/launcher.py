@@ -22,7 +22,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
 from xp.errors import ConfigError
-from xp.launching.hosts import SSH, HostSlots, Transport, check_here, exit_words, probe, reap, read_hosts, start_there
+from xp.launching.hosts import (SSH, HostSlots, Transport, check_here, end_together, exit_words, probe, reap, read_hosts,
+                                start_there)
 from xp.launching.slots import Slot
 from xp.launching.slurm import SlurmOptions
 from xp.run.settings import LaunchSettings, number, text
@@ -124,12 +125,9 @@ class Launcher:
     def worker_ended(self, handle: Any) -> str:
         """How a study's worker (`handle`) ended, in words ("it was killed by signal 9"); it is ended if it has
         not (SIGTERM, then SIGKILL)."""
-        try:
-            code = handle.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            handle.kill()
-            code = handle.wait(timeout=10)
-        return f"it {exit_words(code)}"
+        if end_together([handle], ((None, 10.0), ("kill", 10.0))):
+            return "it did not end, not even on SIGKILL"
+        return f"it {exit_words(handle.returncode)}"
 
     def worker_lost(self, slot: Slot, handle: Any) -> None:
         """The worker `start_worker` started for `slot` (`handle`) was lost (ended already); its replacement is

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from xp.errors import XPError, one_line
+from xp.launching.hosts import end_together
 from xp.launching.slots import Slot
 from xp.launching.trialworker import BACKEND_ENV, CONNECT_ENV, QUIET_ENV, SLOT_ENV, TOKEN_ENV, TRACKING_ENV
 from xp.studies.channel import Channel, Exit, Hello, Inbox, Message, Ready
@@ -92,10 +93,8 @@ class Pool:
 
     def discard(self) -> None:
         """End workers that were started and never used (SIGTERM: they may still be importing)."""
-        for proc, channel, _ in self.started:
-            if proc.poll() is None:
-                proc.terminate()
-            _end(proc)
+        _end([proc for proc, _, _ in self.started], first="terminate")
+        for _, channel, _ in self.started:
             if channel is not None:
                 channel.close()
         self.started = []
@@ -107,8 +106,7 @@ class Pool:
     def __exit__(self, *exc: Any) -> None:
         for w in self.workers:
             w.send(Exit())
-        for w in [*self.workers, *self.released]:
-            _end(w.proc)
+        _end([w.proc for w in [*self.workers, *self.released]])
         self._close()
 
     def _close(self) -> None:
@@ -178,7 +176,7 @@ class Pool:
         except (TimeoutError, ValueError):
             msg = None
         if not isinstance(msg, Ready):
-            _end(proc)
+            _end([proc])
             why = getattr(msg, "error", None) or (f"exit code {proc.returncode}" if proc.poll() is not None
                                                   else "no answer")
             raise XPError(f"the study's worker for {slot.describe()} did not start ({why})")
@@ -209,23 +207,9 @@ class Pool:
     def stop(self, busy: list[Worker], grace_s: float = STOP_S) -> None:
         """The study stops: the workers running a trial are told by SIGTERM (the trial's run ends KILLED, its
         records reach the store) and ended, SIGKILL after grace_s; the idle ones leave on "exit" (__exit__)."""
-        for w in busy:
-            if w.proc.poll() is None:
-                w.proc.terminate()
-        deadline = time.monotonic() + grace_s
-        for w in busy:  # all given the same grace, then all killed at once: the stop takes grace_s + 2 s at most
-            try:
-                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        late = [w for w in busy if w.proc.poll() is None]
-        for w in late:
-            w.proc.kill()
-        for w in late:
-            try:
-                w.proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                log.warning("a worker of slot %s did not end after SIGKILL", w.slot.index)
+        # all given the same grace, then all killed at once: the stop takes grace_s + 2 s at most
+        for proc in end_together([w.proc for w in busy], (("terminate", grace_s), ("kill", 2.0))):
+            log.warning(f"study: worker {proc} did not end after SIGKILL")
 
     def release(self, worker: Worker) -> None:
         """An idle worker the study needs no more leaves now (its slot's resources go back: a batch job ends);
@@ -236,7 +220,7 @@ class Pool:
 
     def retire(self, worker: Worker) -> None:
         worker.send(Exit())
-        _end(worker.proc)
+        _end([worker.proc])
 
 
 def _peer(conn: socket.socket) -> str:
@@ -246,18 +230,12 @@ def _peer(conn: socket.socket) -> str:
         return "an address that is gone"
 
 
-def _end(proc: Any, grace_s: float = 10.0) -> None:
-    """End a worker we started: it leaves on "exit"; else SIGTERM, then SIGKILL (a batch job: cancelled), each
-    given grace_s to take."""
-    for step in (None, proc.terminate, proc.kill):
-        if step is not None:
-            step()
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-    log.warning(f"study: worker {proc} did not end within {3 * grace_s:.0f} s")
+def _end(procs: list[Any], first: str | None = None, grace_s: float = 10.0) -> None:
+    """End workers we started, together: they leave on "exit" (or `first`: "terminate", for one that may still be
+    importing); else SIGTERM, then SIGKILL (a batch job: cancelled), each given grace_s to take."""
+    steps = ((first, grace_s), ("terminate", grace_s), ("kill", grace_s))
+    for proc in end_together(procs, steps):
+        log.warning(f"study: worker {proc} did not end within {3 * grace_s:.0f} s")
 
 
 class Unplaced:

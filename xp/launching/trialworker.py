@@ -201,9 +201,13 @@ def _stopped(signum: int, frame: Any) -> None:
     sends SIGTERM to a worker that Ctrl-C reached too, which must not cut short the end of its run."""
     from xp.errors import Terminated
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGINT):  # a handler that does nothing, not SIG_IGN: a signal that came
+        signal.signal(s, _ignored)  # while this one ran would find SIG_IGN and raise "ignored due to race condition"
     raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+def _ignored(signum: int, frame: Any) -> None:
+    pass
 
 
 def _before_slot() -> Any:

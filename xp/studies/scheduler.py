@@ -128,6 +128,7 @@ class Scheduler:
             type(error), f"stopped ({type(error).__name__})")
         stopped = list(self.flights)
         self.pool.stop(stopped)
+        self._last_words(stopped)
         for worker in stopped:
             if worker.previous is not None:
                 self.unsettled(*worker.previous, why)
@@ -138,6 +139,17 @@ class Scheduler:
             self._count(*self.ended.pop(0))
         if trials:
             self.give_back(trials, why)
+
+    def _last_words(self, stopped: list[Any], within_s: float = 2.0) -> None:
+        """What stopped workers said before they went (a trial's MLflow run id) is recorded on their trials: read
+        until each one's channel ends, within_s at most."""
+        left, deadline = set(stopped), time.monotonic() + within_s
+        while left and (got := self.pool.inbox.get(deadline - time.monotonic())) is not None:
+            worker, msg = got
+            if msg is None:
+                left.discard(worker)
+            elif isinstance(msg, Attr) and worker in self.flights:
+                self.flights[worker].trial.set_user_attr(msg.key, msg.value)
 
     def _fill(self, idle: list[Any]) -> list[Any]:
         """Give every idle worker a trial, then hold one ready for each, while the budget lasts (an asked trial
