@@ -181,9 +181,9 @@ def test_a_killed_worker_fails_the_job_naming_its_rank(tmp_path, store, launcher
 @pytest.mark.slow
 def test_a_stalled_worker_fails_the_job_after_dist_timeout(tmp_path, store):
     rank, err, took, started = _fail_one_worker(tmp_path, store, signal.SIGSTOP, "kvstore=dist_sync",
-                                                "dist_timeout_s=8")
-    assert f"xp: error: worker rank {rank} made no progress for" in err
-    assert 8 <= took < 60  # its dist_timeout_s, not the default 300
+                                                "dist_timeout_s=20")  # (also the workers' start: 8 s was
+    assert f"xp: error: worker rank {rank} made no progress for" in err  # short of it beside other tests)
+    assert 20 <= took < 80  # its dist_timeout_s, not the default 300
     assert the_run(store).info.status == "FAILED"
     _nothing_left(started)
 
