@@ -233,7 +233,7 @@ def _peer(conn: socket.socket) -> str:
 def _end(procs: list[Any], first: str | None = None, grace_s: float = 10.0) -> None:
     """End workers we started, together: they leave on "exit" (or `first`: "terminate", for one that may still be
     importing); else SIGTERM, then SIGKILL (a batch job: cancelled), each given grace_s to take."""
-    steps = ((first, grace_s), ("terminate", grace_s), ("kill", grace_s))
+    steps = ((first, grace_s), ("terminate", grace_s), ("kill", grace_s))[1 if first == "terminate" else 0:]
     for proc in end_together(procs, steps):
         log.warning(f"study: worker {proc} did not end within {3 * grace_s:.0f} s")
 
