@@ -161,7 +161,16 @@ def test_bad_ray_settings_are_one_line_before_anything_starts(cluster, tmp_path)
                            cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
         assert r.returncode == 2 and said in r.stderr, (args, r.stderr[-2000:])
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    studies = [([f"tracking_uri=sqlite:///{tmp_path}/mlflow.db"], "a file on this machine, which the workers on"),
+               (["gpus=1"], "has 1 GPUs for a process")]  # a trial's GPUs on a cluster of CPUs
+    for args, said in studies:
+        r = subprocess.run(xp_on_ray(c, tmp_path, "-m", "sweep=lr_batch", *args, experiment="ray-bad"), cwd=ROOT,
+                           env=dict(env(), XP_OPTUNA_STORAGE=f"sqlite:///{tmp_path}/optuna.db"), capture_output=True,
+                           text=True, timeout=180)
+        assert r.returncode == 2 and said in r.stderr, (args, r.stderr[-2000:])
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert runs(c, "ray-bad")[1] == []
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 # --- a study -----------------------------------------------------------------------------------------------
