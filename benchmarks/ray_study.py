@@ -1,7 +1,7 @@
 """A study on a Ray cluster and on this machine, side by side: the same study through launcher=ray (each slot an
 actor holding a warm trial worker on a Ray node) and launcher=local (each slot a worker process here).
 
-    .venv/bin/python benchmarks/ray_study.py [--trials 24] [--parallel 2] [--epochs 3] [--reps 2]   # as root
+    .venv/bin/python benchmarks/ray_study.py [--trials 12,36] [--parallel 2] [--epochs 3] [--reps 2]   # as root
 
 The hosts are the tests' namespaces (tests/hosts.py): h1 is the launching machine, with the Ray head (no CPUs:
 only the drivers run there) and an MLflow server both ways log to; h2 is a Ray node of `parallel` CPUs
@@ -11,7 +11,11 @@ seed 5, no pruner, LeNet on the digits, SQLite study storage on h1). For each wa
 - wall: the command's time, start to exit;
 - s/trial: wall over trials;
 - overhead/trial: what a trial cost beyond its own MLflow run, (parallel x wall - the runs' time) / trials;
-- cover: the trials' run time over parallel x the span from the first run's start to the last run's end.
+- cover: the trials' run time over parallel x the span from the first run's start to the last run's end;
+
+and, from the two study sizes, what a command costs once (its start, its slots' workers, its end) and what each
+more trial costs: per way and repetition, marginal s/trial = the walls' difference over the trials' difference
+(slot-seconds: x parallel), fixed s = the smaller study's wall less its trials at that rate.
 """
 
 from __future__ import annotations
@@ -30,14 +34,14 @@ STUDY = ("study_name: {name}\nn_trials: {n}\nsampler: random\nsampler_seed: 5\np
          "params:\n  lr: {{type: float, low: 0.001, high: 0.3, log: true}}\n")
 
 
-def one(c, way: str, rep: int, args: argparse.Namespace) -> dict[str, float]:
+def one(c, way: str, rep: int, trials: int, args: argparse.Namespace) -> dict[str, float]:
     from slurm_study import trial_runs
     from test_multihost import env
 
-    name = f"bench-{way}-{rep}"
+    name = f"bench-{way}-{rep}-{trials}"
     folder = c.shared / name
     (folder / "sweeps").mkdir(parents=True)
-    (folder / "sweeps" / "bench.yaml").write_text(STUDY.format(name=name, n=args.trials))
+    (folder / "sweeps" / "bench.yaml").write_text(STUDY.format(name=name, n=trials))
     argv = [sys.executable, "-m", "xp", "-m", "sweep=bench", f"sweep.parallel={args.parallel}",
             f"epochs={args.epochs}", f"tracking_uri={c.uri}", f"experiment={name}", f"hydra.sweep.dir={folder}/sweep"]
     if way == "ray":
@@ -57,11 +61,14 @@ def one(c, way: str, rep: int, args: argparse.Namespace) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=24)
+    ap.add_argument("--trials", default="12,36", help="two study sizes (their difference gives a trial's cost)")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
+    sizes = sorted(int(n) for n in args.trials.split(","))
+    if len(sizes) != 2 or sizes[0] == sizes[1]:
+        raise SystemExit("--trials: two different study sizes, e.g. 12,36")
     import hosts
     from test_ray import PORT, start_node, wait_nodes
 
@@ -74,13 +81,24 @@ def main() -> None:
         wait_nodes(c, 1)
         start_node(c, c.host("h2"), [f"--address={c.ray_address}", f"--num-cpus={args.parallel}"])
         wait_nodes(c, 2)
-        print(f"{args.trials} trials of {args.epochs} epochs, {args.parallel} at a time; Ray {ray_version()}")
+        print(f"studies of {sizes[0]} and {sizes[1]} trials of {args.epochs} epochs, {args.parallel} at a time; "
+              f"Ray {ray_version()}")
         print(f"{'way':<6} {'rep':>3} {'wall s':>7} {'s/trial':>8} {'overhead/trial s':>16} {'cover':>6} {'trials':>6}")
+        costs: dict[str, list[tuple[float, float]]] = {"local": [], "ray": []}
         for rep in range(args.reps):
             for way in ("local", "ray"):  # interleaved: the machine's drift hits both
-                m = one(c, way, rep, args)
-                print(f"{way:<6} {rep:>3} {m['wall']:>7.1f} {m['per_trial']:>8.2f} {m['overhead']:>16.2f} "
-                      f"{m['cover']:>6.3f} {m['trials']:>6}", flush=True)
+                walls = []
+                for n in sizes:
+                    m = one(c, way, rep, n, args)
+                    walls.append(m["wall"])
+                    print(f"{way:<6} {rep:>3} {m['wall']:>7.1f} {m['per_trial']:>8.2f} {m['overhead']:>16.2f} "
+                          f"{m['cover']:>6.3f} {m['trials']:>6}", flush=True)
+                marginal = (walls[1] - walls[0]) / (sizes[1] - sizes[0])
+                costs[way].append((marginal, walls[0] - sizes[0] * marginal))
+        print(f"\n{'way':<6} {'marginal s/trial (wall)':>24} {'slot-s/trial':>13} {'fixed s':>8}")
+        for way, rows in costs.items():
+            for marginal, fixed in rows:
+                print(f"{way:<6} {marginal:>24.3f} {marginal * args.parallel:>13.3f} {fixed:>8.1f}")
 
 
 def ray_version() -> str:

@@ -71,7 +71,7 @@ class TorchBackend(Backend):
     @classmethod
     def check(cls, plan: Plan) -> None:
         try:
-            import torch
+            import torch  # noqa: F401 (installed?)
         except ImportError as e:
             raise ConfigError(f"backend=torch: PyTorch is not installed ({e}); ./dev.sh setup installs it") from None
         if plan.kvstore.startswith("dist_") or plan.kvstore == "nccl":
@@ -87,9 +87,6 @@ class TorchBackend(Backend):
         if plan.device_type == "gpu" and plan.workers > 1 and plan.launch.launcher == "local":
             raise ConfigError(f"workers={plan.workers}: backend=torch runs one process per GPU on this machine; "
                               f"use gpus={len(plan.devices) * plan.workers} (NCCL cannot share a GPU between ranks)")
-        if plan.device_type == "gpu" and torch.cuda.device_count() < len(plan.devices):
-            raise ConfigError(f"gpus={len(plan.devices)}: the installed torch {torch.__version__} sees "
-                              f"{torch.cuda.device_count()} GPUs")
         if plan.optimizer == "nag" and plan.momentum == 0:
             raise ConfigError("optimizer=nag: Nesterov momentum needs momentum > 0")
         if plan.pretrained is not None and plan.model.zoo == "xp":
@@ -104,6 +101,14 @@ class TorchBackend(Backend):
         from xp.pt.models import build_model
 
         build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)  # a bad model name fails now
+
+    @classmethod
+    def check_devices(cls, plan: Plan) -> None:
+        import torch
+
+        if plan.device_type == "gpu" and torch.cuda.device_count() < len(plan.devices):
+            raise ConfigError(f"gpus={len(plan.devices)}: the installed torch {torch.__version__} sees "
+                              f"{torch.cuda.device_count()} GPUs")
 
     @classmethod
     def in_group(cls, plan: Plan) -> Plan:

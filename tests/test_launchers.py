@@ -124,3 +124,25 @@ def test_any_transport_stands_in_for_ssh_for_runners_that_call_ssh(tmp_path):
                        env={"PYTHONPATH": str(Path(__file__).parent), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["rebuilt@node7", "hello there"]
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "ssh", "ray"])
+def test_gpus_on_other_hosts_are_not_refused_for_this_machines_lack_of_them(launcher):
+    """A login node or a Ray head without GPUs asks for its hosts' GPUs: the plan takes them (the launcher and the
+    hosts check them); on this machine (launcher=local) they are still refused in one line. (No GPU here.)"""
+    from conftest import compose_config
+    from xp.launching.launcher import gpus_here
+    from xp.run.gpu import visible_gpus
+    from xp.run.planning import plan_and_backend
+
+    for backend in ("gluon", "torch"):
+        config = compose_config(f"launcher={launcher}", f"backend={backend}", "gpus=2", "workers=2",
+                                *(["kvstore=dist_sync"] if backend == "gluon" else []))
+        assert not gpus_here(config)
+        plan, _ = plan_and_backend(config, gpus_here=False)
+        assert plan.devices == ("gpu(0)", "gpu(1)")
+        here = compose_config(f"backend={backend}", "gpus=2")
+        assert gpus_here(here)
+        if (seen := visible_gpus()) < 2:
+            with pytest.raises(ConfigError, match=f"gpus=2: 2 GPUs asked for, {seen} visible on this machine"):
+                plan_and_backend(here, gpus_here=True)

@@ -48,10 +48,10 @@ def assert_same_as_reference(tmp_path, store, ref_store) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend, dropout", [("gluon", 0.0), ("module", 0.0), ("gluon", 0.5), ("module", 0.5),
-                                              ("torch", 0.0), ("torch", 0.5)])
+@pytest.mark.parametrize("backend, dropout", [("gluon", 0.0), ("gluon", 0.5), ("module", 0.5), ("torch", 0.5)])
 def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, store, backend, dropout):
-    # with dropout the resumed run must draw the same masks: the generator is reseeded per step
+    # with dropout the resumed run must draw the same masks: the generator is reseeded per step; the core's path
+    # that draws nothing (no dropout) is the same for every backend: gluon's here, torch's mid-epoch further down
     common = [f"backend={backend}", "epochs=8", "lr_schedule=step", "lr_steps=[4,6]", "momentum=0.9",
               f"model.dropout={dropout}"]
     # killed in epoch 4, or just after epoch 3's commit

@@ -289,7 +289,7 @@ def test_a_killed_sweep_resumes_under_its_parent_reusing_the_finished_jobs(tmp_p
     import os
     import signal
 
-    args = ("-m", "batch=16,32,64", "epochs=20")
+    args = ("-m", "batch=16,32,64", "epochs=8")  # job 2 killed after its epoch 2 of 8
     with xp_lines(tmp_path, store, *args) as (proc, lines):
         wait_until(epoch_seen(lines, 2, times=2), 180, "job 2's epoch 2")
         os.killpg(proc.pid, signal.SIGKILL)

@@ -53,10 +53,10 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
 def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:
     """The run's plan, the distributed engine it needs (its backend decides; None: this process trains) and
     its launcher."""
-    from xp.launching.launcher import launcher_for
+    from xp.launching.launcher import gpus_here, launcher_for
     from xp.run.planning import plan_and_backend
 
-    plan, backend_cls = plan_and_backend(config)
+    plan, backend_cls = plan_and_backend(config, gpus_here=gpus_here(config))
     return plan, backend_cls.engine_for(plan), launcher_for(plan)
 
 

@@ -113,7 +113,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from omegaconf import OmegaConf
 
     from xp.launching.hydra_launchers import chosen, runs_elsewhere
-    from xp.launching.launcher import launcher_for
+    from xp.launching.launcher import gpus_here, launcher_for
     from xp.run.planning import plan_and_backend
     from xp.run.worker import WORKER_ENV
     from xp.studies.study import Composer, as_override
@@ -149,7 +149,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
             except Exception as e:
                 raise _composition_error(e, [*job, *(as_override(k, v) for k, v in params.items()), *hydra_overrides],
                                          known) from e
-            plan, _ = plan_and_backend(config)
+            plan, _ = plan_and_backend(config, gpus_here=gpus_here(config))
             if not os.environ.get(WORKER_ENV):  # the launching process's launcher (a worker was launched already)
                 launcher_for(plan)
             configs.append(config)

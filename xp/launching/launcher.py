@@ -7,10 +7,9 @@ run or runs inside its allocation. Engines (ps-lite, horovodrun, torchrun) ask i
 never test which launcher they run under; `xp.launching.job.Job` starts what they ask for.
 
 Launchers register in the entry-point group `xp.launchers` (pyproject.toml), as backends do in `xp.backends`:
-`launcher=NAME` picks one; a name registered twice is an error. The README's "Adding a launcher" shows one.
-Each brings its own settings, the config group `launcher` (launcher.KEY=VALUE): a dataclass `Options` it reads
-and checks itself (`read_options`); xp's launchers document theirs in conf/launcher/NAME.yaml, another
-package's are offered from its dataclass (`offer_options`).
+`launcher=NAME` picks one; a name registered twice is an error (README: "Adding a launcher"). Each brings its own
+settings, the config group `launcher` (launcher.KEY=VALUE): a dataclass `Options` it reads and checks itself
+(`read_options`); xp's document theirs in conf/launcher/NAME.yaml, another package's come from it (`offer_options`).
 """
 
 from __future__ import annotations
@@ -352,6 +351,12 @@ def launchers() -> Any:
     from xp.run.registry import Registry
 
     return Registry(group=GROUP, base=Launcher, kind="launcher")
+
+
+def gpus_here(config: dict[str, Any]) -> bool:
+    """Whether a run's GPUs are this machine's: not a remote launcher's (a login node without GPUs, say)."""
+    name, registry = (config.get("launcher") or {}).get("name"), launchers()
+    return name not in registry.names() or not registry.load(name).remote
 
 
 def launcher_for(plan: Any) -> Launcher:

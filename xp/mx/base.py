@@ -125,14 +125,6 @@ class MXNetBackend(Backend):
             raise ConfigError(f"workers={plan.workers}: several worker processes need a distributed kvstore "
                               "(kvstore=dist_sync) or backend=horovod; for devices in one process use "
                               "cpu_devices/gpus")
-        if plan.device_type == "gpu":
-            check_compute_capability(len(plan.devices))
-            import mxnet as mx
-
-            seen = mx.context.num_gpus()
-            if seen < len(plan.devices):
-                raise ConfigError(f"gpus={len(plan.devices)}: the installed mxnet {mx.__version__} can use {seen} "
-                                  "GPUs (a CPU build?); install the GPU build: pip install -e '.[gpu]'")
         if plan.kvstore == "nccl":  # on GPUs (kvstore.check)
             import mxnet as mx
 
@@ -152,6 +144,18 @@ class MXNetBackend(Backend):
         if _amp_target is not None and plan.dtype != "amp":
             raise ConfigError(f"dtype={plan.dtype}: MXNet's AMP was switched on earlier in this process and "
                               "patches operators process-wide; run dtype=amp and other dtypes as separate commands")
+
+
+    @classmethod
+    def check_devices(cls, plan: Plan) -> None:
+        if plan.device_type == "gpu":
+            check_compute_capability(len(plan.devices))
+            import mxnet as mx
+
+            seen = mx.context.num_gpus()
+            if seen < len(plan.devices):
+                raise ConfigError(f"gpus={len(plan.devices)}: the installed mxnet {mx.__version__} can use {seen} "
+                                  "GPUs (a CPU build?); install the GPU build: pip install -e '.[gpu]'")
 
     @classmethod
     def fits(cls, plan: Plan) -> bool:

@@ -41,6 +41,12 @@ class Backend(ABC):
         """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
 
     @classmethod
+    def check_devices(cls, plan: Plan) -> None:
+        """Reject, with a ConfigError, plans the GPUs of the machine that trains cannot run (as the framework sees
+        them). Called where the run trains: on this machine before it starts, unless a launcher places its
+        processes on other hosts (their GPUs are not this machine's), and on each launched worker's host."""
+
+    @classmethod
     def warm(cls) -> None:
         """Import what every run of this backend needs (its frameworks): a study's long-lived workers call it once,
         before their first trial, so no trial pays for it."""

@@ -169,11 +169,12 @@ class Plan:
         return asdict(self)
 
 
-def build_plan(cfg: dict[str, Any], *, visible_gpus: int, workers: int | None = None, rank: int = 0,
+def build_plan(cfg: dict[str, Any], *, visible_gpus: int | None, workers: int | None = None, rank: int = 0,
                hosts: int | None = None, pretrained_by: PretrainedResolver | None = None) -> Plan:
     """Validate a resolved config (plain dict) and derive the plan, one builder per group of settings.
 
-    visible_gpus: GPUs this process can see (NVML); injected so it can be tested.
+    visible_gpus: GPUs this process can see (NVML); injected so it can be tested. None: the run's processes go to
+    hosts a launcher places them on, whose GPUs are theirs (the launcher, or the hosts themselves, check them).
     hosts: instances the run occupies (its cost), as the launcher counted them from its hosts (launched
     workers learn it from XP_HOSTS); None: one, this machine.
     pretrained_by: the backend's Backend.resolve_pretrained, which finds pretrained= weights on disk (the plan
@@ -261,12 +262,12 @@ def _hardware(cfg: dict) -> HardwareSpec:
                         None if spot is None else float(spot), pricing)
 
 
-def _devices(cfg: dict, hardware: HardwareSpec, visible_gpus: int) -> tuple[str, tuple[str, ...]]:
+def _devices(cfg: dict, hardware: HardwareSpec, visible_gpus: int | None) -> tuple[str, tuple[str, ...]]:
     gpus = integer(cfg, "gpus", 0, MAX_DEVICES)
     if hardware.gpus is not None and gpus > hardware.gpus:
         raise ConfigError(f"gpus={gpus}: hardware={hardware.name} has {hardware.gpus} GPUs; "
                           f"valid: 0 to {hardware.gpus}")
-    if gpus > visible_gpus:
+    if visible_gpus is not None and gpus > visible_gpus:
         raise ConfigError(f"gpus={gpus}: {gpus} GPU{'s' if gpus > 1 else ''} asked for, {visible_gpus} visible on this machine; "
                           f"valid: 0 to {visible_gpus} (gpus=0 trains on the CPU)")
     if gpus:

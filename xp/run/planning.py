@@ -22,12 +22,14 @@ log = logging.getLogger("xp")
 _planned: dict[str, tuple[Plan, type] | None] = {}  # this process's plans by what they were made of
 
 
-def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
+def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False, gpus_here: bool = True):
     """Validate the resolved config into a plan and load its backend; raises ConfigError/PluginError.
 
     batch=auto is checked as batch=1; with resolve_auto it is replaced by the largest batch that fits.
     A process plans a config once: the preflight's plan is the one its launch decision and its run use. A
     launched process plans nothing: it uses the plan its launching process handed down (xp.run.handoff).
+    gpus_here=False: the run's processes go to other hosts (xp.launching.launcher.gpus_here): their GPUs, not
+    this machine's, are the ones it may ask for.
     """
     import json
 
@@ -36,12 +38,13 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
         if (plan := handoff.received()) is not None:  # None: batch=auto, each worker finds its batch
             backend_cls = Registry().load(plan.backend).for_plan(plan)
             plan = backend_cls.in_group(plan)  # torch elastic: the group's size, from the last commit
-            backend_cls.check(plan)  # on this host: its frameworks, its devices
+            backend_cls.check(plan)  # on this host: its frameworks
+            backend_cls.check_devices(plan)  # and its devices
             _planned["handed"] = plan, backend_cls
     if _planned.get("handed") is not None:
         return _planned["handed"]
     auto = config.get("batch") == "auto"
-    gpus = visible_gpus()
+    gpus = visible_gpus() if gpus_here else None
     hosts = int(os.environ.get(HOSTS_ENV) or 0) or None  # a launched worker: the launcher counted the hosts
     key = json.dumps([config, gpus, hosts], sort_keys=True, default=str)
     if key in _planned and not (auto and resolve_auto):
@@ -54,6 +57,8 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False):
     backend_cls = (chosen or Registry().load(plan.backend)).for_plan(plan)
     _check_decode(plan, backend_cls)
     backend_cls.check(plan)
+    if gpus_here:
+        backend_cls.check_devices(plan)
     plan = backend_cls.planned(plan)
     if auto and resolve_auto:
         from xp.run.autobatch import largest_fitting
