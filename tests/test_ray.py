@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conformance import assert_killed_line, conformance, kill_one_worker, retried, study_trials, wait_for
-from conftest import ROOT, metric_by_step, wait_for_line
+from conftest import ROOT, metric_by_step, mlflow_runs, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 from test_multihost import ENGINES, env, runs
 
@@ -171,6 +171,45 @@ def test_bad_ray_settings_are_one_line_before_anything_starts(cluster, tmp_path)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert runs(c, "ray-bad")[1] == []
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_without_an_address_a_command_runs_on_a_ray_cluster_of_its_machine_which_ends_with_it(cluster, tmp_path):
+    """No launcher.address, no $RAY_ADDRESS: the command starts a Ray cluster of its machine (h1) for itself, runs
+    a study's trials there (a file store is fine: the nodes are this machine) and ends the cluster with it."""
+    from test_scheduler import TINY
+
+    c = cluster
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "tiny.yaml").write_text(TINY.format(n=3))
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    before = c.launcher.pids()
+    r = subprocess.run(c.on_launcher(["env", sys.executable, "-m", "xp", "-m", "sweep=tiny", "launcher=ray",
+                                      "sweep.parallel=2", "epochs=1", f"tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+                                      "experiment=ray-local", f"hydra.sweep.dir={tmp_path}/sweep"]),
+                       cwd=ROOT, env=dict(env(), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "xp: launcher=ray: a Ray cluster of this machine for this command at 127.0.0.1:" in r.stdout, r.stdout
+    assert [t.state.name for t in study_trials(storage)] == ["COMPLETE"] * 3
+    _, found = mlflow_runs(f"sqlite:///{tmp_path}/mlflow.db", "ray-local")
+    assert {x.info.status for x in found} == {"FINISHED"} and len(found) == 4  # the parent and its 3 trials
+
+    def its_processes() -> list[str]:  # the cluster's (ray start, gcs_server, raylet, ray::IDLE workers, ...)
+        return [cmd for pid in c.launcher.pids() - before if "ray" in (cmd := command_line(pid)).lower()]
+
+    deadline = time.monotonic() + 20  # (its idle workers end once their raylet has)
+    while its_processes():
+        assert time.monotonic() < deadline, its_processes()
+        time.sleep(0.5)
+    nothing_left(c)
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 # --- a study -----------------------------------------------------------------------------------------------

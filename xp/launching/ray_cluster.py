@@ -9,11 +9,13 @@ and the study's trial workers run on Ray unchanged, and the engines never learn 
 On this machine each such process is a small Ray driver, `python -m xp.launching.ray_cluster exec JSON HOST
 COMMAND` (what `RayActors.argv` gives): it connects to the cluster, starts the actor, forwards stdin to it and its
 output back, and exits with its exit code, 255 when the node was lost (as ssh does for a host it cannot reach).
-The xp command itself never connects to Ray: `nodes` asks a short-lived driver the same way.
+The xp command itself never connects to Ray: `nodes` asks a short-lived driver the same way. Without
+launcher.address (or $RAY_ADDRESS) the command starts a cluster of this machine for itself (`local_cluster`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
@@ -31,6 +33,7 @@ from xp.launching.launcher import OnHosts
 from xp.launching.slots import Slot
 from xp.run.settings import number
 
+LOOPBACK = "127.0.0.1"
 LOST = 255  # exit code of a process whose node was lost (ssh's for an unreachable host: the job names the host)
 MISSING_RAY = "launcher=ray: needs Ray (pip install 'xp[ray]')"
 
@@ -38,7 +41,7 @@ MISSING_RAY = "launcher=ray: needs Ray (pip install 'xp[ray]')"
 @dataclass(frozen=True)
 class RayOptions:
     """launcher=ray's settings (conf/launcher/ray.yaml)."""
-    address: str | None = None  # the cluster: HOST:PORT of its head, or auto inside one; null: $RAY_ADDRESS
+    address: str | None = None  # HOST:PORT of the cluster's head, or auto inside one; null: $RAY_ADDRESS, or local
     cpus_per_process: float = 1.0  # CPUs each process (a job's worker, a study's slot) holds on its node
     gpus_per_process: float = 0.0  # GPUs each job process holds (a study's trial holds its gpus_per_trial)
     connect_timeout_s: float = 30.0  # the cluster, or a node with room for a process, within this long
@@ -73,14 +76,16 @@ class Ray(OnHosts):
             number({f"launcher.{key}": getattr(o, key)}, f"launcher.{key}", lo, hi)
         return o
 
+    def given(self) -> str | None:
+        return self.options.address or os.environ.get("RAY_ADDRESS")
+
     def cluster(self) -> str:
-        address = self.options.address or os.environ.get("RAY_ADDRESS")
-        if not address:
-            raise ConfigError("launcher=ray: needs launcher.address=HOST:PORT (the cluster's head) or $RAY_ADDRESS")
-        return address
+        return self.given() or local_cluster(float(self.options.connect_timeout_s))
+
+    def address(self) -> str | None:
+        return self.settings.host_ip or (None if self.given() else LOOPBACK)
 
     def check_plan(self, plan: Any) -> None:
-        self.cluster()
         if plan.elastic.enabled:
             raise ConfigError("elastic.enabled=true: launcher=ray places a fixed set of processes; "
                               "use launcher=ssh with elastic.discovery for hosts that come and go")
@@ -124,6 +129,62 @@ class Ray(OnHosts):
 
         told = {**told, "env": {k: v for k, v in told["env"].items() if k != "CUDA_VISIBLE_DEVICES"}}
         return start_there(self.transport(gpus=self._trial_gpus, anywhere=True), slot.host, told)
+
+
+@functools.cache
+def local_cluster(timeout_s: float) -> str:
+    """launcher.address unset, no $RAY_ADDRESS: a Ray cluster of this machine for this command, a head on 127.0.0.1
+    with its CPUs and GPUs, held by xp.launching.remote run (its process group ends when this process exits or dies:
+    its stdin closes). Its address."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from xp.launching.engine import free_port
+
+    ray = shutil.which("ray", path=os.path.dirname(sys.executable))
+    if ray is None:
+        raise ConfigError(MISSING_RAY)
+    port, folder = free_port(), tempfile.mkdtemp(prefix="xp-ray-")
+    argv = [ray, "start", "--head", "--block", f"--port={port}", f"--node-ip-address={LOOPBACK}", f"--temp-dir={folder}",
+            "--include-dashboard=false", "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={free_port()}"]  # not Ray's fixed 52365: a second cluster here starts too
+    log = tempfile.TemporaryFile()  # what ray start says: the line of its failure
+    holder = subprocess.Popen([sys.executable, "-m", "xp.launching.remote", "run"], stdin=subprocess.PIPE,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    holder.stdin.write(json.dumps({"argv": argv, "env": {"RAY_USAGE_STATS_ENABLED": "0"}}).encode() + b"\n")
+    holder.stdin.flush()
+
+    def stop() -> None:
+        holder.stdin.close()  # the holder ends the head's process group: SIGTERM, SIGKILL after a grace
+        try:
+            holder.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(stop)
+    deadline = time.monotonic() + timeout_s
+    while not _answers(LOOPBACK, port):
+        if holder.poll() is not None or time.monotonic() > deadline:
+            log.seek(0)
+            said = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+            raise ConfigError(f"launcher=ray: no launcher.address, and a Ray cluster of this machine did not start "
+                              f"within {timeout_s:g} s ({said[-1].strip()[:200] if said else 'ray start --head'})")
+        time.sleep(0.2)
+    print(f"xp: launcher=ray: a Ray cluster of this machine for this command at {LOOPBACK}:{port} "
+          "(no launcher.address)", flush=True)
+    return f"{LOOPBACK}:{port}"
+
+
+def _answers(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def nodes(address: str, timeout_s: float) -> list[dict]:

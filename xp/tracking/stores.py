@@ -41,6 +41,8 @@ def check_reachable(uri: str, hosts: list[str], host_ip: str | None, key: str = 
     one every host reaches (and, for a server, one that answers)."""
     from urllib.parse import urlparse
 
+    if hosts and all(_this_machine(h) for h in hosts):
+        return  # (the hosts are this machine: a Ray cluster of it, say)
     u = urlparse(uri)
     where, at = ", ".join(hosts), host_ip or "ADDRESS"
     fix = fix or (f"use an MLflow tracking server the hosts reach (make server HOST={at}, then "
@@ -59,6 +61,19 @@ def check_reachable(uri: str, hosts: list[str], host_ip: str | None, key: str = 
         except OSError as e:
             raise ConfigError(f"{key}={redact(uri)}: no server answers at {host}:{port} "
                               f"({e.strerror or type(e).__name__}); start one (make server HOST={at})") from None
+
+
+def _this_machine(host: str) -> bool:
+    """`host` is an address (not a name: no lookup) of this machine (only those can be bound)."""
+    import ipaddress
+
+    try:
+        ipaddress.IPv4Address(host)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+        return True
+    except (ValueError, OSError):
+        return False
 
 
 _reached: set[str] = set()  # databases and servers this process has reached already
