@@ -146,8 +146,8 @@ def local_cluster(timeout_s: float) -> str:
     if ray is None:
         raise ConfigError(MISSING_RAY)
     port, folder = free_port(), tempfile.mkdtemp(prefix="xp-ray-")
-    argv = [ray, "start", "--head", "--block", f"--port={port}", f"--node-ip-address={LOOPBACK}", f"--temp-dir={folder}",
-            "--include-dashboard=false", "--disable-usage-stats",
+    argv = [ray, "start", "--head", "--block", f"--port={port}", f"--node-ip-address={LOOPBACK}",
+            f"--temp-dir={folder}", "--include-dashboard=false", "--disable-usage-stats",
             f"--dashboard-agent-listen-port={free_port()}"]  # not Ray's fixed 52365: a second cluster here starts too
     log = tempfile.TemporaryFile()  # what ray start says: the line of its failure
     holder = subprocess.Popen([sys.executable, "-m", "xp.launching.remote", "run"], stdin=subprocess.PIPE,
