@@ -145,7 +145,6 @@ class MXNetBackend(Backend):
             raise ConfigError(f"dtype={plan.dtype}: MXNet's AMP was switched on earlier in this process and "
                               "patches operators process-wide; run dtype=amp and other dtypes as separate commands")
 
-
     @classmethod
     def check_devices(cls, plan: Plan) -> None:
         if plan.device_type == "gpu":
