@@ -122,6 +122,8 @@ def test_a_job_on_two_ray_nodes_computes_what_one_process_computes(cluster, tmp_
     assert len(found) == 1 and found[0].info.status == "FINISHED"
     nodes = {c.host("h2").address, c.host("h3").address}
     assert set(found[0].data.tags["xp.hosts"].split(",")) == nodes  # one process on each node
+    node, log = found[0].data.tags["xp.ray.log"].split(":", 1)  # rank 0's actor's log, on its node, names the run
+    assert node in nodes and found[0].info.run_id in Path(log).read_text(), found[0].data.tags
     assert len(metric_by_step(client, found[0].info.run_id, "val_accuracy")) == 1
     nothing_left(c)
 
@@ -277,4 +279,6 @@ def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(
     children = [x for x in found if "optuna.trial_number" in x.data.tags]
     assert {x.data.tags["mlflow.parentRunId"] for x in children} <= parents
     assert {x.data.tags["xp.host"] for x in children} == {"h2", "h3"}  # trials ran on both nodes
+    logs = {x.info.run_id: Path(x.data.tags["xp.ray.log"].split(":", 1)[1]) for x in children}
+    assert all(run in log.read_text() for run, log in logs.items()), logs  # each trial's output: its slot's log
     nothing_left(c)

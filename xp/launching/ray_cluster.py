@@ -231,13 +231,24 @@ def _live(ray: Any) -> list[dict]:
 
 
 class Process:
-    """The actor: one command in a shell on its node, its output read by the driver; Ray's dashboard shows it
-    by its label ("xp study slot 0", "xp job ID process 2")."""
+    """The actor: one command in a shell on its node, its output read by the driver and kept in the actor's log
+    (Ray's worker-*.out on the node, which the MLflow runs of its processes name: tags xp.ray.*); Ray's dashboard
+    shows it by its label ("xp study slot 0", "xp job ID process 2")."""
 
     def __init__(self, command: str, label: str):
-        self.label = label
+        import ray
+
+        from xp.tracking.tracker import PLACED_ENV
+
+        self.label, ctx = label, ray.get_runtime_context()
+        try:
+            log = os.readlink("/proc/self/fd/1")  # Ray's file for this worker's output
+        except OSError:
+            log = "?"
+        where = {"xp.ray.actor": ctx.get_actor_id(), "xp.ray.node": ctx.get_node_id(),
+                 "xp.ray.log": f"{ray.util.get_node_ip_address()}:{log}"}
         self.proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, env={**os.environ, PLACED_ENV: json.dumps(where)})
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -247,6 +258,10 @@ class Process:
     def _pump(self) -> None:
         while chunk := os.read(self.proc.stdout.fileno(), 65536):
             self.out.put(chunk)
+            try:
+                os.write(1, chunk)  # the actor's log too
+            except OSError:
+                pass
         self.out.put(None)
 
     def node(self) -> str:

@@ -23,6 +23,7 @@ from xp.tracking.stores import _artifact_root, check_database, check_server, ope
 log = logging.getLogger("xp")
 
 MAX_PARAM_LEN = 6000  # MLflow 3's limit on a param value
+PLACED_ENV = "XP_PLACED_TAGS"  # tags (JSON) a launcher gives the runs of the processes it placed: where their logs are
 # MLflow's UI (3.x) opens an experiment without this tag in its GenAI mode (Traces, Evaluations): xp's are training
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 # (store, experiment name) -> id, for the process's life: a study's worker looks it up once, not every trial (8 ms
@@ -94,6 +95,17 @@ def run_label(name: str) -> str:
     return name if len(name) <= MAX_RUN_NAME else name[:MAX_RUN_NAME - 3] + "..."
 
 
+def placed_tags() -> dict[str, str]:
+    """What the launcher that placed this process says of its place (PLACED_ENV), as run tags."""
+    import json
+
+    try:
+        found = json.loads(os.environ.get(PLACED_ENV) or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
 class Tracker:
     """One MLflow run. As a context manager it ends the run FINISHED, FAILED or KILLED.
 
@@ -114,7 +126,7 @@ class Tracker:
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
         self._spool: Any = None
         self.parent_run_id = parent_run_id
-        self.tags = dict(tags or {})
+        self.tags = {**placed_tags(), **(tags or {})}
         self.run_id: str | None = None
         # attached: log into a run someone else started and will end (a distributed launcher)
         self.attach_run_id = attach_run_id
