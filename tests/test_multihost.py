@@ -440,11 +440,11 @@ def test_hosts_join_leave_and_crash_with_the_global_batch_fixed(cluster, tmp_pat
 def test_torchruns_elastic_agent_goes_on_when_a_host_leaves_the_discovery_list(cluster, tmp_path):
     """backend=torch elastic on h2+h4; h4 leaves the discovery list after the group of 2 trained an epoch: xp ends
     h4's agent (and what it started there), h2's agent restarts its workers alone from the last commit, the global
-    batch stays 6, and nothing is left on h4. (After the crash test: h3 is gone.)"""
+    batch stays 12, and nothing is left on h4. (After the crash test: h3 is gone.)"""
     c = cluster
     discovery = c.hosts_file(tmp_path / "discovery", ["h2", "h4"])
     h2, h4 = c.host("h2").address, c.host("h4").address
-    args = ["backend=torch", "batch=3", "workers=2", "epochs=6", "lr=0.01", "lr_ref_batch=12", "dist_timeout_s=60",
+    args = ["backend=torch", "batch=6", "workers=2", "epochs=6", "lr=0.01", "lr_ref_batch=12", "dist_timeout_s=60",
             "elastic.enabled=true", f"elastic.discovery={discovery}", "elastic.poll_s=0.2", "elastic.max_workers=2",
             f"checkpoint_dir={c.shared}/torch-leave"]
     proc = subprocess.Popen(xp_on_launcher(c, tmp_path, *args, experiment="torch-leave"), cwd=ROOT, env=env(),
@@ -459,7 +459,7 @@ def test_torchruns_elastic_agent_goes_on_when_a_host_leaves_the_discovery_list(c
             proc.kill()
             proc.wait(timeout=30)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    assert f"xp: elastic: host {h4} leaves" in out and f"torchrun agents on {h2} (global batch 6)" in out, out[-3000:]
+    assert f"xp: elastic: host {h4} leaves" in out and f"torchrun agents on {h2} (global batch 12)" in out, out[-3000:]
     client, found = runs(c, "torch-leave")
     run = found[0]
     assert run.info.status == "FINISHED" and "elastic.restarts" not in run.data.metrics

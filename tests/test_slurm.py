@@ -368,7 +368,7 @@ def test_a_lost_node_loses_only_its_trial_which_is_retried_on_a_new_slot_job(clu
     import optuna
 
     c = cluster
-    argv, storage = slot_study(c, "slurm-lost", 4, launcher, "sweep.parallel=1", "epochs=40", "launcher.time_min=10")
+    argv, storage = slot_study(c, "slurm-lost", 4, launcher, "sweep.parallel=1", "epochs=20", "launcher.time_min=10")
     proc = subprocess.Popen(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-lost"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     node = None
