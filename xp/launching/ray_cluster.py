@@ -20,6 +20,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -178,8 +179,6 @@ def local_cluster(timeout_s: float) -> str:
 
 
 def _answers(host: str, port: int) -> bool:
-    import socket
-
     try:
         socket.create_connection((host, port), timeout=1).close()
         return True
@@ -210,8 +209,6 @@ def _connect(address: str, timeout_s: float) -> Any:
         raise SystemExit(MISSING_RAY) from None
     host, _, port = address.rpartition(":")
     if host and port.isdigit():  # Ray waits a minute for a head that is not there: a refused connection is at once
-        import socket
-
         try:
             socket.create_connection((host, int(port)), timeout=timeout_s).close()
         except OSError as e:
