@@ -31,18 +31,21 @@ from xp.run.train import fit
 EXACT = ["epochs=1", "dataset.val_fraction=0.89", "lr_schedule=constant"]
 
 
-def one_process(backend: str, *overrides: str) -> dict[str, np.ndarray]:
+def trained(backend: str, *overrides: str) -> tuple[object, list[dict[str, float]]]:
+    """One process, trained in this one: the backend and its epochs' metrics."""
     plan, cls = plan_and_backend(compose_config(f"backend={backend}", *overrides))
     b = cls()
-    fit(plan, b, [])
-    return b.get_params()
+    return b, fit(plan, b, [])
+
+
+def one_process(backend: str, *overrides: str) -> dict[str, np.ndarray]:
+    return trained(backend, *overrides)[0].get_params()
 
 
 def one_process_accuracy(backend: str, *overrides: str) -> float:
-    """The last epoch's val_accuracy of one process, trained in this one: an elastic run's reference (workers
-    that average their gradients over the same global batch train what one process does)."""
-    plan, cls = plan_and_backend(compose_config(f"backend={backend}", *overrides))
-    return fit(plan, cls(), [])[-1]["val_accuracy"]
+    """The last epoch's val_accuracy: an elastic run's reference (workers that average their gradients over the
+    same global batch train what one process does)."""
+    return trained(backend, *overrides)[1][-1]["val_accuracy"]
 
 
 def assert_same_params(got: dict, want: dict) -> None:

@@ -85,10 +85,7 @@ def xp_processes(c) -> dict[str, list[str]]:
     for h in c.hosts:
         mine = []
         for pid in sorted(h.pids()):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            except OSError:
-                continue
+            cmd = command_line(pid).strip()
             if (" -m xp" in cmd or "xp.launching" in cmd or cmd.startswith("ray::Process")) \
                     and "ray_cluster nodes" not in cmd and "mlflow" not in cmd:
                 mine.append(f"{pid} {cmd[:160]}")

@@ -166,7 +166,7 @@ def local_cluster(timeout_s: float) -> str:
 
     atexit.register(stop)
     deadline = time.monotonic() + timeout_s
-    while not _answers(LOOPBACK, port):
+    while _refused(LOOPBACK, port, 1.0):
         if holder.poll() is not None or time.monotonic() > deadline:
             log.seek(0)
             said = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
@@ -178,12 +178,13 @@ def local_cluster(timeout_s: float) -> str:
     return f"{LOOPBACK}:{port}"
 
 
-def _answers(host: str, port: int) -> bool:
+def _refused(host: str, port: int, timeout_s: float) -> OSError | None:
+    """Why nothing answers at host:port (None: something does)."""
     try:
-        socket.create_connection((host, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        return e
+    return None
 
 
 def nodes(address: str, timeout_s: float) -> list[dict]:
@@ -208,11 +209,9 @@ def _connect(address: str, timeout_s: float) -> Any:
     except ImportError:
         raise SystemExit(MISSING_RAY) from None
     host, _, port = address.rpartition(":")
-    if host and port.isdigit():  # Ray waits a minute for a head that is not there: a refused connection is at once
-        try:
-            socket.create_connection((host, int(port)), timeout=timeout_s).close()
-        except OSError as e:
-            raise SystemExit(f"launcher.address={address}: no Ray cluster answers there ({e.strerror or e})") from None
+    # Ray waits a minute for a head that is not there: a refused connection is at once
+    if host and port.isdigit() and (e := _refused(host, int(port), timeout_s)):
+        raise SystemExit(f"launcher.address={address}: no Ray cluster answers there ({e.strerror or e})")
     os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(int(timeout_s)))
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False,
