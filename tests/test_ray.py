@@ -62,7 +62,7 @@ def wait_nodes(c, n: int, timeout: float = 90) -> list[dict]:
 
     deadline = time.monotonic() + timeout
     while True:
-        r = subprocess.run(c.on_launcher([sys.executable, "-m", "xp.launching.ray_cluster", "nodes", c.ray_address]),
+        r = subprocess.run(c.on_launcher([sys.executable, "-m", "xp.launching.ray_actors", "nodes", c.ray_address]),
                            capture_output=True, text=True, timeout=120, env=env())
         found = json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 else []
         if len(found) == n:
@@ -87,7 +87,7 @@ def xp_processes(c) -> dict[str, list[str]]:
         for pid in sorted(h.pids()):
             cmd = command_line(pid).strip()
             if (" -m xp" in cmd or "xp.launching" in cmd or cmd.startswith("ray::Process")) \
-                    and "ray_cluster nodes" not in cmd and "mlflow" not in cmd:
+                    and "ray_actors nodes" not in cmd and "mlflow" not in cmd:
                 mine.append(f"{pid} {cmd[:160]}")
         left[h.name] = mine
     return left
@@ -219,21 +219,23 @@ def command_line(pid: int) -> str:
 
 # --- a study -----------------------------------------------------------------------------------------------
 @conformance("study", "launcher", ["ray"])
-def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(cluster, tmp_path, launcher):
-    """-m sweep=NAME launcher=ray on 2 slots (an actor of 1 CPU each, one per node): the trials report into one
-    study and one MLflow parent from both nodes; h3's node crashes mid-trial (its process namespace killed, Ray's
-    processes and the trial's with it): that trial is lost and retried, its slot placed again where Ray has room
-    (h2); Ctrl-C then ends the study with no process left and nothing RUNNING; the same command finishes its
-    budget. (Last in the module: h3's node does not come back.)"""
+def test_a_study_on_ray_runs_on_both_nodes_follows_a_lost_and_a_joining_node_and_stops_clean(cluster, tmp_path,
+                                                                                           launcher):
+    """-m sweep=NAME launcher=ray with no sweep.parallel: a slot per CPU of each node (4 actors of 1 CPU), the
+    trials reporting into one study and one MLflow parent from both nodes, each process with the runtime
+    environment's variables. h3's node crashes mid-trial (its process namespace killed, Ray's processes and the
+    trials' with it): its trials are lost and retried, its slots dropped (h2 has no room); a node joins on h3
+    again: the study's slots grow onto it (slot 4 on). Ctrl-C then ends the study with no process left and
+    nothing RUNNING; the same command finishes its budget."""
     from test_scheduler import TINY, default_sigint
 
     c = cluster
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
-    (sweeps / "tiny.yaml").write_text(TINY.format(n=6))
+    (sweeps / "tiny.yaml").write_text(TINY.format(n=24))
     storage = f"sqlite:///{tmp_path}/optuna.db"
     study_env = dict(env(), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage)
-    args = ["-m", "sweep=tiny", "sweep.parallel=2"]
+    args = ["-m", "sweep=tiny", "launcher.grow_every_s=1", "launcher.runtime_env={env_vars:{XP_RAY_TEST:given}}"]
     experiment = "ray-study"
 
     def trials():
@@ -242,19 +244,28 @@ def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(
     def until(what, check):
         wait_for(what, check, proc, out)
 
+    def on_h3(slots=("0", "1", "2", "3")):
+        return [x for x in runs(c, experiment)[1] if x.data.tags.get("xp.host") == "h3"
+                and x.data.tags.get("xp.slot") in slots]
+
     out = tmp_path / "out.txt"
     with out.open("w") as sink:  # epochs=40: trials long enough to lose a node and stop in the middle
         proc = subprocess.Popen(xp_on_ray(c, tmp_path, *args, "epochs=40", experiment=experiment), cwd=ROOT,
                                 env=study_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=default_sigint)
+    h3 = c.host("h3")
     try:
-        until("2 trials in flight", lambda: sum(t.state.name == "RUNNING" for t in trials()) == 2)
-        until("h3's trial's run", lambda: "h3" in {x.data.tags.get("xp.host") for x in runs(c, experiment)[1]})
-        assert [p for p in xp_processes(c)["h3"] if "xp.launching.trialworker" in p], xp_processes(c)
-        h3 = c.host("h3")
+        until("h3's trials' runs", lambda: len(on_h3()) >= 2)
+        workers = [int(p.split()[0]) for p in xp_processes(c)["h3"] if "xp.launching.trialworker" in p]
+        assert workers, xp_processes(c)
+        assert b"XP_RAY_TEST=given" in Path(f"/proc/{workers[0]}/environ").read_bytes().split(b"\0")
         node = next(p for p in h3.daemons if "--num-cpus=2" in " ".join(p.args))
-        os.killpg(node.pid, signal.SIGKILL)  # the node crashes: its pid namespace, the trial's worker with it
-        until("the lost trial retried", lambda: retried(trials()))
+        os.killpg(node.pid, signal.SIGKILL)  # the node crashes: its pid namespace, the trials' workers with it
+        h3.daemons.remove(node)
+        node.wait(timeout=30)
+        until("h3's slots dropped", lambda: out.read_text().count("dropped;") == 2)
+        start_node(c, h3, [f"--address={c.ray_address}", "--num-cpus=2"])  # a node joins (h3 again)
+        until("a trial on a new slot on h3", lambda: on_h3(slots=("4", "5")))
         stopped = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
@@ -265,10 +276,10 @@ def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(
             proc.wait(timeout=30)
     said = out.read_text()
     assert proc.returncode == 130 and took < 20, (took, said[-3000:])
-    assert "Traceback" not in said and "lost its worker" in said, said[-3000:]
+    assert "Traceback" not in said and "lost its worker" in said and "(the site grew)" in said, said[-3000:]
     nothing_left(c)
     lost = [t for t in trials() if t.state.name == "FAIL" and not t.user_attrs.get("xp.interrupted")]
-    assert len(lost) == 1, [(t.number, t.state.name, t.user_attrs) for t in trials()]
+    assert len(lost) == 2, [(t.number, t.state.name, t.user_attrs) for t in trials()]
     assert "RUNNING" not in {t.state.name for t in trials()}
     _, found = runs(c, experiment)
     assert "RUNNING" not in {x.info.status for x in found}, [(x.info.run_name, x.info.status) for x in found]
@@ -277,7 +288,7 @@ def test_a_study_on_ray_runs_on_both_nodes_survives_a_lost_node_and_stops_clean(
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     done = [t for t in trials() if t.state.name == "COMPLETE"]
-    assert len(done) == 6 and any(t.params == lost[0].params for t in done)
+    assert len(done) == 24 and all(any(t.params == x.params for t in done) for x in lost)
     _, found = runs(c, experiment)
     parents = {x.info.run_id for x in found if x.data.tags.get("xp.sweep") == "true"}
     children = [x for x in found if "optuna.trial_number" in x.data.tags]

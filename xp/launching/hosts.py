@@ -238,6 +238,8 @@ def hosts_for(launcher: Any, plan: Any, elastic: bool) -> list[HostSlots]:
 def exit_words(code: int) -> str:
     """How a process ended, as xp says it. 128+N, what xp.launching.remote run (for a process on another host) and
     shells say of one killed by signal N, reads as that signal."""
+    if code == 255:  # ssh's, and a Ray driver's, for a host it could not reach or lost
+        return "exited with code 255 (its host unreachable or lost)"
     if code > 128:
         code = 128 - code
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"

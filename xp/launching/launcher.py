@@ -1,10 +1,9 @@
 """Where a run's processes go and how they get there: the `Launcher` interface, and the launchers xp ships.
 
-A launcher owns placement (this machine, or the hosts it lists with their slots), the `Transport` that runs a
-command on a host (xp/launching/hosts.py), the checks before anything starts (this machine's address, every
-host probed), ending what a job left on its hosts, and, for a batch system, whether this process submits the
-run or runs inside its allocation. Engines (ps-lite, horovodrun, torchrun) ask it for hosts and transport and
-never test which launcher they run under; `xp.launching.job.Job` starts what they ask for.
+A launcher owns placement (this machine, the hosts it lists with their slots, a study's slots), the `Transport`
+that runs a command on a host (xp/launching/hosts.py), the checks before anything starts, ending what a job left
+on its hosts, and, for a batch system, whether this process submits the run or runs inside its allocation. Engines
+(ps-lite, horovodrun, torchrun) ask it for hosts and transport; `xp.launching.job.Job` starts what they ask for.
 
 Launchers register in the entry-point group `xp.launchers` (pyproject.toml), as backends do in `xp.backends`:
 `launcher=NAME` picks one; a name registered twice is an error (README: "Adding a launcher"). Each brings its own
@@ -24,6 +23,7 @@ from xp.errors import ConfigError
 from xp.launching.hosts import (SSH, HostSlots, Transport, check_here, end_together, exit_words, probe, reap, read_hosts,
                                 start_there)
 from xp.launching.slots import Slot
+from xp.launching import slurm
 from xp.launching.slurm import SlurmOptions
 from xp.run.settings import LaunchSettings, number, text
 
@@ -131,6 +131,13 @@ class Launcher:
     def worker_lost(self, slot: Slot, handle: Any) -> None:
         """The worker `start_worker` started for `slot` (`handle`) was lost (ended already); its replacement is
         started next."""
+
+    grow_every_s: float = 0.0  # a site whose slots come and go (a cluster's nodes): how often the pool asks `grown`
+
+    def grown(self, have: list[Slot], index: int) -> list[Slot]:
+        """Slots it offers now beyond the study's (`have`: a node joined), numbered from `index`. Where slots come
+        and go, a slot whose worker cannot be started again (its node lost, no room elsewhere) is dropped."""
+        return []
 
 
 class Local(Launcher):
@@ -259,8 +266,6 @@ class Slurm(OnHosts):
 
     def _allocation(self) -> tuple[list[HostSlots], str]:
         if not hasattr(self, "_nodes"):
-            from xp.launching import slurm
-
             self._nodes = slurm.allocation(self.options.tasks_per_node)
         return self._nodes
 
@@ -271,29 +276,19 @@ class Slurm(OnHosts):
         if self.settings.host_ip:
             return self.settings.host_ip
         if self.submits():  # a login node: its address as the partition's nodes reach it
-            from xp.launching.slurm import login_address
-
-            return login_address(self.options)
+            return slurm.login_address(self.options)
         return self._allocation()[1]
 
     def transport(self) -> Transport:
-        from xp.launching.slurm import Srun
-
-        return Srun()
+        return slurm.Srun()
 
     def submits(self) -> bool:
-        from xp.launching import slurm
-
         return not slurm.inside()
 
     def check_submission(self) -> None:
-        from xp.launching import slurm
-
         slurm.check(self.options)
 
     def submit(self, plan: Any, argv: list[str], tracker: Any) -> None:
-        from xp.launching import slurm
-
         slurm.submit(plan, self.options, argv, tracker)
 
     def submitted_run(self) -> str | None:
@@ -314,16 +309,12 @@ class Slurm(OnHosts):
     def slots(self, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
         if not self.submits():
             return super().slots(gpus_per_trial, parallel, trials_per_gpu)
-        from xp.launching.slurm import worker_slots
-
-        return worker_slots(self.options, gpus_per_trial, parallel)
+        return slurm.worker_slots(self.options, gpus_per_trial, parallel)
 
     def start_worker(self, slot: Slot, told: dict[str, Any]) -> Any:
         if not self.submits():
             return super().start_worker(slot, told)
-        from xp.launching.slurm import WorkerJob
-
-        return WorkerJob.submit(self.options, slot, told, avoid=self._avoid.get(slot.index))
+        return slurm.WorkerJob.submit(self.options, slot, told, avoid=self._avoid.get(slot.index))
 
     def worker_ended(self, handle: Any) -> str:
         if not self.submits():
@@ -341,9 +332,7 @@ class Slurm(OnHosts):
     def reap(self, hosts: list[str], job: str) -> None:
         if not self.submits():
             return super().reap(hosts, job)
-        from xp.launching.slurm import cancel_named
-
-        cancel_named(job)  # whatever the study's worker jobs left in the queue
+        slurm.cancel_named(job)  # whatever the study's worker jobs left in the queue
 
 
 def launchers() -> Any:

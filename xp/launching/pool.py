@@ -12,6 +12,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from typing import Any
@@ -75,6 +76,8 @@ class Pool:
         self.tokens: dict[str, Slot] = {}  # the secret each remote slot's worker says first
         self.arrived: dict[Slot, Channel] = {}
         self.job = secrets.token_hex(6)  # XP_JOB of its remote workers (reaped by it at the end)
+        self.closing = threading.Event()  # the pool is ending: no worker joins any more
+        self.grower: threading.Thread | None = None
 
     def spawn(self) -> Pool:
         """Start the workers; they import their frameworks side by side (__enter__ waits for them)."""
@@ -89,7 +92,35 @@ class Pool:
         except BaseException:
             self.discard()
             raise
+        if self.launcher.grow_every_s > 0:
+            self.grower = threading.Thread(target=self._grow, args=(self.launcher.grow_every_s,), daemon=True)
+            self.grower.start()
         return self
+
+    def _grow(self, every_s: float) -> None:
+        """Slots that the site offers as it grows (Launcher.grown: a node joined) take a worker each, started here
+        while the scheduler goes on; each is announced in the inbox (Ready) and takes trials from then on."""
+        while not self.closing.wait(every_s):
+            try:
+                new = self.launcher.grown([w.slot for w in self.workers], 1 + max(s.index for s in self.slots))
+            except Exception as e:  # the site did not answer this time: asked again next time
+                log.warning(f"study: asking launcher={self.launcher.name} for more slots failed ({one_line(e)})")
+                continue
+            for slot in new:
+                try:
+                    worker = self._ready(*self._spawn(slot))
+                except XPError as e:
+                    if self.closing.is_set():
+                        return
+                    log.warning(f"study: no worker for a new {slot.describe()} ({one_line(e)}); asked again later")
+                    continue
+                if self.closing.is_set():
+                    _end([worker.proc], first="terminate")
+                    return
+                self.slots.append(slot)
+                self.workers.append(worker)
+                log.info(f"study: a new {slot.describe()} (the site grew): {len(self.workers)} slots")
+                self.inbox.put(worker, Ready(worker.proc.pid if hasattr(worker.proc, "pid") else 0))
 
     def discard(self) -> None:
         """End workers that were started and never used (SIGTERM: they may still be importing)."""
@@ -104,6 +135,9 @@ class Pool:
         self._close()
 
     def __exit__(self, *exc: Any) -> None:
+        self.closing.set()
+        if self.grower is not None:
+            self.grower.join(timeout=5.0)  # one still waiting for a worker ends it when it comes
         for w in self.workers:
             w.send(Exit())
         _end([w.proc for w in [*self.workers, *self.released]])
@@ -149,7 +183,7 @@ class Pool:
         """The channel of `slot`'s remote worker once it has called back (None: it ended, or READY_S passed)."""
         deadline = time.monotonic() + READY_S
         while slot not in self.arrived:
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline or self.closing.is_set():
                 return None
             try:
                 conn, _ = self.listener.accept()
@@ -184,9 +218,10 @@ class Pool:
         channel.listen(self.inbox, worker)
         return worker
 
-    def replace(self, worker: Worker) -> Worker:
+    def replace(self, worker: Worker) -> Worker | None:
         """A new worker on `worker`'s slot (the old one is ended if it is not); XPError when DEATHS workers of the
-        slot died in a row without finishing a trial (a broken environment, not a bad trial)."""
+        slot died in a row without finishing a trial (a broken environment, not a bad trial). Where slots come and
+        go (Launcher.grow_every_s), a slot whose new worker does not start is dropped instead: None."""
         self.launcher.worker_lost(worker.slot, worker.proc)
         deaths = 0 if worker.finished else worker.deaths + (worker.proc.returncode != 0)
         while True:
@@ -200,6 +235,11 @@ class Pool:
             except XPError as e:  # its replacement did not start (a node that is going): another try
                 log.warning(f"study: {one_line(e)}")
                 deaths += 1
+                if self.launcher.grow_every_s > 0 and len(self.workers) > 1:
+                    self.workers.remove(worker)
+                    log.warning(f"study: {worker.slot.describe()} dropped; {len(self.workers)} slots go on (a slot "
+                                f"is added when the site has room: every {self.launcher.grow_every_s:g} s)")
+                    return None
         fresh.deaths = deaths
         self.workers[self.workers.index(worker)] = fresh
         return fresh

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from xp.interrupts import held_interrupts
-from xp.studies.channel import Attr, Done, Message, Prune, Report, ShouldPrune, Trial
+from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, Trial
 
 log = logging.getLogger("xp")
 
@@ -196,6 +196,9 @@ class Scheduler:
             worker.send(Prune(bool(flight.trial.should_prune())))
         elif isinstance(msg, Attr):
             flight.trial.set_user_attr(msg.key, msg.value)
+        elif isinstance(msg, Ready):  # a worker on a slot the site added (xp.launching.pool: the cluster grew)
+            self.slots = max(self.slots, len(self.pool.workers))
+            return self._died(worker) if worker.gone() else [worker]
         elif isinstance(msg, Done) and flight is not None:
             worker.finished += 1
             worker.previous = (flight.trial, msg.state)
@@ -204,11 +207,11 @@ class Scheduler:
             if msg.recycle:  # it ran something that changes its process for good (mixed precision)
                 self.pool.retire(worker)
                 worker = self.pool.replace(worker)
-            nxt = self.ready.popleft() if self.ready else None
+            nxt = self.ready.popleft() if self.ready and worker is not None else None
             if nxt is not None:  # the trial held ready starts at once; the scheduler tells and asks meanwhile
                 self._start(worker, nxt)
             self.ended.append((flight, msg, self.tell(flight.trial, msg)))  # counted once the slot is refilled
-            return [worker] if nxt is None else []
+            return [worker] if nxt is None and worker is not None else []
         return []
 
     def _died(self, worker: Any) -> list[Any]:
@@ -221,7 +224,8 @@ class Scheduler:
             self.tally.states["FAIL"] += 1
         if worker.previous is not None:
             self.unsettled(*worker.previous, why)
-        return [self.pool.replace(worker)]
+        fresh = self.pool.replace(worker)
+        return [fresh] if fresh is not None else []  # (None: its slot was dropped)
 
     def _summary(self) -> None:
         t = self.tally
@@ -246,7 +250,7 @@ class Scheduler:
         print(f"study: trial {flight.trial.number} {state.lower()}{error} after "
               f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states['COMPLETE']} complete, "
               f"{t.states['PRUNED']} pruned, {t.states['FAIL']} failed), {len(self.flights)} running on "
-              f"{self.slots} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta,
+              f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta,
               flush=True, file=sys.stdout)
 
 
