@@ -65,11 +65,20 @@ def test_each_shipped_launchers_config_file_holds_exactly_its_settings():
 
     from conftest import CONF
 
-    for name in ("local", "ssh", "slurm"):
+    for name in ("local", "ssh", "slurm", "ray"):
         options = launchers().load(name).Options
         documented = yaml.safe_load((CONF / "launcher" / f"{name}.yaml").read_text())
         assert documented.pop("name") == name
         assert documented == {f.name: f.default for f in fields(options)}, name
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("runtime_env", "pip", r"launcher.runtime_env='pip': a mapping of Ray's runtime environment"),
+    ("grow_every_s", -1, r"launcher.grow_every_s"),
+])
+def test_a_bad_ray_setting_is_one_line(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        launchers().load("ray").read_options({key: value})
 
 
 def test_a_third_partys_launcher_brings_its_own_config_group(third_party, monkeypatch):
