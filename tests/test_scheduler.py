@@ -180,11 +180,13 @@ def marked(mark: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_the_worker_started_before_composing_runs_the_trials_of_a_one_slot_study(tmp_path, store):
+@pytest.mark.parametrize("parallel, n", [(1, 3), (4, 1)])
+def test_the_worker_started_before_composing_runs_the_trials_of_a_one_slot_study(tmp_path, store, parallel, n):
     """A study's first worker starts before the command line is composed (its imports overlap the composing);
-    the one slot takes it: it is the only worker the study ever starts, and it runs every trial."""
-    with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=1", "sweep.parallel=1",
-                    env=study_env(tmp_path, 3)) as proc:
+    the one slot takes it: it is the only worker the study ever starts, and it runs every trial. A study of fewer
+    trials than slots (sweep.parallel=4, 1 trial) starts no more workers than it has trials."""
+    with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=1", f"sweep.parallel={parallel}",
+                    env=study_env(tmp_path, n)) as proc:
         seen: set[int] = set()
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
@@ -197,7 +199,7 @@ def test_the_worker_started_before_composing_runs_the_trials_of_a_one_slot_study
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     assert len(seen) == 1, seen
     trials = trials_of(tmp_path)
-    assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
+    assert len(trials) == n and all(t.state.name == "COMPLETE" for t in trials)
 
 
 def test_a_worker_without_hydra_resolves_hydras_interpolations_in_a_trials_config():

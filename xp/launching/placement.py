@@ -54,23 +54,27 @@ class Placement:
         if not uri.startswith(("sqlite:", "http:", "https:")):
             return  # a new database's schema (PostgreSQL) has no creation lock: the workers open it after this process
         slots = self._slots(config, node.get("parallel"), node.get("trials_per_gpu") or 1)
-        self.early = self._pool(config, slots, uri).spawn()
+        trials = node.get("n_trials")  # no more workers than the study can have trials (pool() trims to those left)
+        self.early = self._pool(config, slots[:max(1, trials)] if isinstance(trials, int) else slots, uri).spawn()
 
-    def pool(self, config: Any, spec: Any, parallel: int | None) -> Pool | None:
-        """The pool of a study whose trials run on slots: this machine's, or its launcher's, its placement printed;
-        the workers started early if they are for the same slots. None for a cluster's Hydra launcher (submitit:
-        the trials are its jobs)."""
+    def pool(self, config: Any, spec: Any, parallel: int | None, trials: int) -> Pool | None:
+        """The pool of a study whose trials run on slots: this machine's, or its launcher's, no more of them than
+        the study has `trials` left to run, its placement printed; the workers started early if they are for those
+        slots. None for a cluster's Hydra launcher (submitit: the trials are its jobs)."""
         if not hydra_launchers.runs_here(str(config.hydra.launcher.get("_target_", ""))):
             return None
         from xp.tracking.stores import resolve_uri
 
-        slots = self._slots(config, parallel, spec.trials_per_gpu)
-        log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each: "
+        offered = self._slots(config, parallel, spec.trials_per_gpu)
+        slots = offered[:max(1, trials)]
+        log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each"
+                 + (f" (of {len(offered)}: {trials} trials to run)" if len(slots) < len(offered) else "") + ": "
                  + "; ".join(s.describe() for s in slots))
         uri, early = resolve_uri(config.get("tracking_uri")), self.early
         self.early = None
-        if early is not None and (early.slots, early.backend, early.tracking_uri) == (slots, _backend(config), uri):
-            return early
+        if early is not None and (early.slots[:len(slots)], early.backend, early.tracking_uri) == (
+                slots, _backend(config), uri):
+            return early.trim(len(slots))
         if early is not None:  # started for other slots: not this study's
             early.discard()
         return self._pool(config, slots, uri)

@@ -120,14 +120,18 @@ class Pool:
                 self.slots.append(slot)
                 self.workers.append(worker)
                 log.info(f"study: a new {slot.describe()} (the site grew): {len(self.workers)} slots")
-                self.inbox.put(worker, Ready(worker.proc.pid if hasattr(worker.proc, "pid") else 0))
+                self.inbox.put(worker, Ready(getattr(worker.proc, "pid", 0)))
+
+    def trim(self, n: int) -> Pool:
+        """Only the first n slots (a study with fewer trials left than slots): the workers started for the others
+        end now."""
+        _unused(self.started[n:])
+        self.started, self.slots = self.started[:n], self.slots[:n]
+        return self
 
     def discard(self) -> None:
         """End workers that were started and never used (SIGTERM: they may still be importing)."""
-        _end([proc for proc, _, _ in self.started], first="terminate")
-        for _, channel, _ in self.started:
-            if channel is not None:
-                channel.close()
+        _unused(self.started)
         self.started = []
         if self.unplaced is not None:
             self.unplaced.discard()
@@ -276,6 +280,14 @@ def _end(procs: list[Any], first: str | None = None, grace_s: float = 10.0) -> N
     steps = ((first, grace_s), ("terminate", grace_s), ("kill", grace_s))[1 if first == "terminate" else 0:]
     for proc in end_together(procs, steps):
         log.warning(f"study: worker {proc} did not end within {3 * grace_s:.0f} s")
+
+
+def _unused(started: list[tuple[Any, Channel | None, Slot]]) -> None:
+    """End workers started and never used (SIGTERM: they may still be importing), and their channels."""
+    _end([proc for proc, _, _ in started], first="terminate")
+    for _, channel, _ in started:
+        if channel is not None:
+            channel.close()
 
 
 class Unplaced:

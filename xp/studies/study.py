@@ -168,7 +168,11 @@ def storage_url(url: str | None, cwd: str | Path | None = None) -> str:
     if url.startswith(prefix) and not url.startswith(prefix + "/"):
         url = prefix + str((Path(cwd or os.getcwd()) / url[len(prefix):]).resolve())
     if url.startswith(prefix):
-        Path(url[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(url[len(prefix):]).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"sweep.storage={url}: its folder {folder} cannot be made ({e.strerror})") from None
     return url
 
 

@@ -51,7 +51,7 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any =
             study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
     # a parallel Hydra launcher asks for as many trials at a time as it runs jobs
     parallel = spec.parallel if at_once is None else max(spec.parallel or 1, at_once)
-    pool = (placement.pool(config, spec, parallel) if placement is not None and spec.scheduler == "slots"
+    pool = (placement.pool(config, spec, parallel, remaining) if placement is not None and spec.scheduler == "slots"
             and remaining > 0 else None)
     if pool is not None:
         with pool:

@@ -111,8 +111,8 @@ def check_database(url: str, what: str) -> None:
     kwargs = {"connect_args": {"connect_timeout": 5}} if url.startswith("postgresql") else {}
     try:
         engine = sqlalchemy.create_engine(url, **kwargs)
-        with engine.connect():
-            pass
+        with engine.connect() as conn:  # SQLite opens a file lazily: a read says whether it is a database
+            conn.exec_driver_sql("PRAGMA schema_version" if url.startswith("sqlite") else "SELECT 1")
         engine.dispose()
         _reached.add(url)
     except ModuleNotFoundError as e:
