@@ -105,7 +105,7 @@ CASES = [
     ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "tracking_uri postgresql://xp:***@127.0.0.1:9/mlflow: cannot connect"),
     ("tracking_uri=http://127.0.0.1:9", "tracking_uri=http://127.0.0.1:9: no MLflow server answers"),
     ("-m batch=16,32 tracking_uri=http://127.0.0.1:9", "tracking_uri=http://127.0.0.1:9: no MLflow server answers"),
-    ("-m sweep=lr_batch sweep.storage=sqlite:////proc/nope/o.db", "its folder /proc/nope cannot be made"),
+    ("-m sweep=lr_batch sweep.storage=sqlite:////proc/nope/o.db", "its folder cannot be made (No such file or directory: /proc/nope)"),
     ("-m sweep=lr_batch sweep.storage=sqlite:///{tmp}/hosts", "hosts: cannot connect (DatabaseError: (sqlite3."
      "DatabaseError) file is not a database"),
 ]

@@ -3,17 +3,14 @@
 This module defines and checks a study; xp.studies.trial holds its Optuna side (storage, sampler,
 pruner, heartbeats) and xp.studies.sweeper the loop that runs its trials.
 
-The study is defined in sweeps/NAME.yaml: search space, trial budget, objectives and
-directions, sampler, pruner, study name and storage. Each file is an option of the config
-group `sweep` (typed by StudyConf), so sweep.FIELD=VALUE overrides any field, and
-KEY=interval(...)/choice(...)/range(...) on the command line add to the search space
-(space_from_overrides). xp's sweeper (hydra/sweeper=
-xp_optuna) asks Optuna for trials and keeps one in flight on every slot of the machine
-(xp.studies.scheduler; a worker process per slot runs trial after trial, each a normal xp
-run); every epoch the trial's first objective goes to the scheduler, which reports it and
-answers whether to prune; the scheduler tells Optuna how each trial ended. A study lives
-in its storage (SQLite in mlruns/ by default): the same command again continues it up
-to its budget.
+The study is defined in sweeps/NAME.yaml: search space, trial budget, objectives and directions, sampler,
+pruner, study name and storage. Each file is an option of the config group `sweep` (typed by StudyConf), so
+sweep.FIELD=VALUE overrides any field, and KEY=interval(...)/choice(...)/range(...) on the command line add to
+the search space (space_from_overrides). xp's sweeper (hydra/sweeper=xp_optuna) asks Optuna for trials and
+keeps one in flight on every slot (xp.studies.scheduler; a worker process per slot runs trial after trial, each
+a normal xp run); every epoch the trial's first objective goes to the scheduler, which reports it and answers
+whether to prune; the scheduler tells Optuna how each trial ended. A study lives in its storage (SQLite in
+mlruns/ by default): the same command again continues it up to its budget.
 
 Trials of a sweeper that died (SIGKILL, OOM, a lost host) stay RUNNING in the storage. The
 sweeper records a heartbeat for every trial in flight (Optuna's RDB heartbeat); any sweeper
@@ -168,11 +165,10 @@ def storage_url(url: str | None, cwd: str | Path | None = None) -> str:
     if url.startswith(prefix) and not url.startswith(prefix + "/"):
         url = prefix + str((Path(cwd or os.getcwd()) / url[len(prefix):]).resolve())
     if url.startswith(prefix):
-        folder = Path(url[len(prefix):]).parent
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            Path(url[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise ConfigError(f"sweep.storage={url}: its folder {folder} cannot be made ({e.strerror})") from None
+            raise ConfigError(f"sweep.storage={url}: its folder cannot be made ({e.strerror}: {e.filename})") from None
     return url
 
 
