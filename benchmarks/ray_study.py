@@ -1,7 +1,14 @@
 """A study on a Ray cluster and on this machine, side by side: the same study through launcher=ray (each slot an
-actor holding a warm trial worker on a Ray node) and launcher=local (each slot a worker process here).
+actor holding a warm trial worker on a Ray node), launcher=local (each slot a worker process here) and, with
+--ways local,ray,hydra-ray, Hydra's own Ray launcher (hydra/launcher=ray: the trials as Ray tasks, in batches of
+sweep.parallel).
 
     .venv/bin/python benchmarks/ray_study.py [--trials 12,36] [--parallel 2] [--epochs 3] [--reps 2]   # as root
+        [--ways local,ray,hydra-ray]
+
+hydra-ray-launcher 1.2.2 pins cloudpickle<3, which .venv cannot take (joblib 1.6, under Hydra's joblib launcher,
+needs >=3): with hydra-ray the benchmark makes .venv-hydra-ray, a virtual environment over .venv's packages with
+the plugin and cloudpickle 2 in front, and runs itself, the Ray nodes and every way there (the same interpreter).
 
 The hosts are the tests' namespaces (tests/hosts.py): h1 is the launching machine, with the Ray head (no CPUs:
 only the drivers run there) and an MLflow server both ways log to; h2 is a Ray node of `parallel` CPUs
@@ -46,6 +53,8 @@ def one(c, way: str, rep: int, trials: int, args: argparse.Namespace) -> dict[st
             f"epochs={args.epochs}", f"tracking_uri={c.uri}", f"experiment={name}", f"hydra.sweep.dir={folder}/sweep"]
     if way == "ray":
         argv += ["launcher=ray", f"launcher.address={c.ray_address}", f"host_ip={c.launcher.address}"]
+    elif way == "hydra-ray":  # each trial a Ray task of 1 CPU (the plugin's default) on the node, 2 at a time
+        argv += ["hydra/launcher=ray", f"hydra.launcher.ray.init.address={c.ray_address}"]
     study_env = dict(env(), XP_SWEEPS_DIR=str(folder / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{folder}/optuna.db")
     t0 = time.monotonic()
     r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=study_env, capture_output=True, text=True, timeout=1800)
@@ -65,7 +74,14 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--ways", default="local,ray", help="of local, ray, hydra-ray")
     args = ap.parse_args()
+    args.ways = args.ways.split(",")
+    if set(args.ways) - {"local", "ray", "hydra-ray"}:
+        raise SystemExit(f"--ways={','.join(args.ways)}: of local, ray, hydra-ray")
+    if "hydra-ray" in args.ways and Path(sys.prefix) != OVERLAY:
+        py = overlay()
+        os.execv(py, [str(py), __file__, *sys.argv[1:]])
     sizes = sorted(int(n) for n in args.trials.split(","))
     if len(sizes) != 2 or sizes[0] == sizes[1]:
         raise SystemExit("--trials: two different study sizes, e.g. 12,36")
@@ -84,9 +100,9 @@ def main() -> None:
         print(f"studies of {sizes[0]} and {sizes[1]} trials of {args.epochs} epochs, {args.parallel} at a time; "
               f"Ray {ray_version()}")
         print(f"{'way':<6} {'rep':>3} {'wall s':>7} {'s/trial':>8} {'overhead/trial s':>16} {'cover':>6} {'trials':>6}")
-        costs: dict[str, list[tuple[float, float]]] = {"local": [], "ray": []}
+        costs: dict[str, list[tuple[float, float]]] = {way: [] for way in args.ways}
         for rep in range(args.reps):
-            for way in ("local", "ray"):  # interleaved: the machine's drift hits both
+            for way in args.ways:  # interleaved: the machine's drift hits each
                 walls = []
                 for n in sizes:
                     m = one(c, way, rep, n, args)
@@ -99,6 +115,28 @@ def main() -> None:
         for way, rows in costs.items():
             for marginal, fixed in rows:
                 print(f"{way:<6} {marginal:>24.3f} {marginal * args.parallel:>13.3f} {fixed:>8.1f}")
+
+
+OVERLAY = ROOT / ".venv-hydra-ray"
+
+
+def overlay() -> Path:
+    """.venv-hydra-ray's python, the environment made once: .venv's packages behind its own (hydra-ray-launcher
+    1.2.2, cloudpickle 2), its own `ray` command."""
+    py = OVERLAY / "bin" / "python"
+    if not (OVERLAY / "ready").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(OVERLAY)], check=True)
+        base = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+        mine = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        Path(mine, "zz-xp-venv.pth").write_text(f"import site; site.addsitedir({base!r})\n")  # after its own
+        subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "hydra-ray-launcher==1.2.2",
+                        "cloudpickle<3"], check=True)
+        ray = (Path(sys.prefix) / "bin" / "ray").read_text().split("\n", 1)[1]
+        (OVERLAY / "bin" / "ray").write_text(f"#!{py}\n{ray}")
+        (OVERLAY / "bin" / "ray").chmod(0o755)
+        (OVERLAY / "ready").touch()
+    return py
 
 
 def ray_version() -> str:

@@ -105,6 +105,8 @@ CASES = [
     ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "tracking_uri postgresql://xp:***@127.0.0.1:9/mlflow: cannot connect"),
     ("tracking_uri=http://127.0.0.1:9", "tracking_uri=http://127.0.0.1:9: no MLflow server answers"),
     ("-m batch=16,32 tracking_uri=http://127.0.0.1:9", "tracking_uri=http://127.0.0.1:9: no MLflow server answers"),
+    ("-m sweep=lr_batch sweep.budget_usd=5", "sweep.budget_usd=5: hardware=local has no price; choose an instance"),
+    ("-m sweep=lr_batch sweep.timeout_s=-1", "sweep=lr_batch: timeout_s=-1.0: must be a number > 0, or null"),
     ("-m sweep=lr_batch sweep.storage=sqlite:////proc/nope/o.db", "its folder cannot be made (No such file or directory: /proc/nope)"),
     ("-m sweep=lr_batch sweep.storage=sqlite:///{tmp}/hosts", "hosts: cannot connect (DatabaseError: (sqlite3."
      "DatabaseError) file is not a database"),

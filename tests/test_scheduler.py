@@ -443,3 +443,50 @@ def test_an_interrupted_study_leaves_nothing_running_and_the_same_command_finish
     assert len(counted) == 6 and not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
     assert {t.number for t in given_back} <= {t.user_attrs.get("interrupted_from") for t in counted}
     assert "RUNNING" not in {r.info.status for r in mlflow_runs(store)[1]}
+
+
+@pytest.mark.slow
+def test_a_money_budget_starts_no_trial_it_would_not_cover_and_a_resumed_study_counts_what_it_spent(tmp_path,
+                                                                                                      store):
+    """sweep.budget_usd at the hardware's price ($1 a second here): no trial starts that the budget would not see
+    to its end (each started no later than the moment the budget, less a trial's expected cost, ran out), the
+    spend is recorded in the study, and the same command again starts none: it counts what the first spent."""
+    import optuna
+
+    env = study_env(tmp_path, 500)
+    args = ("-m", "sweep=tiny", "epochs=2", "hardware.price_per_hour=3600", "sweep.budget_usd=20")
+    first = run_xp(tmp_path, store, *args, env=env, timeout=600)
+    ended = time.time()
+    said = first.stdout + first.stderr
+    assert first.returncode == 0, said[-3000:]
+    assert "no more trials start: its money budget would not cover another trial" in said, said[-3000:]
+    study = optuna.load_study(study_name="tiny", storage=env["XP_OPTUNA_STORAGE"])
+    spent_s, spent_usd = study.user_attrs["xp.spent_s"], study.user_attrs["xp.spent_usd"]
+    assert spent_usd == pytest.approx(spent_s, rel=0.01) and 0 < spent_usd < 20 + 60, study.user_attrs
+    runs = trial_runs(store)
+    assert 0 < len(runs) < 500 and "RUNNING" not in {r.info.status for r in runs}
+    budget_started = ended - spent_s  # (the command's end, less what it spent: the budget's start, or earlier)
+    assert all(r.info.start_time / 1000 <= budget_started + 20 + 3 for r in runs), [
+        (r.info.start_time / 1000 - budget_started) for r in runs]
+
+    again = run_xp(tmp_path, store, *args, env=env, timeout=600)
+    said = again.stdout + again.stderr
+    assert again.returncode == 0 and "its money budget would not cover another trial" in said, said[-3000:]
+    assert len(trial_runs(store)) == len(runs)  # it started none
+
+
+@pytest.mark.slow
+def test_a_hard_time_budget_stops_the_trials_in_flight_and_gives_them_back(tmp_path, store):
+    """sweep.timeout_s with sweep.hard_stop=true: at the budget the trials in flight stop (their runs KILLED,
+    the trials given back to the study to run first next time), the command ends with 0, nothing RUNNING."""
+    env = study_env(tmp_path, 50)
+    r = run_xp(tmp_path, store, "-m", "sweep=tiny", "epochs=400", "sweep.timeout_s=20", "sweep.hard_stop=true",
+               env=env, timeout=600)
+    said = r.stdout + r.stderr
+    assert r.returncode == 0 and "stopped at its time budget (sweep.timeout_s=20)" in said, said[-3000:]
+    trials = trials_of(tmp_path)
+    assert "RUNNING" not in {t.state.name for t in trials}
+    given_back = [t for t in trials if t.user_attrs.get("xp.interrupted")]
+    assert given_back and {t.state.name for t in given_back} == {"FAIL"}, [(t.state, t.user_attrs) for t in trials]
+    runs = trial_runs(store)
+    assert runs and {r.info.status for r in runs} == {"KILLED"}

@@ -116,7 +116,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from xp.launching.launcher import gpus_here, launcher_for
     from xp.run.planning import plan_and_backend
     from xp.run.worker import WORKER_ENV
-    from xp.studies.study import Composer, as_override
+    from xp.studies.compose import Composer, as_override
 
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name:
@@ -263,6 +263,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
     from omegaconf import OmegaConf
 
     from xp.studies import study
+    from xp.studies.budget import check_budget
     from xp.studies.trial import check_storage
 
     base = jobs[0]
@@ -284,6 +285,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], compose
             raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
     spec = study.spec_from(node, name, set(known), extra=space)
     check_storage(spec.storage)
+    check_budget(spec, config, here)
     if here and spec.scheduler == "slots" and (config.get("launcher") or {}).get("name", "local") == "local":  # (remote: the hosts')
         from xp.launching.slots import plan_slots
 

@@ -251,12 +251,12 @@ def _cores() -> str:
 
 
 def _composer() -> Any:
-    """The study's Composer (xp.studies.study) over Hydra brought up only when a trial needs a composition: the
+    """The study's Composer (xp.studies.compose) over Hydra brought up only when a trial needs a composition: the
     scheduler ships the study's composed config, so trials whose parameters are plain values are set on it
     without Hydra (its import, the study files registered, the config folder: 0.4 s of a worker's start)."""
-    from xp.studies import study
+    from xp.studies.compose import Composer
 
-    return study.Composer(_Hydra())
+    return Composer(_Hydra())
 
 
 class _Hydra:

@@ -64,11 +64,14 @@ class Scheduler:
                  lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None,
                  mark: Callable[[Any], None] = lambda trial: None,
                  give_back: Callable[[list[Any], str], None] = lambda trials, why: None,
-                 unsettled: Callable[[Any, str | None, str], None] = lambda trial, state, why: None):
+                 unsettled: Callable[[Any, str | None, str], None] = lambda trial, state, why: None,
+                 budget: Any = None):
         self.pool, self.ask, self.remaining, self.job_of, self.mark = pool, ask, remaining, job_of, mark
         self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
         self.give_back = give_back  # trials in flight or held when the study stops early, handed back to it
         self.unsettled = unsettled
+        self.budget = budget  # its time and money (xp.studies.budget), or None
+        self.stopped: str | None = None  # why no more trials start before the trial budget is spent
         self.flights: dict[Any, Flight] = {}  # worker -> the trial it runs
         self.ready: collections.deque[Flight] = collections.deque()  # the next trials, asked and not sent yet
         self.ended: list[tuple[Flight, Done, str]] = []  # trials told, not yet counted
@@ -95,6 +98,9 @@ class Scheduler:
                             self._count(*self.ended.pop(0))
                         self._summary()
                         return self.tally
+                    if self.budget is not None and (why := self.budget.stops_now()):  # sweep.hard_stop=true
+                        self._stop(why)
+                        continue
                     with held.waiting():
                         got = inbox.get(min(beat + self.heartbeat_s, checked + ALIVE_S) - time.monotonic())
                     while got is not None:  # everything that came, in order
@@ -116,16 +122,19 @@ class Scheduler:
                         beat = time.monotonic()
                         _beat([f.trial for f in [*self.flights.values(), *self.ready]])
             except BaseException as e:  # Ctrl-C, SIGTERM, a slot that cannot keep a worker: nothing stays RUNNING
-                self._stop(e)
+                from xp.errors import Terminated
+
+                self._stop({KeyboardInterrupt: "interrupted (Ctrl-C)", Terminated: "terminated (SIGTERM)"}.get(
+                    type(e), f"stopped ({type(e).__name__})"))
                 raise
+            finally:
+                if self.budget is not None:
+                    self.budget.save(force=True)
 
-    def _stop(self, error: BaseException) -> None:
-        """The study stops before its trials end: their workers are stopped (their runs end KILLED), then every trial
-        in flight or held ready goes back to the study, to run first when the same command runs again."""
-        from xp.errors import Terminated
-
-        why = {KeyboardInterrupt: "interrupted (Ctrl-C)", Terminated: "terminated (SIGTERM)"}.get(
-            type(error), f"stopped ({type(error).__name__})")
+    def _stop(self, why: str) -> None:
+        """The study stops before its trials end (`why`): their workers are stopped (their runs end KILLED), then
+        every trial in flight or held ready goes back to the study, to run first when the same command runs again."""
+        self.stopped = self.stopped or why
         stopped = list(self.flights)
         self.pool.stop(stopped)
         self._last_words(stopped)
@@ -155,7 +164,7 @@ class Scheduler:
         """Give every idle worker a trial, then hold one ready for each, while the budget lasts (an asked trial
         that reused an earlier result is told at once, and the budget shrinks)."""
         while idle:
-            flight = self.ready.popleft() if self.ready else self._next()
+            flight = self._held() or self._next()
             if flight is None:
                 break
             self._start(idle.pop(0), flight)
@@ -166,11 +175,30 @@ class Scheduler:
             self.ready.append(flight)
         return idle
 
+    def _refused(self) -> bool:
+        """The study's time or money budget lets no more trials start (the trials held ready go back to it)."""
+        ran = sum(self.tally.states.values())
+        why = self.budget.refuses(self.tally.busy_s / ran if ran else 0.0) if self.budget is not None else None
+        if why is None:
+            return False
+        if self.stopped is None:
+            self.stopped = why
+            log.info(f"study: no more trials start: {why}")
+        self.left = 0
+        if self.ready:
+            self.give_back([f.trial for f in self.ready], "out of budget")
+            self.ready.clear()
+        return True
+
+    def _held(self) -> Flight | None:
+        """The oldest trial held ready, if the budget lets it start."""
+        return self.ready.popleft() if self.ready and not self._refused() else None
+
     def _next(self) -> Flight | None:
         """The next trial asked, with its worker's message; None when the budget is spent."""
         while True:
             self.left = self.remaining()
-            if self.left <= 0:
+            if self.left <= 0 or self._refused():
                 return None
             trial = self.ask()
             if trial is not None:
@@ -207,7 +235,7 @@ class Scheduler:
             if msg.recycle:  # it ran something that changes its process for good (mixed precision)
                 self.pool.retire(worker)
                 worker = self.pool.replace(worker)
-            nxt = self.ready.popleft() if self.ready and worker is not None else None
+            nxt = self._held() if worker is not None else None
             if nxt is not None:  # the trial held ready starts at once; the scheduler tells and asks meanwhile
                 self._start(worker, nxt)
             self.ended.append((flight, msg, self.tell(flight.trial, msg)))  # counted once the slot is refilled
@@ -229,6 +257,8 @@ class Scheduler:
 
     def _summary(self) -> None:
         t = self.tally
+        if self.budget is not None:
+            log.info(f"study: budget spent: {self.budget.line()}" + (f"; {self.stopped}" if self.stopped else ""))
         if t.first is None:
             return
         span, slots = time.monotonic() - t.first, self.slots
@@ -250,8 +280,10 @@ class Scheduler:
         print(f"study: trial {flight.trial.number} {state.lower()}{error} after "
               f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states['COMPLETE']} complete, "
               f"{t.states['PRUNED']} pruned, {t.states['FAIL']} failed), {len(self.flights)} running on "
-              f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta,
-              flush=True, file=sys.stdout)
+              f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta
+              + (f" | budget {self.budget.line()}" if self.budget is not None else ""), flush=True, file=sys.stdout)
+        if self.budget is not None:
+            self.budget.save()
 
 
 def _beat(trials: list[Any]) -> None:

@@ -20,7 +20,6 @@ retries each with the same parameters, at most max_retry times.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import importlib.util
@@ -29,7 +28,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -85,73 +84,13 @@ class StudySpec:
     scheduler: str = "slots"  # slots: xp keeps a trial in flight on every slot; hydra: batches through Hydra's launcher
     settings: tuple[str, ...] = ()  # a recipe's experiment: overrides every trial starts from (the command line wins)
     claim: dict[str, Any] | None = None  # a recipe's published figure (kind, source, figure, at, ...)
+    timeout_s: float | None = None  # no trial starts after the study has run this long (xp.studies.budget)
+    hard_stop: bool = False  # ... and the trials in flight stop then too
+    budget_usd: float | None = None  # no trial starts that would end past this cost
 
     @property
     def multi_objective(self) -> bool:
         return len(self.objectives) > 1
-
-
-class Composer:
-    """composer(base, params) -> a DictConfig: xp's config tree composed with the override strings `base` (once
-    per distinct base) and a trial's parameters, set on a copy where each names a plain value the config has;
-    composed anew (the parameters as overrides) where one picks a config group's option or adds a key.
-    A study's worker composes its trials so, and the preflight its search space's corners: a Hydra compose
-    costs ~0.1 s, a copy ~5 ms. `compose`: hydra.compose, inside an initialized config folder."""
-
-    def __init__(self, compose: Any):
-        self.compose, self.composed = compose, {}
-
-    def __call__(self, base: list[str], params: dict[str, Any] | None = None) -> Any:
-        with self.applied(base, params) as cfg:
-            return cfg.copy()
-
-    def seed(self, base: list[str], config: dict[str, Any]) -> None:
-        """`base` composed by the scheduler (every trial's message carries it; made a DictConfig once)."""
-        from omegaconf import OmegaConf
-
-        if tuple(base) not in self.composed:
-            self.composed[tuple(base)] = OmegaConf.create(config)
-
-    @contextlib.contextmanager
-    def applied(self, base: list[str], params: dict[str, Any] | None = None) -> Iterator[Any]:
-        """The config, only for the body (the parameters are set on the composed one and put back after:
-        no copy)."""
-        from omegaconf import DictConfig, OmegaConf
-
-        key = tuple(base)
-        if key not in self.composed:
-            self.composed[key] = self.compose("config", overrides=list(base))
-        cfg = self.composed[key]
-        missing = object()
-        before = {k: OmegaConf.select(cfg, k, default=missing) for k in params or {}}
-        if any(v is missing or isinstance(v, DictConfig) for v in before.values()):
-            yield self.compose("config", overrides=[*base, *(as_override(k, v) for k, v in params.items())])
-            return
-        if any(_interpolated(cfg, k) for k in before):  # its value is not what to put back: work on a copy
-            cfg, before = cfg.copy(), {}
-        try:
-            for k, v in (params or {}).items():
-                OmegaConf.update(cfg, k, v, merge=False)
-            yield cfg
-        finally:
-            for k, v in before.items():
-                OmegaConf.update(cfg, k, v, merge=False)
-
-
-def _interpolated(cfg: Any, key: str) -> bool:
-    from omegaconf import OmegaConf
-
-    parent, _, leaf = key.rpartition(".")
-    return OmegaConf.is_interpolation(OmegaConf.select(cfg, parent) if parent else cfg, leaf)
-
-
-def as_override(key: str, value: Any) -> str:
-    """KEY=VALUE as Hydra reads it back to the same value."""
-    if isinstance(value, bool):
-        return f"{key}={'true' if value else 'false'}"
-    if isinstance(value, (int, float)):
-        return f"{key}={value!r}"
-    return f"{key}='{value}'"
 
 
 def names() -> list[str]:
@@ -180,6 +119,9 @@ class StudyConf:
     study_name: str | None = None  # Optuna study name (default: name); the same name continues the study
     storage: str | None = None  # RDB URL; null = sqlite:///mlruns/optuna.db (or $XP_OPTUNA_STORAGE)
     n_trials: int = 20  # trial budget (finished trials count, also from earlier runs)
+    timeout_s: float | None = None  # time budget: no trial starts after the study has run this long, seconds
+    hard_stop: bool = False  # at the time (or money) budget, the trials in flight stop too (else they finish)
+    budget_usd: float | None = None  # money budget: no trial starts that would end past it (hardware's price)
     parallel: int | None = None  # trials in flight at once; null: one per slot (a trial's GPUs, or a core)
     trials_per_gpu: int = 1  # trials packed on each GPU (small models)
     scheduler: str = "slots"  # slots: a trial in flight on every slot; hydra: batches of `parallel` via Hydra's launcher
@@ -253,7 +195,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
                           "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
                           "trials_per_gpu", "scheduler", "settings", "claim", "batch_ladder",
-                          "pretrain"}
+                          "pretrain", "timeout_s", "hard_stop", "budget_usd"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
@@ -292,7 +234,20 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
-                     heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim)
+                     heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim,
+                     *_budget(raw, where))
+
+
+def _budget(raw: dict[str, Any], where: str) -> tuple[float | None, bool, float | None]:
+    """timeout_s, hard_stop and budget_usd (xp.studies.budget), checked."""
+    for key in ("timeout_s", "budget_usd"):
+        v = raw.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf):
+            raise ConfigError(f"{where}: {key}={v!r}: must be a number > 0, or null")
+    if not isinstance(raw.get("hard_stop", False), bool):
+        raise ConfigError(f"{where}: hard_stop={raw['hard_stop']!r}: must be true or false")
+    timeout_s, budget_usd = (None if raw.get(k) is None else float(raw[k]) for k in ("timeout_s", "budget_usd"))
+    return timeout_s, raw.get("hard_stop", False), budget_usd
 
 
 def _recipe_steps(ladder: Any, pretrain: Any, where: str) -> None:

@@ -8,13 +8,16 @@ import dataclasses
 import json
 import logging
 import os
+import time
 import warnings
 from typing import Any
 
 from xp.errors import redact
 from xp.studies.channel import Done, Trial
+from xp.studies.budget import Budget
+from xp.studies.compose import as_override
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
-from xp.studies.study import FINISHED, StudySpec, as_override, space_from_overrides, spec_from
+from xp.studies.study import FINISHED, StudySpec, space_from_overrides, spec_from
 from xp.studies.trial import INTERRUPTED, _counts, distributions, heartbeat, open_study, retry_dead_trials
 
 log = logging.getLogger("xp")
@@ -53,22 +56,32 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any =
     parallel = spec.parallel if at_once is None else max(spec.parallel or 1, at_once)
     pool = (placement.pool(config, spec, parallel, remaining) if placement is not None and spec.scheduler == "slots"
             and remaining > 0 else None)
+    budget = Budget.of(spec, study, config, hosts=len({s.host for s in pool.slots}) if pool is not None else 1)
+    if budget is not None:
+        log.info(f"study budget: {budget.line()} spent before this command"
+                 + (f" (at ${budget.usd_per_s * 3600:g}/h)" if budget.usd_per_s else ""))
     if pool is not None:
         with pool:
-            returns = [scheduled(study, spec, pool, config, arguments)]
+            returns = [scheduled(study, spec, pool, config, arguments, budget)]
     else:
-        returns = _in_batches(study, spec, arguments, launcher, parallel or 1)
+        returns = _in_batches(study, spec, arguments, launcher, parallel or 1, budget)
     from xp.tracking.stores import resolve_uri
 
     summarize(study, spec, resolve_uri(config.get("tracking_uri")))
     return returns
 
 
-def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any, parallel: int) -> list[Any]:
-    """Ask `parallel` trials, launch them as one batch of Hydra jobs, tell, until the budget is spent."""
+def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any, parallel: int,
+                budget: Any = None) -> list[Any]:
+    """Ask `parallel` trials, launch them as one batch of Hydra jobs, tell, until the budget is spent (the trials'
+    number, or the time or money: no batch starts that it would not see to its end, as long as the last one)."""
     done, elsewhere = _counts(study)
-    remaining, returns, job = spec.n_trials - done - elsewhere, [], 0
+    remaining, returns, job, took = spec.n_trials - done - elsewhere, [], 0, 0.0
     while remaining > 0:
+        if budget is not None and (why := budget.refuses(took)):
+            log.info(f"study: no more trials start: {why}")
+            break
+        started = time.monotonic()
         for line in retry_dead_trials(study, spec):
             log.warning(line)
         trials, reused = _ask(study, distributions(spec), min(parallel, remaining))
@@ -80,6 +93,9 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
         with heartbeat(study, trials):
             results = launcher.launch(jobs, initial_job_idx=job)
         _tell(study, trials, results)
+        took = time.monotonic() - started
+        if budget is not None:
+            budget.save(force=True)
         returns.append(results)
         job += len(trials)
         done, elsewhere = _counts(study)
@@ -87,7 +103,7 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
     return returns
 
 
-def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str]) -> Any:
+def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None) -> Any:
     """The study's trials kept in flight on the pool's slots (xp.studies.scheduler); returns its tally."""
     from pathlib import Path
 
@@ -132,7 +148,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
     scheduler = Scheduler(pool, ask, remaining, job_of, tell, ends.lost, spec.heartbeat_s,
                           None if spec.multi_objective else spec.objectives[0].direction,
                           mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=ends.give_back,
-                          unsettled=ends.unsettled)
+                          unsettled=ends.unsettled, budget=budget)
     return scheduler.run()
 
 

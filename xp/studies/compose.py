@@ -1,0 +1,70 @@
+"""A study's trial configs: its base (the command line's overrides) composed once, each trial's parameters set
+on it (`Composer`), and a parameter written back as an override Hydra reads to the same value (`as_override`)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+
+class Composer:
+    """composer(base, params) -> a DictConfig: xp's config tree composed with the override strings `base` (once
+    per distinct base) and a trial's parameters, set on a copy where each names a plain value the config has;
+    composed anew (the parameters as overrides) where one picks a config group's option or adds a key.
+    A study's worker composes its trials so, and the preflight its search space's corners: a Hydra compose
+    costs ~0.1 s, a copy ~5 ms. `compose`: hydra.compose, inside an initialized config folder."""
+
+    def __init__(self, compose: Any):
+        self.compose, self.composed = compose, {}
+
+    def __call__(self, base: list[str], params: dict[str, Any] | None = None) -> Any:
+        with self.applied(base, params) as cfg:
+            return cfg.copy()
+
+    def seed(self, base: list[str], config: dict[str, Any]) -> None:
+        """`base` composed by the scheduler (every trial's message carries it; made a DictConfig once)."""
+        from omegaconf import OmegaConf
+
+        if tuple(base) not in self.composed:
+            self.composed[tuple(base)] = OmegaConf.create(config)
+
+    @contextlib.contextmanager
+    def applied(self, base: list[str], params: dict[str, Any] | None = None) -> Iterator[Any]:
+        """The config, only for the body (the parameters are set on the composed one and put back after:
+        no copy)."""
+        from omegaconf import DictConfig, OmegaConf
+
+        key = tuple(base)
+        if key not in self.composed:
+            self.composed[key] = self.compose("config", overrides=list(base))
+        cfg = self.composed[key]
+        missing = object()
+        before = {k: OmegaConf.select(cfg, k, default=missing) for k in params or {}}
+        if any(v is missing or isinstance(v, DictConfig) for v in before.values()):
+            yield self.compose("config", overrides=[*base, *(as_override(k, v) for k, v in params.items())])
+            return
+        if any(_interpolated(cfg, k) for k in before):  # its value is not what to put back: work on a copy
+            cfg, before = cfg.copy(), {}
+        try:
+            for k, v in (params or {}).items():
+                OmegaConf.update(cfg, k, v, merge=False)
+            yield cfg
+        finally:
+            for k, v in before.items():
+                OmegaConf.update(cfg, k, v, merge=False)
+
+
+def _interpolated(cfg: Any, key: str) -> bool:
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    return OmegaConf.is_interpolation(OmegaConf.select(cfg, parent) if parent else cfg, leaf)
+
+
+def as_override(key: str, value: Any) -> str:
+    """KEY=VALUE as Hydra reads it back to the same value."""
+    if isinstance(value, bool):
+        return f"{key}={'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"{key}={value!r}"
+    return f"{key}='{value}'"
