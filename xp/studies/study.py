@@ -98,12 +98,12 @@ def names() -> list[str]:
 
 
 def storage_url(url: str | None, cwd: str | Path | None = None) -> str:
-    """The storage URL with a relative SQLite path made absolute (jobs may run elsewhere)."""
+    """The storage URL with a relative SQLite (or journal file) path made absolute (jobs may run elsewhere)."""
     url = url or os.environ.get("XP_OPTUNA_STORAGE") or DEFAULT_STORAGE
-    prefix = "sqlite:///"
-    if url.startswith(prefix) and not url.startswith(prefix + "/"):
+    prefix = next((p for p in ("sqlite:///", "journal:///") if url.startswith(p)), None)
+    if prefix and not url.startswith(prefix + "/"):
         url = prefix + str((Path(cwd or os.getcwd()) / url[len(prefix):]).resolve())
-    if url.startswith(prefix):
+    if prefix:
         try:
             Path(url[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -117,7 +117,7 @@ class StudyConf:
     `sweep/` folder of the user's config directory), and every field is an override (sweep.n_trials=50)."""
     name: str = ""  # the option's name (set by xp: the file's name)
     study_name: str | None = None  # Optuna study name (default: name); the same name continues the study
-    storage: str | None = None  # RDB URL; null = sqlite:///mlruns/optuna.db (or $XP_OPTUNA_STORAGE)
+    storage: str | None = None  # RDB URL or journal:///FILE; null = sqlite:///mlruns/optuna.db ($XP_OPTUNA_STORAGE)
     n_trials: int = 20  # trial budget (finished trials count, also from earlier runs)
     timeout_s: float | None = None  # time budget: no trial starts after the study has run this long, seconds
     hard_stop: bool = False  # at the time (or money) budget, the trials in flight stop too (else they finish)

@@ -110,11 +110,36 @@ def make_pruner(spec: StudySpec) -> Any:
     return optuna.pruners.NopPruner()
 
 
+JOURNAL = "journal:///"  # sweep.storage=journal:///PATH: Optuna's JournalStorage on a file (no database)
+
+
 def check_storage(url: str) -> None:
     """Connect once, before anything is created: an unreachable database is a usage error."""
+    if url.startswith(JOURNAL):
+        try:
+            open(url[len(JOURNAL) - 1:], "ab").close()
+        except OSError as e:
+            raise ConfigError(f"sweep.storage={url}: cannot write it ({e.strerror})") from None
+        return
     from xp.tracking.stores import check_database
 
     check_database(url, "storage")
+
+
+def storage_of(url: str, spec: StudySpec | None = None) -> Any:
+    """The Optuna storage of `url`: a journal file's, or a database's (with `spec`, the heartbeats that let a
+    later sweeper retry the trials of a dead one; a journal keeps none: xp.scheduler marks find those)."""
+    import optuna
+
+    if url.startswith(JOURNAL):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(url[len(JOURNAL) - 1:]))
+    if spec is None:
+        return url
+    return optuna.storages.RDBStorage(
+        url, heartbeat_interval=spec.heartbeat_s, grace_period=spec.grace_s,
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry))
 
 
 def open_study(spec: StudySpec) -> Any:
@@ -125,9 +150,7 @@ def open_study(spec: StudySpec) -> Any:
     check_storage(spec.storage)
     with warnings.catch_warnings(), first_use(spec.storage, "sweep.storage", seed=optuna_schema):  # one at a time
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = optuna.storages.RDBStorage(
-            spec.storage, heartbeat_interval=spec.heartbeat_s, grace_period=spec.grace_s,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry))
+        storage = storage_of(spec.storage, spec)
     study = optuna.create_study(study_name=spec.study_name, storage=storage, sampler=make_sampler(spec),
                                 pruner=make_pruner(spec), directions=[o.direction for o in spec.objectives],
                                 load_if_exists=True)
@@ -168,6 +191,9 @@ def retry_dead_trials(study: Any, spec: StudySpec) -> list[str]:
 def heartbeat(study: Any, trials: list[Any]):
     """Record a heartbeat for `trials` every heartbeat interval while the block runs."""
     storage, stop = study._storage, threading.Event()
+    if not hasattr(storage, "record_heartbeat"):  # a journal keeps none
+        yield
+        return
     interval = storage.get_heartbeat_interval()
 
     def beat() -> None:
@@ -218,5 +244,6 @@ def attach(settings: Any) -> StudyTrial | None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = spec_from(settings.sweep, settings.sweep.get("name") or settings.study, search=False)
     with first_use(settings.storage, "sweep.storage"):
-        study = optuna.load_study(study_name=settings.study, storage=settings.storage, pruner=make_pruner(spec))
+        study = optuna.load_study(study_name=settings.study, storage=storage_of(settings.storage),
+                                  pruner=make_pruner(spec))
     return StudyTrial(optuna.trial.Trial(study, settings.trial_id), spec)

@@ -1,0 +1,152 @@
+"""A study at scale: N trials that each last a fixed time and use no CPU, on S slots of this machine.
+
+    .venv/bin/python benchmarks/study_scale.py [--trials 1000] [--slots 16] [--trial-s 1.0] [--epochs 4]
+                                               [--storage sqlite] [--tracking sqlite] [--profile]
+
+Every trial is a complete xp run of the sleep backend (benchmarks/sleep_backend.py, registered here as a third
+party's backend is): its MLflow child run with parameters, per-epoch metrics and tags, Optuna's ask, a report
+and a pruning question per epoch (median pruner), tell. What it measures, from one study command:
+
+- wall: the command, start to exit; ideal: N x trial time / S; overhead: wall / ideal;
+- the scheduler's CPU per trial: the study command's own process (not its workers), user + system, over N;
+- with --profile, the storage's share of the scheduler's working time (its process under cProfile: time in
+  optuna.storages and SQLAlchemy over its time less waiting for its workers);
+- the workers: how many at the peak, their memory (USS: what each costs on its own, and RSS), and how long
+  the first takes to be ready.
+The figures go to stdout and benchmarks/results/study_scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+STUDY = ("study_name: scale\nn_trials: {n}\nsampler: tpe\nsampler_seed: 1\npruner: median\n"
+         "pruner_options: {{n_startup_trials: 5, n_warmup_steps: 1}}\n"
+         "params:\n  lr: {{type: float, low: 0.001, high: 1.0, log: true}}\n"
+         "  momentum: {{type: float, low: 0.5, high: 0.99}}\n")
+
+
+def storage_url(kind: str, work: Path) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{work}/optuna.db"
+    if kind == "journal":
+        return f"journal:///{work}/optuna.log"
+    if kind.startswith(("postgresql://", "sqlite:///", "journal:///")):
+        return kind
+    raise SystemExit(f"--storage={kind}: sqlite, journal, or a URL (postgresql://USER@HOST/DB)")
+
+
+def sample(tree: psutil.Process, seen: dict) -> None:
+    """The scheduler's CPU and its workers' memory, as they stand now."""
+    try:
+        t = tree.cpu_times()
+        seen["cpu_s"] = t.user + t.system
+        workers = [c for c in tree.children() if "xp.launching.trialworker" in " ".join(c.cmdline())]
+    except psutil.Error:
+        return
+    seen["peak_workers"] = max(seen.get("peak_workers", 0), len(workers))
+    for w in workers:
+        try:
+            m = w.memory_full_info()
+            seen.setdefault("uss", {})[w.pid] = max(seen.get("uss", {}).get(w.pid, 0), m.uss)
+            seen.setdefault("rss", {})[w.pid] = max(seen.get("rss", {}).get(w.pid, 0), m.rss)
+        except psutil.Error:
+            pass
+
+
+def one(args: argparse.Namespace) -> dict:
+    import sleep_backend
+
+    work = Path(tempfile.mkdtemp(prefix="xp-bench-scale-"))
+    plugins = sleep_backend.install(work / "site")
+    (work / "sweeps").mkdir()
+    (work / "sweeps" / "scale.yaml").write_text(STUDY.format(n=args.trials))
+    tracking = f"sqlite:///{work}/mlflow.db" if args.tracking == "sqlite" else args.tracking
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
+               XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=storage_url(args.storage, work),
+               XP_SLEEP_EPOCH_S=str(args.trial_s / args.epochs))
+    profile = ["-m", "cProfile", "-o", str(work / "scheduler.prof")] if args.profile else []
+    argv = [sys.executable, *profile, "-m", "xp", "-m", "sweep=scale", f"sweep.parallel={args.slots}",
+            "backend.name=sleep", f"epochs={args.epochs}", "batch=512", f"tracking_uri={tracking}",
+            "experiment=scale", f"hydra.sweep.dir={work}/sweep"]
+    seen: dict = {}
+    t0 = time.monotonic()
+    with open(work / "out.txt", "w") as out:
+        proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+        tree = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            sample(tree, seen)
+            if "first_ready_s" not in seen and "trial 0 " in (work / "out.txt").read_text()[-100000:]:
+                seen["first_ready_s"] = time.monotonic() - t0
+            time.sleep(0.5)
+    wall = time.monotonic() - t0
+    said = (work / "out.txt").read_text()
+    if proc.returncode != 0:
+        raise SystemExit(f"the study failed ({proc.returncode}):\n{said[-3000:]}")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking)
+    exp = client.get_experiment_by_name("scale").experiment_id
+    runs = client.search_runs([exp], filter_string="tags.`optuna.trial_number` != ''", max_results=50000)
+    ideal = args.trials * args.trial_s / args.slots
+    uss, rss = list(seen.get("uss", {}).values()), list(seen.get("rss", {}).values())
+    result = {"trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "storage": args.storage,
+              "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, "runs": len(runs),
+              "pruned": sum(r.data.tags.get("optuna.trial_state") == "PRUNED" for r in runs),
+              "scheduler_cpu_s": seen.get("cpu_s"), "scheduler_cpu_ms_per_trial": 1000 * seen.get("cpu_s", 0) / args.trials,
+              "peak_workers": seen.get("peak_workers"), "worker_uss_mb": statistics.median(uss) / 2**20 if uss else None,
+              "worker_rss_mb": statistics.median(rss) / 2**20 if rss else None, "work": str(work)}
+    if args.profile:
+        result.update(storage_share(work / "scheduler.prof"))
+    return result
+
+
+def storage_share(path: Path) -> dict:
+    """From the scheduler's profile: its total time, the time it waited for its workers, the storage's time."""
+    stats = pstats.Stats(str(path)).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    total = sum(tt for _, _, tt, _, _ in stats.values())
+    waiting = sum(ct for (f, _, name), (_, _, _, ct, _) in stats.items() if name == "get" and f.endswith("channel.py"))
+    storage = sum(tt for (f, _, _), (_, _, tt, _, _) in stats.items() if "optuna/storages" in f or "sqlalchemy" in f
+                  or "sqlite3" in f or "psycopg" in f)
+    working = total - waiting
+    return {"profiled_s": total, "waiting_s": waiting, "storage_s": storage, "storage_share": storage / working}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=1000)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--trial-s", type=float, default=1.0, help="how long each trial sleeps in all")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--storage", default="sqlite", help="sqlite, journal (a file), or a study storage URL")
+    ap.add_argument("--tracking", default="sqlite", help="sqlite (a fresh file), or an MLflow tracking URI")
+    ap.add_argument("--profile", action="store_true", help="the scheduler under cProfile: the storage's share")
+    r = one(ap.parse_args())
+    print(f"{r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}): wall {r['wall_s']:.1f} s, "
+          f"ideal {r['ideal_s']:.1f} s, {r['overhead']:.2f}x; {r['runs']} trial runs ({r['pruned']} pruned)")
+    print(f"scheduler CPU {r['scheduler_cpu_s']:.1f} s: {r['scheduler_cpu_ms_per_trial']:.0f} ms a trial; workers: "
+          f"{r['peak_workers']} at the peak, {r['worker_uss_mb']:.0f} MB USS ({r['worker_rss_mb']:.0f} MB RSS) each")
+    if "storage_share" in r:
+        print(f"scheduler profile: {r['profiled_s']:.1f} s, of which waiting for workers {r['waiting_s']:.1f} s; "
+              f"storage {r['storage_s']:.1f} s = {r['storage_share']:.0%} of its working time")
+    out = ROOT / "benchmarks" / "results" / "study_scale.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(r, indent=1))
+
+
+if __name__ == "__main__":
+    main()
