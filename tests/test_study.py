@@ -215,6 +215,26 @@ def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
 
 
 @pytest.mark.slow
+def test_a_study_on_a_journal_file_runs_on_slots_and_in_batches(tmp_path, store, sweeps):
+    """sweep.storage=journal:///FILE (Optuna's JournalStorage, no database): the study's trials on slots, then
+    the same study continued in batches (whose trials open the journal themselves)."""
+    d = sweeps("small", SMALL.format(n=2, sampler="random", pruner="none", objectives=ONE))
+    env = {"XP_SWEEPS_DIR": str(d), "XP_OPTUNA_STORAGE": f"journal:///{tmp_path}/optuna.log"}
+    proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", "sweep.n_trials=3", "sweep.scheduler=hydra",
+                   env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "2 trials done, 0 running elsewhere, 1 to run" in again.stdout
+    storage = trial.storage_of(env["XP_OPTUNA_STORAGE"])
+    import optuna
+
+    trials = optuna.load_study(study_name="small", storage=storage).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3 and all(len(t.intermediate_values) == 2 for t in trials)
+    assert len([r for r in mlflow_runs(store)[1] if "optuna.trial_number" in r.data.tags]) == 3
+
+
+@pytest.mark.slow
 def test_a_study_in_batches_through_joblib_ends_its_process(tmp_path, store, sweeps):
     """sweep.scheduler=hydra with Hydra's joblib launcher: the process ends when the study does (xp's quick exit
     lets joblib end its executor before it waits for threads: it hung there once)."""
