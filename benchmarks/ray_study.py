@@ -54,7 +54,8 @@ def one(c, way: str, rep: int, trials: int, args: argparse.Namespace) -> dict[st
     if way == "ray":
         argv += ["launcher=ray", f"launcher.address={c.ray_address}", f"host_ip={c.launcher.address}"]
     elif way == "hydra-ray":  # each trial a Ray task of 1 CPU (the plugin's default) on the node, 2 at a time
-        argv += ["hydra/launcher=ray", f"hydra.launcher.ray.init.address={c.ray_address}"]
+        argv += ["hydra/launcher=ray", f"hydra.launcher.ray.init.address={c.ray_address}",
+                 "+hydra.launcher.ray.init.object_store_memory=null"]  # (its default is refused by a running cluster)
     study_env = dict(env(), XP_SWEEPS_DIR=str(folder / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{folder}/optuna.db")
     t0 = time.monotonic()
     r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=study_env, capture_output=True, text=True, timeout=1800)

@@ -58,12 +58,11 @@ class SleepBackend(Backend):
 
 def install(root: Path) -> Path:
     """This module as an installed distribution with its `xp.backends` entry point under `root` (put it on
-    PYTHONPATH)."""
-    pkg = root / "xp_sleep_backend"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text(Path(__file__).read_text())
-    info = root / "xp_sleep_backend-0.1.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xp-sleep-backend\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[xp.backends]\nsleep = xp_sleep_backend:SleepBackend\n")
-    return root
+    PYTHONPATH), written as the tests write their third-party plugins."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from plugin_fixtures import as_package
+
+    return as_package(root, Path(__file__), "xp_sleep_backend", "xp.backends",
+                      "sleep = xp_sleep_backend:SleepBackend\n")

@@ -107,8 +107,10 @@ def one(args: argparse.Namespace) -> dict:
     result = {"trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "storage": args.storage,
               "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, "runs": len(runs),
               "pruned": sum(r.data.tags.get("optuna.trial_state") == "PRUNED" for r in runs),
-              "scheduler_cpu_s": seen.get("cpu_s"), "scheduler_cpu_ms_per_trial": 1000 * seen.get("cpu_s", 0) / args.trials,
-              "peak_workers": seen.get("peak_workers"), "worker_uss_mb": statistics.median(uss) / 2**20 if uss else None,
+              "scheduler_cpu_s": seen.get("cpu_s"),
+              "scheduler_cpu_ms_per_trial": 1000 * seen.get("cpu_s", 0) / args.trials,
+              "peak_workers": seen.get("peak_workers"),
+              "worker_uss_mb": statistics.median(uss) / 2**20 if uss else None,
               "worker_rss_mb": statistics.median(rss) / 2**20 if rss else None, "work": str(work)}
     if args.profile:
         result.update(storage_share(work / "scheduler.prof"))
@@ -136,7 +138,8 @@ def main() -> None:
     ap.add_argument("--tracking", default="sqlite", help="sqlite (a fresh file), or an MLflow tracking URI")
     ap.add_argument("--profile", action="store_true", help="the scheduler under cProfile: the storage's share")
     r = one(ap.parse_args())
-    print(f"{r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}): wall {r['wall_s']:.1f} s, "
+    print(f"{r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}): "
+          f"wall {r['wall_s']:.1f} s, "
           f"ideal {r['ideal_s']:.1f} s, {r['overhead']:.2f}x; {r['runs']} trial runs ({r['pruned']} pruned)")
     print(f"scheduler CPU {r['scheduler_cpu_s']:.1f} s: {r['scheduler_cpu_ms_per_trial']:.0f} ms a trial; workers: "
           f"{r['peak_workers']} at the peak, {r['worker_uss_mb']:.0f} MB USS ({r['worker_rss_mb']:.0f} MB RSS) each")

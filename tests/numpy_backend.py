@@ -95,11 +95,7 @@ class NumpyBackend(Backend):
 
 def install(root: Path) -> Path:
     """Write this module as an installed distribution with its entry point under `root` (put it on sys.path)."""
-    pkg = root / "xp_numpy_backend"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text(Path(__file__).read_text())
-    info = root / "xp_numpy_backend-0.1.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xp-numpy-backend\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[xp.backends]\nnumpy = xp_numpy_backend:NumpyBackend\n")
-    return root
+    from plugin_fixtures import as_package
+
+    return as_package(root, Path(__file__), "xp_numpy_backend", "xp.backends",
+                      "numpy = xp_numpy_backend:NumpyBackend\n")

@@ -18,6 +18,19 @@ class FailingBackend(GluonBackend):
 '''
 
 
+def as_package(root: Path, module: Path, package: str, group: str, entries: str) -> Path:
+    """`module` written under `root` as the installed distribution `package` (its module, METADATA and the
+    entry points `entries` of `group`), as pip would leave it; put `root` on sys.path to find it."""
+    pkg = root / package
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(module.read_text())
+    info = root / f"{package}-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entries}")
+    return root
+
+
 def install_test_plugins(root: Path, extra: str = "") -> Path:
     """Write package xp_testplugins with a failing, a broken and a non-backend plugin, plus its dist-info."""
     pkg = root / "xp_testplugins"

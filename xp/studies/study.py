@@ -117,7 +117,7 @@ class StudyConf:
     `sweep/` folder of the user's config directory), and every field is an override (sweep.n_trials=50)."""
     name: str = ""  # the option's name (set by xp: the file's name)
     study_name: str | None = None  # Optuna study name (default: name); the same name continues the study
-    storage: str | None = None  # RDB URL or journal:///FILE; null = sqlite:///mlruns/optuna.db ($XP_OPTUNA_STORAGE)
+    storage: str | None = None  # RDB URL, journal:///FILE; null: sqlite:///mlruns/optuna.db ($XP_OPTUNA_STORAGE)
     n_trials: int = 20  # trial budget (finished trials count, also from earlier runs)
     timeout_s: float | None = None  # time budget: no trial starts after the study has run this long, seconds
     hard_stop: bool = False  # at the time (or money) budget, the trials in flight stop too (else they finish)

@@ -91,7 +91,12 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
         jobs = [[*arguments, *(as_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
                  f"optuna.storage='{spec.storage}'", f"optuna.trial_id={t._trial_id}"] for t in trials]
         with heartbeat(study, trials):
-            results = launcher.launch(jobs, initial_job_idx=job)
+            try:
+                results = launcher.launch(jobs, initial_job_idx=job)
+            except Exception as e:  # the Hydra launcher's own failure (its cluster, its settings): one line
+                from xp.errors import XPError, one_line
+
+                raise XPError(f"hydra/launcher ({type(launcher).__name__}) failed: {one_line(e)[:300]}") from None
         _tell(study, trials, results)
         took = time.monotonic() - started
         if budget is not None:
