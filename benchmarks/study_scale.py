@@ -9,8 +9,9 @@ and a pruning question per epoch (median pruner), tell. What it measures, from o
 
 - wall: the command, start to exit; ideal: N x trial time / S; overhead: wall / ideal;
 - the scheduler's CPU per trial: the study command's own process (not its workers), user + system, over N;
-- with --profile, the storage's share of the scheduler's working time (its process under cProfile: time in
-  optuna.storages and SQLAlchemy over its time less waiting for its workers);
+- the workers' CPU per trial (all of them together, over N) and how busy the machine's cores were;
+- with --profile, where the scheduler's working time goes (py-spy samples of its process, idle waits left out:
+  pip install py-spy): the storage's share (optuna.storages, SQLAlchemy, sqlite3), the sampler's, MLflow's;
 - the workers: how many at the peak, their memory (USS: what each costs on its own, and RSS), and how long
   the first takes to be ready.
 The figures go to stdout and benchmarks/results/study_scale.json.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pstats
 import statistics
 import subprocess
 import sys
@@ -51,7 +51,7 @@ def storage_url(kind: str, work: Path) -> str:
 
 
 def sample(tree: psutil.Process, seen: dict) -> None:
-    """The scheduler's CPU and its workers' memory, as they stand now."""
+    """The scheduler's CPU, its workers' CPU and memory, as they stand now."""
     try:
         t = tree.cpu_times()
         seen["cpu_s"] = t.user + t.system
@@ -61,9 +61,9 @@ def sample(tree: psutil.Process, seen: dict) -> None:
     seen["peak_workers"] = max(seen.get("peak_workers", 0), len(workers))
     for w in workers:
         try:
-            m = w.memory_full_info()
-            seen.setdefault("uss", {})[w.pid] = max(seen.get("uss", {}).get(w.pid, 0), m.uss)
-            seen.setdefault("rss", {})[w.pid] = max(seen.get("rss", {}).get(w.pid, 0), m.rss)
+            m, c = w.memory_full_info(), w.cpu_times()
+            for key, value in (("uss", m.uss), ("rss", m.rss), ("worker_cpu", c.user + c.system)):
+                seen.setdefault(key, {})[w.pid] = max(seen.get(key, {}).get(w.pid, 0), value)
         except psutil.Error:
             pass
 
@@ -79,8 +79,7 @@ def one(args: argparse.Namespace) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
                XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=storage_url(args.storage, work),
                XP_SLEEP_EPOCH_S=str(args.trial_s / args.epochs))
-    profile = ["-m", "cProfile", "-o", str(work / "scheduler.prof")] if args.profile else []
-    argv = [sys.executable, *profile, "-m", "xp", "-m", "sweep=scale", f"sweep.parallel={args.slots}",
+    argv = [sys.executable, "-m", "xp", "-m", "sweep=scale", f"sweep.parallel={args.slots}",
             "backend.name=sleep", f"epochs={args.epochs}", "batch=512", f"tracking_uri={tracking}",
             "experiment=scale", f"hydra.sweep.dir={work}/sweep"]
     seen: dict = {}
@@ -88,12 +87,19 @@ def one(args: argparse.Namespace) -> dict:
     with open(work / "out.txt", "w") as out:
         proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
         tree = psutil.Process(proc.pid)
+        spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid),
+                                "--rate", "50", "--format", "raw", "--nonblocking", "-o", str(work / "spy.txt")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if args.profile else None
+        cpu0 = psutil.cpu_times()
         while proc.poll() is None:
             sample(tree, seen)
             if "first_ready_s" not in seen and "trial 0 " in (work / "out.txt").read_text()[-100000:]:
                 seen["first_ready_s"] = time.monotonic() - t0
             time.sleep(0.5)
     wall = time.monotonic() - t0
+    cpu1 = psutil.cpu_times()
+    if spy is not None:
+        spy.wait(timeout=120)
     said = (work / "out.txt").read_text()
     if proc.returncode != 0:
         raise SystemExit(f"the study failed ({proc.returncode}):\n{said[-3000:]}")
@@ -112,20 +118,31 @@ def one(args: argparse.Namespace) -> dict:
               "peak_workers": seen.get("peak_workers"),
               "worker_uss_mb": statistics.median(uss) / 2**20 if uss else None,
               "worker_rss_mb": statistics.median(rss) / 2**20 if rss else None, "work": str(work)}
+    workers_cpu = sum(seen.get("worker_cpu", {}).values())
+    busy = sum(getattr(cpu1, k) - getattr(cpu0, k) for k in ("user", "system", "nice", "irq", "softirq"))
+    result.update(workers_cpu_s=workers_cpu, workers_cpu_ms_per_trial=1000 * workers_cpu / args.trials,
+                  cores_busy=busy / (wall * psutil.cpu_count()))
     if args.profile:
-        result.update(storage_share(work / "scheduler.prof"))
+        result.update(shares(work / "spy.txt"))
     return result
 
 
-def storage_share(path: Path) -> dict:
-    """From the scheduler's profile: its total time, the time it waited for its workers, the storage's time."""
-    stats = pstats.Stats(str(path)).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
-    total = sum(tt for _, _, tt, _, _ in stats.values())
-    waiting = sum(ct for (f, _, name), (_, _, _, ct, _) in stats.items() if name == "get" and f.endswith("channel.py"))
-    storage = sum(tt for (f, _, _), (_, _, tt, _, _) in stats.items() if "optuna/storages" in f or "sqlalchemy" in f
-                  or "sqlite3" in f or "psycopg" in f)
-    working = total - waiting
-    return {"profiled_s": total, "waiting_s": waiting, "storage_s": storage, "storage_share": storage / working}
+PARTS = {"storage": ("optuna/storages", "sqlalchemy", "sqlite3", "psycopg"), "sampler": ("optuna/samplers",),
+         "pruner": ("optuna/pruners",), "mlflow": ("mlflow",), "hydra": ("hydra", "omegaconf")}
+
+
+def shares(path: Path) -> dict:
+    """From py-spy's samples of the scheduler's process (idle waits left out): each part's share of them, a
+    sample counted for the first part its stack enters (the innermost frames last in py-spy's raw lines)."""
+    counts, total = dict.fromkeys(PARTS, 0), 0
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        total += int(n)
+        for part, marks in PARTS.items():
+            if any(m in stack for m in marks):
+                counts[part] += int(n)
+                break
+    return {"samples": total, **{f"{part}_share": c / total if total else 0.0 for part, c in counts.items()}}
 
 
 def main() -> None:
@@ -143,9 +160,11 @@ def main() -> None:
           f"ideal {r['ideal_s']:.1f} s, {r['overhead']:.2f}x; {r['runs']} trial runs ({r['pruned']} pruned)")
     print(f"scheduler CPU {r['scheduler_cpu_s']:.1f} s: {r['scheduler_cpu_ms_per_trial']:.0f} ms a trial; workers: "
           f"{r['peak_workers']} at the peak, {r['worker_uss_mb']:.0f} MB USS ({r['worker_rss_mb']:.0f} MB RSS) each")
-    if "storage_share" in r:
-        print(f"scheduler profile: {r['profiled_s']:.1f} s, of which waiting for workers {r['waiting_s']:.1f} s; "
-              f"storage {r['storage_s']:.1f} s = {r['storage_share']:.0%} of its working time")
+    print(f"workers' CPU {r['workers_cpu_s']:.0f} s: {r['workers_cpu_ms_per_trial']:.0f} ms a trial; the machine's "
+          f"cores busy {r['cores_busy']:.0%}")
+    if "samples" in r:
+        print(f"the scheduler's working time ({r['samples']} samples): "
+              + ", ".join(f"{part} {r[f'{part}_share']:.0%}" for part in PARTS))
     out = ROOT / "benchmarks" / "results" / "study_scale.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(r, indent=1))
