@@ -7,6 +7,7 @@ MLflow server on h1 serves every node.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance import assert_killed_line, conformance, kill_one_worker, retried, study_trials, wait_for
+from conformance import assert_killed_line, conformance, kill_one_worker, study_trials, wait_for
 from conftest import ROOT, metric_by_step, mlflow_runs, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 from test_multihost import ENGINES, env, runs
@@ -58,8 +59,6 @@ def start_node(c, h, role: list[str]) -> None:
 
 
 def wait_nodes(c, n: int, timeout: float = 90) -> list[dict]:
-    import json
-
     deadline = time.monotonic() + timeout
     while True:
         r = subprocess.run(c.on_launcher([sys.executable, "-m", "xp.launching.ray_actors", "nodes", c.ray_address]),
@@ -134,6 +133,8 @@ def test_a_killed_worker_on_a_ray_node_fails_the_job_naming_rank_and_node(cluste
                             cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_line(proc, "  train_loss", timeout=180)  # training: every worker is in
+        held = [g for g in placement_groups(c) if g["state"] == "CREATED"]  # the job's: a bundle on each node
+        assert len(held) == 1 and held[0]["name"].startswith("xp-job-") and len(set(held[0]["nodes"])) == 2, held
         h3 = c.host("h3")
         kill_one_worker(h3.pids)
         out, err = proc.communicate(timeout=180)
@@ -146,6 +147,18 @@ def test_a_killed_worker_on_a_ray_node_fails_the_job_naming_rank_and_node(cluste
     _, found = runs(c, experiment)
     assert [x.info.status for x in found] == ["FAILED"]
     nothing_left(c)
+    assert [g for g in placement_groups(c) if g["state"] != "REMOVED"] == []  # let go with the job
+
+
+def placement_groups(c) -> list[dict]:
+    """The cluster's placement groups: name, state, the nodes of their bundles."""
+    code = ("import json, ray; ray.init(address=%r, namespace='xp', logging_level='ERROR'); print(json.dumps(["
+            "{'name': g['name'], 'state': g['state'], 'nodes': list(g['bundles_to_node_id'].values())} "
+            "for g in ray.util.placement_group_table().values()]))") % c.ray_address
+    r = subprocess.run(c.on_launcher([sys.executable, "-c", code]), capture_output=True, text=True, timeout=120,
+                       env=env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_bad_ray_settings_are_one_line_before_anything_starts(cluster, tmp_path):

@@ -147,6 +147,8 @@ def prepared(plan: Any, argv: list[str], engine_cls: type[Engine], launcher: Lau
     before_probe = (lambda: reached([h.name for h in hosts], spec.host_ip)) if reached else None
     spec.env.update(launcher.env(processes))  # the launcher's own (local: each worker's share of the cores)
     launcher.check(used, ls.interface, engine.interface_here, before_probe)
+    if spec.remote and not elastic:
+        launcher.reserve(spec.placement())
     return engine
 
 

@@ -95,6 +95,11 @@ class Launcher:
               before_probe: Callable[[], None] | None = None) -> None:
         """Everything checked before anything starts; `before_probe`: checks that need no host."""
 
+    def reserve(self, placement: list[tuple[str, int]]) -> None:
+        """Before a job's first process starts: hold each host's share of it, (host, processes) a host, all or
+        none (a cluster's scheduler: Ray's placement group); one line (ConfigError) when it cannot. Released by
+        `reap`."""
+
     def reap(self, hosts: list[str], job: str) -> None:
         """End, on every host, whatever carries the job's id."""
 

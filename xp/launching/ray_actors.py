@@ -44,10 +44,14 @@ class RayActors(Transport):
     connect_timeout_s: float = 30.0
     anywhere: bool = False  # a node that is gone: the actor goes wherever Ray finds room (a study's slot)
     runtime_env: str = ""  # Ray's runtime environment for the actors, as JSON ("": none)
+    group: str = ""  # a job's placement group (`reserve`): each process goes into its host's bundle
 
     def argv(self, host: str, command: str) -> list[str]:
-        return [sys.executable, "-m", "xp.launching.ray_actors", "exec", _settings(json.dumps(asdict(self))), host,
-                command]
+        return self.driver("exec", host, command)
+
+    def driver(self, what: str, *args: str) -> list[str]:
+        """The command of a driver doing `what` (exec, reserve) with these settings."""
+        return [sys.executable, "-m", "xp.launching.ray_actors", what, _settings(json.dumps(asdict(self))), *args]
 
 
 @functools.cache
@@ -191,6 +195,8 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
     elif "xp.launching.remote" in command:  # probing or reaping a node: no share of it, nor the runtime environment
         holds, label = False, f"xp probe of {host}"
     where = NodeAffinitySchedulingStrategy(node["id"], soft=t.anywhere) if node else "DEFAULT"
+    if t.group and holds and node:
+        where = _bundle(t.group, node["id"]) or where
     runtime_env = json.loads(t.runtime_env) if t.runtime_env and label != f"xp probe of {host}" else None
     actor = ray.remote(Process).options(num_cpus=t.cpus if holds else 0, num_gpus=t.gpus if holds else 0,
                                         max_concurrency=4, max_restarts=0, scheduling_strategy=where,
@@ -209,6 +215,43 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
     if told:
         actor.write.remote(told)
     return actor
+
+
+def _bundle(group: str, node: str) -> Any:
+    """Where a job's process on `node` goes: its host's bundle of the job's placement group (None: no such group,
+    or no bundle there)."""
+    from ray.util.placement_group import get_placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    try:
+        pg = get_placement_group(group)
+    except ValueError:  # (a study's slots have none)
+        return None
+    on = placement_group_table(pg).get("bundles_to_node_id", {})
+    index = next((int(i) for i, n in on.items() if n == node), None)
+    return None if index is None else PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+
+
+def reserve(t: RayActors, placement: list[tuple[str, int]]) -> int:
+    """A job's placement group (`t.group`): a bundle on each host's node of its processes' CPUs and GPUs, spread
+    one per node, all ready or none; held while this driver lives (its stdin open: the job's launcher keeps it),
+    removed by Ray when it ends. Says "ready" on stdout; exit 2 with one line when the cluster has no room."""
+    _connect(t.address, t.connect_timeout_s)
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = [{"CPU": n * t.cpus, **({"GPU": n * t.gpus} if t.gpus else {}), f"node:{host}": 0.001}
+               for host, n in placement]
+    pg = placement_group(bundles, strategy="STRICT_SPREAD", name=t.group)
+    if not pg.wait(timeout_seconds=t.connect_timeout_s):
+        remove_placement_group(pg)
+        asked = ", ".join(f"{host}: {n * t.cpus:g} CPUs" + (f" {n * t.gpus:g} GPUs" if t.gpus else "")
+                          for host, n in placement)
+        print(f"launcher=ray: the cluster has no room for the job's processes within {t.connect_timeout_s:g} s "
+              f"(asked: {asked})", file=sys.stderr, flush=True)
+        return 2
+    print("ready", flush=True)
+    sys.stdin.buffer.read()  # held until the launcher lets go (or dies)
+    return 0
 
 
 def _label(env: dict[str, str], host: str) -> str:
@@ -261,12 +304,18 @@ def main(argv: list[str]) -> int:
         ray = _connect(argv[1], float(argv[2]) if len(argv) == 3 else 30.0)
         print(json.dumps(_live(ray)))
         return 0
+    if argv[:1] == ["reserve"] and len(argv) == 3:
+        with open(argv[1]) as f:
+            code = reserve(RayActors(**json.load(f)), [tuple(p) for p in json.loads(argv[2])])
+        sys.stdout.flush()
+        os._exit(code)
     if argv[:1] == ["exec"] and len(argv) == 4:
         with open(argv[1]) as f:
             code = run_there(RayActors(**json.load(f)), argv[2], argv[3])
         sys.stdout.flush()
         os._exit(code)  # Ray's threads must not hold up the exit
-    print("usage: python -m xp.launching.ray_actors nodes ADDRESS [TIMEOUT_S] | exec SETTINGS HOST COMMAND",
+    print("usage: python -m xp.launching.ray_actors nodes ADDRESS [TIMEOUT_S] | exec SETTINGS HOST COMMAND | "
+          "reserve SETTINGS PLACEMENT",
           file=sys.stderr)
     return 2
 

@@ -50,6 +50,11 @@ class Ray(OnHosts):
     Options = RayOptions
     _found: list[dict] | None = None  # the cluster's live nodes, as last asked
     _asked: tuple[int, int | None, int] = (0, None, 1)  # a study's slots: gpus_per_trial, parallel, trials_per_gpu
+    _holder: subprocess.Popen | None = None  # the driver holding a job's placement group (`reserve`)
+
+    def __init__(self, settings: Any = None):
+        super().__init__(settings)
+        self.group = f"xp-job-{os.getpid()}-{time.monotonic_ns() % 10**9}"  # its job's placement group
 
     @classmethod
     def read_options(cls, raw: dict[str, Any]) -> RayOptions:
@@ -100,7 +105,30 @@ class Ray(OnHosts):
     def transport(self, gpus: float | None = None, anywhere: bool = False) -> RayActors:
         o = self.options
         return RayActors(self.cluster(), float(o.cpus_per_process), float(o.gpus_per_process if gpus is None else gpus),
-                         float(o.connect_timeout_s), anywhere, json.dumps(o.runtime_env) if o.runtime_env else "")
+                         float(o.connect_timeout_s), anywhere, json.dumps(o.runtime_env) if o.runtime_env else "",
+                         "" if anywhere else self.group)
+
+    def reserve(self, placement: list[tuple[str, int]]) -> None:
+        """A job's processes, all of them or none: a placement group of a bundle per host (its processes' CPUs and
+        GPUs, on that node), held by a driver until `reap` (or this process's end) lets go."""
+        holder = subprocess.Popen(self.transport().driver("reserve", json.dumps(placement)), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if holder.stdout.readline().strip() != "ready":  # (the driver waits connect_timeout_s at most)
+            said = [ln for ln in holder.stderr.read().splitlines() if ln.strip()]
+            holder.wait(timeout=30)
+            raise ConfigError(said[-1] if said else f"launcher=ray: the job's placement group failed "
+                                                    f"({holder.returncode})")
+        self._holder = holder
+
+    def reap(self, hosts: list[str], job: str) -> None:
+        super().reap(hosts, job)
+        if self._holder is not None:  # the placement group goes with its driver
+            self._holder.stdin.close()
+            try:
+                self._holder.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._holder.kill()
+            self._holder = None
 
     def slots(self, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
         from xp.launching.slots import host_slots
