@@ -52,6 +52,7 @@ class Budget:
     usd_per_s: float  # what the study's machines cost a second while it runs
     before_s: float = 0.0  # spent by the commands that ran it before this one
     before_usd: float = 0.0
+    typical_s: float = 0.0  # how long the study's trials have lasted (its finished ones, mean): a new command's guess
     started: float = field(default_factory=time.monotonic)
     saved: float = 0.0
 
@@ -62,9 +63,13 @@ class Budget:
         if spec.timeout_s is None and spec.budget_usd is None:
             return None
         usd_per_s = hourly_price(config) * hosts / 3600.0
-        attrs = study.user_attrs
+        attrs, lasted = study.user_attrs, [(t.datetime_complete - t.datetime_start).total_seconds()
+                                           for t in study.get_trials(deepcopy=False)
+                                           if t.state.name in ("COMPLETE", "PRUNED") and t.datetime_start
+                                           and t.datetime_complete]
         return cls(study, spec.timeout_s, spec.budget_usd, spec.hard_stop, usd_per_s,
-                   float(attrs.get(SPENT_S, 0.0)), float(attrs.get(SPENT_USD, 0.0)))
+                   float(attrs.get(SPENT_S, 0.0)), float(attrs.get(SPENT_USD, 0.0)),
+                   sum(lasted) / len(lasted) if lasted else 0.0)
 
     def spent_s(self) -> float:
         return self.before_s + time.monotonic() - self.started
@@ -73,7 +78,9 @@ class Budget:
         return self.before_usd + (time.monotonic() - self.started) * self.usd_per_s
 
     def refuses(self, trial_s: float) -> str | None:
-        """Why no trial (expected to last trial_s, from the trials so far) may start now; None: one may."""
+        """Why no trial (expected to last trial_s, from this command's trials so far; none yet: as the study's
+        have) may start now; None: one may."""
+        trial_s = trial_s or self.typical_s
         if self.timeout_s is not None and self.spent_s() >= self.timeout_s:
             return f"its time budget is spent ({self.spent_s():.0f} s of sweep.timeout_s={self.timeout_s:g})"
         if self.budget_usd is not None and self.spent_usd() + trial_s * self.usd_per_s > self.budget_usd:
