@@ -183,7 +183,7 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
         print(f"ray: no live node at {host}, and no room elsewhere for a process of {t.cpus:g} CPUs", file=sys.stderr,
               flush=True)
         return LOST
-    told, holds, label = b"", True, f"xp process on {host}"  # one that takes a slot holds its CPUs and GPUs
+    told, holds, probe, label = b"", True, False, f"xp process on {host}"  # one that takes a slot holds resources
     if "xp.launching.remote run" in command:  # xp's own: what to run is the first line on stdin
         told = sys.stdin.buffer.readline()
         try:
@@ -193,11 +193,11 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
         except (ValueError, AttributeError):
             pass
     elif "xp.launching.remote" in command:  # probing or reaping a node: no share of it, nor the runtime environment
-        holds, label = False, f"xp probe of {host}"
+        holds, probe, label = False, True, f"xp probe of {host}"
     where = NodeAffinitySchedulingStrategy(node["id"], soft=t.anywhere) if node else "DEFAULT"
     if t.group and holds and node:
         where = _bundle(t.group, node["id"]) or where
-    runtime_env = json.loads(t.runtime_env) if t.runtime_env and label != f"xp probe of {host}" else None
+    runtime_env = json.loads(t.runtime_env) if t.runtime_env and not probe else None
     actor = ray.remote(Process).options(num_cpus=t.cpus if holds else 0, num_gpus=t.gpus if holds else 0,
                                         max_concurrency=4, max_restarts=0, scheduling_strategy=where,
                                         runtime_env=runtime_env)

@@ -131,25 +131,25 @@ class Ray(OnHosts):
             self._holder = None
 
     def slots(self, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
+        self._asked = (gpus_per_trial, parallel, trials_per_gpu)
+        return self._offered(parallel)
+
+    def _offered(self, parallel: int | None) -> list[Slot]:
+        """The slots the live nodes offer a study's trials (as `slots` was asked), `parallel` at most."""
         from xp.launching.slots import host_slots
 
-        self._asked = (gpus_per_trial, parallel, trials_per_gpu)
-        if not gpus_per_trial:
-            return super().slots(0, parallel, trials_per_gpu)
-        hosts = [HostSlots(h.name, h.slots * gpus_per_trial) for h in self.hosts(gpus=gpus_per_trial)]
-        return host_slots(hosts, gpus_per_trial, parallel, trials_per_gpu)
+        gpus, _, per_gpu = self._asked
+        hosts = self.hosts(gpus=gpus) if gpus else self.hosts()  # a trial's GPUs: a node's slots are its GPUs
+        return host_slots([HostSlots(h.name, h.slots * max(1, gpus)) for h in hosts], gpus, parallel, per_gpu)
 
     def grown(self, have: list[Slot], index: int) -> list[Slot]:
         """The slots of nodes that joined since the study's slots (`have`) were given, up to sweep.parallel (a
         study that asked for N slots keeps N), numbered from `index`."""
-        gpus, parallel, per_gpu = self._asked
-        self._found = None
+        parallel, self._found = self._asked[1], None
         try:
-            offered = self.slots(gpus, None, per_gpu)
+            offered = self._offered(None)
         except ConfigError:  # no node with room now
             return []
-        finally:
-            self._asked = (gpus, parallel, per_gpu)
         room = min(len(offered), parallel or len(offered)) - len(have)
         held, new = collections.Counter(s.host for s in have), []
         for s in offered:

@@ -22,7 +22,8 @@ SAVE_EVERY_S = 5.0  # how often what was spent is written to the study while it 
 
 
 def hourly_price(config: Any) -> float:
-    """USD per instance-hour of the study's trials (the composed config's hardware and pricing)."""
+    """USD per instance-hour of the study's trials (the composed config's hardware and pricing: as
+    xp.run.plan.HardwareSpec.hourly reads them; studies sit below xp.run, and this config is not checked yet)."""
     hardware = config.get("hardware") or {}
     if config.get("pricing") == "spot" and hardware.get("spot_price_per_hour") is not None:
         return float(hardware["spot_price_per_hour"])

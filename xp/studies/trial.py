@@ -117,13 +117,17 @@ def check_storage(url: str) -> None:
     """Connect once, before anything is created: an unreachable database is a usage error."""
     if url.startswith(JOURNAL):
         try:
-            open(url[len(JOURNAL) - 1:], "ab").close()
+            open(_journal(url), "ab").close()
         except OSError as e:
             raise ConfigError(f"sweep.storage={url}: cannot write it ({e.strerror})") from None
         return
     from xp.tracking.stores import check_database
 
     check_database(url, "storage")
+
+
+def _journal(url: str) -> str:
+    return url[len(JOURNAL) - 1:]  # journal:///PATH -> /PATH
 
 
 def storage_of(url: str, spec: StudySpec | None = None) -> Any:
@@ -134,7 +138,7 @@ def storage_of(url: str, spec: StudySpec | None = None) -> Any:
     if url.startswith(JOURNAL):
         from optuna.storages.journal import JournalFileBackend
 
-        return optuna.storages.JournalStorage(JournalFileBackend(url[len(JOURNAL) - 1:]))
+        return optuna.storages.JournalStorage(JournalFileBackend(_journal(url)))
     if spec is None:
         return url
     return optuna.storages.RDBStorage(
