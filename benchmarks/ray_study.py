@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -57,16 +58,64 @@ def one(c, way: str, rep: int, trials: int, args: argparse.Namespace) -> dict[st
         argv += ["hydra/launcher=ray", f"hydra.launcher.ray.init.address={c.ray_address}",
                  "+hydra.launcher.ray.init.object_store_memory=null"]  # (its default is refused by a running cluster)
     study_env = dict(env(), XP_SWEEPS_DIR=str(folder / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{folder}/optuna.db")
+    cpu = CpuByKind()
     t0 = time.monotonic()
-    r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=study_env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.Popen(c.on_launcher(argv), cwd=ROOT, env=study_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    cpu.follow(proc)
+    out, err = proc.communicate(timeout=1800)
     wall = time.monotonic() - t0
+    r = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     if r.returncode != 0:
         raise SystemExit(f"{way}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     runs = trial_runs(c.db, name)
     busy = sum(e - s for s, e, _ in runs)
     span = max(e for _, e, _ in runs) - min(s for s, _, _ in runs)
     return {"wall": wall, "per_trial": wall / len(runs), "overhead": (args.parallel * wall - busy) / len(runs),
-            "cover": busy / (args.parallel * span), "trials": len(runs)}
+            "cover": busy / (args.parallel * span), "trials": len(runs), "cpu": cpu.totals()}
+
+
+KINDS = (("trial workers", ("xp.launching.trialworker",)), ("ray drivers", ("xp.launching.ray_actors",)),
+         ("ray actors", ("ray::",)), ("ray daemons", ("raylet", "gcs_server", "log_monitor", "dashboard",
+                                                     "runtime_env", "ray/_private", "monitor.py")),
+         ("xp command", ("-m xp ",)), ("mlflow server", ("mlflow", "gunicorn", "uvicorn")))
+
+
+class CpuByKind:
+    """The CPU seconds every process of the machine used while a study ran, by kind (its command line): what a
+    way costs beyond its trials, and where (each process's last reading counts; one that ends between two
+    readings, 0.5 s apart, loses at most that half second)."""
+
+    def __init__(self):
+        import psutil
+
+        self.psutil, self.seen, self.kind = psutil, {}, {}
+        self.base = {p.pid: self._cpu(p) for p in psutil.process_iter()}  # what ran before the study
+
+    def _cpu(self, p) -> float:
+        try:
+            t = p.cpu_times()
+            return t.user + t.system
+        except self.psutil.Error:
+            return 0.0
+
+    def follow(self, proc: subprocess.Popen) -> None:
+        while proc.poll() is None:
+            for p in self.psutil.process_iter():
+                if self.kind.get(p.pid, "other") == "other":  # (a Ray worker names itself once it is an actor)
+                    try:
+                        line = " ".join(p.cmdline()) or p.name()
+                    except self.psutil.Error:
+                        continue
+                    self.kind[p.pid] = next((k for k, marks in KINDS if any(m in line for m in marks)), "other")
+                self.seen[p.pid] = max(self.seen.get(p.pid, 0.0), self._cpu(p))
+            time.sleep(0.5)
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, cpu in self.seen.items():
+            out[self.kind[pid]] = out.get(self.kind[pid], 0.0) + cpu - self.base.get(pid, 0.0)
+        return out
 
 
 def main() -> None:
@@ -102,6 +151,7 @@ def main() -> None:
               f"Ray {ray_version()}")
         print(f"{'way':<6} {'rep':>3} {'wall s':>7} {'s/trial':>8} {'overhead/trial s':>16} {'cover':>6} {'trials':>6}")
         costs: dict[str, list[tuple[float, float]]] = {way: [] for way in args.ways}
+        cpus: dict[str, list[tuple[int, dict]]] = {way: [] for way in args.ways}
         for rep in range(args.reps):
             for way in args.ways:  # interleaved: the machine's drift hits each
                 walls = []
@@ -109,13 +159,26 @@ def main() -> None:
                     m = one(c, way, rep, n, args)
                     walls.append(m["wall"])
                     print(f"{way:<6} {rep:>3} {m['wall']:>7.1f} {m['per_trial']:>8.2f} {m['overhead']:>16.2f} "
-                          f"{m['cover']:>6.3f} {m['trials']:>6}", flush=True)
+                          f"{m['cover']:>6.3f} {m['trials']:>6}  CPU s: "
+                          + ", ".join(f"{k} {v:.1f}" for k, v in sorted(m["cpu"].items(), key=lambda kv: -kv[1])),
+                          flush=True)
+                    cpus[way].append((n, m["cpu"]))
                 marginal = (walls[1] - walls[0]) / (sizes[1] - sizes[0])
                 costs[way].append((marginal, walls[0] - sizes[0] * marginal))
         print(f"\n{'way':<6} {'marginal s/trial (wall)':>24} {'slot-s/trial':>13} {'fixed s':>8}")
         for way, rows in costs.items():
             for marginal, fixed in rows:
                 print(f"{way:<6} {marginal:>24.3f} {marginal * args.parallel:>13.3f} {fixed:>8.1f}")
+        print("\nCPU s per trial by kind of process (the difference between the two sizes, over the trials' "
+              "difference; medians of the repetitions)")
+        for way, rows in cpus.items():
+            small = [c for n, c in rows if n == sizes[0]]
+            large = [c for n, c in rows if n == sizes[1]]
+            kinds = sorted({k for c in small + large for k in c})
+            per = {k: statistics.median((b.get(k, 0) - a.get(k, 0)) / (sizes[1] - sizes[0])
+                                        for a, b in zip(small, large)) for k in kinds}
+            print(f"{way:<10} " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+                  + f"; all {sum(per.values()):.3f}")
 
 
 OVERLAY = ROOT / ".venv-hydra-ray"
