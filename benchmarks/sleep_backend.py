@@ -42,8 +42,7 @@ class SleepBackend(Backend):
         return self.logits, self.labels
 
     def evaluate(self) -> dict[str, float]:
-        best = 1.0 - min(1.0, abs(math.log10(self.plan.lr) + 1.5) / 2) * 0.5 - abs(self.plan.momentum - 0.9) * 0.2
-        value = best * (1.0 - 0.5 ** (self.epochs_done + 1))
+        value = accuracy(self.plan.lr, self.plan.momentum, self.epochs_done)
         return {"val_accuracy": value, "val_loss": 1.0 - value}
 
     def get_params(self) -> dict[str, np.ndarray]:
@@ -54,6 +53,12 @@ class SleepBackend(Backend):
 
     def load_state(self, folder: Path) -> None:
         self.epochs_done = int((folder / "sleep.txt").read_text())
+
+
+def accuracy(lr: float, momentum: float, epoch: int) -> float:
+    """The val_accuracy of a trial's epoch (also benchmarks/study_scale.py's bare Optuna objective's)."""
+    best = 1.0 - min(1.0, abs(math.log10(lr) + 1.5) / 2) * 0.5 - abs(momentum - 0.9) * 0.2
+    return best * (1.0 - 0.5 ** (epoch + 1))
 
 
 def install(root: Path) -> Path:

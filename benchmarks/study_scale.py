@@ -45,9 +45,14 @@ def storage_url(kind: str, work: Path) -> str:
         return f"sqlite:///{work}/optuna.db"
     if kind == "journal":
         return f"journal:///{work}/optuna.log"
+    if kind == "postgresql":
+        return PG.url("optuna")
     if kind.startswith(("postgresql://", "sqlite:///", "journal:///")):
         return kind
-    raise SystemExit(f"--storage={kind}: sqlite, journal, or a URL (postgresql://USER@HOST/DB)")
+    raise SystemExit(f"--storage={kind}: sqlite, journal, postgresql (the tests' server), or a URL")
+
+
+PG = None  # the tests' PostgreSQL server (tests/pg.py), started for --storage=postgresql
 
 
 def sample(tree: psutil.Process, seen: dict) -> None:
@@ -69,6 +74,7 @@ def sample(tree: psutil.Process, seen: dict) -> None:
 
 
 def one(args: argparse.Namespace) -> dict:
+    """The study through xp: `python -m xp -m sweep=scale ...`."""
     import sleep_backend
 
     work = Path(tempfile.mkdtemp(prefix="xp-bench-scale-"))
@@ -110,8 +116,8 @@ def one(args: argparse.Namespace) -> dict:
     runs = client.search_runs([exp], filter_string="tags.`optuna.trial_number` != ''", max_results=50000)
     ideal = args.trials * args.trial_s / args.slots
     uss, rss = list(seen.get("uss", {}).values()), list(seen.get("rss", {}).values())
-    result = {"trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "storage": args.storage,
-              "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, "runs": len(runs),
+    result = {"way": "xp", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s,
+              "storage": args.storage, "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, "runs": len(runs),
               "pruned": sum(r.data.tags.get("optuna.trial_state") == "PRUNED" for r in runs),
               "scheduler_cpu_s": seen.get("cpu_s"),
               "scheduler_cpu_ms_per_trial": 1000 * seen.get("cpu_s", 0) / args.trials,
@@ -125,6 +131,66 @@ def one(args: argparse.Namespace) -> dict:
     if args.profile:
         result.update(shares(work / "spy.txt"))
     return result
+
+
+def bare(args: argparse.Namespace) -> dict:
+    """The floor: Optuna's own study.optimize(n_jobs=S) in one process, the same sleeping objective (its epochs,
+    a report and a pruning question each), sampler, pruner and storage; no MLflow, no xp."""
+    work = Path(tempfile.mkdtemp(prefix="xp-bench-bare-"))
+    argv = [sys.executable, __file__, "--bare-child", str(args.trials), str(args.slots), str(args.trial_s),
+            str(args.epochs), storage_url(args.storage, work)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=work)
+    me, cpu = psutil.Process(proc.pid), 0.0
+    while proc.poll() is None:
+        try:
+            t = me.cpu_times()
+            cpu = t.user + t.system
+        except psutil.Error:
+            pass
+        time.sleep(0.5)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"the bare study failed ({proc.returncode})")
+    said = json.loads((work / "bare.json").read_text())
+    ideal = args.trials * args.trial_s / args.slots
+    return {"way": "bare", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s,
+            "storage": args.storage, "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, **said,
+            "scheduler_cpu_s": cpu, "scheduler_cpu_ms_per_trial": 1000 * cpu / args.trials, "work": str(work)}
+
+
+def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str) -> None:
+    import optuna
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sleep_backend import accuracy
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if url.startswith("journal:///"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        storage = JournalStorage(JournalFileBackend(url[len("journal://"):]))
+    else:
+        storage = url
+    study = optuna.create_study(study_name="bare", storage=storage, direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=1),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1))
+
+    def objective(trial: optuna.Trial) -> float:
+        lr = trial.suggest_float("lr", 0.001, 1.0, log=True)
+        momentum = trial.suggest_float("momentum", 0.5, 0.99)
+        for epoch in range(1, epochs + 1):
+            time.sleep(trial_s / epochs)
+            value = accuracy(lr, momentum, epoch)
+            trial.report(value, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return value
+
+    study.optimize(objective, n_trials=trials, n_jobs=slots)
+    states = [t.state.name for t in study.get_trials(deepcopy=False)]
+    Path("bare.json").write_text(json.dumps({"runs": len(states), "pruned": states.count("PRUNED")}))
 
 
 PARTS = {"storage": ("optuna/storages", "sqlalchemy", "sqlite3", "psycopg"), "sampler": ("optuna/samplers",),
@@ -146,29 +212,51 @@ def shares(path: Path) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--bare-child"]:
+        a = sys.argv[2:]
+        return bare_child(int(a[0]), int(a[1]), float(a[2]), int(a[3]), a[4])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--trial-s", type=float, default=1.0, help="how long each trial sleeps in all")
     ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--storage", default="sqlite", help="sqlite, journal (a file), or a study storage URL")
+    ap.add_argument("--storage", default="sqlite",
+                    help="sqlite, journal (a file), postgresql (the tests' server, started here), or a storage URL")
+    ap.add_argument("--ways", default="xp,bare", help="xp (the study through xp), bare (Optuna's own loop)")
     ap.add_argument("--tracking", default="sqlite", help="sqlite (a fresh file), or an MLflow tracking URI")
     ap.add_argument("--profile", action="store_true", help="the scheduler under cProfile: the storage's share")
-    r = one(ap.parse_args())
-    print(f"{r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}): "
-          f"wall {r['wall_s']:.1f} s, "
-          f"ideal {r['ideal_s']:.1f} s, {r['overhead']:.2f}x; {r['runs']} trial runs ({r['pruned']} pruned)")
-    print(f"scheduler CPU {r['scheduler_cpu_s']:.1f} s: {r['scheduler_cpu_ms_per_trial']:.0f} ms a trial; workers: "
-          f"{r['peak_workers']} at the peak, {r['worker_uss_mb']:.0f} MB USS ({r['worker_rss_mb']:.0f} MB RSS) each")
-    print(f"workers' CPU {r['workers_cpu_s']:.0f} s: {r['workers_cpu_ms_per_trial']:.0f} ms a trial; the machine's "
-          f"cores busy {r['cores_busy']:.0%}")
-    if "samples" in r:
-        print(f"the scheduler's working time ({r['samples']} samples): "
-              + ", ".join(f"{part} {r[f'{part}_share']:.0%}" for part in PARTS))
-    out = ROOT / "benchmarks" / "results" / "study_scale.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(r, indent=1))
+    args = ap.parse_args()
+    global PG
+    if args.storage == "postgresql":
+        sys.path.insert(0, str(ROOT / "tests"))
+        import pg
 
+        PG = pg.Server("bench").start()
+    try:
+        results = [one(args) if way == "xp" else bare(args) for way in args.ways.split(",")]
+    finally:
+        if PG is not None:
+            PG.stop()
+    for r in results:
+        say(r)
+    out = ROOT / "benchmarks" / "results" / f"study_scale-{args.storage}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+
+
+def say(r: dict) -> None:
+    print(f"{r['way']}: {r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}): "
+          f"wall {r['wall_s']:.1f} s, ideal {r['ideal_s']:.1f} s, {r['overhead']:.2f}x; {r['runs']} trials "
+          f"({r['pruned']} pruned); its process's CPU {r['scheduler_cpu_s']:.1f} s: "
+          f"{r['scheduler_cpu_ms_per_trial']:.0f} ms a trial")
+    if r["way"] != "xp":
+        return
+    print(f"  workers: {r['peak_workers']} at the peak, {r['worker_uss_mb']:.0f} MB USS ({r['worker_rss_mb']:.0f} MB "
+          f"RSS) each; their CPU {r['workers_cpu_s']:.0f} s: {r['workers_cpu_ms_per_trial']:.0f} ms a trial; the "
+          f"machine's cores busy {r['cores_busy']:.0%}")
+    if "samples" in r:
+        print(f"  the scheduler's working time ({r['samples']} samples): "
+              + ", ".join(f"{part} {r[f'{part}_share']:.0%}" for part in PARTS))
 
 if __name__ == "__main__":
     main()

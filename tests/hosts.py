@@ -279,7 +279,9 @@ class Cluster:
         _sh("nsenter", "-t", str(h.holder.pid), "-m", "umount", str(ROOT), check=False)
 
     def hosts_file(self, path: Path, names: list[str], slots: int = 1) -> Path:
-        path.write_text("".join(f"{self.host(n).address}:{slots}\n" for n in names))
+        part = path.with_name(path.name + ".part")  # whole or not at all: a job polling the list never reads half
+        part.write_text("".join(f"{self.host(n).address}:{slots}\n" for n in names))
+        part.replace(path)
         return path
 
     def shape(self, rate: str, delay: str | None = None) -> str:
