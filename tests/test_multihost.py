@@ -491,7 +491,7 @@ def test_torchruns_own_elastic_agent_takes_a_host_joining_and_survives_one_kille
     pool = c.hosts_file(tmp_path / "pool", ["h2"])
     h2, h4 = c.host("h2").address, c.host("h4").address
     args = [*torch_job, "workers=2", "elastic.enabled=true", f"elastic.discovery={pool}", "elastic.poll_s=0.2",
-            "elastic.max_workers=2", f"checkpoint_dir={c.shared}/torch"]
+            "elastic.max_workers=2", f"checkpoint_dir={c.shared}/torch"]  # (h2 alone: 1 worker of batch 6)
     proc = subprocess.Popen(xp_on_launcher(c, tmp_path, *args, experiment="torch-elastic"), cwd=ROOT, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

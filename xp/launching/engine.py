@@ -55,7 +55,11 @@ class Spec:
         return self.host_ip if self.remote and self.host_ip else LOOPBACK
 
     def used_hosts(self) -> list[str]:
-        """The hosts the job's processes go to (a remote launcher), in placement order."""
+        """The hosts the job's processes go to (a remote launcher), in placement order. Hosts of fewer slots than
+        the workers (only an elastic job gets here so: prepared() refuses a fixed one): all of them, of which the
+        job takes what it can use."""
+        if self.remote and sum(h.slots for h in self.hosts) < self.workers:
+            return [h.name for h in self.hosts]
         return [h for h, _ in self.placement()] if self.remote else []
 
     def placement(self, n: int | None = None) -> list[tuple[str, int]]:
