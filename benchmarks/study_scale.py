@@ -7,7 +7,8 @@ Every trial is a complete xp run of the sleep backend (benchmarks/sleep_backend.
 party's backend is): its MLflow child run with parameters, per-epoch metrics and tags, Optuna's ask, a report
 and a pruning question per epoch (median pruner), tell. What it measures, from one study command:
 
-- wall: the command, start to exit; ideal: N x trial time / S; overhead: wall / ideal;
+- wall: the command, start to exit; ideal: N x trial time / S; overhead: wall / ideal; and, pruned trials being
+  shorter, the trials' own time (their MLflow runs' or Optuna trials' start to end) over S, and wall over that;
 - the scheduler's CPU per trial: the study command's own process (not its workers), user + system, over N;
 - the workers' CPU per trial (all of them together, over N) and how busy the machine's cores were;
 - with --profile, where the scheduler's working time goes (py-spy samples of its process, idle waits left out:
@@ -119,6 +120,8 @@ def one(args: argparse.Namespace) -> dict:
     result = {"way": "xp", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s,
               "storage": args.storage, "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, "runs": len(runs),
               "pruned": sum(r.data.tags.get("optuna.trial_state") == "PRUNED" for r in runs),
+              "own_ideal_s": sum((r.info.end_time - r.info.start_time) / 1000 for r in runs if r.info.end_time)
+              / args.slots,
               "scheduler_cpu_s": seen.get("cpu_s"),
               "scheduler_cpu_ms_per_trial": 1000 * seen.get("cpu_s", 0) / args.trials,
               "peak_workers": seen.get("peak_workers"),
@@ -190,7 +193,10 @@ def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str) -
 
     study.optimize(objective, n_trials=trials, n_jobs=slots)
     states = [t.state.name for t in study.get_trials(deepcopy=False)]
-    Path("bare.json").write_text(json.dumps({"runs": len(states), "pruned": states.count("PRUNED")}))
+    own = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in study.get_trials(deepcopy=False)
+              if t.datetime_complete) / slots
+    Path("bare.json").write_text(json.dumps({"runs": len(states), "pruned": states.count("PRUNED"),
+                                             "own_ideal_s": own}))
 
 
 PARTS = {"storage": ("optuna/storages", "sqlalchemy", "sqlite3", "psycopg"), "sampler": ("optuna/samplers",),
@@ -246,7 +252,8 @@ def main() -> None:
 
 def say(r: dict) -> None:
     print(f"{r['way']}: {r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}): "
-          f"wall {r['wall_s']:.1f} s, ideal {r['ideal_s']:.1f} s, {r['overhead']:.2f}x; {r['runs']} trials "
+          f"wall {r['wall_s']:.1f} s, ideal {r['ideal_s']:.1f} s, {r['overhead']:.2f}x (the trials' own time over the "
+          f"slots {r['own_ideal_s']:.1f} s: {r['wall_s'] / r['own_ideal_s']:.2f}x); {r['runs']} trials "
           f"({r['pruned']} pruned); its process's CPU {r['scheduler_cpu_s']:.1f} s: "
           f"{r['scheduler_cpu_ms_per_trial']:.0f} ms a trial")
     if r["way"] != "xp":

@@ -33,6 +33,8 @@ FLUSH_S = 15.0  # how long a run's end waits for the store to take what is left,
 STORE_WAIT_S = float(os.environ.get("XP_STORE_WAIT_S", 900))  # how long a study's next trial waits for a store that
 # went away (its trial is not failed for it; past that, it fails as a run whose store is not usable does)
 BACKOFF_S = (0.5, 5.0)  # the drain's wait after a failed send: first, and at most (doubling)
+LINGER_S = 1.0  # while a run goes on, its records reach the store at most this often (what comes meanwhile goes
+# in the same call: a study's 1-s trial sends its epochs' metrics in one call, not one each; measured in the README)
 # MLflow's log_batch limits
 LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
 # the store answered and refused the record (a changed param value, a deleted run): sending it again cannot help
@@ -114,6 +116,8 @@ class Spool:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
+        self._ending = threading.Event()  # set with _closing: a lingering drain delivers at once
+        self._sent = 0.0  # when the drain last sent something (time.monotonic())
         self._abandoned = threading.Event()  # the run ended with the store away: the spool waits for xp.sync
         self._thread: threading.Thread | None = None
         self.away_since: float | None = None  # when the store stopped answering (None: it answers)
@@ -167,6 +171,7 @@ class Spool:
         with self._lock:
             self._closing = True
             thread = self._thread
+        self._ending.set()
         self._wake.set()
         return thread
 
@@ -209,6 +214,7 @@ class Spool:
             if idle:
                 self._wake.wait(1.0)
                 continue
+            self._ending.wait(self._sent + LINGER_S - time.monotonic())  # (what comes meanwhile joins the call)
             if self.deliver_some():
                 wait = BACKOFF_S[0]
                 continue
@@ -238,6 +244,7 @@ class Spool:
             log.warning("tracking store %s is back after %.0f s: delivering what waited", redact(self.uri),
                         time.monotonic() - self.away_since)
             self.away_since = None
+        self._sent = time.monotonic()
         with self._lock:
             del self._queue[:len(records)]
             self._delivered = records[-1]["seq"]
