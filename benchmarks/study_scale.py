@@ -86,7 +86,8 @@ def one(args: argparse.Namespace) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
                XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=storage_url(args.storage, work),
                XP_SLEEP_EPOCH_S=str(args.trial_s / args.epochs))
-    argv = [sys.executable, "-m", "xp", "-m", "sweep=scale", f"sweep.parallel={args.slots}",
+    profiler = ["-m", "cProfile", "-o", str(work / "scheduler.prof")] if args.cprofile else []
+    argv = [sys.executable, *profiler, "-m", "xp", "-m", "sweep=scale", f"sweep.parallel={args.slots}",
             "backend.name=sleep", f"epochs={args.epochs}", "batch=512", f"tracking_uri={tracking}",
             "experiment=scale", f"hydra.sweep.dir={work}/sweep"]
     seen: dict = {}
@@ -177,7 +178,7 @@ def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str) -
     else:
         storage = url
     study = optuna.create_study(study_name="bare", storage=storage, direction="maximize",
-                                sampler=optuna.samplers.TPESampler(seed=1),
+                                sampler=optuna.samplers.TPESampler(seed=1, multivariate=True),  # as xp's tpe
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1))
 
     def objective(trial: optuna.Trial) -> float:
@@ -228,6 +229,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--storage", default="sqlite",
                     help="sqlite, journal (a file), postgresql (the tests' server, started here), or a storage URL")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="the scheduler's process under cProfile (its calls and their CPU: WORK/scheduler.prof)")
     ap.add_argument("--ways", default="xp,bare", help="xp (the study through xp), bare (Optuna's own loop)")
     ap.add_argument("--tracking", default="sqlite", help="sqlite (a fresh file), or an MLflow tracking URI")
     ap.add_argument("--profile", action="store_true", help="the scheduler under cProfile: the storage's share")

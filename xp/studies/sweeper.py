@@ -298,8 +298,8 @@ def _same_params(study: Any, trial: Any) -> list[Any]:
     from optuna.trial import TrialState
 
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-    return [o for o in study.get_trials(deepcopy=False, states=states)
-            if o.number != trial.number and o.params == trial.params]
+    params = trial.params  # (a copy made at each reading: once, not once per trial of the study)
+    return [o for o in study.get_trials(deepcopy=False, states=states) if o.number != trial.number and o.params == params]
 
 
 def _running_already(study: Any, trial: Any, dropped: int, same: list[Any]) -> bool:
