@@ -74,7 +74,10 @@ def make_sampler(spec: StudySpec) -> Any:
             self.inner = make(trial_seed(spec, 0))
 
         def before_trial(self, study, trial):
-            self.inner = make(trial_seed(spec, trial.number))
+            kept = getattr(self.inner, "_search_space", None)  # TPE's search space so far, kept: made afresh, it
+            self.inner = make(trial_seed(spec, trial.number))  # reads every trial of the study again at each ask
+            if kept is not None and hasattr(self.inner, "_search_space"):
+                self.inner._search_space = kept
             self.inner.before_trial(study, trial)
 
         def infer_relative_search_space(self, study, trial):
