@@ -98,10 +98,14 @@ def same_process(pid: int, started_at: float | str | None) -> bool:
 class Spool:
     """The records of one MLflow run; `client()` makes the MlflowClient the drain sends through."""
 
-    def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any], own: bool = True):
+    def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any], own: bool = True,
+                 artifact_uri: str | None = None):
+        """`artifact_uri`: the run's, where the caller knows it (MlflowClient.log_artifact reads the whole run to
+        find it: with many params, as much as a batch of them costs)."""
         import mlflow.entities  # noqa: F401  imported here, not first on the drain thread (a concurrent import fails)
 
         self.folder, self.uri, self.run_id, self.client = Path(folder), uri, run_id, client
+        self.artifact_uri, self._artifacts = artifact_uri, None
         self.folder.mkdir(parents=True, exist_ok=True)
         if own:  # this process writes the spool (a reopened run's may hold what a killed process left)
             (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
@@ -257,7 +261,12 @@ class Spool:
         client = self.client()
         first = records[0]
         if first["op"] == "artifact":
-            client.log_artifact(self.run_id, str(self.folder / first["file"]), first.get("dest"))
+            if self._artifacts is None:
+                from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+                where = self.artifact_uri or client.get_run(self.run_id).info.artifact_uri
+                self._artifacts = get_artifact_repository(where, tracking_uri=self.uri)
+            self._artifacts.log_artifact(str(self.folder / first["file"]), first.get("dest"))
         elif first["op"] == "end":
             client.set_terminated(self.run_id, first["status"], end_time=first.get("time"))
         elif first["op"] == "status":

@@ -128,6 +128,7 @@ class Tracker:
         self.parent_run_id = parent_run_id
         self.tags = {**placed_tags(), **(tags or {})}
         self.run_id: str | None = None
+        self.artifact_uri: str | None = None  # the run's, once created here (attached or reopened: read when needed)
         # attached: log into a run someone else started and will end (a distributed launcher)
         self.attach_run_id = attach_run_id
         # reopened: continue a run that ended early (resume=): RUNNING again, ended by this process
@@ -172,7 +173,8 @@ class Tracker:
         # one spool per process: a distributed run's launcher and its rank 0 both write to the run
         base = Path(self.spool_dir) if self.spool_dir else state_dir() / "spools"
         self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
-        self._spool = Spool(base / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id, lambda: self.client)
+        self._spool = Spool(base / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id, lambda: self.client,
+                            artifact_uri=self.artifact_uri)
 
     def start(self) -> str:
         from xp.tracking.sync import deliver_left
@@ -195,7 +197,8 @@ class Tracker:
         # a run before it in this process whose store went away: its end waits first (a study's trial waits for the
         # store, see _created, rather than fail for its absence; its records go on to the store meanwhile)
         settle(STORE_WAIT_S if self.settle_later else FLUSH_S, away_only=True)
-        self.run_id = self._created().info.run_id
+        run = self._created()
+        self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
         self._open_spool()
         if self.params:
             self.log(params=self.params)
