@@ -186,3 +186,22 @@ def test_logged_report_shows_its_plots_in_the_mlflow_ui(runs, tmp_path):
     text = open(logged).read()
     assert f"![scaling](http://127.0.0.1:5055/get-artifact?path=report%2Fscaling.png&run_uuid={parent})" in text
     assert "![scaling](scaling.png)" in (out / "report.md").read_text()  # on disk: beside it
+
+
+def test_a_sweeps_children_are_all_found_past_a_page_and_its_table_shows_the_best(store):
+    """search_all pages through every run (search_runs answers at most max_results: a study of more trials than
+    that was counted short); the table at a large sweep's end shows the best rows, best first."""
+    from xp.tracking.stores import open_client, search_all
+    from xp.tracking.summary import best
+
+    client = open_client(store)
+    exp = client.create_experiment("paged")
+    parent = client.create_run(exp).info.run_id
+    for i in range(5):
+        client.create_run(exp, tags={"mlflow.parentRunId": parent, "i": str(i)}, start_time=1000 + i)
+    runs = search_all(client, [exp], f"tags.mlflow.parentRunId = '{parent}'", order_by=["attributes.start_time ASC"],
+                      page=2)
+    assert [r.data.tags["i"] for r in runs] == ["0", "1", "2", "3", "4"]
+    rows = [{"run": "a", "best_val_accuracy": 0.5}, {"run": "b"}, {"run": "c", "best_val_accuracy": 0.9},
+            {"run": "d", "best_val_accuracy": 0.7}]
+    assert [r["run"] for r in best(rows, 3)] == ["c", "d", "a"]

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from xp.launching import hydra_launchers
 
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
+SHOWN = 20  # the most runs the table at the end of a sweep shows (the best; xp.report shows them all)
 SWEPT_ENV = "XP_SWEPT_KEYS"  # set for the jobs of a sweep: the keys it varies, comma-separated
 
 log = logging.getLogger("xp")
@@ -74,7 +75,10 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
             deliver_left_over(uri)
         if rows is not None:
             print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
-            print(summary.table(rows))
+            print(summary.table(rows if len(rows) <= SHOWN else summary.best(rows, SHOWN)))
+            if len(rows) > SHOWN:
+                print(f"(the {SHOWN} best of {len(rows)} by best val_accuracy; all of them: python -m xp.report "
+                      f"--experiment {parent.experiment} --parent {parent.run_id})")
 
 
 def deliver_left_over(uri: str, wait_s: float = 30.0) -> int:

@@ -337,10 +337,11 @@ DEFAULT_UI = "http://127.0.0.1:5000"
 
 def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
     from xp.errors import XPError, one_line
+    from xp.tracking.stores import search_all
 
     filters = [f for f in (args.filter, f"tags.mlflow.parentRunId = '{args.parent}'" if args.parent else "") if f]
     try:
-        runs = client.search_runs([experiment_id], " and ".join(filters), max_results=5000)
+        runs = search_all(client, [experiment_id], " and ".join(filters))
     except Exception as e:
         raise XPError(f"--filter {args.filter!r}: MLflow cannot use it ({one_line(e)[:200]})") from e
     runs = [r for r in runs if r.info.status == "FINISHED" and "xp.sweep" not in r.data.tags

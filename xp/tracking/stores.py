@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from xp.errors import ConfigError, one_line, redact
 
@@ -211,3 +211,17 @@ def _artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
     return None
+
+
+def search_all(client: Any, experiment_ids: list[str], filter_string: str = "", order_by: list[str] | None = None,
+               page: int = 1000) -> list[Any]:
+    """Every run the search finds, a page at a time (search_runs answers at most max_results runs: a study of
+    more trials than that would be counted short)."""
+    runs, token = [], None
+    while True:
+        found = client.search_runs(experiment_ids, filter_string, max_results=page, order_by=order_by,
+                                   page_token=token)
+        runs.extend(found)
+        token = found.token
+        if not token:
+            return runs

@@ -93,6 +93,12 @@ def parent_tags(children: list[Any]) -> dict[str, str]:
     return tags
 
 
+def best(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The n rows of the best best_val_accuracy, best first (rows without one last)."""
+    return sorted(rows, key=lambda r: -r["best_val_accuracy"] if r.get("best_val_accuracy") is not None
+                  else float("inf"))[:n]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table; missing values print as '-'."""
     cells = [[title for _, title, _ in COLUMNS]]

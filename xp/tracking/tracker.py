@@ -357,8 +357,10 @@ class Tracker:
         self.end(end_state(exc))
 
     def child_runs(self) -> list[Any]:
-        return self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
-                                       order_by=["attributes.start_time ASC"])
+        from xp.tracking.stores import search_all
+
+        return search_all(self.client, [self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
+                          order_by=["attributes.start_time ASC"])
 
 
 class NullTracker(Tracker):
