@@ -134,7 +134,34 @@ def one(args: argparse.Namespace) -> dict:
                   cores_busy=busy / (wall * psutil.cpu_count()))
     if args.profile:
         result.update(shares(work / "spy.txt"))
+    if args.resume_more:
+        result.update(afterwards(args, argv, env, work, client, exp))
     return result
+
+
+def afterwards(args: argparse.Namespace, argv: list[str], env: dict, work: Path, client, exp: str) -> dict:
+    """The finished study resumed (the same command, `--resume-more` more trials): how long until its first new
+    trial's run starts; and its report (python -m xp.report --parent), start to exit."""
+    (work / "sweeps" / "scale.yaml").write_text(STUDY.format(n=args.trials + args.resume_more))
+    t0, wall0 = time.time(), time.monotonic()
+    proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(work / "resume.txt", "w") as said:  # each line with when it came, s after the start
+        for line in proc.stdout:
+            said.write(f"{time.monotonic() - wall0:7.2f} {line}")
+    resume_wall = time.monotonic() - wall0
+    if proc.wait() != 0:
+        raise SystemExit(f"the resumed study failed ({proc.returncode}): see {work / 'resume.txt'}")
+    new = client.search_runs([exp], f"tags.`optuna.trial_number` = '{args.trials}'")
+    parent = next(p for p in client.search_runs([exp], "tags.`xp.sweep` != ''", order_by=["attributes.start_time ASC"]))
+    wall0 = time.monotonic()
+    report = subprocess.run([sys.executable, "-m", "xp.report", "--experiment", "scale", "--tracking-uri",
+                             client.tracking_uri, "--parent", parent.info.run_id, "--out", str(work / "report")],
+                            cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+    report_s = time.monotonic() - wall0
+    if report.returncode != 0:
+        raise SystemExit(f"the report failed ({report.returncode}): {report.stderr[-2000:]}")
+    return {"resume_more": args.resume_more, "resume_first_trial_s": new[0].info.start_time / 1000 - t0 if new else None,
+            "resume_wall_s": resume_wall, "report_s": report_s}
 
 
 def bare(args: argparse.Namespace) -> dict:
@@ -229,6 +256,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--storage", default="sqlite",
                     help="sqlite, journal (a file), postgresql (the tests' server, started here), or a storage URL")
+    ap.add_argument("--resume-more", type=int, default=4,
+                    help="then resume the finished study with this many more trials (0: not), and report it")
     ap.add_argument("--cprofile", action="store_true",
                     help="the scheduler's process under cProfile (its calls and their CPU: WORK/scheduler.prof)")
     ap.add_argument("--ways", default="xp,bare", help="xp (the study through xp), bare (Optuna's own loop)")
@@ -261,6 +290,10 @@ def say(r: dict) -> None:
           f"{r['scheduler_cpu_ms_per_trial']:.0f} ms a trial")
     if r["way"] != "xp":
         return
+    if r.get("resume_more"):
+        print(f"  resumed with {r['resume_more']} more trials: its first new trial started "
+              f"{r['resume_first_trial_s']:.1f} s after the command (the command: {r['resume_wall_s']:.1f} s); "
+              f"python -m xp.report --parent of the {r['trials']} runs: {r['report_s']:.1f} s")
     print(f"  workers: {r['peak_workers']} at the peak, {r['worker_uss_mb']:.0f} MB USS ({r['worker_rss_mb']:.0f} MB "
           f"RSS) each; their CPU {r['workers_cpu_s']:.0f} s: {r['workers_cpu_ms_per_trial']:.0f} ms a trial; the "
           f"machine's cores busy {r['cores_busy']:.0%}")
