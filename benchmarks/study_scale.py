@@ -35,7 +35,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-STUDY = ("study_name: scale\nn_trials: {n}\nsampler: tpe\nsampler_seed: 1\npruner: median\n"
+STUDY = ("study_name: scale\nn_trials: {n}\nsampler: {sampler}\nsampler_seed: 1\npruner: median\n"
          "pruner_options: {{n_startup_trials: 5, n_warmup_steps: 1}}\n"
          "params:\n  lr: {{type: float, low: 0.001, high: 1.0, log: true}}\n"
          "  momentum: {{type: float, low: 0.5, high: 0.99}}\n")
@@ -81,7 +81,7 @@ def one(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="xp-bench-scale-"))
     plugins = sleep_backend.install(work / "site")
     (work / "sweeps").mkdir()
-    (work / "sweeps" / "scale.yaml").write_text(STUDY.format(n=args.trials))
+    (work / "sweeps" / "scale.yaml").write_text(STUDY.format(n=args.trials, sampler=args.sampler))
     tracking = f"sqlite:///{work}/mlflow.db" if args.tracking == "sqlite" else args.tracking
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
                XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=storage_url(args.storage, work),
@@ -118,7 +118,7 @@ def one(args: argparse.Namespace) -> dict:
     runs = client.search_runs([exp], filter_string="tags.`optuna.trial_number` != ''", max_results=50000)
     ideal = args.trials * args.trial_s / args.slots
     uss, rss = list(seen.get("uss", {}).values()), list(seen.get("rss", {}).values())
-    result = {"way": "xp", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s,
+    result = {"way": "xp", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "sampler": args.sampler,
               "storage": args.storage, "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, "runs": len(runs),
               "pruned": sum(r.data.tags.get("optuna.trial_state") == "PRUNED" for r in runs),
               "own_ideal_s": sum((r.info.end_time - r.info.start_time) / 1000 for r in runs if r.info.end_time)
@@ -142,7 +142,7 @@ def one(args: argparse.Namespace) -> dict:
 def afterwards(args: argparse.Namespace, argv: list[str], env: dict, work: Path, client, exp: str) -> dict:
     """The finished study resumed (the same command, `--resume-more` more trials): how long until its first new
     trial's run starts; and its report (python -m xp.report --parent), start to exit."""
-    (work / "sweeps" / "scale.yaml").write_text(STUDY.format(n=args.trials + args.resume_more))
+    (work / "sweeps" / "scale.yaml").write_text(STUDY.format(n=args.trials + args.resume_more, sampler=args.sampler))
     t0, wall0 = time.time(), time.monotonic()
     proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with open(work / "resume.txt", "w") as said:  # each line with when it came, s after the start
@@ -169,7 +169,7 @@ def bare(args: argparse.Namespace) -> dict:
     a report and a pruning question each), sampler, pruner and storage; no MLflow, no xp."""
     work = Path(tempfile.mkdtemp(prefix="xp-bench-bare-"))
     argv = [sys.executable, __file__, "--bare-child", str(args.trials), str(args.slots), str(args.trial_s),
-            str(args.epochs), storage_url(args.storage, work)]
+            str(args.epochs), storage_url(args.storage, work), args.sampler]
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=work)
     me, cpu = psutil.Process(proc.pid), 0.0
@@ -185,12 +185,12 @@ def bare(args: argparse.Namespace) -> dict:
         raise SystemExit(f"the bare study failed ({proc.returncode})")
     said = json.loads((work / "bare.json").read_text())
     ideal = args.trials * args.trial_s / args.slots
-    return {"way": "bare", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s,
+    return {"way": "bare", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "sampler": args.sampler,
             "storage": args.storage, "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, **said,
             "scheduler_cpu_s": cpu, "scheduler_cpu_ms_per_trial": 1000 * cpu / args.trials, "work": str(work)}
 
 
-def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str) -> None:
+def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str, sampler: str) -> None:
     import optuna
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -205,7 +205,8 @@ def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str) -
     else:
         storage = url
     study = optuna.create_study(study_name="bare", storage=storage, direction="maximize",
-                                sampler=optuna.samplers.TPESampler(seed=1, multivariate=True),  # as xp's tpe
+                                sampler=optuna.samplers.TPESampler(seed=1, multivariate=True)  # as xp's tpe
+                                if sampler == "tpe" else optuna.samplers.RandomSampler(seed=1),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1))
 
     def objective(trial: optuna.Trial) -> float:
@@ -248,7 +249,7 @@ def shares(path: Path) -> dict:
 def main() -> None:
     if sys.argv[1:2] == ["--bare-child"]:
         a = sys.argv[2:]
-        return bare_child(int(a[0]), int(a[1]), float(a[2]), int(a[3]), a[4])
+        return bare_child(int(a[0]), int(a[1]), float(a[2]), int(a[3]), a[4], a[5])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--slots", type=int, default=16)
@@ -256,6 +257,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--storage", default="sqlite",
                     help="sqlite, journal (a file), postgresql (the tests' server, started here), or a storage URL")
+    ap.add_argument("--sampler", default="tpe", choices=("tpe", "random"),
+                    help="tpe (multivariate, as xp's) or random (its cost does not grow with the study)")
     ap.add_argument("--resume-more", type=int, default=4,
                     help="then resume the finished study with this many more trials (0: not), and report it")
     ap.add_argument("--cprofile", action="store_true",
@@ -277,13 +280,14 @@ def main() -> None:
             PG.stop()
     for r in results:
         say(r)
-    out = ROOT / "benchmarks" / "results" / f"study_scale-{args.storage}.json"
+    out = ROOT / "benchmarks" / "results" / f"study_scale-{args.trials}-{args.storage}-{args.sampler}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
 
 
 def say(r: dict) -> None:
-    print(f"{r['way']}: {r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}): "
+    print(f"{r['way']}: {r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}, "
+          f"{r['sampler']}): "
           f"wall {r['wall_s']:.1f} s, ideal {r['ideal_s']:.1f} s, {r['overhead']:.2f}x (the trials' own time over the "
           f"slots {r['own_ideal_s']:.1f} s: {r['wall_s'] / r['own_ideal_s']:.2f}x); {r['runs']} trials "
           f"({r['pruned']} pruned); its process's CPU {r['scheduler_cpu_s']:.1f} s: "
