@@ -261,6 +261,7 @@ def main() -> None:
                     help="tpe (multivariate, as xp's) or random (its cost does not grow with the study)")
     ap.add_argument("--resume-more", type=int, default=4,
                     help="then resume the finished study with this many more trials (0: not), and report it")
+    ap.add_argument("--out", help="where the figures go (default: benchmarks/results/study_scale-N-STORAGE-SAMPLER.json)")
     ap.add_argument("--cprofile", action="store_true",
                     help="the scheduler's process under cProfile (its calls and their CPU: WORK/scheduler.prof)")
     ap.add_argument("--ways", default="xp,bare", help="xp (the study through xp), bare (Optuna's own loop)")
@@ -280,8 +281,9 @@ def main() -> None:
             PG.stop()
     for r in results:
         say(r)
-    out = ROOT / "benchmarks" / "results" / f"study_scale-{args.trials}-{args.storage}-{args.sampler}.json"
-    out.parent.mkdir(exist_ok=True)
+    out = Path(args.out) if args.out else \
+        ROOT / "benchmarks" / "results" / f"study_scale-{args.trials}-{args.storage}-{args.sampler}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
 
 
