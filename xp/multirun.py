@@ -74,11 +74,18 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
             parent.end(status)
             deliver_left_over(uri)
         if rows is not None:
-            print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
-            print(summary.table(rows if len(rows) <= SHOWN else summary.best(rows, SHOWN)))
-            if len(rows) > SHOWN:
-                print(f"(the {SHOWN} best of {len(rows)} by best val_accuracy; all of them: python -m xp.report "
-                      f"--experiment {parent.experiment} --parent {parent.run_id})")
+            _say_table(parent, rows, status)
+
+
+def _say_table(parent: Any, rows: list[dict[str, Any]], status: str) -> None:
+    """The sweep's table: every run, or the SHOWN best of a larger sweep with where to see them all."""
+    from xp.tracking import summary
+
+    print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
+    print(summary.table(rows if len(rows) <= SHOWN else summary.best(rows, SHOWN)))
+    if len(rows) > SHOWN:
+        print(f"(the {SHOWN} best of {len(rows)} by best val_accuracy; all of them: python -m xp.report "
+              f"--experiment {parent.experiment} --parent {parent.run_id})")
 
 
 def deliver_left_over(uri: str, wait_s: float = 30.0) -> int:
