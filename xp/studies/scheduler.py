@@ -106,8 +106,10 @@ class Scheduler:
                     while got is not None:  # everything that came, in order
                         worker, msg = got
                         if worker in self.pool.workers:  # (a replaced, released or retired worker's last words: not)
-                            if worker in idle and msg is None:
-                                idle.remove(worker)
+                            if msg is None:  # a Ctrl-C that reached its workers too stops the study: no trial lost
+                                held.check()
+                                if worker in idle:
+                                    idle.remove(worker)
                             idle.extend(self._serve(worker, msg) if msg is not None else self._died(worker))
                         got = inbox.get(0)
                     if time.monotonic() >= checked + ALIVE_S:  # a worker elsewhere can be lost without a word (its
