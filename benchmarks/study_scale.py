@@ -196,15 +196,10 @@ def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str, s
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from sleep_backend import accuracy
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if url.startswith("journal:///"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
+    from xp.studies.trial import storage_of  # the same storage as xp's study opens (journal:/// is xp's URL)
 
-        storage = JournalStorage(JournalFileBackend(url[len("journal://"):]))
-    else:
-        storage = url
-    study = optuna.create_study(study_name="bare", storage=storage, direction="maximize",
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="bare", storage=storage_of(url), direction="maximize",
                                 sampler=optuna.samplers.TPESampler(seed=1, multivariate=True)  # as xp's tpe
                                 if sampler == "tpe" else optuna.samplers.RandomSampler(seed=1),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1))

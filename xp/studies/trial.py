@@ -226,7 +226,7 @@ def _counts(study: Any) -> tuple[int, int]:
     """(finished trials that count towards the budget, trials running elsewhere). A failed trial that
     was retried does not count: its retry does."""
     trials = study.get_trials(deepcopy=False)
-    retried = {n for t in trials if "retry_history" in t.system_attrs for n in t.system_attrs["retry_history"]}
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     done = sum(1 for t in trials if t.state.name in FINISHED and t.number not in retried
                and "duplicate_of" not in t.user_attrs  # a proposal dropped as a duplicate of a running trial
                and INTERRUPTED not in t.user_attrs)  # stopped with its study and queued again (sweeper.requeue)
