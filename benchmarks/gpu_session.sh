@@ -4,6 +4,7 @@
 #      beside it, so xp's NVML utilization and memory can be set against nvidia-smi's own figures;
 #   2. xp's GPM metrics (SM activity, occupancy, tensor activity) from the same run's epochs;
 #   3. dataset.decode=gpu against the CPU decode workers (benchmarks/torch_pipeline.py --gpu);
+#   3b. ResNet-50 again with torch.compile (backend.compile=$COMPILE, default true; a mode such as max-autotune);
 #   4. studies on GPU slots: one trial per GPU, then two packed on each (sweep.trials_per_gpu=2), read back
 #      from MLflow (benchmarks/gpu_study_readback.py); a trial asking for more GPUs than there are: one line.
 # Needs torch, torchvision, OpenCV, nvidia-ml-py and hydra-core/omegaconf/antlr4, and for step 4 Optuna and
@@ -52,6 +53,13 @@ echo "== 3. dataset.decode=gpu against the CPU decode workers (224 px, 8 workers
 python3 benchmarks/torch_pipeline.py --gpu --images 4000 --sizes 224 --threads 8 --reps 3 --epochs 1 2>&1 \
     | tee "$OUT/torch_pipeline_gpu.log"
 cp benchmarks/results/torch_pipeline_gpu_224.json "$OUT/" 2>/dev/null || true
+
+echo "== 3b. ResNet-50 bf16, batch 256, channels-last, torch.compile (backend.compile=${COMPILE:=true})"
+start=$SECONDS
+timeout 300 python3 benchmarks/torch_resnet50.py --steps "$STEPS" --epochs 3 --compile "$COMPILE" \
+    --out "$OUT/torch_resnet50_compiled.json" > "$OUT/torch_resnet50_compiled.log" 2>&1
+grep -v "^ *\(File\|warn\)" "$OUT/torch_resnet50_compiled.log" | tail -9
+echo "(compiled run, compilation included: $((SECONDS - start)) s)"
 fi
 
 echo "== 4. studies on GPU slots (LeNet on digits, backend=torch, gpus=1 per trial)"

@@ -40,7 +40,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=50, help="steps per epoch")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=10, help="batches per epoch not timed")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--compile", nargs="?", const="true", default="false",
+                    help="torch.compile the model (optionally a mode: max-autotune, reduce-overhead...)")
     ap.add_argument("--no-channels-last", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "torch_resnet50.json"))
     args = ap.parse_args()
@@ -60,7 +61,7 @@ def main() -> int:
                  f"dataset.image_shape=[3,{args.image},{args.image}]", f"dataset.train_size={args.steps * args.batch}",
                  f"dataset.val_size={args.batch}", f"batch={args.batch}", f"gpus={1 if gpus else 0}",
                  f"dtype={args.dtype}", f"epochs={args.epochs}", "lr_schedule=constant", "lr=0.1", "lr_ref_batch=256",
-                 f"timing_warmup_batches={args.warmup}", f"backend.compile={str(args.compile).lower()}",
+                 f"timing_warmup_batches={args.warmup}", f"backend.compile={args.compile}",
                  f"backend.channels_last={str(not args.no_channels_last).lower()}"]
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3", job_name="bench"):
         cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)

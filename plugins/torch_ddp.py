@@ -26,6 +26,9 @@ from xp.run.plan import Plan
 log = logging.getLogger("xp")
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 class TorchBackend(Backend):
     name = "torch"
     requires = ("torch", "torchvision", "numpy")
@@ -89,6 +92,9 @@ class TorchBackend(Backend):
                               f"use gpus={len(plan.devices) * plan.workers} (NCCL cannot share a GPU between ranks)")
         if plan.optimizer == "nag" and plan.momentum == 0:
             raise ConfigError("optimizer=nag: Nesterov momentum needs momentum > 0")
+        if (mode := plan.backend_options.get("compile", False)) not in (True, False, *COMPILE_MODES):
+            raise ConfigError(f"backend.compile={mode}: true, false or a torch.compile mode "
+                              f"({', '.join(COMPILE_MODES)})")
         if plan.pretrained is not None and plan.model.zoo == "xp":
             raise ConfigError(f"pretrained={plan.pretrained.name}: model={plan.model.name} is xp's own; "
                               "torchvision weights fit torchvision models (model=resnet50, ...)")
@@ -194,8 +200,8 @@ class TorchBackend(Backend):
             # 1-channel 3x3 kernels have two valid stride layouts; oneDNN's differs from DDP's bucket (harmless)
             warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
             self.model = nn.parallel.DistributedDataParallel(self.net, device_ids=[local] if gpu else None)
-        if plan.backend_options.get("compile", False):
-            self.model = torch.compile(self.model)
+        if mode := plan.backend_options.get("compile", False):  # true, or one of torch.compile's modes
+            self.model = torch.compile(self.model, **({"mode": mode} if isinstance(mode, str) else {}))
         self.loss = nn.CrossEntropyLoss()
         self.train_data, self.val_data = make_batches(plan, self.world, rank, pin=gpu, device=self.device)
         if plan.resume:

@@ -77,6 +77,7 @@ CASES = [
     ("backend=torch workers=2 elastic.enabled=true", "elastic.enabled=true: backend=torch is elastic across hosts "
      "(torchrun's elastic agent, one per host): launcher=ssh"),
     ("backend=torch optimizer=nag momentum=0", "optimizer=nag: Nesterov momentum needs momentum > 0"),
+    ("backend=torch backend.compile=fast", "backend.compile=fast: true, false or a torch.compile mode (default, "),
     ("dtype=bfloat16", "dtype=bfloat16: the MXNet backends reach bfloat16 through AMP"),
     ("dataset=folder dataset.root={tmp}/imgs dataset.decode=fpga", "dataset.decode='fpga': must be cpu (the decode workers)"),
     ("backend=torch dataset=folder dataset.root={tmp}/imgs batch=4 dataset.decode=gpu", "dataset.decode=gpu: needs GPUs (gpus=N)"),

@@ -201,91 +201,6 @@ def _one_decode_thread(_: int) -> None:
     cv2.setNumThreads(1)
 
 
-class EncodedRecords(RecordImages):
-    """dataset.decode=gpu, the workers' part: a batch's records read, not decoded (the encoded images end to end
-    in one uint8 tensor, their lengths, labels and record numbers, and the batch's epoch)."""
-
-    def __getitem__(self, items: list[tuple[int, int]]) -> tuple[Any, ...]:
-        records = [self.record(i) for i, _ in items]
-        blob = torch.frombuffer(bytearray(b"".join(jpeg for _, jpeg in records)), dtype=torch.uint8)
-        return (blob, torch.tensor([len(jpeg) for _, jpeg in records]), torch.tensor([label for label, _ in records]),
-                torch.tensor([i for i, _ in items]), items[0][1])
-
-
-class GpuDecoder:
-    """dataset.decode=gpu, the main process's part: a batch's JPEGs decoded on `device` by nvJPEG in one call
-    (torchvision.io.decode_jpeg), then cropped, resized (bilinear, rounded to whole levels as OpenCV's resize of
-    8-bit pixels is), mirrored and normalised there, with the CPU path's draws (xp.pt.data.geometry). An image
-    nvJPEG cannot decode (not a JPEG, CMYK) is decoded by OpenCV on the CPU and copied over; `cpu_decoded`
-    counts them."""
-
-    def __init__(self, images: RecordImages, device: Any):
-        self.images, self.device = images, torch.device(device)
-        c = images.shape[0]
-        self.mean = torch.tensor(images.mean, device=self.device).view(c, 1, 1)
-        self.std = torch.tensor(images.std, device=self.device).view(c, 1, 1)
-        self.cpu_decoded = 0
-
-    def __call__(self, blob: torch.Tensor, sizes: torch.Tensor, numbers: torch.Tensor, epoch: int) -> torch.Tensor:
-        import torch.nn.functional as F
-
-        c, h, w = self.images.shape
-        numbers = numbers.tolist()
-        decoded = self.decode(list(torch.split(blob, sizes.tolist())), numbers)
-        out = torch.empty((len(decoded), c, h, w), device=self.device)
-        for j, (img, i) in enumerate(zip(decoded, numbers)):
-            g = self.images.geometry(tuple(img.shape[1:]), i, epoch)
-            x = img[None].float()
-            if g.resize:
-                x = F.interpolate(x, size=g.resize, mode="bilinear", align_corners=False).round_()
-            top, left, ch, cw = g.box
-            x = x[..., top:top + ch, left:left + cw]
-            if (ch, cw) != (h, w):
-                x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False).round_()
-            out[j] = x[0].flip(-1) if g.mirror else x[0]
-        return out.sub_(self.mean).div_(self.std)
-
-    def decode(self, parts: list[torch.Tensor], numbers: list[int]) -> list[torch.Tensor]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        mode = ImageReadMode.GRAY if self.images.shape[0] == 1 else ImageReadMode.RGB
-        try:
-            return decode_jpeg(parts, mode=mode, device=self.device)
-        except RuntimeError:  # one of them is not for nvJPEG: each on its own
-            pass
-        out = []
-        for part, i in zip(parts, numbers):
-            try:
-                out.append(decode_jpeg(part, mode=mode, device=self.device))
-            except RuntimeError:
-                out.append(self._cpu_decode(part, i))
-        return out
-
-    def _cpu_decode(self, part: torch.Tensor, i: int) -> torch.Tensor:
-        import cv2
-
-        from xp.data.recordio import DataError
-
-        c = self.images.shape[0]
-        img = cv2.imdecode(part.numpy(), cv2.IMREAD_GRAYSCALE if c == 1 else cv2.IMREAD_COLOR)
-        if img is None:
-            raise DataError(f"{self.images.file.rec_path}: record {self.images.keys[i]} holds no decodable image")
-        self.cpu_decoded += 1
-        img = img[:, :, None] if img.ndim == 2 else img[:, :, ::-1]
-        return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))).to(self.device)
-
-
-def gpu_decode_problem(device: Any) -> str | None:
-    """Why JPEGs cannot be decoded on `device` by this torchvision (one line), or None when they can."""
-    try:
-        from torchvision.io import decode_jpeg, encode_jpeg
-
-        decode_jpeg(encode_jpeg(torch.zeros((3, 8, 8), dtype=torch.uint8)), device=device)
-    except Exception as e:  # a probe: whatever fails (no driver, a CPU-only build, no nvJPEG) means it cannot
-        return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-    return None
-
-
 class _Steps(torch.utils.data.Sampler):
     """Batch sampler: this process's share of each global batch, for `steps` steps from `skip`."""
 
@@ -316,6 +231,8 @@ class RecordBatches:
 
     def __init__(self, rec: str, plan: Plan, shards: int, shard: int, train: bool, pin: bool, gpu: Any = None):
         d = plan.dataset
+        from xp.pt.gpu_decode import EncodedRecords, GpuDecoder
+
         self.images = (EncodedRecords if gpu is not None else RecordImages)(rec, d.options, d.image_shape, train,
                                                                             plan.seed)
         self.decoder = GpuDecoder(self.images, gpu) if gpu is not None else None
@@ -348,6 +265,8 @@ def make_batches(plan: Plan, shards: int, shard: int, pin: bool, device: Any = "
         train_rec, val_rec = record_files(plan)
         gpu, fallback = None, ""
         if d.options.get("decode", "cpu") == "gpu":
+            from xp.pt.gpu_decode import gpu_decode_problem
+
             problem = gpu_decode_problem(device)
             if problem:
                 log.warning(f"dataset.decode=gpu: this torchvision cannot decode JPEGs on {device} ({problem}); "
