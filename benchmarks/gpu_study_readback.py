@@ -32,9 +32,10 @@ def main() -> int:
             spans.append((r["tags.xp.slot"], t0, t1))
             util = r.get("metrics.gpu_utilization_pct", math.nan)
             mem = r.get("metrics.gpu_memory_mb", math.nan)
+            own = r.get("metrics.gpu_process_memory_mb", math.nan)
             print(f"  trial {r.get('tags.optuna.trial_number')}: slot {r['tags.xp.slot']} "
                   f"gpus {r['tags.xp.slot.gpus']} cores {r['tags.xp.slot.cores']} {r['status']:9} "
-                  f"{t1 - t0:5.1f} s  GPU util {util:5.1f}%  GPU memory {mem:6.0f} MB")
+                  f"{t1 - t0:5.1f} s  GPU util {util:5.1f}%  GPU memory {mem:6.0f} MB, the trial's own {own:6.0f} MB")
         overlap = sum(max(0.0, min(a[2], b[2]) - max(a[1], b[1]))
                       for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] != b[0])
         print(f"  seconds that trials of two slots ran at once: {overlap:.1f}")

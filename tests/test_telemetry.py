@@ -86,6 +86,27 @@ def test_memory_is_read_as_nvidia_smi_shows_it_without_the_drivers_reserve():
         assert metrics["gpu_memory_mb"] == pytest.approx(3000), type(nvml).__name__
 
 
+class FakeProcesses(FakeNVML):
+    """Two trials packed on GPU 0: this process holds 700 MiB of the 3,000 in use, another 2,300."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        import os
+
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=700 * 2**20),
+                SimpleNamespace(pid=os.getpid() + 1, usedGpuMemory=2300 * 2**20)] if h == 0 else []
+
+
+def test_a_packed_trial_logs_its_own_gpu_memory_beside_the_gpus():
+    """gpu_memory_mb is the GPU's (both packed trials); gpu_process_memory_mb this process's own; no own entry
+    (NVML without per-process figures, or not this process): no such metric rather than a wrong one."""
+    _, metrics = one_sampled_epoch(FakeProcesses(mem_mb=(3000, 3000)), [0], 0.05)
+    assert metrics["gpu_memory_mb"] == pytest.approx(3000) and metrics["gpu_process_memory_mb"] == pytest.approx(700)
+    _, metrics = one_sampled_epoch(FakeProcesses(), [1], 0.05)
+    assert "gpu_process_memory_mb" not in metrics and metrics["gpu_memory_mb"] == pytest.approx(3000)
+    _, metrics = one_sampled_epoch(FakeNVML(), [0], 0.05)
+    assert "gpu_process_memory_mb" not in metrics
+
+
 class FakeGPM(FakeNVML):
     """A Hopper-like NVML: GPM samples are counters (cycles active, warps resident, tensor cycles) that the script
     advances; metrics between two samples are their ratios, as NVML computes them. GPU 3 has no GPM."""

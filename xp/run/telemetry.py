@@ -85,7 +85,8 @@ class GPM:
 
 
 class GPUSampler(Callback):
-    """Samples utilization (%), memory used (MB) and power (W) of the run's GPUs every interval_s.
+    """Samples utilization (%), memory used (MB) and power (W) of the run's GPUs every interval_s, and the
+    memory this process holds on them (packed trials share a GPU: its memory used counts all of them).
 
     Every second is the default: NVML calls are cheap, but each holds the driver lock,
     and a tight loop slows the other clients (nvidia-smi, the training process itself).
@@ -94,7 +95,7 @@ class GPUSampler(Callback):
     def __init__(self, indices: list[int], interval_s: float = 1.0, nvml: Any = None):
         self.indices, self.interval = indices, interval_s
         self.nvml = nvml
-        self._samples: list[tuple[int, float, float, float]] = []
+        self._samples: list[tuple[int, float, float, float, float]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -134,6 +135,16 @@ class GPUSampler(Callback):
                 pass
         return float(self.nvml.nvmlDeviceGetMemoryInfo(h).used)
 
+    def _own_memory(self, h: Any) -> float:
+        """Bytes this process holds on the GPU (NVML's compute processes); NaN where NVML does not say (no
+        entry for this process id, as in a container with its own process ids; no per-process accounting)."""
+        try:
+            own = [p.usedGpuMemory for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(h)
+                   if p.pid == os.getpid() and p.usedGpuMemory is not None]
+        except Exception:  # an NVML without it
+            return float("nan")
+        return float(sum(own)) if own else float("nan")
+
     def sample(self) -> None:
         rows = []
         for i, h in self._handles:
@@ -143,7 +154,7 @@ class GPUSampler(Callback):
                 power = self.nvml.nvmlDeviceGetPowerUsage(h) / 1000.0  # mW -> W
             except Exception:  # some boards do not report power
                 power = float("nan")
-            rows.append((i, util, mem, power))
+            rows.append((i, util, mem, power, self._own_memory(h) / 2**20))
         with self._lock:
             self._samples.extend(rows)
 
@@ -187,6 +198,8 @@ class GPUSampler(Callback):
         metrics["gpu_utilization_pct_min"] = min(utils)
         metrics["gpu_utilization_pct_max"] = max(utils)
         metrics["gpu_memory_mb"] = max(s[2] for s in samples)
+        if own := [s[4] for s in samples if s[4] == s[4]]:
+            metrics["gpu_process_memory_mb"] = max(own)
         if powers:
             metrics["gpu_power_w"] = sum(powers) / len(powers)
         for i in self.indices:
