@@ -61,14 +61,17 @@ def sample(tree: psutil.Process, seen: dict) -> None:
     try:
         t = tree.cpu_times()
         seen["cpu_s"] = t.user + t.system
-        workers = [c for c in tree.children() if "xp.launching.trialworker" in " ".join(c.cmdline())]
+        ours = [c for c in tree.children(recursive=True) if "xp.launching." in " ".join(c.cmdline())]
+        zygotes = {c.pid for c in ours if c.ppid() == tree.pid and "xp.launching.zygote" in " ".join(c.cmdline())}
     except psutil.Error:
         return
-    seen["peak_workers"] = max(seen.get("peak_workers", 0), len(workers))
-    for w in workers:
+    seen["peak_workers"] = max(seen.get("peak_workers", 0), len(ours) - len(zygotes))
+    for w in ours:  # the zygote's CPU counts with its workers' (their imports are its), its memory apart
         try:
             m, c = w.memory_full_info(), w.cpu_times()
-            for key, value in (("uss", m.uss), ("rss", m.rss), ("worker_cpu", c.user + c.system)):
+            memory = (("zygote_uss", m.uss), ("zygote_rss", m.rss)) if w.pid in zygotes else (("uss", m.uss),
+                                                                                                ("rss", m.rss))
+            for key, value in (*memory, ("worker_cpu", c.user + c.system)):
                 seen.setdefault(key, {})[w.pid] = max(seen.get(key, {}).get(w.pid, 0), value)
         except psutil.Error:
             pass
@@ -91,7 +94,7 @@ def one(args: argparse.Namespace) -> dict:
             "backend.name=sleep", f"epochs={args.epochs}", "batch=512", f"tracking_uri={tracking}",
             "experiment=scale", f"hydra.sweep.dir={work}/sweep"]
     seen: dict = {}
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     with open(work / "out.txt", "w") as out:
         proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
         tree = psutil.Process(proc.pid)
@@ -117,16 +120,20 @@ def one(args: argparse.Namespace) -> dict:
     exp = client.get_experiment_by_name("scale").experiment_id
     runs = client.search_runs([exp], filter_string="tags.`optuna.trial_number` != ''", max_results=50000)
     ideal = args.trials * args.trial_s / args.slots
+    first = min(r.info.start_time for r in runs) / 1000
+    last = max(r.info.end_time or 0 for r in runs) / 1000
     uss, rss = list(seen.get("uss", {}).values()), list(seen.get("rss", {}).values())
     result = {"way": "xp", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "sampler": args.sampler,
               "storage": args.storage, "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, "runs": len(runs),
               "pruned": sum(r.data.tags.get("optuna.trial_state") == "PRUNED" for r in runs),
               "own_ideal_s": sum((r.info.end_time - r.info.start_time) / 1000 for r in runs if r.info.end_time)
               / args.slots,
+              "before_trials_s": first - started, "trials_s": last - first, "after_trials_s": started + wall - last,
               "scheduler_cpu_s": seen.get("cpu_s"),
               "scheduler_cpu_ms_per_trial": 1000 * seen.get("cpu_s", 0) / args.trials,
               "peak_workers": seen.get("peak_workers"),
               "worker_uss_mb": statistics.median(uss) / 2**20 if uss else None,
+              "zygote_uss_mb": max(seen.get("zygote_uss", {}).values(), default=0) / 2**20,
               "worker_rss_mb": statistics.median(rss) / 2**20 if rss else None, "work": str(work)}
     workers_cpu = sum(seen.get("worker_cpu", {}).values())
     busy = sum(getattr(cpu1, k) - getattr(cpu0, k) for k in ("user", "system", "nice", "irq", "softirq"))
@@ -291,12 +298,15 @@ def say(r: dict) -> None:
           f"{r['scheduler_cpu_ms_per_trial']:.0f} ms a trial")
     if r["way"] != "xp":
         return
+    print(f"  the command's start to the first trial's run {r['before_trials_s']:.1f} s, the trials' runs "
+          f"{r['trials_s']:.1f} s, the last run's end to the command's exit {r['after_trials_s']:.1f} s")
     if r.get("resume_more"):
         print(f"  resumed with {r['resume_more']} more trials: its first new trial started "
               f"{r['resume_first_trial_s']:.1f} s after the command (the command: {r['resume_wall_s']:.1f} s); "
               f"python -m xp.report --parent of the {r['trials']} runs: {r['report_s']:.1f} s")
     print(f"  workers: {r['peak_workers']} at the peak, {r['worker_uss_mb']:.0f} MB USS ({r['worker_rss_mb']:.0f} MB "
-          f"RSS) each; their CPU {r['workers_cpu_s']:.0f} s: {r['workers_cpu_ms_per_trial']:.0f} ms a trial; the "
+          f"RSS) each, forked from a zygote of {r.get('zygote_uss_mb', 0):.0f} MB USS; their CPU (the zygote's "
+          f"with it) {r['workers_cpu_s']:.0f} s: {r['workers_cpu_ms_per_trial']:.0f} ms a trial; the "
           f"machine's cores busy {r['cores_busy']:.0%}")
     if "samples" in r:
         print(f"  the scheduler's working time ({r['samples']} samples): "

@@ -46,8 +46,15 @@ def trial_runs(store):
     return [r for r in runs if "optuna.trial_number" in r.data.tags]
 
 
-def workers_of(proc) -> list[psutil.Process]:
-    return [c for c in psutil.Process(proc.pid).children() if "xp.launching.trialworker" in " ".join(c.cmdline())]
+def workers_of(proc, zygote: bool = False) -> list[psutil.Process]:
+    """The study's trial workers: forked by its zygote (the command's child running xp.launching.zygote; with
+    `zygote`, it too), or started afresh (xp.launching.trialworker)."""
+    out = []
+    for c in psutil.Process(proc.pid).children(recursive=True):
+        line = " ".join(c.cmdline())
+        if "xp.launching.trialworker" in line or ("xp.launching.zygote" in line and (zygote or c.ppid() != proc.pid)):
+            out.append(c)
+    return out
 
 
 @pytest.mark.slow
@@ -111,8 +118,9 @@ def test_a_killed_scheduler_is_continued_by_the_same_command(tmp_path, store):
     args = ("-m", "sweep=tiny", "epochs=3", "sweep.parallel=2")
     with xp_process(tmp_path, store, *args, env=env) as proc:
         wait_for_line(proc, "study: trial ", timeout=300)
-        workers = workers_of(proc)
-        proc.kill()  # SIGKILL: the scheduler dies without a word; its workers die with it
+        workers = workers_of(proc, zygote=True)
+        assert len(workers) == 3  # the zygote and the two it forked
+        proc.kill()  # SIGKILL: the scheduler dies without a word; its workers die with it, and the zygote
         proc.wait(timeout=30)
     deadline = time.monotonic() + 30
     while any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers) and time.monotonic() < deadline:

@@ -2,7 +2,7 @@
 an ssh host list's, a Slurm cluster's allocations) with a long-lived worker each (xp.launching.pool), or, under
 a Hydra launcher of a cluster (submitit), that launcher's jobs in batches (no pool).
 
-The command line makes it (`ahead`: before anything is composed, a first worker starts importing what every
+The command line makes it (`ahead`: before anything is composed, its zygote starts importing what every
 trial needs), the composed command decides it (`decide`: the launcher known, its slots checked, their workers
 started while the study opens its stores), and the study's sweeper, which Hydra instantiates, takes it from
 there (`current`) and asks it for its pool (`pool`)."""
@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 from xp.launching import hydra_launchers
-from xp.launching.pool import Pool, Unplaced
+from xp.launching.pool import Pool
+from xp.launching.zygote import Zygote
 from xp.launching.trialworker import SLOT_ENV
 
 log = logging.getLogger("xp")
@@ -24,16 +25,16 @@ _current: contextvars.ContextVar[Placement | None] = contextvars.ContextVar("xp_
 
 
 class Placement:
-    def __init__(self, unplaced: Unplaced | None = None):
+    def __init__(self, zygote: Zygote | None = None):
         self.launcher: Any = None  # the study's launcher (None: this machine's)
-        self.unplaced = unplaced  # a local worker started before its slot was known
+        self.zygote = zygote  # forks this machine's workers (xp.launching.zygote), started before any slot is known
         self.early: Pool | None = None  # the workers started for the slots `decide` saw
 
     @classmethod
     def ahead(cls) -> Placement:
-        """A study command, before anything is composed: its first local worker starts now, so its imports
-        overlap all that follows (Hydra's own import among it). A study placed elsewhere ends it in `decide`."""
-        return cls(Unplaced.start({k: v for k, v in os.environ.items() if k != SLOT_ENV}))
+        """A study command, before anything is composed: its zygote starts now, so its imports overlap all that
+        follows (Hydra's own import among it). A study placed elsewhere ends it in `decide`."""
+        return cls(Zygote.start({k: v for k, v in os.environ.items() if k != SLOT_ENV}))
 
     def decide(self, config: dict[str, Any], argv: list[str], launcher: Any, uri: str) -> None:
         """The composed command's placement: its launcher's slots checked (launcher=ssh: every host answers, the
@@ -44,9 +45,9 @@ class Placement:
         on_slots = bool(node) and node.get("scheduler", "slots") == "slots"
         on_slots = on_slots and hydra_launchers.runs_jobs_here(argv)  # (a cluster's Hydra launcher: its jobs)
         remote = launcher is not None and launcher.remote
-        if self.unplaced is not None and (remote or not on_slots):
-            self.unplaced.discard()  # no slot of this machine will take it
-            self.unplaced = None
+        if self.zygote is not None and (remote or not on_slots):
+            self.zygote.close()  # no slot of this machine will have a worker
+            self.zygote = None
         if not on_slots:
             return
         if remote:
@@ -84,9 +85,9 @@ class Placement:
         if self.early is not None:
             self.early.discard()
             self.early = None
-        if self.unplaced is not None:
-            self.unplaced.discard()
-            self.unplaced = None
+        if self.zygote is not None:  # after the pools' workers: it waits for them
+            self.zygote.close()
+            self.zygote = None
 
     def __enter__(self) -> Placement:
         self._token = _current.set(self)
@@ -107,8 +108,7 @@ class Placement:
         return (self.launcher or Local()).slots(int(config.get("gpus") or 0), parallel, trials_per_gpu)
 
     def _pool(self, config: Any, slots: list[Any], uri: str) -> Pool:
-        unplaced, self.unplaced = self.unplaced, None  # the first local worker: told its slot by the pool
-        return Pool(slots, backend=_backend(config), tracking_uri=uri, launcher=self.launcher, unplaced=unplaced)
+        return Pool(slots, backend=_backend(config), tracking_uri=uri, launcher=self.launcher, zygote=self.zygote)
 
 
 def _backend(config: Any) -> str | None:

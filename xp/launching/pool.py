@@ -1,7 +1,8 @@
 """A study's workers: one long-lived process per slot (xp.launching.slots), started once, pinned to its slot,
 replaced when it dies. Each talks to the scheduler (xp.studies.scheduler) over its channel (xp.studies.channel),
 whose messages all arrive in the pool's one inbox. Where the slots are and how a worker gets there is the
-launcher's (Launcher.slots, start_worker); this machine's workers the pool starts itself."""
+launcher's (Launcher.slots, start_worker); this machine's workers the pool starts itself, forked from the
+command's zygote where it has one (xp.launching.zygote)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from xp.errors import XPError, one_line
 from xp.launching.hosts import end_together
 from xp.launching.slots import Slot
 from xp.launching.trialworker import BACKEND_ENV, CONNECT_ENV, QUIET_ENV, SLOT_ENV, TOKEN_ENV, TRACKING_ENV
+from xp.launching.zygote import Zygote, local_worker
 from xp.studies.channel import Channel, Exit, Hello, Inbox, Message, Ready
-from xp.studies.channel import Slot as SlotMessage
 
 log = logging.getLogger("xp")
 
@@ -60,13 +61,13 @@ class Pool:
     """One worker per slot. `backend`: the backend the trials use, imported by each worker as it starts."""
 
     def __init__(self, slots: list[Slot], backend: str | None = None, tracking_uri: str | None = None,
-                 launcher: Any = None, unplaced: Unplaced | None = None):
+                 launcher: Any = None, zygote: Zygote | None = None):
         from xp.launching.launcher import Local
 
         self.slots, self.backend, self.tracking_uri = slots, backend, tracking_uri
         self.launcher = launcher or Local()  # where the slots are, how a worker elsewhere gets there
         self.remote = self.launcher.remote  # its workers start elsewhere and call back
-        self.unplaced = unplaced  # a local worker started before its slot was known, for the first slot here
+        self.zygote = zygote  # where this machine's workers are forked from (the command's; None: started afresh)
         self.inbox = Inbox()  # where every worker's messages arrive
         self.quiet = len(slots) > 1
         self.workers: list[Worker] = []
@@ -133,9 +134,6 @@ class Pool:
         """End workers that were started and never used (SIGTERM: they may still be importing)."""
         _unused(self.started)
         self.started = []
-        if self.unplaced is not None:
-            self.unplaced.discard()
-            self.unplaced = None
         self._close()
 
     def __exit__(self, *exc: Any) -> None:
@@ -162,9 +160,8 @@ class Pool:
     def _spawn(self, slot: Slot) -> tuple[Any, Channel | None, Slot]:
         if self.remote:
             return self._spawn_there(slot)
-        if self.unplaced is not None:  # started before its slot was known (early): told it now
-            unplaced, self.unplaced = self.unplaced, None
-            return unplaced.place(self._variables(slot)), unplaced.channel, slot
+        if self.zygote is not None and not self.zygote.gone:  # forked: it calls back, as a remote worker does
+            return self.zygote.fork(self._calling_back(slot, "127.0.0.1")), None, slot
         return (*local_worker({**os.environ, **self._variables(slot)}), slot)
 
     def _spawn_there(self, slot: Slot) -> tuple[Any, None, Slot]:
@@ -172,16 +169,20 @@ class Pool:
         job); it calls back to this process's listener with its slot's token."""
         from xp.launching.remote import JOB_ENV
 
+        told = {"argv": [sys.executable, "-m", "xp.launching.trialworker", "connect"],
+                "env": {**self._calling_back(slot, self.launcher.address()), JOB_ENV: self.job}}
+        return self.launcher.start_worker(slot, told), None, slot  # (the launcher keeps env off any command line)
+
+    def _calling_back(self, slot: Slot, address: str | None) -> dict[str, str]:
+        """The variables of `slot`'s worker, with where it calls back (this process's listener, on `address`) and
+        the secret it says first."""
         if self.listener is None:
-            self.listener = socket.create_server((self.launcher.address(), 0))
+            self.listener = socket.create_server((address, 0))
             self.listener.settimeout(0.5)
         token = secrets.token_hex(16)
         self.tokens[token] = slot
         address, port = self.listener.getsockname()[:2]
-        told = {"argv": [sys.executable, "-m", "xp.launching.trialworker", "connect"],
-                "env": {**self._variables(slot), CONNECT_ENV: f"{address}:{port}", TOKEN_ENV: token,
-                        JOB_ENV: self.job}}  # the launcher keeps it off any command line
-        return self.launcher.start_worker(slot, told), None, slot
+        return {**self._variables(slot), CONNECT_ENV: f"{address}:{port}", TOKEN_ENV: token}
 
     def _called_back(self, slot: Slot, proc: subprocess.Popen) -> Channel | None:
         """The channel of `slot`'s remote worker once it has called back (None: it ended, or READY_S passed)."""
@@ -288,40 +289,3 @@ def _unused(started: list[tuple[Any, Channel | None, Slot]]) -> None:
     for _, channel, _ in started:
         if channel is not None:
             channel.close()
-
-
-class Unplaced:
-    """A local worker started before its slot was known (xp.launching.placement: before the study is composed): it
-    imports what does not depend on its slot (MLflow, Hydra, xp: a second on 2 cores), then waits to be told its
-    slot, pins itself there and imports its frameworks. It dies with this process."""
-
-    def __init__(self, proc: subprocess.Popen, channel: Channel, env: dict[str, str]):
-        self.proc, self.channel, self.env = proc, channel, env
-
-    @classmethod
-    def start(cls, env: dict[str, str]) -> Unplaced:
-        return cls(*local_worker(env), env)
-
-    def place(self, variables: dict[str, str]) -> subprocess.Popen:
-        """Tell it its slot: the slot's `variables`, and what changed in this process's environment since."""
-        told = {**{k: v for k, v in os.environ.items() if self.env.get(k) != v}, **variables}
-        try:
-            self.channel.send(SlotMessage(told, [k for k in self.env if k not in os.environ], os.getcwd()))
-        except OSError:  # it died meanwhile: Pool._ready says so in one line
-            pass
-        return self.proc
-
-    def discard(self) -> None:
-        """It holds nothing yet: ended at once."""
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-        self.channel.close()
-
-
-def local_worker(env: dict[str, str]) -> tuple[subprocess.Popen, Channel]:
-    """A worker process on this machine, and the scheduler's end of its channel."""
-    ours, theirs = socket.socketpair()
-    proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno())],
-                            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
-    theirs.close()
-    return proc, Channel(ours)

@@ -4,6 +4,7 @@ own config, output folder, log file and MLflow child run, seeded by its plan (so
 in a fresh process). It never opens the study's storage: its values go to the scheduler on its channel.
 
     python -m xp.launching.trialworker FD     (FD: its end of the scheduler's socket pair)
+    python -m xp.launching.zygote FD          (no slot yet: it forks this machine's workers, xp.launching.zygote)
     python -m xp.launching.trialworker connect  (on another host: it connects to $XP_SLOT_CONNECT)
 """
 
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from xp.studies.channel import Attr, Channel, Done, Error, Hello, Prune, Ready, Report, ShouldPrune, Trial
-from xp.studies.channel import Slot as SlotMessage
 from xp.run.worker import die_with_parent
 
 # what the pool (xp.launching.pool) tells a worker, in its environment
@@ -41,25 +41,20 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
         signal.signal(signal.SIGINT, _stopped)
-    early = compose = None
-    if SLOT_ENV not in os.environ:  # started before its slot was known (xp.launching.pool.Unplaced)
-        early = Channel(socket.socket(fileno=int(argv[0])))
+    compose = None
+    if SLOT_ENV not in os.environ:  # the zygote (xp.launching.zygote): what needs no slot imported, then it forks
+        from xp.launching.zygote import serve
+
+        zygote = Channel(socket.socket(fileno=int(argv[0])))
         try:
             compose = _before_slot()
-        except Exception:  # done again once told its slot, where a failure reaches the scheduler in one line
+        except Exception:  # done again in each worker, where a failure reaches the scheduler in one line
             compose = None
-        told = early.recv()
-        if not isinstance(told, SlotMessage):  # not needed
-            os._exit(0)
-        os.environ.update(told.env)
-        for k in told.unset:
-            os.environ.pop(k, None)
-        os.chdir(told.cwd)
+        serve(zygote)  # returns in a forked worker, its slot's variables set: it calls back as a remote one does
+        argv = ["connect"]
     slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(os.environ[SLOT_ENV]).items()})
     slot.pin()  # before the frameworks start their threads: those inherit it (the ones already there are moved)
-    if early is not None:
-        channel = early
-    elif argv[0] == "connect":  # on another host: it calls the scheduler back, with its slot's token
+    if argv[0] == "connect":  # forked, or on another host: it calls the scheduler back, with its slot's token
         host, port = os.environ[CONNECT_ENV].rsplit(":", 1)
         channel = Channel(socket.create_connection((host, int(port)), timeout=30))
         channel.sock.settimeout(None)
@@ -298,12 +293,17 @@ def _logging(quiet: bool) -> None:
         logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
-if __name__ == "__main__":
+def entry(argv: list[str]) -> None:
+    """The process's whole life (a worker's, or the zygote's and then its forked workers'): its exit code."""
     from xp.errors import Terminated
 
     try:
-        raise SystemExit(main(sys.argv[1:]))
+        raise SystemExit(main(argv))
     except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the trial's run ended KILLED
         raise SystemExit(130)
     except Terminated:
         raise SystemExit(143)
+
+
+if __name__ == "__main__":
+    entry(sys.argv[1:])

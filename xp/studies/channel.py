@@ -3,7 +3,9 @@ a TCP connection a worker elsewhere makes back): the messages they exchange, typ
 for them (`Inbox`: every worker's messages in the order they came, not file descriptors, so a carrier without one
 fits too).
 
-    scheduler -> worker:  Slot (an early worker's slot), Trial, Prune (the answer to ShouldPrune), Exit
+    scheduler -> worker:  Slot (to the zygote: a worker to fork for a slot), Trial, Prune (the answer to
+                          ShouldPrune), Exit
+    zygote -> scheduler:  Forked (the forked worker's process id), Exited (a forked worker's exit code)
     worker -> scheduler:  Hello (a worker elsewhere calling back, with its slot's secret), Ready, Error,
                           Report, ShouldPrune, Attr, Done
 
@@ -38,7 +40,7 @@ KINDS: dict[str, type[Message]] = {}
 
 @_kind("slot")
 class Slot(Message):
-    """To a worker started before its slot was known: its slot's variables, those to drop, its folder."""
+    """To the zygote (xp.launching.zygote): fork a worker with these variables, without those, in this folder."""
     env: dict[str, str]
     unset: list[str]
     cwd: str
@@ -67,6 +69,19 @@ class Prune(Message):
 @_kind("exit")
 class Exit(Message):
     pass
+
+
+@_kind("forked")
+class Forked(Message):
+    """From the zygote (xp.launching.zygote): the worker it forked for the last Slot asked, its process id."""
+    pid: int
+
+
+@_kind("exited")
+class Exited(Message):
+    """From the zygote: one of its workers ended, with this exit code (negative: the signal that ended it)."""
+    pid: int
+    code: int
 
 
 @_kind("hello")
