@@ -75,7 +75,7 @@ def one(c, way: str, rep: int, trials: int, args: argparse.Namespace) -> dict[st
             "cover": busy / (args.parallel * span), "trials": len(runs), "cpu": cpu.totals()}
 
 
-KINDS = (("trial workers", ("xp.launching.trialworker", "xp.launching.zygote")), ("ray drivers", ("xp.launching.ray_actors",)),
+KINDS = (("trial workers", ("xp.launching.trialworker",)), ("ray drivers", ("xp.launching.ray_actors",)),
          ("ray actors", ("ray::",)), ("ray daemons", ("raylet", "gcs_server", "log_monitor", "dashboard",
                                                      "runtime_env", "ray/_private", "monitor.py")),
          ("xp command", ("-m xp ",)), ("mlflow server", ("mlflow", "gunicorn", "uvicorn")))

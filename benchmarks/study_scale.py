@@ -62,7 +62,7 @@ def sample(tree: psutil.Process, seen: dict) -> None:
         t = tree.cpu_times()
         seen["cpu_s"] = t.user + t.system
         ours = [c for c in tree.children(recursive=True) if "xp.launching." in " ".join(c.cmdline())]
-        zygotes = {c.pid for c in ours if c.ppid() == tree.pid and "xp.launching.zygote" in " ".join(c.cmdline())}
+        zygotes = {c.pid for c in ours if c.ppid() == tree.pid and "zygote" in c.cmdline()}
     except psutil.Error:
         return
     seen["peak_workers"] = max(seen.get("peak_workers", 0), len(ours) - len(zygotes))

@@ -47,12 +47,12 @@ def trial_runs(store):
 
 
 def workers_of(proc, zygote: bool = False) -> list[psutil.Process]:
-    """The study's trial workers: forked by its zygote (the command's child running xp.launching.zygote; with
-    `zygote`, it too), or started afresh (xp.launching.trialworker)."""
+    """The study's trial workers: forked by its zygote (the command's child labelled "zygote", which they keep;
+    with `zygote`, it too), or started afresh."""
     out = []
     for c in psutil.Process(proc.pid).children(recursive=True):
-        line = " ".join(c.cmdline())
-        if "xp.launching.trialworker" in line or ("xp.launching.zygote" in line and (zygote or c.ppid() != proc.pid)):
+        line = c.cmdline()
+        if "xp.launching.trialworker" in line and (zygote or "zygote" not in line or c.ppid() != proc.pid):
             out.append(c)
     return out
 

@@ -42,7 +42,7 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
         log.info(f"sweep: resuming the interrupted sweep of MLflow parent run {parent.run_id}: its finished jobs "
                  "are reused")
     else:
-        parent.log_params({"sweep.overrides": " ".join(overrides)})
+        parent.log_params({"sweep.overrides": " ".join(overrides), **_study_settings(config)})
     os.environ[PARENT_ENV] = parent.run_id
     from hydra._internal.utils import get_args_parser
 
@@ -115,3 +115,13 @@ def swept_keys(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()]
+
+
+def _study_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A study's settings (sweep.*, as its trials' configs have them), logged once on its parent run: its trials
+    leave them out (xp.run.record.params_of)."""
+    if not config.get("sweep"):
+        return {}
+    from xp.run.plan import flatten
+
+    return flatten({"sweep": config["sweep"]})

@@ -4,7 +4,7 @@ own config, output folder, log file and MLflow child run, seeded by its plan (so
 in a fresh process). It never opens the study's storage: its values go to the scheduler on its channel.
 
     python -m xp.launching.trialworker FD     (FD: its end of the scheduler's socket pair)
-    python -m xp.launching.zygote FD          (no slot yet: it forks this machine's workers, xp.launching.zygote)
+    python -m xp.launching.trialworker FD zygote  (no slot yet: it forks this machine's workers, xp.launching.zygote)
     python -m xp.launching.trialworker connect  (on another host: it connects to $XP_SLOT_CONNECT)
 """
 
@@ -293,17 +293,12 @@ def _logging(quiet: bool) -> None:
         logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
-def entry(argv: list[str]) -> None:
-    """The process's whole life (a worker's, or the zygote's and then its forked workers'): its exit code."""
+if __name__ == "__main__":
     from xp.errors import Terminated
 
     try:
-        raise SystemExit(main(argv))
+        raise SystemExit(main(sys.argv[1:]))
     except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the trial's run ended KILLED
         raise SystemExit(130)
     except Terminated:
         raise SystemExit(143)
-
-
-if __name__ == "__main__":
-    entry(sys.argv[1:])

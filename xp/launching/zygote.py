@@ -30,10 +30,11 @@ from xp.studies.channel import Slot as SlotMessage
 LEAVE_S = 30.0  # how long a zygote told to leave waits for its workers before it goes (they die with it)
 
 
-def local_worker(env: dict[str, str], module: str = "xp.launching.trialworker") -> tuple[subprocess.Popen, Channel]:
-    """A worker process on this machine (or, `module` xp.launching.zygote, a zygote), and this end of its channel."""
+def local_worker(env: dict[str, str], *label: str) -> tuple[subprocess.Popen, Channel]:
+    """A worker process on this machine (or, without a slot in `env`, the zygote: `label` zygote, which ps shows,
+    and its forked workers too), and this end of its channel."""
     ours, theirs = socket.socketpair()
-    proc = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno())],
+    proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno()), *label],
                             pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
     theirs.close()
     return proc, Channel(ours)
@@ -52,7 +53,7 @@ class Zygote:
 
     @classmethod
     def start(cls, env: dict[str, str]) -> Zygote:
-        return cls(*local_worker(env, "xp.launching.zygote"), env)
+        return cls(*local_worker(env, "zygote"), env)
 
     def fork(self, variables: dict[str, str]) -> ForkedWorker:
         """A worker with the slot's `variables` and what changed in this process's environment since the zygote
@@ -209,8 +210,3 @@ def _say(channel: Channel, msg: Any) -> None:
     except OSError:  # the command is gone: its workers follow (their channels end), then the zygote
         pass
 
-
-if __name__ == "__main__":  # the zygote's process (its workers keep this command line: ps shows them so)
-    from xp.launching.trialworker import entry
-
-    entry(sys.argv[1:])

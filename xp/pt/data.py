@@ -204,6 +204,17 @@ def _one_decode_thread(_: int) -> None:
     cv2.setNumThreads(1)
 
 
+class EncodedRecords(RecordImages):
+    """dataset.decode=gpu, the workers' part: a batch's records read, not decoded (the encoded images end to end
+    in one uint8 tensor, their lengths, labels and record numbers, and the batch's epoch)."""
+
+    def __getitem__(self, items: list[tuple[int, int]]) -> tuple[Any, ...]:
+        records = [self.record(i) for i, _ in items]
+        blob = torch.frombuffer(bytearray(b"".join(jpeg for _, jpeg in records)), dtype=torch.uint8)
+        return (blob, torch.tensor([len(jpeg) for _, jpeg in records]), torch.tensor([label for label, _ in records]),
+                torch.tensor([i for i, _ in items]), items[0][1])
+
+
 class _Steps(torch.utils.data.Sampler):
     """Batch sampler: this process's share of each global batch, for `steps` steps from `skip`."""
 
@@ -234,7 +245,7 @@ class RecordBatches:
 
     def __init__(self, rec: str, plan: Plan, shards: int, shard: int, train: bool, pin: bool, gpu: Any = None):
         d = plan.dataset
-        from xp.pt.gpu_decode import EncodedRecords, GpuDecoder
+        from xp.pt.gpu_decode import GpuDecoder
 
         self.images = (EncodedRecords if gpu is not None else RecordImages)(rec, d.options, d.image_shape, train,
                                                                             plan.seed)

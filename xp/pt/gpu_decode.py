@@ -1,7 +1,7 @@
-"""dataset.decode=gpu: DataLoader workers read a batch's records (EncodedRecords); the main process decodes
-them on the GPU with nvJPEG (torchvision.io.decode_jpeg, the batch in one call), then crops, resizes, mirrors
-and normalises the whole batch in a few batched kernels (crop_resize), with the CPU path's per-sample draws
-(xp.pt.data.geometry), so a sample's pixels do not depend on where it was decoded."""
+"""dataset.decode=gpu: DataLoader workers read a batch's records (xp.pt.data.EncodedRecords); the main
+process decodes them on the GPU with nvJPEG (torchvision.io.decode_jpeg, the batch in one call), then crops,
+resizes, mirrors and normalises the whole batch in a few batched kernels (crop_resize), with the CPU path's
+per-sample draws (xp.pt.data.geometry), so a sample's pixels do not depend on where it was decoded."""
 
 from __future__ import annotations
 
@@ -10,18 +10,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from xp.pt.data import RecordImages
-
-
-class EncodedRecords(RecordImages):
-    """dataset.decode=gpu, the workers' part: a batch's records read, not decoded (the encoded images end to end
-    in one uint8 tensor, their lengths, labels and record numbers, and the batch's epoch)."""
-
-    def __getitem__(self, items: list[tuple[int, int]]) -> tuple[Any, ...]:
-        records = [self.record(i) for i, _ in items]
-        blob = torch.frombuffer(bytearray(b"".join(jpeg for _, jpeg in records)), dtype=torch.uint8)
-        return (blob, torch.tensor([len(jpeg) for _, jpeg in records]), torch.tensor([label for label, _ in records]),
-                torch.tensor([i for i, _ in items]), items[0][1])
 
 
 class GpuDecoder:
@@ -30,7 +18,7 @@ class GpuDecoder:
     and normalised there as one batch. An image nvJPEG cannot decode (not a JPEG, CMYK) is decoded by OpenCV on
     the CPU and copied over; `cpu_decoded` counts them."""
 
-    def __init__(self, images: RecordImages, device: Any):
+    def __init__(self, images: Any, device: Any):
         self.images, self.device = images, torch.device(device)
         c = images.shape[0]
         self.mean = torch.tensor(images.mean, device=self.device).view(c, 1, 1)

@@ -30,9 +30,15 @@ def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def params_of(plan: Plan, backend_cls: type) -> dict[str, Any]:
-    """A run's MLflow parameters: what was asked, what was derived from it, the versions that ran it."""
-    return {**plan.requested, "batch_auto": plan.batch_auto, **{f"derived.{k}": v for k, v in plan.derived().items()},
+def params_of(plan: Plan, backend_cls: type, trial: Any = None) -> dict[str, Any]:
+    """A run's MLflow parameters: what was asked, what was derived from it, the versions that ran it. A study's
+    trial leaves out the study's settings (sweep.*: the same for every trial, on the study's parent run); a run
+    that is not elastic, the elastic settings it does not use (elastic.enabled says so). Each such row is written
+    to the tracking store once a trial (134 rows a trial before, 96 after: under MLflow's 100 a call)."""
+    asked = {k: v for k, v in plan.requested.items()
+             if not (trial and k.startswith("sweep.")) and (plan.elastic.enabled or not k.startswith("elastic.")
+                                                            or k == "elastic.enabled")}
+    return {**asked, "batch_auto": plan.batch_auto, **{f"derived.{k}": v for k, v in plan.derived().items()},
             **{f"version.{k}": v for k, v in versions(backend_cls.requires).items()}}
 
 
@@ -56,7 +62,7 @@ def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, tr
     elif job.parent_run_id and not job.run_id:  # a sweep's job: found again if the sweep is killed and resumed
         tags[sweepstate.JOB_KEY] = sweepstate.job_key(job.overrides)
     tags.update(job.tags)
-    params = None if job.resumed or reopen else params_of(plan, backend_cls)
+    params = None if job.resumed or reopen else params_of(plan, backend_cls, trial)
     spool = job.output_dir / "mlflow-spool" if job.output_dir is not None else None  # the run's writes wait here
     tracker_cls = Tracker if plan.rank == 0 else lambda *a, **k: NullTracker()
     tracker = tracker_cls(uri, plan.experiment, name, parent_run_id=job.parent_run_id,
