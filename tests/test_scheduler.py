@@ -4,6 +4,7 @@ command, and a trial in a reused worker computing what a fresh process computes.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -498,3 +499,28 @@ def test_a_hard_time_budget_stops_the_trials_in_flight_and_gives_them_back(tmp_p
     assert given_back and {t.state.name for t in given_back} == {"FAIL"}, [(t.state, t.user_attrs) for t in trials]
     runs = trial_runs(store)
     assert runs and {r.info.status for r in runs} == {"KILLED"}
+
+
+def test_a_zygote_that_forked_no_worker_ends_at_once_and_one_that_did_waits_for_its_workers(tmp_path):
+    """A study placed elsewhere ends the zygote in the middle of its imports; a forked worker's handle follows the
+    worker's life as the zygote reports it (alive, then its exit code once the pool's signal ended it)."""
+    import subprocess
+
+    from xp.launching.zygote import Zygote
+
+    env = {k: v for k, v in os.environ.items() if k != "XP_SLOT"}
+    zygote = Zygote.start(env)
+    t0 = time.monotonic()
+    zygote.close()
+    assert zygote.proc.poll() is not None and time.monotonic() - t0 < 5
+
+    zygote = Zygote.start(env)
+    # a worker for a slot whose pool never answers: it is forked, then waits to call back (CONNECT_ENV refused)
+    slot = json.dumps({"index": 0, "cores": [0], "gpus": [], "host": ""})
+    worker = zygote.fork({"XP_SLOT": slot, "XP_SLOT_CONNECT": "127.0.0.1:9", "XP_SLOT_TOKEN": "x"})
+    with pytest.raises(subprocess.TimeoutExpired):
+        worker.wait(timeout=0.01)  # (the zygote is still importing: not even forked yet)
+    assert worker.wait(timeout=60) != 0  # nobody listens on port 9: it ends with an error, which the zygote says
+    assert worker.pid and worker.pid != zygote.proc.pid and not psutil.pid_exists(worker.pid)
+    zygote.close()
+    assert zygote.proc.returncode == 0

@@ -45,8 +45,9 @@ class Zygote:
 
     def __init__(self, proc: subprocess.Popen, channel: Channel, env: dict[str, str]):
         self.proc, self.channel, self.env = proc, channel, env
-        self.waiting: queue.SimpleQueue[Forked] = queue.SimpleQueue()  # asked for, pid not known yet: in order
+        self.waiting: queue.SimpleQueue[ForkedWorker] = queue.SimpleQueue()  # asked for, pid not yet known: in order
         self.exits: dict[int, int] = {}
+        self.forked = 0  # workers asked for
         self.gone = False
         self.changed = threading.Condition()
         threading.Thread(target=self._read, name="xp-zygote", daemon=True).start()
@@ -60,6 +61,7 @@ class Zygote:
         started; its handle. It calls back as a remote worker does."""
         told = {**{k: v for k, v in os.environ.items() if self.env.get(k) != v}, **variables}
         handle = ForkedWorker(self)
+        self.forked += 1
         with self.changed:
             self.waiting.put(handle)
             try:
@@ -94,13 +96,14 @@ class Zygote:
         return self.returncode(handle)
 
     def close(self) -> None:
-        """Its workers ended (or were told to): it leaves once they have gone."""
+        """Its workers ended (or were told to): it leaves once they have gone. One that forked none (a study
+        placed elsewhere) holds nothing: it ends at once, even in the middle of its imports."""
         try:
             self.channel.send(Exit())
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=LEAVE_S + 5)
+            self.proc.wait(timeout=LEAVE_S + 5 if self.forked else 0.1)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=30)
