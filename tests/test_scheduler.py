@@ -173,7 +173,7 @@ def test_a_placement_it_cannot_make_is_one_line_before_anything_starts(tmp_path,
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr and "Traceback" not in proc.stdout
     assert mlflow_runs(store)[1] == []
-    assert marked(mark) == []  # the early worker no slot took is ended with the command
+    assert marked(mark) == []  # the zygote no slot took is ended with the command
 
 
 def marked(mark: str) -> list[int]:

@@ -185,7 +185,8 @@ class Pool:
         return {**self._variables(slot), CONNECT_ENV: f"{address}:{port}", TOKEN_ENV: token}
 
     def _called_back(self, slot: Slot, proc: subprocess.Popen) -> Channel | None:
-        """The channel of `slot`'s remote worker once it has called back (None: it ended, or READY_S passed)."""
+        """The channel of `slot`'s worker (remote, or forked by the zygote) once it has called back (None: it
+        ended, or READY_S passed)."""
         deadline = time.monotonic() + READY_S
         while slot not in self.arrived:
             if proc.poll() is not None or time.monotonic() > deadline or self.closing.is_set():

@@ -35,7 +35,7 @@ class Slot:
         if not cores:
             share = len(mine) // self.of
             cores = tuple(mine[self.rank * share:(self.rank + 1) * share]) if share else (mine[self.rank % len(mine)],)
-        for task in os.listdir("/proc/self/task"):  # every thread there is (an early worker has some: numpy's BLAS)
+        for task in os.listdir("/proc/self/task"):  # every thread there is (numpy's BLAS may have some)
             try:
                 os.sched_setaffinity(int(task), cores)
             except ProcessLookupError:  # a thread that ended meanwhile

@@ -206,7 +206,7 @@ def _ignored(signum: int, frame: Any) -> None:
 
 
 def _before_slot() -> Any:
-    """An early worker's work that does not depend on its slot, done while the study is composed: no framework
+    """The zygote's work, which does not depend on a slot, done while the study is composed: no framework
     (their thread pools and devices follow the slot's cores, thread counts and CUDA_VISIBLE_DEVICES). What every
     trial runs through imported, MLflow's database store too unless the store is a server (opening a SQLite
     store later takes milliseconds), and the study's Composer."""
