@@ -252,6 +252,11 @@ class TorchBackend(Backend):
         return {n: v.detach().float().cpu().numpy() for n, v in self.net.state_dict().items()
                 if not n.endswith("num_batches_tracked")}
 
+    def export_model(self, folder: Any, example: Any, extra: dict[str, str]) -> None:
+        from xp.pt.export import save
+
+        save(self.net, folder, example, extra)
+
     def save_state(self, folder: Any) -> None:
         import torch
 

@@ -278,10 +278,19 @@ def load_arrays(spec: DatasetSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     if keep:
         # kept digits relabelled 0..n-1 in ascending order
         y = np.array([sorted(keep).index(d) if d in keep else -1 for d in target], dtype=np.int64)
-    # Pixels are 0..16; standardise with training-set statistics only.
-    mean, std = x[train].mean(), x[train].std()
+    mean, std = digits_standardisation(spec, x[train])
     x = ((x - mean) / std)[:, None, :, :]
     return x[train], y[train], x[val], y[val]
+
+
+def digits_standardisation(spec: DatasetSpec, train_x: np.ndarray | None = None) -> tuple[float, float]:
+    """(mean, std) the digits' pixels (0..16) are standardised with: the training set's statistics only."""
+    if train_x is None:
+        images, _ = _load_digits()
+        keep = spec.options.get("classes")
+        train_x = images[_digits_split(spec.options["val_fraction"], tuple(keep) if keep else None)[0]]
+    train_x = train_x.astype(np.float32)
+    return float(train_x.mean()), float(train_x.std())
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:

@@ -18,6 +18,7 @@ from xp.run.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, Prog
                               StopAtMembershipChange, ThroughputMeter, TrackingCallback, TrialReporter, WorkerHours,
                               WorkerMetrics)
 from xp.run.diagnose import diagnosed
+from xp.run.model_out import SaveParams, model_output
 from xp.run.plan import Plan
 from xp.run.planning import plan_and_backend
 from xp.run.telemetry import telemetry
@@ -107,10 +108,6 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         if cbs.stop is not None and cbs.stop.stopped:
             log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
             return Outcome("STOPPED", float(cbs.history.epochs[-1].get("val_accuracy", 0.0)))
-        if plan.save_params and plan.rank == 0:
-            import numpy as np
-
-            np.savez(plan.save_params, **backend.get_params())
         state = state if trial else "FINISHED"
         summary = summarize(cbs.history.epochs, plan.cost_per_hour, cbs.meter.name)
         tracker.log(params=as_params(summary, cbs.meter.name))
@@ -144,7 +141,7 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
     """Every callback of a run, by phase. At each epoch's end they see one metrics dict in this order:
     measure (time, throughput, telemetry) -> aggregate (across workers, cost) -> record (history, MLflow)
     -> commit (checkpoint: after it is logged, so an epoch interrupted in between is trained again to the
-    same numbers) -> print -> decide (stop for a relaunch, prune a trial). A resumed run's random state comes
+    same numbers) -> output (the run's model: model.log; save_params) -> print -> decide (stop for a relaunch, prune a trial). A resumed run's random state comes
     back first."""
     done = list(before.history) if before else []
     system_log = (lambda m, step: tracker.log_metrics(m, step=step)) if tracker.run_id else None  # rank 0
@@ -166,6 +163,8 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
                         if plan.elastic.enabled else [])],
         "record": [history, TrackingCallback(tracker)],
         "commit": commits,
+        "output": [*model_output(plan, backend, tracker), *([SaveParams(plan.save_params, backend.get_params)]
+                                                             if plan.save_params and plan.rank == 0 else [])],
         "print": [ProgressBar(plan.steps_per_epoch, plan.worker_batch), ProgressPrinter(plan.epochs)],
         "decide": [*([stop] if stop else []),
                    *([TrialReporter(trial.optuna, trial.spec.objectives[0].metric, plan.epochs)]

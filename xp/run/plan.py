@@ -39,6 +39,7 @@ class ModelSpec:
     zoo: str  # xp (its own networks), or a zoo the backend knows (MXNet's: gluoncv)
     arch: str  # network name inside that zoo
     dropout: float = 0.0  # xp's lenet: dropout before the classifier
+    log: str = "best"  # the trained model logged to the run: best (the best val_accuracy's epoch), last, none
     # the model group's other keys, for the backends' packages (e.g. torchvision: the network's name there)
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -214,11 +215,18 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+MODEL_LOG = ("best", "last", "none")
+
+
 def _model(m: dict) -> ModelSpec:
     zoo = text({"model.zoo": m.get("zoo")}, "model.zoo") or "xp"  # "xp": its own; others the backend checks
     model = ModelSpec(m["name"], zoo, str(m.get("arch") or m["name"]),
                       number({"model.dropout": m.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True),
-                      {k: v for k, v in m.items() if k not in ("name", "zoo", "arch", "dropout")})
+                      str(m.get("log", "best")).lower(),
+                      {k: v for k, v in m.items() if k not in ("name", "zoo", "arch", "dropout", "log")})
+    if model.log not in MODEL_LOG:
+        raise ConfigError(f"model.log={m.get('log')}: one of {', '.join(MODEL_LOG)} (which epoch's model the run "
+                          "logs to MLflow)")
     if model.dropout and model.zoo != "xp":
         raise ConfigError(f"model.dropout={model.dropout:g}: applies to xp's own models; model={model.name} comes "
                           f"from {model.zoo}, whose architecture fixes its dropout")

@@ -87,6 +87,7 @@ class StudySpec:
     timeout_s: float | None = None  # no trial starts after the study has run this long (xp.studies.budget)
     hard_stop: bool = False  # ... and the trials in flight stop then too
     budget_usd: float | None = None  # no trial starts that would end past this cost
+    register_model: str | None = None  # the Model Registry name of the study's best (None: not registered)
 
     @property
     def multi_objective(self) -> bool:
@@ -122,6 +123,8 @@ class StudyConf:
     timeout_s: float | None = None  # time budget: no trial starts after the study has run this long, seconds
     hard_stop: bool = False  # at the time (or money) budget, the trials in flight stop too (else they finish)
     budget_usd: float | None = None  # money budget: no trial starts that would end past it (hardware's price)
+    register_model: str | None = None  # the Model Registry name its best trial's model goes under (null: the
+    # study's name; none: not registered)
     parallel: int | None = None  # trials in flight at once; null: one per slot (a trial's GPUs, or a core)
     trials_per_gpu: int = 1  # trials packed on each GPU (small models)
     scheduler: str = "slots"  # slots: a trial in flight on every slot; hydra: batches of `parallel` via Hydra's launcher
@@ -195,7 +198,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
                           "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
                           "trials_per_gpu", "scheduler", "settings", "claim", "batch_ladder",
-                          "pretrain", "timeout_s", "hard_stop", "budget_usd"}
+                          "pretrain", "timeout_s", "hard_stop", "budget_usd", "register_model"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
@@ -235,7 +238,16 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
                      heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim,
-                     *_budget(raw, where))
+                     *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where))
+
+
+def _registry_name(value: Any, study: str, where: str) -> str | None:
+    """register_model: the registry name of the study's best (null: the study's name; none: not registered)."""
+    if value is None:
+        return str(study)
+    if not isinstance(value, str) or not value.strip() or "/" in value or "@" in value:
+        raise ConfigError(f"{where}: register_model={value!r}: a Model Registry name (no / or @), or none")
+    return None if value.lower() == "none" else value
 
 
 def _budget(raw: dict[str, Any], where: str) -> tuple[float | None, bool, float | None]:

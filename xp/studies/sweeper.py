@@ -359,6 +359,11 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if parent and tracking_uri:
         _on_parent(tracking_uri, parent, spec, front, summary)
+    if tracking_uri and spec.register_model:  # the best trial's model, in the Model Registry
+        from xp.tracking.models import register_best
+
+        if said := register_best(tracking_uri, spec.register_model, front, spec.multi_objective):
+            log.info(f"  {said}")
     return summary
 
 

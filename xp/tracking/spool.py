@@ -267,6 +267,10 @@ class Spool:
                 where = self.artifact_uri or client.get_run(self.run_id).info.artifact_uri
                 self._artifacts = get_artifact_repository(where, tracking_uri=self.uri)
             self._artifacts.log_artifact(str(self.folder / first["file"]), first.get("dest"))
+        elif first["op"] == "model":
+            from xp.tracking.models import send_model
+
+            send_model(client, self.run_id, self.folder, first)
         elif first["op"] == "end":
             client.set_terminated(self.run_id, first["status"], end_time=first.get("time"))
         elif first["op"] == "status":

@@ -1,0 +1,106 @@
+"""A run's outputs beyond its metrics: its trained model as an MLflow model of its run (model.log), and its
+parameters in a file (save_params).
+
+A callback of the one loop: with `best` it writes the network as an MLflow model (through the backend:
+Backend.export_model) each time an epoch beats the best val_accuracy so far, with `last` after the last epoch;
+at the run's end the tracker logs the folder as the run's model (xp.tracking.models), with the metrics of the
+epoch it came from. Beside the model, `xp_input.json` says what its input is (shape, classes, the data set's
+pixel transform): `python -m xp.predict` reads image files with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from xp.run.callbacks import Callback
+from xp.run.plan import Plan
+
+log = logging.getLogger("xp")
+
+INPUT = "xp_input.json"
+OBJECTIVE = "val_accuracy"  # the metric `best` compares (higher is better)
+
+
+class ModelOutput(Callback):
+    """The run's model, written when its epoch ends (`how`: best, when it beats the best so far; last: every epoch)
+    into `folder` (whole or absent), and handed to `logged(folder, epoch, metrics)` at once: a trial pruned or
+    stopped at any epoch has it, and the tracker logs the last one handed when the run ends."""
+
+    def __init__(self, plan: Plan, export: Callable[[Path, Any, dict[str, str]], bool], folder: Path,
+                 logged: Callable[[Path, int, dict], None]):
+        self.plan, self.how, self.export, self.folder, self.logged = plan, plan.model.log, export, Path(folder), logged
+        self.best: float | None = None
+
+    def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
+        value = metrics.get(OBJECTIVE)
+        if self.how == "best" and (value is None or self.best is not None
+                                                           and value <= self.best):
+            return
+        self.best = value if value is not None else self.best
+        new = self.folder.with_name(self.folder.name + ".new")
+        shutil.rmtree(new, ignore_errors=True)
+        self.export(new, example_input(self.plan), {INPUT: json.dumps(input_description(self.plan))})
+        shutil.rmtree(self.folder, ignore_errors=True)
+        new.rename(self.folder)
+        self.logged(self.folder, epoch, dict(metrics))
+
+
+class SaveParams(Callback):
+    """save_params=FILE: the trained parameters (rank 0's) into a numpy .npz file when training ends."""
+
+    def __init__(self, path: str, params: Callable[[], dict[str, Any]]):
+        self.path, self.params = path, params
+
+    def on_train_end(self, history: list[dict[str, float]]) -> None:
+        np.savez(self.path, **self.params())
+
+
+def model_output(plan: Plan, backend: Any, tracker: Any) -> list[Callback]:
+    """The callback for this run: none with model.log=none, on ranks other than 0, without a tracked run, or with a
+    backend that exports no model (Backend.export_model)."""
+    from xp.run.backend import Backend
+
+    if plan.model.log == "none" or plan.rank != 0 or not tracker.run_id or plan.test_io \
+            or type(backend).export_model is Backend.export_model:
+        return []
+    return [ModelOutput(plan, backend.export_model, tracker.model_folder(), tracker.log_model)]
+
+
+def example_input(plan: Plan, n: int = 2) -> np.ndarray:
+    """A few inputs as the backend is fed them: the data set's first validation images where they are in memory,
+    else zeros of its shape."""
+    d = plan.dataset
+    if d.name == "digits":
+        from xp.data.datasets import load_arrays
+
+        return np.ascontiguousarray(load_arrays(d)[2][:n], dtype=np.float32)
+    return np.zeros((n, *d.image_shape), np.float32)
+
+
+def input_description(plan: Plan) -> dict[str, Any]:
+    """What a model's input is: the image shape, the classes' names in label order, and how an image file's
+    pixels become the input (python -m xp.predict)."""
+    d = plan.dataset
+    if d.listing is not None:
+        names = list(d.listing.classes)
+    elif d.name == "digits" and d.options.get("classes"):
+        names = [str(c) for c in sorted(d.options["classes"])]
+    else:
+        names = [str(i) for i in range(d.num_classes)]
+    out: dict[str, Any] = {"dataset": d.name, "image_shape": list(d.image_shape), "classes": names}
+    if d.name == "digits":
+        from xp.data.datasets import digits_standardisation
+
+        mean, std = digits_standardisation(d)
+        out["pixels"] = {"scale": 16.0 / 255.0, "mean": [mean], "std": [std]}  # the 8x8 digits are 0..16
+    elif "mean" in d.options:
+        c = d.image_shape[0]
+        out["pixels"] = {"scale": 1.0, "mean": list(d.options["mean"])[:c], "std": list(d.options["std"])[:c],
+                         "resize": int(d.options.get("resize") or 0)}
+    return out
