@@ -77,6 +77,8 @@ CASES = [
     ("backend=torch workers=2 elastic.enabled=true", "elastic.enabled=true: backend=torch is elastic across hosts "
      "(torchrun's elastic agent, one per host): launcher=ssh"),
     ("backend=torch optimizer=nag momentum=0", "optimizer=nag: Nesterov momentum needs momentum > 0"),
+    ("model.log=sometimes", "model.log=sometimes: one of best, last, none"),
+    ("-m sweep=lr_batch sweep.register_model=a/b", "register_model='a/b': a Model Registry name (no / or @), or none"),
     ("backend=torch backend.compile=fast", "backend.compile=fast: true, false or a torch.compile mode (default, "),
     ("dtype=bfloat16", "dtype=bfloat16: the MXNet backends reach bfloat16 through AMP"),
     ("dataset=folder dataset.root={tmp}/imgs dataset.decode=fpga", "dataset.decode='fpga': must be cpu (the decode workers)"),

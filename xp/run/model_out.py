@@ -20,10 +20,10 @@ import numpy as np
 
 from xp.run.callbacks import Callback
 from xp.run.plan import Plan
+from xp.tracking.models import INPUT
 
 log = logging.getLogger("xp")
 
-INPUT = "xp_input.json"
 OBJECTIVE = "val_accuracy"  # the metric `best` compares (higher is better)
 
 

@@ -20,7 +20,8 @@ from xp.errors import one_line
 log = logging.getLogger("xp")
 
 MODEL_ID = "model_id"  # the spool's file: the LoggedModel made for the run, reused if the send is tried again
-RUN_TAG = "xp.model"  # the run's tag: its model's URI (models:/ID)
+RUN_TAG = "xp.logged_model"  # the run's tag: its model's URI (models:/ID)
+INPUT = "xp_input.json"  # beside a model xp logged: what its input is (shape, classes' names, pixel transform)
 
 
 @contextlib.contextmanager
@@ -73,6 +74,10 @@ def register_best(uri: str, name: str, front: list[dict[str, Any]], multi_object
 
     from xp.tracking.stores import open_client
 
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)  # MLflow's SQL registry finds a models:/ID source on the global tracking store
     try:
         client = open_client(uri)
         said = []
@@ -88,14 +93,16 @@ def register_best(uri: str, name: str, front: list[dict[str, Any]], multi_object
             version = _version(client, name, source, run_id, tags)
             if not multi_objective:
                 client.set_registered_model_alias(name, "best", version)
-            said.append(f"models:/{name}/{version} (trial {member['trial']})")
+            said.append(f"version {version}: trial {member['trial']}")
         if not said:
             return None
-        return (f"registered: models:/{name}@best = {said[0]}" if not multi_objective
-                else f"registered the Pareto front: {', '.join(said)}")
+        return (f"the best trial's model: models:/{name}@best ({said[0]})" if not multi_objective
+                else f"the Pareto front's models: models:/{name} ({'; '.join(said)}; tagged pareto)")
     except MlflowException as e:
         log.warning(f"model registry {name}: not registered ({one_line(e)[:200]})")
         return None
+    finally:
+        mlflow.set_tracking_uri(before)
 
 
 def _version(client: Any, name: str, source: str, run_id: str, tags: dict[str, str]) -> str:
@@ -110,6 +117,6 @@ def _version(client: Any, name: str, source: str, run_id: str, tags: dict[str, s
             raise
     model_id = source.split("/", 1)[1].lstrip("/")
     for v in client.search_model_versions(f"name = '{name}'"):
-        if v.source == source or getattr(v, "model_id", None) == model_id:
+        if v.source == source:
             return str(v.version)
     return str(client.create_model_version(name, source, run_id=run_id, tags=tags, model_id=model_id).version)

@@ -125,7 +125,7 @@ class Tracker:
         self.params = dict(params or {})  # logged with the run's start, in the batch of its first tags
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
         self._spool: Any = None
-        self._model: tuple[str, int, dict[str, float]] | None = None  # model.log: (folder in the spool, epoch, metrics)
+        self.model: tuple[str, int, dict[str, float]] | None = None  # model.log: (folder in the spool, epoch, metrics)
         self.parent_run_id = parent_run_id
         self.tags = {**placed_tags(), **(tags or {})}
         self.run_id: str | None = None
@@ -319,7 +319,7 @@ class Tracker:
 
     def log_model(self, folder: Path, epoch: int, metrics: dict[str, float]) -> None:
         """The run's model is in `folder` now (epoch `epoch`, its metrics): the run's end logs it (the last one)."""
-        self._model = (Path(folder).name, epoch, {k: float(v) for k, v in metrics.items() if v is not None})
+        self.model = (Path(folder).name, epoch, {k: float(v) for k, v in metrics.items() if v is not None})
 
     def add_artifact_on_exit(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload `path` when the run ends, whatever the outcome (logs matter most for failed runs)."""
@@ -355,8 +355,8 @@ class Tracker:
                     self._spool.put("artifact", file=str(name), dest=dest)
                 except Exception as e:  # an artifact problem must not hide the run's outcome
                     log.warning("could not keep %s for MLflow: %s", path, one_line(e))
-        if self._model is not None:  # the model before the end: a run seen ended has its model
-            folder, epoch, metrics = self._model
+        if self.model is not None:  # the model before the end: a run seen ended has its model
+            folder, epoch, metrics = self.model
             self._spool.put("model", dir=folder, name="model", step=epoch, metrics=metrics,
                             time=int(time.time() * 1000), experiment_id=self.experiment_id)
         if not self.attach_run_id:

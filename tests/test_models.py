@@ -1,0 +1,123 @@
+"""Models as outputs (model.log): a run's model in MLflow, a study's best registered, predicted with in a fresh
+process and by python -m xp.predict, for both frameworks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, mlflow_client, mlflow_runs, run_xp
+
+STUDY = """
+    study_name: {name}
+    n_trials: 4
+    sampler: random
+    sampler_seed: 3
+    pruner: none
+    params:
+      lr: {{type: float, low: 0.005, high: 0.2, log: true}}
+"""
+
+# in a fresh process: the registered best's predictions on the digits' validation set, and its accuracy
+PREDICT = """
+import json, sys
+import mlflow, numpy as np
+from xp.data.datasets import describe, load_arrays
+mlflow.set_tracking_uri(sys.argv[1])
+model = mlflow.pyfunc.load_model(sys.argv[2])
+_, _, x, y = load_arrays(describe("digits", {"val_fraction": 0.2}))
+scores = np.asarray(model.predict(x))
+print(json.dumps({"shape": list(scores.shape), "accuracy": float((scores.argmax(1) == y).mean())}))
+"""
+
+
+def digit_images(folder, n):
+    """The first n validation digits as 8-bit PNG files named INDEX-LABEL.png."""
+    import cv2
+
+    from xp.data.datasets import _digits_split, _load_digits
+
+    images, target = _load_digits()
+    folder.mkdir()
+    for i in _digits_split(0.2, None)[1][:n]:
+        cv2.imwrite(str(folder / f"{i}-{target[i]}.png"), np.round(images[i] * 255 / 16).astype(np.uint8))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["gluon", "torch"])
+def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_path, store, backend):
+    name = f"digits_{backend}"
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "small.yaml").write_text(textwrap.dedent(STUDY.format(name=name)))
+    env = {"XP_SWEEPS_DIR": str(sweeps), "XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+    proc = run_xp(tmp_path, store, "-m", "sweep=small", f"backend={backend}", "epochs=3", "sweep.parallel=2",
+                  env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"the best trial's model: models:/{name}@best" in proc.stdout
+
+    import optuna
+
+    best = optuna.load_study(study_name=name, storage=env["XP_OPTUNA_STORAGE"]).best_trial
+    client = mlflow_client(store)
+    version = client.get_model_version_by_alias(name, "best")
+    assert version.run_id == best.user_attrs["mlflow_run_id"]
+    assert version.tags["trial"] == str(best.number) and float(version.tags["param.lr"]) == best.params["lr"]
+    assert version.source == client.get_run(version.run_id).data.tags["xp.logged_model"]
+    model = client.get_logged_model(version.source.split("/")[-1])
+    assert model.source_run_id == version.run_id and str(model.status).endswith("READY")
+    linked = {m.key: m for m in model.metrics}  # the metrics of the epoch the model came from
+    history = client.get_metric_history(version.run_id, "val_accuracy")
+    assert linked["val_accuracy"].value == max(m.value for m in history)  # model.log=best: the best epoch's
+
+    # every run of the study logged its own model (its tag says which)
+    _, runs = mlflow_runs(store)
+    trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(trials) == 4 and all(r.data.tags["xp.logged_model"].startswith("models:/m-") for r in trials)
+
+    fresh = subprocess.run([sys.executable, "-c", PREDICT, store, f"models:/{name}@best"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    said = json.loads(fresh.stdout.strip().splitlines()[-1])
+    assert said["shape"] == [359, 10]
+    assert round(said["accuracy"], 4) == round(linked["val_accuracy"].value, 4)
+
+    images = digit_images(tmp_path / "images", 12)
+    out = subprocess.run([sys.executable, "-m", "xp.predict", f"models:/{name}@best", str(images),
+                          "--tracking-uri", store], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split("\t") for line in out.stdout.strip().splitlines()]
+    assert len(lines) == 12 and all(0.0 < float(p) <= 1.0 for _, _, p in lines)
+    right = sum(path.rsplit("-", 1)[1].split(".")[0] == label for path, label, _ in lines)
+    assert right >= 10, out.stdout  # the files' pixels, read back as the data set's: its accuracy, about
+
+
+def test_model_log_none_logs_no_model_and_last_logs_the_last_epochs(tmp_path, store):
+    for how in ("none", "last"):
+        proc = run_xp(tmp_path / how, store, "epochs=2", f"model.log={how}", f"run_name={how}", "lr=0.5",
+                      timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    client, runs = mlflow_runs(store)
+    by_name = {r.info.run_name: r for r in runs}
+    assert "xp.logged_model" not in by_name["none"].data.tags
+    model = client.get_logged_model(by_name["last"].data.tags["xp.logged_model"].split("/")[-1])
+    assert {m.step for m in model.metrics} == {2}
+
+
+def test_predict_with_a_model_that_is_not_there_is_one_line(tmp_path, store):
+    images = digit_images(tmp_path / "images", 1)
+    mlflow_client(store)  # the store exists, the model does not
+    for uri, fragment in (("models:/nope@best", "models:/nope@best: no such model in"),
+                          ("runs:/0123/model", "runs:/0123/model: no such model in")):
+        out = subprocess.run([sys.executable, "-m", "xp.predict", uri, str(images), "--tracking-uri", store],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and fragment in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "xp.predict", "models:/nope@best", str(tmp_path / "none.png"),
+                          "--tracking-uri", store], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "none.png: no such file or folder" in out.stderr
