@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,6 +50,49 @@ def digit_images(folder, n):
     return folder
 
 
+def served_predictions_match(store, uri, tmp_path):
+    """`mlflow models serve` (local env manager) answers a real HTTP request with the predictions the model
+    makes in this process."""
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    import mlflow
+
+    from xp.data.datasets import describe, load_arrays
+
+    x = load_arrays(describe("digits", {"val_fraction": 0.2}))[2][:5]
+    mlflow.set_tracking_uri(store)
+    here = np.asarray(mlflow.pyfunc.load_model(uri).predict(x))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MLFLOW_TRACKING_URI=store, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    with open(tmp_path / "serve.log", "w") as log:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", uri,
+                                 "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until it answers /ping (or is gone, or the deadline passes)
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.2)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations",
+                                         data=json.dumps({"inputs": x.tolist()}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+        assert np.allclose(np.asarray(answer["predictions"]), here, atol=1e-5)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn it started, which this test began
+        proc.wait(timeout=30)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gluon", "torch"])
 def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_path, store, backend):
@@ -87,6 +131,9 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     said = json.loads(fresh.stdout.strip().splitlines()[-1])
     assert said["shape"] == [359, 10]
     assert round(said["accuracy"], 4) == round(linked["val_accuracy"].value, 4)
+
+    if backend == "torch":
+        served_predictions_match(store, f"models:/{name}@best", tmp_path)
 
     images = digit_images(tmp_path / "images", 12)
     out = subprocess.run([sys.executable, "-m", "xp.predict", f"models:/{name}@best", str(images),

@@ -29,17 +29,15 @@ def quiet() -> Iterator[None]:
     """MLflow saving or loading a model, without its notes (its pickling advice, its check of the input example,
     download progress bars) on the run's console: xp says what was logged."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    loggers = [logging.getLogger(n) for n in ("mlflow.pyfunc", "mlflow.models", "mlflow.pytorch")]
-    levels = [lg.level for lg in loggers]
+    mlflow_log = logging.getLogger("mlflow")  # (its flavors' loggers take its level)
+    level = mlflow_log.level
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
+        mlflow_log.setLevel(logging.ERROR)
         try:
             yield
         finally:
-            for lg, level in zip(loggers, levels):
-                lg.setLevel(level)
+            mlflow_log.setLevel(level)
 
 
 def send_model(client: Any, run_id: str, spool_folder: Path, record: dict[str, Any]) -> None:
