@@ -95,7 +95,7 @@ class TorchBackend(Backend):
         if (mode := plan.backend_options.get("compile", False)) not in (True, False, *COMPILE_MODES):
             raise ConfigError(f"backend.compile={mode}: true, false or a torch.compile mode "
                               f"({', '.join(COMPILE_MODES)})")
-        if plan.pretrained is not None and plan.model.zoo == "xp":
+        if plan.pretrained is not None and plan.model.zoo == "xp" and plan.pretrained.described is None:
             raise ConfigError(f"pretrained={plan.pretrained.name}: model={plan.model.name} is xp's own; "
                               "torchvision weights fit torchvision models (model=resnet50, ...)")
         if plan.dataset.options.get("kind") == "rec":
@@ -161,6 +161,7 @@ class TorchBackend(Backend):
 
         from xp.run.worker import report_progress
         from xp.pt.data import make_batches
+        from xp.pt.export import load_logged
         from xp.pt.models import build_model, load_pretrained
 
         self.world, rank, local = 1, 0, 0
@@ -182,7 +183,9 @@ class TorchBackend(Backend):
             torch.backends.cudnn.benchmark = True
         self.net = build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)
         groups = [{"params": list(self.net.parameters()), "lr_mult": 1.0}]
-        if plan.pretrained is not None:
+        if plan.pretrained is not None and plan.pretrained.described is not None:  # a model xp logged: whole
+            load_logged(self.net, plan.pretrained)
+        elif plan.pretrained is not None:
             groups = load_pretrained(self.net, plan.pretrained.params, plan.pretrained.freeze_backbone,
                                      plan.pretrained.backbone_lr_mult)
         # random layers (dropout, stochastic depth): the generator is reseeded per step for them (about 80 us)

@@ -135,6 +135,16 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     if backend == "torch":
         served_predictions_match(store, f"models:/{name}@best", tmp_path)
 
+    # back in: fine-tuning from the registered model starts from its accuracy (its first epoch within a point)
+    tuned = run_xp(tmp_path / "tuned", store, f"backend={backend}", f"pretrained=models:/{name}@best", "epochs=1",
+                   "lr=0.002", "run_name=tuned", timeout=300)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    run = [r for r in mlflow_runs(store)[1] if r.info.run_name == "tuned"][0]
+    assert run.data.metrics["val_accuracy"] >= linked["val_accuracy"].value - 0.01
+    other = "gluon" if backend == "torch" else "torch"
+    wrong = run_xp(tmp_path / "wrong", store, f"backend={other}", f"pretrained=models:/{name}@best", "epochs=1")
+    assert wrong.returncode == 2 and f"pretrained=models:/{name}@best: a" in wrong.stderr, wrong.stderr[-2000:]
+
     images = digit_images(tmp_path / "images", 12)
     out = subprocess.run([sys.executable, "-m", "xp.predict", f"models:/{name}@best", str(images),
                           "--tracking-uri", store], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -14,9 +14,9 @@ from typing import Any
 import mlflow.pyfunc
 import numpy as np
 
+from xp.mx.pretrained import PARAMS, SYMBOL
 from xp.tracking.models import quiet
 
-SYMBOL, PARAMS = "net-symbol.json", "net-0000.params"  # MXNet's checkpoint names (pretrained=PREFIX reads them)
 
 
 class Network(mlflow.pyfunc.PythonModel):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from xp.errors import XPError
 from xp.run.plan import ModelSpec
 from xp.run.pretrained import PretrainedSpec
+from xp.tracking.models import LOGGED
 
 
 class WeightsError(XPError):
@@ -107,6 +109,10 @@ def load_pretrained(spec: PretrainedSpec, model: ModelSpec, classes: int, contex
     import mxnet as mx
     from mxnet.gluon import nn
 
+    if spec.source == LOGGED:  # a model xp logged, for this data set: the whole network, its classifier too
+        with warnings.catch_warnings():  # "cannot decide type for data": it is float32
+            warnings.simplefilter("ignore")
+            return nn.SymbolBlock.imports(spec.symbol, ["data"], spec.params, ctx=contexts), None
     try:
         saved = mx.nd.load(spec.params)
     except mx.base.MXNetError as e:

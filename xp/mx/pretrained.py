@@ -8,6 +8,7 @@
   - the checkpoint_dir of an xp run of backend=gluon (its latest commit's parameters, which
     are in the zoo's format): fine-tuning from weights xp trained itself.
   - none: no weights (training from scratch; a study's choice beside a path).
+  - a model xp logged (models:/NAME@best, runs:/RUN_ID/model): fine-tuned whole, its classifier too.
 File names and JSON only: nothing here imports MXNet.
 """
 
@@ -22,6 +23,9 @@ from pathlib import Path
 from xp.errors import ConfigError
 from xp.run.plan import ModelSpec
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
+from xp.tracking.models import LOGGED, fetch, is_model_uri
+
+SYMBOL, PARAMS = "net-symbol.json", "net-0000.params"  # a logged model's network: MXNet's checkpoint names
 
 
 def cache_dir() -> Path:
@@ -38,6 +42,14 @@ def _layers(symbol_file: str) -> list[str]:
 
 def resolve(request: PretrainedRequest, model: ModelSpec) -> PretrainedSpec:
     """Model-zoo weights or a checkpoint for `model`, checked against it."""
+    if is_model_uri(request.name):  # a model xp logged: an MXNet one, fine-tuned whole
+        local, described = fetch(request.name, request.tracking_uri)
+        if not (local / "artifacts" / SYMBOL).is_file():
+            raise ConfigError(f"pretrained={request.name}: a PyTorch model (backend=torch fine-tunes it); "
+                              f"backend=gluon, module and horovod fine-tune MXNet models")
+        return PretrainedSpec(LOGGED, request.name, str(local / "artifacts" / PARAMS),
+                              str(local / "artifacts" / SYMBOL), None, request.freeze_backbone,
+                              request.backbone_lr_mult, raw_pixels=False, described=described)
     spec = _find(request.name, request.epoch, request.layer, request.freeze_backbone, request.backbone_lr_mult)
     if spec.source == "commit":  # xp's own weights, of the data they were trained on
         return spec

@@ -34,8 +34,16 @@ def save(net: Any, folder: Path, example: np.ndarray, extra: dict[str, str]) -> 
         (folder / name).write_text(text)
 
 
-def load_network(local: Path) -> Any:
-    """The module of an MLflow PyTorch model downloaded to `local` (fine-tuning starts from it)."""
+def load_logged(net: Any, spec: Any) -> None:
+    """Load the parameters of a model xp logged (`spec`: its PretrainedSpec, downloaded) into `net`, which must be
+    the same network (one ConfigError line if not)."""
     import mlflow.pytorch
 
-    return mlflow.pytorch.load_model(str(local), map_location="cpu")
+    from xp.errors import ConfigError
+
+    with quiet():
+        state = mlflow.pytorch.load_model(spec.params, map_location="cpu").state_dict()
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as e:
+        raise ConfigError(f"pretrained={spec.name}: not this run's network ({str(e).splitlines()[0][:160]})") from None

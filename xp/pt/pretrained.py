@@ -7,6 +7,7 @@ from pathlib import Path
 
 from xp.errors import ConfigError
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
+from xp.tracking.models import LOGGED, fetch, flavors, is_model_uri
 
 
 def torch_cache() -> Path:
@@ -17,8 +18,15 @@ def torch_cache() -> Path:
 
 def resolve(request: PretrainedRequest) -> PretrainedSpec:
     """A torchvision weights file, given as a path or found as NAME-HASH.pth / NAME.pth in torch's cache (what
-    torchvision downloads); one clear line naming the paths tried if absent."""
+    torchvision downloads), or a model xp logged (models:/..., runs:/...); one clear line if absent."""
     name, freeze, lr_mult = request.name, request.freeze_backbone, request.backbone_lr_mult
+    if is_model_uri(name):  # a model xp logged: a PyTorch one, fine-tuned whole
+        local, described = fetch(name, request.tracking_uri)
+        if "pytorch" not in flavors(local):
+            raise ConfigError(f"pretrained={name}: an MXNet model (backend=gluon, module or horovod fine-tunes it); "
+                              "backend=torch fine-tunes PyTorch models")
+        return PretrainedSpec(LOGGED, name, str(local), None, None, freeze, lr_mult, raw_pixels=False,
+                              described=described)
     if os.sep in name or name.endswith((".pth", ".pt")):
         path = Path(name).expanduser()
         if path.is_file():

@@ -17,6 +17,7 @@ from xp.data import datasets
 from xp.data.datasets import DatasetSpec
 from xp.errors import ConfigError
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
+from xp.tracking.models import fits
 from xp.tracking.stores import resolve_uri
 from xp.run.settings import (ElasticSettings, LaunchSettings, StudySettings, choice, elastic_settings,
                              flag, group, integer, is_int, launch_settings, number, study_settings, text)
@@ -242,6 +243,8 @@ def _data(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None
         raise ConfigError(f"num_classes={classes!r}: dataset={dataset.name} has {dataset.num_classes} classes; "
                           f"leave num_classes unset or give {dataset.num_classes}")
     pretrained = _pretrained(cfg, model, pretrained_by)
+    if pretrained is not None and pretrained.described is not None:  # a model xp logged: it fits this data set
+        fits(pretrained, dataset.image_shape, dataset.num_classes)
     if pretrained and pretrained.imagenet_input and cfg.get("pretrained_input", "auto") == "auto" \
             and dataset.options.get("kind") in ("folder", "rec"):
         # the input the ImageNet network was trained on: MXNet zoo ResNets normalise raw pixels themselves
@@ -365,7 +368,8 @@ def _pretrained(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver |
     choice(cfg.get("pretrained_input", "auto"), "pretrained_input", ("auto", "dataset"))
     layer = cfg.get("pretrained_layer")
     request = PretrainedRequest(value, integer(cfg, "pretrained_epoch", 0, 9999), str(layer) if layer else None,
-                                flag(cfg, "freeze_backbone"), number(cfg, "backbone_lr_mult", 0.0, 100.0))
+                                flag(cfg, "freeze_backbone"), number(cfg, "backbone_lr_mult", 0.0, 100.0),
+                                resolve_uri(cfg.get("tracking_uri")))
     if pretrained_by is None:
         raise ConfigError(f"pretrained={value}: the backend resolves pretrained weights; plan the run through "
                           "xp.run.planning.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")

@@ -1,7 +1,8 @@
 """Pretrained weights, as the plan holds them: what was asked for, and the files it resolved to.
 
 `pretrained=` names weights; each backend's package resolves the name to files on disk
-(never downloaded): xp.mx.pretrained for MXNet's model zoo and checkpoints,
+(never downloaded from the internet; a model xp logged, models:/NAME@best or runs:/RUN_ID/model, comes from
+the MLflow store: xp.tracking.models.fetch): xp.mx.pretrained for MXNet's model zoo and checkpoints,
 xp.pt.pretrained for torchvision's weights files (Backend.resolve_pretrained). Training
 clusters often have no network: a missing file is one line naming every path tried and
 where such a file comes from.
@@ -20,6 +21,7 @@ class PretrainedRequest:
     layer: str | None  # pretrained_layer: a checkpoint is cut at this layer
     freeze_backbone: bool
     backbone_lr_mult: float
+    tracking_uri: str | None = None  # the MLflow store a models:/ or runs:/ URI is looked up in
 
 
 @dataclass(frozen=True)
@@ -35,3 +37,4 @@ class PretrainedSpec:
     # the weights were trained on ImageNet's input (3x224x224, its mean/std, or raw pixels): with
     # pretrained_input=auto, image data sets are fed that way
     imagenet_input: bool = False
+    described: dict | None = None  # a model xp logged (source "logged"): its input (xp_input.json)

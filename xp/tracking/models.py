@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from xp.errors import one_line
+from xp.errors import one_line, redact
 
 log = logging.getLogger("xp")
 
@@ -118,3 +118,89 @@ def _version(client: Any, name: str, source: str, run_id: str, tags: dict[str, s
         if v.source == source:
             return str(v.version)
     return str(client.create_model_version(name, source, run_id=run_id, tags=tags, model_id=model_id).version)
+
+
+LOGGED = "logged"  # a PretrainedSpec's source: a model xp logged (pretrained=models:/... or runs:/...)
+
+
+def is_model_uri(value: str) -> bool:
+    return value.startswith(("models:/", "runs:/"))
+
+
+def fetch(uri: str, tracking_uri: str) -> tuple[Path, dict[str, Any]]:
+    """The model xp logged at `uri` (models:/NAME@ALIAS, models:/NAME/VERSION, models:/ID, runs:/RUN_ID/model),
+    downloaded once into xp's cache under its model id (the alias may move; a model's files do not), and its
+    input's description (xp_input.json). Anything else is one ConfigError line."""
+    import hashlib
+    import json
+    import shutil
+    import tempfile
+
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+
+    from xp.errors import ConfigError
+    from xp.tracking.stores import open_client
+
+    try:
+        client = open_client(tracking_uri)
+        source = _source(client, uri)
+        cache = Path(os.environ.get("XP_CACHE_DIR") or "~/.cache/xp").expanduser() / "models"
+        key = hashlib.sha1(f"{tracking_uri} {source}".encode()).hexdigest()[:16]
+        local = cache / f"{source.rsplit('/', 1)[-1]}-{key}"
+        if not (local / "MLmodel").is_file():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache))
+            with quiet():
+                got = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(tmp),
+                                                               tracking_uri=tracking_uri))
+            try:
+                got.rename(local)  # whole or absent; a process that fetched it meanwhile has it there
+            except OSError:
+                pass
+            shutil.rmtree(tmp, ignore_errors=True)
+    except MlflowException as e:
+        raise ConfigError(f"pretrained={uri}: no such model in {redact(tracking_uri)} ({one_line(e)[:200]})") from None
+    if not (local / INPUT).is_file():
+        raise ConfigError(f"pretrained={uri}: not a model xp logged (it has no {INPUT}: its input is unknown)")
+    return local, json.loads((local / INPUT).read_text())
+
+
+def _source(client: Any, uri: str) -> str:
+    """The models:/ID an xp model URI stands for."""
+    from mlflow.exceptions import MlflowException
+
+    if uri.startswith("runs:/"):
+        run_id = uri[len("runs:/"):].split("/", 1)[0]
+        found = run_model(client, run_id)
+        if found is None:
+            raise MlflowException(f"run {run_id} logged no model")
+        return found
+    rest = uri[len("models:/"):]
+    if "@" in rest:
+        return client.get_model_version_by_alias(*rest.split("@", 1)).source
+    if "/" in rest:
+        return client.get_model_version(*rest.split("/", 1)).source
+    return uri
+
+
+def fits(spec: Any, image_shape: tuple[int, ...], classes: int) -> None:
+    """A model xp logged (a PretrainedSpec of source `logged`) fits a data set of `image_shape` and `classes`, and
+    is fine-tuned whole; else one ConfigError line."""
+    from xp.errors import ConfigError
+
+    shape, names = tuple(spec.described["image_shape"]), spec.described["classes"]
+    if shape != tuple(image_shape) or len(names) != classes:
+        raise ConfigError(f"pretrained={spec.name}: the model takes {'x'.join(map(str, shape))} images into "
+                          f"{len(names)} classes; this data set has {'x'.join(map(str, image_shape))} images and "
+                          f"{classes} classes")
+    if spec.freeze_backbone or spec.backbone_lr_mult != 1.0:
+        raise ConfigError(f"pretrained={spec.name}: a model xp logged is fine-tuned whole, its classifier too; "
+                          "freeze_backbone and backbone_lr_mult apply to weights with a new classifier")
+
+
+def flavors(local: Path) -> set[str]:
+    """The flavors an MLflow model downloaded to `local` has (its MLmodel file)."""
+    import yaml
+
+    return set((yaml.safe_load((local / "MLmodel").read_text()) or {}).get("flavors", {}))
