@@ -79,6 +79,8 @@ CASES = [
     ("backend=torch optimizer=nag momentum=0", "optimizer=nag: Nesterov momentum needs momentum > 0"),
     ("pretrained=models:/nope@best", "pretrained=models:/nope@best: no such model in"),
     ("pretrained=runs:/0123/model", "pretrained=runs:/0123/model: no such model in"),
+    ("checkpoint_keep=3", "checkpoint_keep=3: now checkpoint.keep_last=3"),
+    ("checkpoint.keep_last=0", "checkpoint.keep_last=0: must be an integer from 1"),
     ("model.log=sometimes", "model.log=sometimes: one of best, last, none"),
     ("-m sweep=lr_batch sweep.register_model=a/b", "register_model='a/b': a Model Registry name (no / or @), or none"),
     ("backend=torch backend.compile=fast", "backend.compile=fast: true, false or a torch.compile mode (default, "),

@@ -25,7 +25,8 @@ def reference_and_interrupted(tmp_path, store, common: list[str], line: str, sig
     ref = run_xp(tmp_path / "ref", ref_store, *common, f"save_params={tmp_path / 'ref.npz'}", timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
     ckpt = tmp_path / "ckpt"
-    args = [*common, f"checkpoint_dir={ckpt}", f"save_params={tmp_path / 'resumed.npz'}"]
+    args = [*common, f"checkpoint_dir={ckpt}", f"save_params={tmp_path / 'resumed.npz'}",
+            "checkpoint.keep_last=1", "checkpoint.keep_best=1"]  # retention on: resuming needs only the latest
     with xp_process(tmp_path / "a", store, *args) as proc:
         wait_for_line(proc, line, timeout=120)
         time.sleep(settle_s)  # past the line's own moment (an epoch boundary) into the next epoch's batches
@@ -115,3 +116,20 @@ def test_torch_on_records_resumes_mid_epoch_bit_identically(tmp_path, store, mon
     r = run_xp(tmp_path / "b", store, *args, "resume=true", timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert_same_as_reference(tmp_path, store, ref_store)
+
+
+def test_retention_keeps_the_latest_and_the_best_commits(tmp_path):
+    """checkpoint.keep_last=1 checkpoint.keep_best=1: a 20-epoch run leaves at most 2 commits, the latest (which
+    resume= continues from) and the one after the best val_accuracy."""
+    accuracy = [0.5, 0.7, 0.9, 0.8] + [0.6] * 16  # the best after epoch 3
+    history = []
+    for epoch, acc in enumerate(accuracy, 1):
+        history.append({"val_accuracy": acc})
+        checkpoint.commit(tmp_path, epoch, list(history), lambda folder: (folder / "params").write_text("x"),
+                          keep=(1, 1))
+    assert sorted(p.name for p in tmp_path.glob("epoch-*")) == ["epoch-20", "epoch-3"]
+    assert checkpoint.latest(tmp_path).epoch == 20
+    for epoch in range(21, 23):  # the default: the latest 2, no best
+        history.append({"val_accuracy": 0.1})
+        checkpoint.commit(tmp_path, epoch, list(history), lambda folder: None)
+    assert sorted(p.name for p in tmp_path.glob("epoch-*")) == ["epoch-21", "epoch-22"]

@@ -93,11 +93,17 @@ def _composition_error(e: Exception, override: list[str], known_keys: list[str])
     return ConfigError(" ".join(lines[:2]) or type(e).__name__)
 
 
+RENAMED = {"checkpoint_keep": "checkpoint.keep_last"}  # keys of earlier versions: their names now
+
+
 def _moved(override: str) -> ConfigError | None:
-    """A launcher's setting given under the key it had before launchers brought their own: the key now."""
+    """A renamed key, or a launcher's setting given under the key it had before launchers brought their own: the
+    key now."""
     from xp.launching.launcher import moved_key
 
     key, _, value = override.lstrip("+~").partition("=")
+    if key in RENAMED:
+        return ConfigError(f"{override}: now {RENAMED[key]}={value}")
     moved = moved_key(key)
     if moved is None:
         return None

@@ -123,7 +123,7 @@ def pretrain(argv: list[str], overrides: tuple[str, ...], dirs: list[Path]) -> P
     print(f"xp: pretraining: {shown}", file=sys.stderr, flush=True)
     name = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")
     proc = subprocess.Popen([sys.executable, "-m", "xp", *(f"--config-dir={d}" for d in dirs[:1]), *command,
-                             f"checkpoint_dir={folder}", "checkpoint_keep=1", f"run_name='pretraining, sweep={name}'"],
+                             f"checkpoint_dir={folder}", "checkpoint.keep_last=1", f"run_name='pretraining, sweep={name}'"],
                             stderr=subprocess.PIPE, text=True)
     try:
         _, err = proc.communicate()

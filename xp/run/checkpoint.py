@@ -101,7 +101,7 @@ def _no_space(root: Path, need: int, free: int, written: int = 0) -> NoSpace:
 
 
 def commit(root: str | Path, epoch: int, history: list[dict[str, float]], save: Callable[[Path], None],
-           keep: int = 2, **meta: Any) -> Path:
+           keep: tuple[int, int] = (2, 0), **meta: Any) -> Path:
     """Write the commit `epoch-<epoch>` completely under a temporary name, then rename it into place and name
     it in `latest`. A commit that fails (a full disk) removes its temporary folder; the previous one stays."""
     root = Path(root).expanduser()
@@ -139,9 +139,19 @@ def commit(root: str | Path, epoch: int, history: list[dict[str, float]], save: 
         raise
     os.replace(pointer, root / "latest")
     done = sorted((p for p in root.glob("epoch-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
-    for old in done[:-keep]:
+    for old in set(done) - kept(done, history, *keep):
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def kept(done: list[Path], history: list[dict[str, float]], last: int, best: int) -> set[Path]:
+    """The commits retention keeps (`done`: epoch-N folders in epoch order): the `last` latest, and the `best` with
+    the best val_accuracy after their epoch (in `history`, every completed epoch's metrics)."""
+    def score(p: Path) -> float:
+        n = int(p.name.split("-")[1])
+        return history[n - 1].get("val_accuracy", float("-inf")) if 0 < n <= len(history) else float("-inf")
+
+    return set(done[-last:]) | set(sorted(done, key=score, reverse=True)[:best])
 
 
 def latest_folder(root: Path) -> Path | None:
@@ -175,11 +185,12 @@ def restore_random_state(folder: Path) -> None:
 
 
 class Checkpointer(Callback):
-    """Rank 0 commits after every epoch. `history()` returns every completed epoch's metrics, the
-    epochs before this process started included (place it after the callback that records them)."""
+    """Rank 0 commits after every epoch, keeping `keep` (the latest N, the best M: kept()). `history()` returns
+    every completed epoch's metrics, the epochs before this process started included (place it after the callback
+    that records them)."""
 
     def __init__(self, root: str, save: Callable[[Path], None], history: Callable[[], list], rank: int,
-                 every: int = 1, keep: int = 2, last_epoch: int | None = None):
+                 every: int = 1, keep: tuple[int, int] = (2, 0), last_epoch: int | None = None):
         self.root, self.save, self.history, self.rank = root, save, history, rank
         self.every, self.keep, self.last = every, keep, last_epoch
         if rank == 0 and Path(root).expanduser().is_dir():

@@ -80,7 +80,7 @@ class Plan:
     save_params: str | None  # where rank 0 writes the trained parameters
     checkpoint_dir: str | None  # where rank 0 commits the training state
     checkpoint_every: int  # epochs between commits
-    checkpoint_keep: int  # commits kept
+    checkpoint_keep: tuple[int, int]  # commits kept: the latest N, and the best M by val_accuracy
     resume: str | None  # a checkpoint_dir to continue from
     batch: int  # per device
     worker_batch: int  # batch x devices
@@ -317,9 +317,12 @@ def writable_folder(path: str, key: str) -> None:
 
 
 def _state(cfg: dict) -> dict[str, Any]:
+    given = {"keep_last": 2, "keep_best": 0, **(cfg.get("checkpoint") or {})}
+    keep = {f"checkpoint.{k}": v for k, v in given.items()}
     return {"save_params": cfg.get("save_params"), "checkpoint_dir": cfg.get("checkpoint_dir"),
             "checkpoint_every": integer(cfg, "checkpoint_every", 1, 10**6) if "checkpoint_every" in cfg else 1,
-            "checkpoint_keep": integer(cfg, "checkpoint_keep", 1, 10**6) if "checkpoint_keep" in cfg else 2,
+            "checkpoint_keep": (integer(keep, "checkpoint.keep_last", 1, 10**6), integer(keep, "checkpoint.keep_best",
+                                                                                        0, 10**6)),
             "resume": cfg.get("resume")}
 
 
