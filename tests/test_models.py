@@ -134,6 +134,15 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
 
     if backend == "torch":
         served_predictions_match(store, f"models:/{name}@best", tmp_path)
+    else:  # the report of the study says which trial is registered, and each trial's model
+        parent = [r for r in runs if r.data.tags.get("xp.sweep") == "true"][0]
+        report = subprocess.run([sys.executable, "-m", "xp.report", "--tracking-uri", store, "--parent",
+                                 parent.info.run_id, "--out", str(tmp_path / "report")], cwd=ROOT,
+                                capture_output=True, text=True, timeout=300)
+        assert report.returncode == 0, report.stderr[-3000:]
+        text = (tmp_path / "report" / "report.md").read_text()
+        assert f"Registered: `models:/{name}@best` is version {version.version}, trial {best.number}" in text
+        assert all(r.data.tags["xp.logged_model"] in text for r in trials)
 
     # back in: fine-tuning from the registered model starts from its accuracy (its first epoch within a point)
     tuned = run_xp(tmp_path / "tuned", store, f"backend={backend}", f"pretrained=models:/{name}@best", "epochs=1",

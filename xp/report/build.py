@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.report import claims, plots
+from xp.tracking.models import RUN_TAG
 from xp.tracking.summary import num as _num, row_from_mlflow
 
 
@@ -43,6 +44,7 @@ def report_row(run: Any) -> dict[str, Any]:
            "batch": _num(p.get("batch")), "seed": p.get("seed"), "run_id": run.info.run_id,
            "start_ms": run.info.start_time, "end_ms": run.info.end_time,
            "trial": int(tags["optuna.trial_number"]) if "optuna.trial_number" in tags else None,
+           "logged_model": tags.get(RUN_TAG, "-"),  # model.log: its model's URI
            "settings": {k: v for k, v in p.items() if k in SETTING or not k.startswith(NOT_SETTINGS)}, **claims.recipe_of(tags)}
     if _num(p.get("derived.cost_per_hour")) == 0:
         row["cost_usd"] = None  # hardware without a price: no cost, not $0
@@ -179,11 +181,11 @@ ACCURACY_NOTE = ("val acc (last epoch) is the accuracy the run ended with; val a
                  "of its epochs reached (best_val_accuracy; on a sweep's parent, the highest of its runs').")
 
 
-def build_report(runs: list[Any], out: Path, title: str,
-                 history: Callable[[str, str], list[Any]] | None = None) -> Path:
+def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str, str], list[Any]] | None = None,
+                 registered: str | None = None) -> Path:
     """Write report.md and the plots for these MLflow runs into `out`; return report.md's path.
     `history(run_id, key)` (MlflowClient.get_metric_history) adds each run's epoch-to-epoch noise and elastic
-    runs' worker counts over time."""
+    runs' worker counts over time; `registered`: a line on the study's registered model."""
     out.mkdir(parents=True, exist_ok=True)
     rows = sorted((report_row(r) for r in runs), key=lambda r: (r["model"] or "", r["devices"], r["batch"] or 0,
                                                                    r["trial"] or 0))
@@ -193,7 +195,7 @@ def build_report(runs: list[Any], out: Path, title: str,
     pruned = [r for r in rows if r["state"] == "PRUNED"]
     done = [r for r in rows if r["state"] != "PRUNED"]
     lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}. {ACCURACY_NOTE}", "",
-             _md_table(done, seed_columns(done)), ""]
+             _md_table(done, seed_columns(done)), "", *([registered, ""] if registered else [])]
     files: list[Path] = []
     lines += claims.section(done, out, files, _md_table, history)
     lines += _trials(rows, pruned) + _repeats(done) + _scaling_and_backends(done, out, files)
@@ -216,7 +218,7 @@ def _trials(rows: list[dict[str, Any]], pruned: list[dict[str, Any]]) -> list[st
         r.update({f"swept:{k}": _short(r["settings"].get(k)) for k in swept})
     columns = [("trial", "trial", "{}"), ("state", "state", "{}"), *[(f"swept:{k}", k, "{}") for k in swept],
                ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
-               ("epochs", "epochs", "{}"), ("run_id", "run id", "{}")]
+               ("epochs", "epochs", "{}"), ("run_id", "run id", "{}"), ("logged_model", "model", "{}")]
     complete = sorted((r for r in rows if r["state"] != "PRUNED"), key=lambda r: r["trial"] or 0)
     lines = ["## Trials", "", f"Swept: {', '.join(swept) or '-'}. {len(complete)} complete, {len(pruned)} pruned.", "",
              _md_table(complete, columns), ""]
@@ -322,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out or f"reports/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
         title = f"xp report: {args.experiment}" + (f", {client.get_run(args.parent).info.run_name} ({args.parent})"
                                                    if args.parent else "")
-        md = build_report(runs, out, title, history=client.get_metric_history)
+        md = build_report(runs, out, title, history=client.get_metric_history,
+                          registered=registered(client, client.get_run(args.parent)) if args.parent else None)
         target = _log(client, exp.experiment_id, args.parent, out, args.ui_url
                       or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI))
     except XPError as e:
@@ -333,6 +336,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 DEFAULT_UI = "http://127.0.0.1:5000"
+
+
+def registered(client: Any, parent: Any) -> str | None:
+    """A study's registered best (sweep.register_model: the study's name by default), in a line; None if none."""
+    from mlflow.exceptions import MlflowException
+
+    name = parent.data.tags.get("optuna.study")
+    try:
+        version = client.get_model_version_by_alias(name, "best") if name else None
+    except MlflowException:
+        return None
+    return version and (f"Registered: `models:/{name}@best` is version {version.version}, trial "
+                        f"{version.tags.get('trial', '?')} (run {version.run_id}, model {version.source}).")
 
 
 def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
