@@ -101,14 +101,18 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     sweeps.mkdir()
     (sweeps / "small.yaml").write_text(textwrap.dedent(STUDY.format(name=name)))
     env = {"XP_SWEEPS_DIR": str(sweeps), "XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+    ckpt = tmp_path / "ckpt"
     proc = run_xp(tmp_path, store, "-m", "sweep=small", f"backend={backend}", "epochs=3", "sweep.parallel=2",
-                  env=env, timeout=600)
+                  f"checkpoint_dir={ckpt}", "checkpoint.keep_last=1", env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"the best trial's model: models:/{name}@best" in proc.stdout
 
     import optuna
 
     best = optuna.load_study(study_name=name, storage=env["XP_OPTUNA_STORAGE"]).best_trial
+    # the study's retention: the best trial's commits stay (its latest only), the other trials' went
+    assert [p.name for p in ckpt.iterdir()] == [f"trial-{best.number}"]
+    assert [p.name for p in (ckpt / f"trial-{best.number}").glob("epoch-*")] == ["epoch-3"]
     client = mlflow_client(store)
     version = client.get_model_version_by_alias(name, "best")
     assert version.run_id == best.user_attrs["mlflow_run_id"]

@@ -133,3 +133,30 @@ def test_retention_keeps_the_latest_and_the_best_commits(tmp_path):
         history.append({"val_accuracy": 0.1})
         checkpoint.commit(tmp_path, epoch, list(history), lambda folder: None)
     assert sorted(p.name for p in tmp_path.glob("epoch-*")) == ["epoch-21", "epoch-22"]
+
+
+def test_a_studys_retention_keeps_the_best_complete_trial_and_what_a_resume_needs(tmp_path):
+    """When a trial ends, the folders of ended trials go but the best complete one's; a trial still running or
+    killed (no trial.json: a resume continues it) keeps its folder."""
+    import json
+
+    def trial(n, ended):
+        folder = tmp_path / f"trial-{n}"
+        (folder / "epoch-1").mkdir(parents=True)
+        if ended is not None:
+            (folder / checkpoint.TRIAL).write_text(json.dumps(ended))
+        return folder
+
+    trial(0, {"complete": True, "val_accuracy": 0.8})
+    trial(1, {"complete": True, "val_accuracy": 0.9})
+    trial(2, {"complete": False})  # pruned
+    trial(3, None)  # running, or killed
+    gone = checkpoint.keep_best_trial(tmp_path / "trial-2", "val_accuracy", "maximize")
+    assert sorted(p.name for p in gone) == ["trial-0", "trial-2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trial-1", "trial-3"]
+    trial(4, {"complete": True, "val_accuracy": 0.95})
+    checkpoint.keep_best_trial(tmp_path / "trial-4", "val_accuracy", "maximize")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trial-3", "trial-4"]
+    trial(5, {"complete": True, "val_accuracy": 0.5})
+    checkpoint.keep_best_trial(tmp_path / "trial-5", "val_accuracy", "minimize")  # minimize: the lowest stays
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trial-3", "trial-5"]

@@ -184,15 +184,47 @@ def restore_random_state(folder: Path) -> None:
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
+TRIAL = "trial.json"  # in a study trial's commit folder once its trial ended: complete or not, its objective
+
+
+def per_trial(root: str, number: int) -> str:
+    """A study's trials commit into their own folders under checkpoint_dir: trial-<number>."""
+    return str(Path(root).expanduser() / f"trial-{number}")
+
+
+def keep_best_trial(root: Path, metric: str, direction: str) -> list[Path]:
+    """A study's retention, when one of its trials ends: of the trial folders beside `root` whose trial ended
+    (TRIAL written), only the complete one with the best `metric` (its last epoch's) stays; pruned and failed
+    trials' go; those of trials still running or killed (a resume needs them) stay. Returns what it removed. Two
+    trials ending at once agree: a folder goes only where a better one is kept."""
+    ended = {}
+    for folder in root.parent.glob("trial-*"):
+        try:
+            ended[folder] = json.loads((folder / TRIAL).read_text())
+        except (OSError, ValueError):
+            continue  # running, killed, or removed meanwhile by another trial's end
+    complete = [f for f, e in ended.items() if e.get("complete")]
+    if any(ended[f].get(metric) is None for f in complete):
+        return []  # an objective the epochs do not log (a summary's): nothing to rank them by, all stay
+    best = (max if direction == "maximize" else min)(complete, key=lambda f: ended[f][metric]) if complete else None
+    gone = [f for f in ended if f != best]
+    for folder in gone:
+        shutil.rmtree(folder, ignore_errors=True)
+    return gone
+
+
 class Checkpointer(Callback):
     """Rank 0 commits after every epoch, keeping `keep` (the latest N, the best M: kept()). `history()` returns
     every completed epoch's metrics, the epochs before this process started included (place it after the callback
     that records them)."""
 
     def __init__(self, root: str, save: Callable[[Path], None], history: Callable[[], list], rank: int,
-                 every: int = 1, keep: tuple[int, int] = (2, 0), last_epoch: int | None = None):
+                 every: int = 1, keep: tuple[int, int] = (2, 0), last_epoch: int | None = None,
+                 study: tuple[str, str] | None = None):
+        """`study`: a study's trial (its objective's metric and direction): when it ends, keep_best_trial()."""
         self.root, self.save, self.history, self.rank = root, save, history, rank
-        self.every, self.keep, self.last = every, keep, last_epoch
+        self.every, self.keep, self.last, self.study = every, keep, last_epoch, study
+        self.ended: dict[str, float | None] | None = None  # set when training ends: what TRIAL says
         if rank == 0 and Path(root).expanduser().is_dir():
             sweep_stale(root)  # what a process killed mid-commit left: it would fill the disk again
 
@@ -200,9 +232,24 @@ class Checkpointer(Callback):
         if self.rank == 0 and (epoch % self.every == 0 or epoch == self.last):
             commit(self.root, epoch, list(self.history()), self.save, keep=self.keep)
 
+    def on_train_end(self, history: list[dict[str, float]]) -> None:
+        if self.study is not None:  # a complete trial (a pruned one never gets here)
+            self.ended = {"complete": True, self.study[0]: history[-1].get(self.study[0]) if history else None}
+
+    def on_end(self) -> None:
+        """A study's trial that ended (complete: its value; pruned or failed: none; not interrupted, which a resume
+        continues) says so in its folder, and the study's retention runs."""
+        if self.study is None or self.rank != 0 or self.ended is False:
+            return
+        root = Path(self.root).expanduser()
+        if root.is_dir():
+            (root / TRIAL).write_text(json.dumps(self.ended or {"complete": False}))
+        keep_best_trial(root, *self.study)
+
     def on_interrupt(self, where: dict[str, Any] | None) -> None:
         """A spot notice or Ctrl-C during training: rank 0 commits what was trained, mid-epoch position included,
         so `resume=true` goes on from that batch."""
+        self.ended = False  # (its folder stays: a resume continues it)
         if self.rank != 0:
             return
         history = list(self.history())

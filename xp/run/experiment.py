@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         before = checkpoint.require(plan.resume)
     plan = with_kept_images(plan)  # an image folder is prepared now: the plan counts the images that train
     trial = job.trial if job.trial is not None else attach(plan.study)
+    if trial and plan.checkpoint_dir:  # a study's trials commit apart (and the study keeps its best's)
+        plan = replace(plan, checkpoint_dir=checkpoint.per_trial(plan.checkpoint_dir, trial.optuna.number))
     if job.parent_run_id and not trial and not job.run_id and os.environ.get(sweepstate.RESUMED_ENV):
         earlier = sweepstate.finished_job(uri, job.parent_run_id, sweepstate.job_key(job.overrides))
         if earlier is not None:  # a resumed sweep: this job finished before the sweep was killed
@@ -141,15 +143,17 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
     """Every callback of a run, by phase. At each epoch's end they see one metrics dict in this order:
     measure (time, throughput, telemetry) -> aggregate (across workers, cost) -> record (history, MLflow)
     -> commit (checkpoint: after it is logged, so an epoch interrupted in between is trained again to the
-    same numbers) -> output (the run's model: model.log; save_params) -> print -> decide (stop for a relaunch, prune a trial). A resumed run's random state comes
-    back first."""
+    same numbers) -> output (the run's model: model.log; save_params) -> print -> decide (stop for a relaunch,
+    prune a trial). A resumed run's random state comes back first."""
     done = list(before.history) if before else []
     system_log = (lambda m, step: tracker.log_metrics(m, step=step)) if tracker.run_id else None  # rank 0
     sampled = telemetry(plan, system_log)
     history = History(done)
     restore = [checkpoint.Restore(before)] if before is not None else []
+    objective = trial.spec.objectives[0] if trial and not trial.spec.multi_objective else None
     commits = [checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state, lambda: history.epochs, plan.rank,
-                                       plan.checkpoint_every, plan.checkpoint_keep, plan.epochs)
+                                       plan.checkpoint_every, plan.checkpoint_keep, plan.epochs,
+                                       objective and (objective.metric, objective.direction))
                ] if plan.checkpoint_dir else []
     # test_io times the whole epoch: a reader's start (threads, files, the first decodes) is part of reading the data
     meter = ThroughputMeter(0, IO_THROUGHPUT) if plan.test_io else ThroughputMeter(plan.timing_warmup_batches)
