@@ -255,10 +255,10 @@ class TorchBackend(Backend):
         return {n: v.detach().float().cpu().numpy() for n, v in self.net.state_dict().items()
                 if not n.endswith("num_batches_tracked")}
 
-    def export_model(self, folder: Any, example: Any, extra: dict[str, str]) -> None:
+    def export_model(self, folder: Any, example: Any, extra: dict[str, str], params: dict[str, Any]) -> None:
         from xp.pt.export import save
 
-        save(self.net, folder, example, extra)
+        save(self.net, params, folder, example, extra)
 
     def save_state(self, folder: Any) -> None:
         import torch

@@ -351,10 +351,10 @@ class MXNetBackend(Backend):
         """Current parameters by name (device 0's copy), as numpy arrays."""
         return {name: to_numpy(p.data(self.contexts[0])) for name, p in self.net.collect_params().items()}
 
-    def export_model(self, folder: Any, example: Any, extra: dict[str, str]) -> None:
+    def export_model(self, folder: Any, example: Any, extra: dict[str, str], params: dict[str, Any]) -> None:
         from xp.mx.export import save
 
-        save(self.net, self.get_params(), folder, example, extra)
+        save(self.net, params, folder, example, extra)
 
     # --- what the core's loop asks (xp.run.train.train_epoch) --------------------------------------------------
     def batches(self, epoch: int, skip: int) -> Any:

@@ -15,14 +15,16 @@ import numpy as np
 from xp.tracking.models import quiet
 
 
-def save(net: Any, folder: Path, example: np.ndarray, extra: dict[str, str]) -> None:
-    """Write `net` (a copy on the CPU in float32, in eval mode) as an MLflow model into `folder`, with its signature
-    and input example (`example`: a few inputs), and `extra` files (name: text) beside it."""
+def save(net: Any, params: dict[str, np.ndarray], folder: Path, example: np.ndarray, extra: dict[str, str]) -> None:
+    """Write `net` with `params` (its parameters by name, as numpy arrays) as an MLflow model into `folder` (a
+    copy on the CPU in float32, in eval mode), with its signature and input example (`example`: a few inputs), and
+    `extra` files (name: text) beside it."""
     import mlflow.pytorch
     import torch
     from mlflow.models import infer_signature
 
     model = copy.deepcopy(net).float().cpu().eval()
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}, strict=False)
     with torch.no_grad():
         out = model(torch.from_numpy(example)).numpy()
     # the requirements given: MLflow would otherwise load the model in a new process to find them (seconds)

@@ -117,10 +117,10 @@ class Backend(ABC):
 
         raise ConfigError(f"save_params: backend={self.name} cannot export its parameters")
 
-    def export_model(self, folder: Path, example: Any, extra: dict[str, str]) -> None:
-        """Write the network as it is now as an MLflow model into `folder` (model.log): its predict takes inputs as
-        the data set feeds them (`example`: a few) and answers the classes' scores; `extra`: files (name: text) to
-        put beside it. A backend that does not override it logs no model."""
+    def export_model(self, folder: Path, example: Any, extra: dict[str, str], params: dict[str, Any]) -> None:
+        """Write the network with `params` (what get_params returned) as an MLflow model into `folder` (model.log):
+        its predict takes inputs as the data set feeds them (`example`: a few) and answers the classes' scores;
+        `extra`: files (name: text) to put beside it. A backend that does not override it logs no model."""
 
     def gather(self, value: float) -> list[float]:
         """Every worker's value (a collective: all workers call it), indexed by rank."""

@@ -1,9 +1,9 @@
 """A run's outputs beyond its metrics: its trained model as an MLflow model of its run (model.log), and its
 parameters in a file (save_params).
 
-A callback of the one loop: with `best` it writes the network as an MLflow model (through the backend:
-Backend.export_model) each time an epoch beats the best val_accuracy so far, with `last` after the last epoch;
-at the run's end the tracker logs the folder as the run's model (xp.tracking.models), with the metrics of the
+A callback of the one loop: with `best` it keeps the network's parameters each time an epoch beats the best
+val_accuracy so far, with `last` every epoch's; the run's end writes them once as an MLflow model (through the
+backend: Backend.export_model) and logs it as the run's model (xp.tracking.models), with the metrics of the
 epoch it came from. Beside the model, `xp_input.json` says what its input is (shape, classes, the data set's
 pixel transform): `python -m xp.predict` reads image files with it.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,27 +27,26 @@ OBJECTIVE = "val_accuracy"  # the metric `best` compares (higher is better)
 
 
 class ModelOutput(Callback):
-    """The run's model, written when its epoch ends (`how`: best, when it beats the best so far; last: every epoch)
-    into `folder` (whole or absent), and handed to `logged(folder, epoch, metrics)` at once: a trial pruned or
-    stopped at any epoch has it, and the tracker logs the last one handed when the run ends."""
+    """The run's model (`how`: best, the epoch that beats the best so far; last: every epoch): its parameters are
+    kept (Backend.get_params) and handed to the tracker with a writer, which the run's end calls once to write
+    the MLflow model (Backend.export_model) and log it: also when a trial is pruned, stopped or fails."""
 
-    def __init__(self, plan: Plan, export: Callable[[Path, Any, dict[str, str]], bool], folder: Path,
-                 logged: Callable[[Path, int, dict], None]):
-        self.plan, self.how, self.export, self.folder, self.logged = plan, plan.model.log, export, Path(folder), logged
+    def __init__(self, plan: Plan, backend: Any, logged: Callable[[Callable[[Path], None], int, dict], None]):
+        self.plan, self.how, self.backend, self.logged = plan, plan.model.log, backend, logged
         self.best: float | None = None
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         value = metrics.get(OBJECTIVE)
-        if self.how == "best" and (value is None or self.best is not None
-                                                           and value <= self.best):
+        if self.how == "best" and (value is None or self.best is not None and value <= self.best):
             return
         self.best = value if value is not None else self.best
-        new = self.folder.with_name(self.folder.name + ".new")
-        shutil.rmtree(new, ignore_errors=True)
-        self.export(new, example_input(self.plan), {INPUT: json.dumps(input_description(self.plan))})
-        shutil.rmtree(self.folder, ignore_errors=True)
-        new.rename(self.folder)
-        self.logged(self.folder, epoch, dict(metrics))
+        params = self.backend.get_params()  # (a copy, as the epoch left them)
+
+        def write(folder: Path) -> None:
+            self.backend.export_model(folder, example_input(self.plan),
+                                      {INPUT: json.dumps(input_description(self.plan))}, params)
+
+        self.logged(write, epoch, dict(metrics))
 
 
 class SaveParams(Callback):
@@ -69,7 +67,7 @@ def model_output(plan: Plan, backend: Any, tracker: Any) -> list[Callback]:
     if plan.model.log == "none" or plan.rank != 0 or not tracker.run_id or plan.test_io \
             or type(backend).export_model is Backend.export_model:
         return []
-    return [ModelOutput(plan, backend.export_model, tracker.model_folder(), tracker.log_model)]
+    return [ModelOutput(plan, backend, tracker.log_model)]
 
 
 def example_input(plan: Plan, n: int = 2) -> np.ndarray:

@@ -82,7 +82,8 @@ def summary_table(plan: Plan, name: str, summary: dict[str, Any], state: str, ur
     row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices) * plan.workers,
            **summary, "state": state}
     model = getattr(tracker, "model", None)  # model.log: (folder, epoch, metrics)
-    said = (f"\nits model (epoch {model[1]}, val_accuracy {model[2].get('val_accuracy', float('nan')):.4f}): "
+    accuracy = next((m[1] for m in model[2] if m[0] == "val_accuracy"), float("nan")) if model else None
+    said = (f"\nits model (epoch {model[1]}, val_accuracy {accuracy:.4f}): "
             f"runs:/{tracker.run_id}/model; predict with: python -m xp.predict runs:/{tracker.run_id}/model IMAGE..."
             if model else "")
     return (table([row]) + f"\nlogged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); view with: "

@@ -31,18 +31,28 @@ def quiet() -> Iterator[None]:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow_log = logging.getLogger("mlflow")  # (its flavors' loggers take its level)
     level = mlflow_log.level
+    from mlflow.utils import requirements_utils as requirements
+
+    # Saving a model checks the given requirements against what is installed, first mapping every installed
+    # module to its package (0.9 s a process here); xp names packages, not modules: the map is not needed
+    unmapped = getattr(requirements, "_MODULES_TO_PACKAGES", False) is None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mlflow_log.setLevel(logging.ERROR)
+        if unmapped:
+            requirements._MODULES_TO_PACKAGES = {}
         try:
             yield
         finally:
             mlflow_log.setLevel(level)
+            if unmapped:
+                requirements._MODULES_TO_PACKAGES = None
 
 
 def send_model(client: Any, run_id: str, spool_folder: Path, record: dict[str, Any]) -> None:
-    """Log the model the run wrote into its spool (`record`: its folder, name, epoch and that epoch's metrics): a
-    LoggedModel of the run with the model's files, READY, and the epoch's metrics linked to it."""
+    """Log the model the run wrote into its spool (`record`: its folder, name, epoch and that epoch's metrics as
+    they were logged: the run's store takes a point it has once): a LoggedModel of the run with the model's
+    files, READY, and the epoch's metrics linked to it."""
     from mlflow.entities import Metric, RunTag
 
     kept = spool_folder / MODEL_ID
@@ -54,8 +64,7 @@ def send_model(client: Any, run_id: str, spool_folder: Path, record: dict[str, A
         kept.write_text(model_id)
     client.log_model_artifacts(model_id, str(spool_folder / record["dir"]))
     client.finalize_logged_model(model_id, "READY")
-    metrics = [Metric(k, v, record["time"], record["step"], model_id=model_id, run_id=run_id)
-               for k, v in record["metrics"].items()]
+    metrics = [Metric(k, v, t, step, model_id=model_id, run_id=run_id) for k, v, t, step in record["metrics"]]
     client.log_batch(run_id, metrics=metrics, tags=[RunTag(RUN_TAG, f"models:/{model_id}")], synchronous=True)
 
 

@@ -13,7 +13,7 @@ import os
 import socket
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from xp.errors import ConfigError, Terminated, one_line, redact
 from xp.tracking.provenance import source_tags
@@ -125,7 +125,8 @@ class Tracker:
         self.params = dict(params or {})  # logged with the run's start, in the batch of its first tags
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
         self._spool: Any = None
-        self.model: tuple[str, int, dict[str, float]] | None = None  # model.log: (folder in the spool, epoch, metrics)
+        self.model: tuple[Callable, int, list] | None = None  # model.log: (its writer, epoch, its metrics)
+        self._last_metrics: list[list] = []  # the last metrics logged: [key, value, time, step] each
         self.parent_run_id = parent_run_id
         self.tags = {**placed_tags(), **(tags or {})}
         self.run_id: str | None = None
@@ -307,19 +308,21 @@ class Tracker:
         import time
 
         now = int(time.time() * 1000)  # the record's own timestamp: a batch sent twice is stored once
-        self._spool.put("batch", metrics=[[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None])
+        self._last_metrics = [[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None]
+        self._spool.put("batch", metrics=self._last_metrics)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.log(tags=tags)
 
-    def model_folder(self) -> Path:
-        """Where the run's model is written before it is logged (model.log): in its spool, which outlives the
-        process until the store has it."""
-        return self._spool.folder / "model"
+    def log_model(self, write: Callable[[Path], None], epoch: int, metrics: dict[str, float]) -> None:
+        """The run's model (epoch `epoch`, its metrics): the run's end calls `write(folder)` (the last one handed)
+        into its spool, which outlives the process until the store has it, and logs it, linking to it the epoch's
+        metrics as they were logged (the same points: the run's curves get none twice)."""
+        import time
 
-    def log_model(self, folder: Path, epoch: int, metrics: dict[str, float]) -> None:
-        """The run's model is in `folder` now (epoch `epoch`, its metrics): the run's end logs it (the last one)."""
-        self.model = (Path(folder).name, epoch, {k: float(v) for k, v in metrics.items() if v is not None})
+        logged = [m for m in self._last_metrics if m[3] == epoch] or \
+            [[k, float(v), int(time.time() * 1000), epoch] for k, v in metrics.items() if v is not None]
+        self.model = (write, epoch, logged)
 
     def add_artifact_on_exit(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload `path` when the run ends, whatever the outcome (logs matter most for failed runs)."""
@@ -356,9 +359,13 @@ class Tracker:
                 except Exception as e:  # an artifact problem must not hide the run's outcome
                     log.warning("could not keep %s for MLflow: %s", path, one_line(e))
         if self.model is not None:  # the model before the end: a run seen ended has its model
-            folder, epoch, metrics = self.model
-            self._spool.put("model", dir=folder, name="model", step=epoch, metrics=metrics,
-                            time=int(time.time() * 1000), experiment_id=self.experiment_id)
+            write, epoch, metrics = self.model
+            try:
+                write(self._spool.folder / "model")
+                self._spool.put("model", dir="model", name="model", step=epoch, metrics=metrics,
+                                experiment_id=self.experiment_id)
+            except Exception as e:  # a model that cannot be written must not hide the run's outcome
+                log.warning("model.log: the run's model could not be written: %s", one_line(e)[:300])
         if not self.attach_run_id:
             self._spool.put("end", status=status, time=int(time.time() * 1000))
         self._spool.end(later=self.settle_later)
