@@ -53,7 +53,7 @@ def send_model(client: Any, run_id: str, spool_folder: Path, record: dict[str, A
     """Log the model the run wrote into its spool (`record`: its folder, name, epoch and that epoch's metrics as
     they were logged: the run's store takes a point it has once): a LoggedModel of the run with the model's
     files, READY, and the epoch's metrics linked to it."""
-    from mlflow.entities import Metric, RunTag
+    from mlflow.entities import LoggedModelOutput, Metric, RunTag
 
     kept = spool_folder / MODEL_ID
     model_id = kept.read_text().strip() if kept.exists() else ""
@@ -64,6 +64,10 @@ def send_model(client: Any, run_id: str, spool_folder: Path, record: dict[str, A
         kept.write_text(model_id)
     client.log_model_artifacts(model_id, str(spool_folder / record["dir"]))
     client.finalize_logged_model(model_id, "READY")
+    linked = spool_folder / (MODEL_ID + ".output")
+    if not linked.exists():  # the run's page lists it among its logged models (once)
+        client.log_outputs(run_id, [LoggedModelOutput(model_id, record["step"])])
+        linked.write_text(model_id)
     metrics = [Metric(k, v, t, step, model_id=model_id, run_id=run_id) for k, v, t, step in record["metrics"]]
     client.log_batch(run_id, metrics=metrics, tags=[RunTag(RUN_TAG, f"models:/{model_id}")], synchronous=True)
 
