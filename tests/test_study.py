@@ -265,6 +265,10 @@ def test_multi_objective_study_in_parallel_saves_the_pareto_front(tmp_path, stor
     assert front["best"] and set(front["best"][0]["values"]) == {"val_accuracy", "throughput"}
     assert parent.data.tags["optuna.study"] == "small"
     assert mlflow_runs(decoy)[1] == []
+    # each Pareto member's model is registered and tagged so (no alias: there is no one best)
+    versions = client.search_model_versions("name = 'small'")
+    assert sorted(int(v.tags["trial"]) for v in versions) == sorted(f["trial"] for f in front["best"])
+    assert all(v.tags["pareto"] == "true" and not v.aliases for v in versions)
 
 
 @pytest.mark.slow
