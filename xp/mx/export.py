@@ -18,7 +18,6 @@ from xp.mx.pretrained import PARAMS, SYMBOL
 from xp.tracking.models import quiet
 
 
-
 class Network(mlflow.pyfunc.PythonModel):
     """The exported network on the CPU, in inference mode."""
 
