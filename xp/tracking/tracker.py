@@ -359,7 +359,7 @@ class Tracker:
                 except Exception as e:  # an artifact problem must not hide the run's outcome
                     log.warning("could not keep %s for MLflow: %s", path, one_line(e))
         if self.model is not None:  # the model before the end: a run seen ended has its model
-            write, epoch, metrics = self.model
+            (write, epoch, metrics), self.model = self.model, None  # (its writer holds the backend: let it go)
             try:
                 write(self._spool.folder / "model")
                 self._spool.put("model", dir="model", name="model", step=epoch, metrics=metrics,
