@@ -74,7 +74,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         before = checkpoint.require(plan.resume)
     plan = with_kept_images(plan)  # an image folder is prepared now: the plan counts the images that train
     trial = job.trial if job.trial is not None else attach(plan.study)
-    if trial and plan.checkpoint_dir:  # a study's trials commit apart (and the study keeps its best's)
+    if trial and plan.checkpoint_dir and not plan.elastic.enabled:  # a study's trials commit apart (and the study
+        # keeps its best's); an elastic trial's launcher owns its folder (its rounds resume from it)
         plan = replace(plan, checkpoint_dir=checkpoint.per_trial(plan.checkpoint_dir, trial.optuna.number))
     if job.parent_run_id and not trial and not job.run_id and os.environ.get(sweepstate.RESUMED_ENV):
         earlier = sweepstate.finished_job(uri, job.parent_run_id, sweepstate.job_key(job.overrides))
@@ -150,7 +151,8 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
     sampled = telemetry(plan, system_log)
     history = History(done)
     restore = [checkpoint.Restore(before)] if before is not None else []
-    objective = trial.spec.objectives[0] if trial and not trial.spec.multi_objective else None
+    objective = trial.spec.objectives[0] if trial and not trial.spec.multi_objective and not plan.elastic.enabled \
+        else None
     commits = [checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state, lambda: history.epochs, plan.rank,
                                        plan.checkpoint_every, plan.checkpoint_keep, plan.epochs,
                                        objective and (objective.metric, objective.direction))
