@@ -140,10 +140,10 @@ def is_model_uri(value: str) -> bool:
     return value.startswith(("models:/", "runs:/"))
 
 
-def fetch(uri: str, tracking_uri: str) -> tuple[Path, dict[str, Any]]:
+def fetch(uri: str, tracking_uri: str, what: str = "pretrained=") -> tuple[Path, dict[str, Any]]:
     """The model xp logged at `uri` (models:/NAME@ALIAS, models:/NAME/VERSION, models:/ID, runs:/RUN_ID/model),
     downloaded once into xp's cache under its model id (the alias may move; a model's files do not), and its
-    input's description (xp_input.json). Anything else is one ConfigError line."""
+    input's description (xp_input.json). Anything else is one ConfigError line, `what` (the setting) before it."""
     import hashlib
     import json
     import shutil
@@ -173,9 +173,9 @@ def fetch(uri: str, tracking_uri: str) -> tuple[Path, dict[str, Any]]:
                 pass
             shutil.rmtree(tmp, ignore_errors=True)
     except MlflowException as e:
-        raise ConfigError(f"pretrained={uri}: no such model in {redact(tracking_uri)} ({one_line(e)[:200]})") from None
+        raise ConfigError(f"{what}{uri}: no such model in {redact(tracking_uri)} ({one_line(e)[:200]})") from None
     if not (local / INPUT).is_file():
-        raise ConfigError(f"pretrained={uri}: not a model xp logged (it has no {INPUT}: its input is unknown)")
+        raise ConfigError(f"{what}{uri}: not a model xp logged (it has no {INPUT}: its input is unknown)")
     return local, json.loads((local / INPUT).read_text())
 
 

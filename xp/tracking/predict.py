@@ -3,21 +3,18 @@
 MODEL_URI: models:/NAME@best (a study's registered best), models:/NAME/VERSION, models:/MODEL_ID, or
 runs:/RUN_ID/model. PATH: image files, or folders of them (searched recursively). Each image is read as the
 model's data set reads its images (its xp_input.json: shape, channels, pixel transform) and one line is printed
-per image: the path, the class's name and its probability.
+per image: the path, the class's name and its probability. The model is fetched once into xp's cache
+(xp.tracking.models.fetch, as pretrained= fetches it).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from xp.errors import one_line
 
 IMAGES = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -40,27 +37,23 @@ def image_files(paths: list[str]) -> list[Path]:
     return out
 
 
-def load(uri: str, tracking_uri: str, into: Path) -> tuple[Any, dict[str, Any]]:
-    """The model at `uri` (downloaded into `into`) as a Python-function model, and its input's description."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
+def load(uri: str, tracking_uri: str) -> tuple[Any, dict[str, Any]]:
+    """The model at `uri` (fetched as fine-tuning fetches it: once, into xp's cache) as a Python-function model, and
+    its input's description."""
+    import mlflow.pyfunc
 
-    from xp.tracking.models import INPUT, quiet
+    from xp.errors import ConfigError
+    from xp.tracking.models import fetch, quiet
     from xp.tracking.storefile import sqlite_path
 
     if (db := sqlite_path(tracking_uri)) is not None and not db.is_file():
         raise PredictError(f"{uri}: no MLflow store at {tracking_uri} (give --tracking-uri)")
-    mlflow.set_tracking_uri(tracking_uri)
     try:
-        with quiet():
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(into)))
-    except (MlflowException, OSError) as e:
-        raise PredictError(f"{uri}: no such model in {tracking_uri} ({one_line(e)[:200]})") from None
-    if not (local / INPUT).is_file():
-        raise PredictError(f"{uri}: not a model xp logged (it has no {INPUT}: its input is unknown)")
+        local, described = fetch(uri, tracking_uri, what="")
+    except ConfigError as e:
+        raise PredictError(str(e)) from None
     with quiet():
-        model = mlflow.pyfunc.load_model(str(local))
-    return model, json.loads((local / INPUT).read_text())
+        return mlflow.pyfunc.load_model(str(local)), described
 
 
 def read_image(path: Path, described: dict[str, Any]) -> np.ndarray:
@@ -113,10 +106,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         files = image_files(args.paths)
-        with tempfile.TemporaryDirectory(prefix="xp-predict-") as tmp:
-            model, described = load(args.model, resolve_uri(args.tracking_uri), Path(tmp))
-            for path, name, p in predict(model, described, files):
-                print(f"{path}\t{name}\t{p:.4f}")
+        model, described = load(args.model, resolve_uri(args.tracking_uri))
+        for path, name, p in predict(model, described, files):
+            print(f"{path}\t{name}\t{p:.4f}")
     except PredictError as e:
         print(f"xp.predict: error: {e}", file=sys.stderr)
         return 2
