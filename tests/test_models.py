@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, mlflow_client, mlflow_runs, run_xp
+from conftest import ROOT, mlflow_client, mlflow_runs, run_xp, xp_process
 
 STUDY = """
     study_name: {name}
@@ -172,6 +172,39 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     right = sum(path.rsplit("-", 1)[1].split(".")[0] == label for path, label, _ in lines)
     assert right >= 10, out.stdout  # the files' pixels, read back as the data set's: its accuracy, about
 
+
+
+@pytest.mark.slow
+def test_the_best_alias_moves_to_a_better_trial_while_the_study_runs(tmp_path, store):
+    """Trial 0 (one epoch) ends while trial 1 (2,000 epochs) trains on the other slot: the alias `best` is on trial
+    0's model before the study ends."""
+    import signal
+    import time
+
+    import optuna
+
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "follow.yaml").write_text("study_name: follow\nn_trials: 2\nsampler: grid\npruner: none\n"
+                                        "parallel: 2\nparams:\n  epochs: {type: categorical, choices: [1, 2000]}\n")
+    env = {"XP_SWEEPS_DIR": str(sweeps), "XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+    with xp_process(tmp_path, store, "-m", "sweep=follow", env=env) as proc:
+        deadline, version = time.monotonic() + 240, None
+        while version is None:  # the event: the alias exists (bounded)
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("no alias best while the study ran: " + proc.communicate(timeout=60)[1][-3000:])
+            try:
+                version = mlflow_client(store).get_model_version_by_alias("follow", "best")
+            except Exception:
+                time.sleep(0.5)
+        assert proc.poll() is None  # the study still runs: trial 1 trains
+        trials = optuna.load_study(study_name="follow", storage=env["XP_OPTUNA_STORAGE"]).trials
+        assert [t.state.name for t in trials] == ["COMPLETE", "RUNNING"]
+        assert version.tags["trial"] == "0" and version.run_id == trials[0].user_attrs["mlflow_run_id"]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
 
 def test_model_log_none_logs_no_model_and_last_logs_the_last_epochs(tmp_path, store):
     for how in ("none", "last"):

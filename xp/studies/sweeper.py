@@ -5,7 +5,6 @@ it ended, until the budget is spent; then report the best trial (or the Pareto f
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -17,8 +16,9 @@ from xp.studies.channel import Done, Trial
 from xp.studies.budget import Budget
 from xp.studies.compose import as_override
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
-from xp.studies.study import FINISHED, StudySpec, space_from_overrides, spec_from
-from xp.studies.trial import INTERRUPTED, _counts, distributions, heartbeat, open_study, retry_dead_trials
+from xp.studies.study import StudySpec, space_from_overrides, spec_from
+from xp.studies.summary import BestModel, summarize
+from xp.studies.trial import DUPLICATE, INTERRUPTED, _counts, distributions, heartbeat, open_study, retry_dead_trials
 
 log = logging.getLogger("xp")
 
@@ -31,6 +31,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any =
     (or `at_once`, the jobs a parallel Hydra launcher runs at once, if more)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
+
+    from xp.tracking.stores import resolve_uri
 
     node = OmegaConf.to_container(config.sweep, resolve=True)
     space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
@@ -60,19 +62,23 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any =
     if budget is not None:
         log.info(f"study budget: {budget.line()} spent before this command"
                  + (f" (at ${budget.usd_per_s * 3600:g}/h)" if budget.usd_per_s else ""))
-    if pool is not None:
-        with pool:
-            returns = [scheduled(study, spec, pool, config, arguments, budget)]
-    else:
-        returns = _in_batches(study, spec, arguments, launcher, parallel or 1, budget)
-    from xp.tracking.stores import resolve_uri
-
-    summarize(study, spec, resolve_uri(config.get("tracking_uri")))
+    uri = resolve_uri(config.get("tracking_uri"))
+    best = BestModel.of(study, spec, uri)  # the registry's alias `best` follows the best trial as the study runs
+    try:
+        if pool is not None:
+            with pool:
+                returns = [scheduled(study, spec, pool, config, arguments, budget, best)]
+        else:
+            returns = _in_batches(study, spec, arguments, launcher, parallel or 1, budget, best)
+    finally:
+        if best is not None:
+            best.close()
+    summarize(study, spec, uri)
     return returns
 
 
 def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any, parallel: int,
-                budget: Any = None) -> list[Any]:
+                budget: Any = None, best: BestModel | None = None) -> list[Any]:
     """Ask `parallel` trials, launch them as one batch of Hydra jobs, tell, until the budget is spent (the trials'
     number, or the time or money: no batch starts that it would not see to its end, as long as the last one)."""
     done, elsewhere = _counts(study)
@@ -97,7 +103,7 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
                 from xp.errors import XPError, one_line
 
                 raise XPError(f"hydra/launcher ({type(launcher).__name__}) failed: {one_line(e)[:300]}") from None
-        _tell(study, trials, results)
+        _tell(study, trials, results, best)
         took = time.monotonic() - started
         if budget is not None:
             budget.save(force=True)
@@ -108,7 +114,8 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
     return returns
 
 
-def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None) -> Any:
+def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None,
+              best: BestModel | None = None) -> Any:
     """The study's trials kept in flight on the pool's slots (xp.studies.scheduler); returns its tally."""
     from pathlib import Path
 
@@ -142,6 +149,8 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         state = msg.state
         if state == "COMPLETE":
             study.tell(trial, msg.values)
+            if best is not None:
+                best.told(trial, msg.values)
         elif state == "PRUNED":
             study.tell(trial, state=TrialState.PRUNED)
         else:
@@ -275,7 +284,7 @@ def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
     return trials, reused
 
 
-def _tell(study: Any, trials: list[Any], results: list[Any]) -> None:
+def _tell(study: Any, trials: list[Any], results: list[Any], best: BestModel | None = None) -> None:
     """How each launched trial ended, as its job returned it (xp.cli: {"state", "values"})."""
     from optuna.trial import TrialState
 
@@ -283,13 +292,14 @@ def _tell(study: Any, trials: list[Any], results: list[Any]) -> None:
         out = r._return_value if r.status.name == "COMPLETED" and isinstance(r._return_value, dict) else {}
         if out.get("state") == "COMPLETE":
             study.tell(t, out["values"])
+            if best is not None:
+                best.told(t, out["values"])
         elif out.get("state") == "PRUNED":
             study.tell(t, state=TrialState.PRUNED)
         else:
             study.tell(t, state=TrialState.FAIL)
 
 
-DUPLICATE = "duplicate_of"  # user attribute of a proposal dropped because a trial in flight has its parameters
 MAX_DUPLICATES = 10  # proposals dropped in a row before one is run anyway (a search space smaller than the sweepers)
 
 
@@ -338,61 +348,3 @@ def _reuse_earlier(study: Any, trial: Any, same: list[Any]) -> bool:
             log.info(f"trial {trial.number}: same parameters as trial {old.number}; its result is reused")
             return True
     return False
-
-
-def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> dict[str, Any]:
-    """Print the best trial (or the Pareto front) and log it on the sweep's parent MLflow run."""
-    from optuna.trial import TrialState
-
-    trials = [t for t in study.get_trials(deepcopy=False)  # less dropped proposals and trials stopped and requeued
-              if DUPLICATE not in t.user_attrs and INTERRUPTED not in t.user_attrs]
-    states = {s: sum(1 for t in trials if t.state == getattr(TrialState, s)) for s in FINISHED}
-    best = study.best_trials
-    front = [{"trial": t.number, "values": dict(zip([o.metric for o in spec.objectives], t.values)),
-              "params": t.params, "mlflow_run_id": t.user_attrs.get("mlflow_run_id")} for t in best]
-    log.info(f"study {spec.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in states.items())})")
-    title = "Pareto front" if spec.multi_objective else "best trial"
-    for f in front:
-        log.info(f"  {title}: trial {f['trial']}  " + "  ".join(f"{k}={v:.4g}" for k, v in f["values"].items())
-                 + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
-    summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
-    parent = os.environ.get("XP_PARENT_RUN_ID")
-    if parent and tracking_uri:
-        _on_parent(tracking_uri, parent, spec, front, summary)
-    if tracking_uri and spec.register_model:  # the best trial's model, in the Model Registry
-        from xp.tracking.models import register_best
-
-        if said := register_best(tracking_uri, spec.register_model, front, spec.multi_objective):
-            log.info(f"  {said}")
-    return summary
-
-
-def _on_parent(uri: str, parent: str, spec: StudySpec, front: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    """The study's result on its MLflow parent run, through a spool of its own (a store that is away takes it
-    when it is back, or xp.sync delivers it): the study never ends in a traceback for its store."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from xp.tracking.spool import state_dir
-    from xp.tracking.tracker import Tracker
-
-    tracker = Tracker(uri, "", "", attach_run_id=parent, spool_dir=state_dir() / "summaries")
-    tracker.start()
-    folder = Path(tempfile.mkdtemp(prefix="xp-study-"))
-    try:
-        params = front[0]["params"] if front and not spec.multi_objective else {}
-        tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags={"optuna.study": spec.study_name})
-        if params:
-            metric = spec.objectives[0].metric
-            tracker.log_metrics({f"best_{metric}": front[0]["values"][metric]})
-        name = folder / ("pareto_front.json" if spec.multi_objective else "best_trial.json")
-        name.write_text(json.dumps(summary, indent=1, default=str))
-        tracker.add_artifact_on_exit(name)
-    finally:
-        tracker.end("FINISHED")  # attached: its records only; the parent's own end is the sweep's
-        shutil.rmtree(folder, ignore_errors=True)  # the spool keeps its own copy
-
-
-def to_json(summary: dict[str, Any]) -> str:
-    return json.dumps(summary, indent=1, default=str)

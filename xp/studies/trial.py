@@ -18,6 +18,7 @@ from xp.studies.study import FINISHED, StudySpec, spec_from
 log = logging.getLogger("xp")
 
 INTERRUPTED = "xp.interrupted"  # user attribute of a trial its study stopped before it ended (Ctrl-C, SIGTERM)
+DUPLICATE = "duplicate_of"  # user attribute of a proposal dropped because a trial in flight has its parameters
 
 
 class TrialPruned(Exception):

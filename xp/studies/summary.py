@@ -1,0 +1,141 @@
+"""A study's result: its best trial (or Pareto front) said, logged on the sweep's parent run, and its model in the
+Model Registry: alias `best` moved to each new best trial's model as it reaches the store (BestModel), and the
+final best registered at the study's end (summarize)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+from xp.errors import redact
+from xp.studies.study import FINISHED, StudySpec
+from xp.studies.trial import DUPLICATE, INTERRUPTED
+
+log = logging.getLogger("xp")
+
+
+def member(trial: Any, spec: StudySpec) -> dict[str, Any]:
+    """A trial of the best (or the Pareto front), as the summary and the registry take it."""
+    return {"trial": trial.number, "values": dict(zip([o.metric for o in spec.objectives], trial.values)),
+            "params": trial.params, "mlflow_run_id": trial.user_attrs.get("mlflow_run_id")}
+
+
+def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> dict[str, Any]:
+    """Print the best trial (or the Pareto front), log it on the sweep's parent MLflow run, register its model."""
+    from optuna.trial import TrialState
+
+    trials = [t for t in study.get_trials(deepcopy=False)  # less dropped proposals and trials stopped and requeued
+              if DUPLICATE not in t.user_attrs and INTERRUPTED not in t.user_attrs]
+    states = {s: sum(1 for t in trials if t.state == getattr(TrialState, s)) for s in FINISHED}
+    front = [member(t, spec) for t in study.best_trials]
+    log.info(f"study {spec.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in states.items())})")
+    title = "Pareto front" if spec.multi_objective else "best trial"
+    for f in front:
+        log.info(f"  {title}: trial {f['trial']}  " + "  ".join(f"{k}={v:.4g}" for k, v in f["values"].items())
+                 + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
+    summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
+    parent = os.environ.get("XP_PARENT_RUN_ID")
+    if parent and tracking_uri:
+        _on_parent(tracking_uri, parent, spec, front, summary)
+    if tracking_uri and spec.register_model:  # the best trial's model, in the Model Registry
+        from xp.tracking.models import register_best
+
+        if said := register_best(tracking_uri, spec.register_model, front, spec.multi_objective):
+            log.info(f"  {said}")
+    return summary
+
+
+def _on_parent(uri: str, parent: str, spec: StudySpec, front: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """The study's result on its MLflow parent run, through a spool of its own (a store that is away takes it
+    when it is back, or xp.sync delivers it): the study never ends in a traceback for its store."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from xp.tracking.spool import state_dir
+    from xp.tracking.tracker import Tracker
+
+    tracker = Tracker(uri, "", "", attach_run_id=parent, spool_dir=state_dir() / "summaries")
+    tracker.start()
+    folder = Path(tempfile.mkdtemp(prefix="xp-study-"))
+    try:
+        params = front[0]["params"] if front and not spec.multi_objective else {}
+        tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags={"optuna.study": spec.study_name})
+        if params:
+            metric = spec.objectives[0].metric
+            tracker.log_metrics({f"best_{metric}": front[0]["values"][metric]})
+        name = folder / ("pareto_front.json" if spec.multi_objective else "best_trial.json")
+        name.write_text(json.dumps(summary, indent=1, default=str))
+        tracker.add_artifact_on_exit(name)
+    finally:
+        tracker.end("FINISHED")  # attached: its records only; the parent's own end is the sweep's
+        shutil.rmtree(folder, ignore_errors=True)  # the spool keeps its own copy
+
+
+class BestModel:
+    """While a single-objective study runs, the registry's alias `best` follows its best trial: a trial told
+    better than every one before it is registered, and the alias moved to it, once its run's model is in the store
+    (a study's trial reports before its worker's spool has sent the run's records: this thread waits for the
+    model, off the scheduler's path; a newer best replaces the one it waits for; a run that ended without a model
+    is let go). The study's end registers its final best either way (summarize)."""
+
+    POLL_S = 0.5
+
+    def __init__(self, study: Any, spec: StudySpec, uri: str):
+        self.study, self.spec, self.uri = study, spec, uri
+        self.maximize = spec.objectives[0].direction == "maximize"
+        try:
+            self.value: float | None = study.best_value  # a resumed study's best so far
+        except ValueError:
+            self.value = None
+        self._waiting: Any = None  # the trial whose model is awaited
+        self._wake, self._closing = threading.Event(), False
+        self._thread = threading.Thread(target=self._loop, name="xp-best-model", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def of(cls, study: Any, spec: StudySpec, uri: str | None) -> BestModel | None:
+        """One for a study that registers a single objective's best into a tracking store; else None."""
+        return cls(study, spec, uri) if uri and spec.register_model and not spec.multi_objective else None
+
+    def told(self, trial: Any, values: list[float]) -> None:
+        """The scheduler told the study `trial` completed with `values`."""
+        value = values[0]
+        if self.value is None or (value > self.value if self.maximize else value < self.value):
+            self.value, self._waiting = value, trial
+            self._wake.set()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """No more trials: the thread stops (what it awaited, the study's end registers)."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=timeout_s)
+
+    def _loop(self) -> None:
+        from xp.tracking.models import register_best, run_model
+        from xp.tracking.stores import open_client
+
+        client = None
+        while not self._closing:
+            self._wake.wait(timeout=self.POLL_S if self._waiting is not None else None)
+            self._wake.clear()
+            trial = self._waiting
+            if trial is None or self._closing:
+                continue
+            try:
+                client = client or open_client(self.uri)
+                best = self.study._storage.get_trial(trial._trial_id)  # its run id, set by its worker
+                run_id = best.user_attrs.get("mlflow_run_id")
+                run = client.get_run(run_id) if run_id else None
+                if run is not None and run_model(client, run_id):
+                    if said := register_best(self.uri, self.spec.register_model, [member(best, self.spec)], False):
+                        log.info(f"study {self.spec.study_name}: {said}")
+                elif run is None or run.info.status == "RUNNING":
+                    continue  # its records are on their way
+                if self._waiting is trial:  # (a newer best may have come meanwhile)
+                    self._waiting = None
+            except Exception as e:  # the store away, say: the study goes on; its end registers its best
+                log.debug("study %s: the best model is not registered yet (%s)", self.spec.study_name, e)
