@@ -339,10 +339,10 @@ DEFAULT_UI = "http://127.0.0.1:5000"
 
 
 def registered(client: Any, parent: Any) -> str | None:
-    """A study's registered best (sweep.register_model: the study's name by default), in a line; None if none."""
+    """A study's registered best (sweep.register_model, as its parent run's tag says), in a line; None if none."""
     from mlflow.exceptions import MlflowException
 
-    name = parent.data.tags.get("optuna.study")
+    name = parent.data.tags.get("xp.register_model")
     try:
         version = client.get_model_version_by_alias(name, "best") if name else None
     except MlflowException:

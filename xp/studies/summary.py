@@ -63,7 +63,8 @@ def _on_parent(uri: str, parent: str, spec: StudySpec, front: list[dict[str, Any
     folder = Path(tempfile.mkdtemp(prefix="xp-study-"))
     try:
         params = front[0]["params"] if front and not spec.multi_objective else {}
-        tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags={"optuna.study": spec.study_name})
+        tags = {"optuna.study": spec.study_name, "xp.register_model": spec.register_model or ""}
+        tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags=tags)
         if params:
             metric = spec.objectives[0].metric
             tracker.log_metrics({f"best_{metric}": front[0]["values"][metric]})
