@@ -1,6 +1,8 @@
 # Thin aliases for ./dev.sh, which creates and reuses .venv.
 .PHONY: setup run test test-fast bench ui dashboard server
 HOST ?= 127.0.0.1
+PORT ?= 5000
+DASHBOARD_PORT ?= 8080
 setup:
 	./dev.sh setup
 run:
@@ -22,10 +24,10 @@ bench: setup
 	.venv/bin/python benchmarks/torch_pipeline.py
 	.venv/bin/python benchmarks/tracking_outage.py
 ui: setup
-	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host $(HOST) --port 5000
+	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host $(HOST) --port $(PORT)
 dashboard: setup
-	.venv/bin/optuna-dashboard sqlite:///mlruns/optuna.db --host $(HOST) --port 8080
+	.venv/bin/optuna-dashboard sqlite:///mlruns/optuna.db --host $(HOST) --port $(DASHBOARD_PORT)
 # An MLflow tracking server for runs across hosts (launcher=ssh): bind it to an address the hosts reach,
 # e.g. make server HOST=10.0.0.1, then tracking_uri=http://10.0.0.1:5000. Runs and artifacts stay in mlruns/.
 server: setup
-	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false .venv/bin/mlflow server --backend-store-uri sqlite:///mlruns/mlflow.db --artifacts-destination mlruns/artifacts --host $(HOST) --port 5000
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false .venv/bin/mlflow server --backend-store-uri sqlite:///mlruns/mlflow.db --artifacts-destination mlruns/artifacts --host $(HOST) --port $(PORT)

@@ -113,6 +113,9 @@ def test_multirun_groups_children_under_one_parent(tmp_path, store):
     assert sorted(c.data.params["batch"] for c in children) == ["16", "32"]
     assert all(c.info.status == "FINISHED" for c in children)
     assert "sweep: 2 runs under MLflow parent run " + parent.info.run_id in proc.stdout
+    # its last lines say how to compare them: the report's command and the parent's page in the UI
+    assert f"compare: python -m xp.report --parent {parent.info.run_id} --tracking-uri '{store}'" in proc.stdout
+    assert f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}" in proc.stdout.splitlines()[-1]
     # the parent says what its children trained, and its best_val_accuracy means what a child's does
     assert (parent.data.tags["xp.backend"], parent.data.tags["xp.model"], parent.data.tags["xp.dataset"]) == \
         ("gluon", "lenet", "digits")

@@ -150,24 +150,50 @@ def build(tmp_path, client, exp):
     return report.build_report(runs, tmp_path / "out", "t", history=client.get_metric_history).read_text()
 
 
-def test_a_study_report_shows_swept_params_states_and_keeps_pruned_trials_apart(tmp_path):
+def test_a_study_report_shows_searched_params_states_optunas_plots_and_keeps_pruned_trials_apart(tmp_path):
     uri, client, exp = _store(tmp_path)
-    for n, (lr, state, acc) in enumerate(((0.1, "COMPLETE", 0.93), (0.01, "PRUNED", 0.41), (0.05, "COMPLETE", 0.95))):
+    for n, (lr, state, acc) in enumerate(((0.1, "COMPLETE", 0.93), (0.01, "PRUNED", 0.41), (0.05, "COMPLETE", 0.95),
+                                          (0.0123456, "COMPLETE", 0.90))):
         rid = make_run(client, exp, devices=1, throughput=100.0, acc=acc, lr=lr,
                        tags={"optuna.trial_number": str(n), "optuna.trial_state": state})
         client.log_param(rid, "lr", lr)
-    md = build(tmp_path, client, exp)
+    parent = {"sweep.params.lr.type": "float", "sweep.params.lr.low": "0.001", "sweep.params.lr.high": "0.5",
+              "sweep.params.lr.log": "True", "sweep.objectives": "[{'metric': 'val_accuracy', 'direction': 'maximize'}]"}
+    md = report.build_report(client.search_runs([exp]), tmp_path / "out", "t", history=client.get_metric_history,
+                             parent_params=parent).read_text()
+    first = md.split("## Trials")[0]  # the runs table: the trial and what it searched, as columns
+    assert "| trial | infrastructure |" in first and "| global batch | lr | GPUs |" in first
+    assert "| 3 | p3.8xlarge | resnet18 | gluon | 16 | 16 | 0.01235 | 1 |" in first
     trials = md.split("## Trials")[1].split("### Pruned trials")[0]
-    assert "Swept: lr. 2 complete, 1 pruned." in trials
+    assert "Searched: lr. 3 complete, 1 pruned." in trials
     assert "| trial | state | lr |" in trials and "| 0 | COMPLETE | 0.1 | 0.9300 |" in trials
-    assert "PRUNED" not in trials and "0.4100" not in md.split("## Trials")[0]  # not in the main table either
+    assert "PRUNED" not in trials and "0.4100" not in first  # not in the main table either
     assert "| 1 | PRUNED | 0.01 | 0.4100 |" in md.split("### Pruned trials")[1]
+    for name in ("optimization_history", "parallel_coordinate", "param_importances", "slice"):
+        assert f"![study_{name}](study_{name}.png)" in md and (tmp_path / "out" / f"study_{name}.png").stat().st_size
+    from xp.report import study
+
+    rows = [report.report_row(r) for r in client.search_runs([exp])]
+    assert study.space(parent, rows, ["lr"])["lr"].log  # as the study file declared it
+    inferred = study.space({}, rows, ["lr"])["lr"]  # given on the command line: from the values taken
+    assert (inferred.low, inferred.high, inferred.log) == (0.01, 0.1, False)
+    rebuilt = study.rebuild(parent, rows, ["lr"])
+    assert [t.state.name for t in rebuilt.trials] == ["COMPLETE", "PRUNED", "COMPLETE", "COMPLETE"]
+    assert rebuilt.best_trial.number == 2 and rebuilt.best_trial.params == {"lr": 0.05}
+
+
+def test_the_accuracy_plots_median_of_repeats_takes_only_equal_settings():
+    from xp.report.plots import _medians
+
+    rows = [{"global_batch": 32, "val_accuracy": a, "settings": {"lr": lr, "seed": seed}}
+            for lr, seed, a in ((0.1, 1, 0.9), (0.1, 2, 0.8), (0.2, 1, 0.1))]
+    assert _medians(rows, "global_batch") == [(32, pytest.approx(0.85))]  # lr=0.2's run is not a repeat
 
 
 def test_accuracy_axis_is_never_tighter_than_the_epoch_noise(tmp_path):
     from xp.report import plots
 
-    rows = [{"model": "m", "global_batch": b, "lr": 0.1, "val_accuracy": a, "noise": 0.01}
+    rows = [{"model": "m", "global_batch": b, "lr": 0.1, "val_accuracy": a, "noise": 0.01, "settings": {"batch": b}}
             for b, a in ((16, 0.900), (32, 0.902))]
     files = []
     note = plots.accuracy_plot(rows, tmp_path, files)
@@ -176,16 +202,22 @@ def test_accuracy_axis_is_never_tighter_than_the_epoch_noise(tmp_path):
     assert "widened" not in plots.accuracy_plot(rows, tmp_path, [])
 
 
-def test_logged_report_shows_its_plots_in_the_mlflow_ui(runs, tmp_path):
-    """MLflow's Markdown preview shows only images with absolute URLs: the logged report.md points at the UI."""
+def test_logged_report_shows_its_plots_in_the_mlflow_ui_it_is_given(runs, tmp_path, monkeypatch):
+    """MLflow's Markdown preview shows only images with absolute URLs: the logged report.md points at the UI
+    given; without one, its links stay beside it (no port assumed) and it says how to get them shown."""
     uri, client, exp, parent = runs
     out = tmp_path / "out"
+    monkeypatch.delenv("XP_UI_URL", raising=False)
     assert report.main(["--tracking-uri", uri, "--parent", parent, "--out", str(out),
                         "--ui-url", "http://127.0.0.1:5055/"]) == 0
     logged = client.download_artifacts(parent, "report/report.md", str(tmp_path / "dl"))
     text = open(logged).read()
     assert f"![scaling](http://127.0.0.1:5055/get-artifact?path=report%2Fscaling.png&run_uuid={parent})" in text
     assert "![scaling](scaling.png)" in (out / "report.md").read_text()  # on disk: beside it
+    assert report.main(["--tracking-uri", uri, "--parent", parent, "--out", str(out)]) == 0
+    text = open(client.download_artifacts(parent, "report/report.md", str(tmp_path / "dl2"))).read()
+    assert "![scaling](scaling.png)" in text and "http://" not in text.replace("http://HOST:PORT", "")
+    assert "--ui-url http://HOST:PORT" in text.split("\n")[2]
 
 
 def test_a_sweeps_children_are_all_found_past_a_page_and_its_table_shows_the_best(store):

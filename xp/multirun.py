@@ -84,8 +84,26 @@ def _say_table(parent: Any, rows: list[dict[str, Any]], status: str) -> None:
     print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
     print(summary.table(rows if len(rows) <= SHOWN else summary.best(rows, SHOWN)))
     if len(rows) > SHOWN:
-        print(f"(the {SHOWN} best of {len(rows)} by best val_accuracy; all of them: python -m xp.report "
-              f"--experiment {parent.experiment} --parent {parent.run_id})")
+        print(f"(the {SHOWN} best of {len(rows)} by best val_accuracy; all of them in the report below)")
+    print(compare_lines(parent.uri, parent.experiment, parent.experiment_id, parent.run_id))
+
+
+def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: str) -> str:
+    """How to compare a sweep's runs: its report's command, and its page in the MLflow UI."""
+    from xp.errors import redact
+    from xp.tracking.stores import DEFAULT_URI, resolve_uri
+
+    default = uri == resolve_uri(DEFAULT_URI)
+    store = "" if default else f" --tracking-uri '{redact(uri)}'"
+    named = "" if experiment == "xp" else f" --experiment {experiment}"
+    page = f"#/experiments/{experiment_id}/runs/{run_id}"
+    if uri.startswith(("http://", "https://")):
+        ui = f"{uri.rstrip('/')}/{page}"
+    else:
+        ui = (f"{'make ui PORT=5000' if default else f'mlflow ui --backend-store-uri {redact(uri)!r} --port 5000'}"
+              f", then http://127.0.0.1:5000/{page}")
+    return f"compare: python -m xp.report --parent {run_id}{named}{store}   (tables and plots into reports/)\n" \
+           f"     UI: {ui}"
 
 
 def deliver_left_over(uri: str, wait_s: float = 30.0) -> int:

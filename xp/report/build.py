@@ -6,12 +6,14 @@
 
 Writes report.md and PNG plots (xp.report.plots) into --out and logs them to MLflow (on the sweep's
 parent run, or on a new run tagged xp.report), where report.md's images point at the MLflow UI
-(--ui-url): MLflow's Markdown preview shows only images with absolute URLs.
+given (--ui-url, $XP_UI_URL, an http tracking URI: MLflow's preview shows only absolute image links), else
+beside it, as on disk.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -19,7 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.report import claims, plots
+from xp.report import claims, plots, study
+from xp.report.table import md_table, swept_columns
 from xp.tracking.models import RUN_TAG
 from xp.tracking.summary import num as _num, row_from_mlflow
 
@@ -49,12 +52,6 @@ def report_row(run: Any) -> dict[str, Any]:
     if _num(p.get("derived.cost_per_hour")) == 0:
         row["cost_usd"] = None  # hardware without a price: no cost, not $0
     return row
-
-
-def varying(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = ()) -> list[str]:
-    """The settings whose values differ between these runs (what a sweep or study varied)."""
-    keys = sorted({k for r in rows for k in r["settings"]} - set(leave_out))
-    return [k for k in keys if len({r["settings"].get(k) for r in rows}) > 1]
 
 
 def repeated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -150,11 +147,15 @@ def seed_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
             ("gpu_utilization", "GPU util", "{:.0f}%"), ("cost_usd", "cost", "${:.4f}"), ("run_id", "run id", "{}")]
 
 
-def _md_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
-    head = "| " + " | ".join(t for _, t, _ in columns) + " |"
-    sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join("-" if r.get(k) is None else f.format(r[k]) for k, _, f in columns) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
+SHOWN = ("batch", "model.name", "backend.name", "hardware.name")  # settings the classic table has columns for
+
+
+def with_swept(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The classic table's columns with the settings these runs varied (a sweep's, a study's parameters) after
+    the batch's, a study's trial number first: rows that differ tell how."""
+    at = next(i for i, c in enumerate(columns) if c[0] == "global_batch") + 1
+    trial = [("trial", "trial", "{}")] if any(r["trial"] is not None for r in rows) else []
+    return [*trial, *columns[:at], *swept_columns(rows, SHOWN), *columns[at:]]
 
 
 def elastic_timeline(runs: list[Any], history: Callable[[str, str], list[Any]]) -> list[dict[str, Any]]:
@@ -182,23 +183,24 @@ ACCURACY_NOTE = ("val acc (last epoch) is the accuracy the run ended with; val a
 
 
 def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str, str], list[Any]] | None = None,
-                 registered: str | None = None) -> Path:
+                 registered: str | None = None, parent_params: dict[str, str] | None = None) -> Path:
     """Write report.md and the plots for these MLflow runs into `out`; return report.md's path.
     `history(run_id, key)` (MlflowClient.get_metric_history) adds each run's epoch-to-epoch noise and elastic
-    runs' worker counts over time; `registered`: a line on the study's registered model."""
+    runs' worker counts over time; `registered`: a line on the study's registered model; `parent_params`: the
+    sweep's parent run's (a study's search space)."""
     out.mkdir(parents=True, exist_ok=True)
     rows = sorted((report_row(r) for r in runs), key=lambda r: (r["model"] or "", r["devices"], r["batch"] or 0,
                                                                    r["trial"] or 0))
     for r in rows:
         r["devices_cell"] = f"{r['devices']} {r['device_type'] or ''}".strip()
         r["noise"] = epoch_noise(history, r["run_id"]) if history else None
-    pruned = [r for r in rows if r["state"] == "PRUNED"]
     done = [r for r in rows if r["state"] != "PRUNED"]
     lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}. {ACCURACY_NOTE}", "",
-             _md_table(done, seed_columns(done)), "", *([registered, ""] if registered else [])]
+             md_table(done, with_swept(done, seed_columns(done))), ""]
     files: list[Path] = []
-    lines += claims.section(done, out, files, _md_table, history)
-    lines += _trials(rows, pruned) + _repeats(done) + _scaling_and_backends(done, out, files)
+    lines += claims.section(done, out, files, md_table, history)
+    lines += study.section(rows, parent_params, out, files, registered) + _repeats(done)
+    lines += _scaling_and_backends(done, out, files)
     lines += _elastic(runs, history, out, files) if history else []
     lines += _plots(done, out, files)
     for f in files:
@@ -208,39 +210,12 @@ def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str,
     return md
 
 
-def _trials(rows: list[dict[str, Any]], pruned: list[dict[str, Any]]) -> list[str]:
-    """A study's trials: what it varied, each trial's state; pruned trials apart (stopped early, at a lower
-    accuracy than they would have reached: not comparable with complete ones)."""
-    if not any(r["trial"] is not None for r in rows):
-        return []
-    swept = varying(rows, ("seed",)) or varying(rows)
-    for r in rows:
-        r.update({f"swept:{k}": _short(r["settings"].get(k)) for k in swept})
-    columns = [("trial", "trial", "{}"), ("state", "state", "{}"), *[(f"swept:{k}", k, "{}") for k in swept],
-               ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
-               ("epochs", "epochs", "{}"), ("run_id", "run id", "{}"), ("logged_model", "model", "{}")]
-    complete = sorted((r for r in rows if r["state"] != "PRUNED"), key=lambda r: r["trial"] or 0)
-    lines = ["## Trials", "", f"Swept: {', '.join(swept) or '-'}. {len(complete)} complete, {len(pruned)} pruned.", "",
-             _md_table(complete, columns), ""]
-    if pruned:
-        lines += ["### Pruned trials", "", "Stopped early by the pruner: their accuracy is that of the epoch they "
-                  "stopped at, not comparable with complete trials (left out of the table above and the plots).", "",
-                  _md_table(sorted(pruned, key=lambda r: r["trial"] or 0), columns), ""]
-    return lines
-
-
-def _short(value: Any) -> Any:
-    """A swept setting as a table shows it: 0.02504 for 0.02504130762999893; other values as given."""
-    number = _num(value)
-    return value if number is None or str(value).lstrip("-").isdigit() else f"{number:.4g}"
-
-
 def _repeats(rows: list[dict[str, Any]]) -> list[str]:
     groups = repeated(rows)
     if not groups:
         return []
     return ["## Repeated settings", "", "Runs with the same settings but their seed: median and range (min - max).", "",
-            _md_table(groups, [("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch/device", "{:g}"),
+            md_table(groups, [("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch/device", "{:g}"),
                                ("devices", "devices", "{}"), ("lr", "effective lr", "{:.4g}"), ("runs", "runs", "{}"),
                                ("seeds", "seeds", "{}"), ("val_accuracy_median", "val acc (last), median", "{:.4f}"),
                                ("val_accuracy_range", "range", "{}"),
@@ -253,7 +228,7 @@ def _scaling_and_backends(rows: list[dict[str, Any]], out: Path, files: list[Pat
     if scale:
         plots.scaling_plot(scale, out, files)
         lines += ["## Scaling", "", "Efficiency = throughput(N) / (N x throughput(1)).", "",
-                  _md_table(scale, [("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch/device", "{:g}"),
+                  md_table(scale, [("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch/device", "{:g}"),
                                     ("devices", "devices", "{}"), ("throughput", "samples/s", "{:.1f}"),
                                     ("ideal", "ideal", "{:.1f}"), ("efficiency", "efficiency", "{:.1%}")]), ""]
     if side:
@@ -261,7 +236,7 @@ def _scaling_and_backends(rows: list[dict[str, Any]], out: Path, files: list[Pat
         lines += ["## Backends side by side", "",
                   "The same model, data, precision, batch and devices on each backend (medians of its runs); "
                   "relative = samples/s against the fastest backend of the group.", "",
-                  _md_table(side, [("model", "model", "{}"), ("dtype", "dtype", "{}"), ("batch", "batch/device", "{:g}"),
+                  md_table(side, [("model", "model", "{}"), ("dtype", "dtype", "{}"), ("batch", "batch/device", "{:g}"),
                                    ("devices", "devices", "{}"), ("backend", "backend", "{}"), ("runs", "runs", "{}"),
                                    ("throughput", "samples/s", "{:.1f}"), ("relative", "relative", "{:.0%}"),
                                    ("val_accuracy", "val acc (last epoch)", "{:.4f}"),
@@ -275,7 +250,7 @@ def _elastic(runs: list[Any], history: Callable[[str, str], list[Any]], out: Pat
         return []
     plots.timeline_plot(timeline, out, files)
     return ["## Elastic runs", "", "Workers per epoch (every worker an instance: worker-hours x price).", "",
-            _md_table([{**t, "workers": " ".join(f"{w:g}" for w in t["workers"])} for t in timeline],
+            md_table([{**t, "workers": " ".join(f"{w:g}" for w in t["workers"])} for t in timeline],
                       [("run", "run", "{}"), ("workers", "workers per epoch", "{}"),
                        ("worker_hours", "worker-hours", "{:.4f}"), ("cost_on_demand_usd", "cost on-demand", "${:.4f}"),
                        ("cost_spot_usd", "cost spot", "${:.4f}"), ("val_accuracy", "val acc (last epoch)", "{:.4f}")]),
@@ -308,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default="", help="an MLflow filter string, e.g. \"params.model.name = 'lenet'\"")
     ap.add_argument("--out", help="output folder (default: reports/<time>)")
     ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or mlruns/mlflow.db)")
-    ap.add_argument("--ui-url", help="the MLflow UI the logged report.md's plots are shown from (its images need "
-                                     "absolute URLs; default: an http tracking URI, else mlflow ui's "
-                                     f"{DEFAULT_UI})")
+    ap.add_argument("--ui-url", help="the MLflow UI that shows the logged report.md: its images link there "
+                                     "(MLflow's preview shows only absolute links; default: $XP_UI_URL, an http "
+                                     "tracking URI, else links beside the file)")
     args = ap.parse_args(argv)
     try:
         from xp.tracking.stores import open_client
@@ -324,31 +299,17 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out or f"reports/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
         title = f"xp report: {args.experiment}" + (f", {client.get_run(args.parent).info.run_name} ({args.parent})"
                                                    if args.parent else "")
+        parent = client.get_run(args.parent) if args.parent else None
         md = build_report(runs, out, title, history=client.get_metric_history,
-                          registered=registered(client, client.get_run(args.parent)) if args.parent else None)
-        target = _log(client, exp.experiment_id, args.parent, out, args.ui_url
-                      or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI))
+                          registered=parent and study.registered(client, parent),
+                          parent_params=parent and parent.data.params)
+        ui = args.ui_url or os.environ.get("XP_UI_URL") or (uri if uri.startswith(("http://", "https://")) else "")
+        target = _log(client, exp.experiment_id, args.parent, out, ui)
     except XPError as e:
         print(f"xp.report: error: {one_line(e)}", file=sys.stderr)
         return 2
     print(f"{md} ({len(runs)} runs); logged to MLflow run {target} under report/")
     return 0
-
-
-DEFAULT_UI = "http://127.0.0.1:5000"
-
-
-def registered(client: Any, parent: Any) -> str | None:
-    """A study's registered best (sweep.register_model, as its parent run's tag says), in a line; None if none."""
-    from mlflow.exceptions import MlflowException
-
-    name = parent.data.tags.get("xp.register_model")
-    try:
-        version = client.get_model_version_by_alias(name, "best") if name else None
-    except MlflowException:
-        return None
-    return version and (f"Registered: `models:/{name}@best` is version {version.version}, trial "
-                        f"{version.tags.get('trial', '?')} (run {version.run_id}, model {version.source}).")
 
 
 def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
@@ -369,7 +330,8 @@ def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
 
 def _log(client: Any, experiment_id: str, parent: str | None, out: Path, ui: str) -> str:
     """Log the report's files on the sweep's parent, or on a new run tagged xp.report (ended FINISHED, or FAILED
-    if logging fails). The logged report.md shows its plots in the MLflow UI: their links point at `ui`."""
+    if logging fails). The logged report.md shows its plots in the MLflow UI at `ui`; without one, its links stay
+    beside it and a line says how to see them there."""
     import tempfile
     from urllib.parse import quote
 
@@ -381,8 +343,13 @@ def _log(client: Any, experiment_id: str, parent: str | None, out: Path, ui: str
         client.log_artifacts(target, str(out), "report")
         link = lambda name: f"{ui.rstrip('/')}/get-artifact?path={quote('report/' + name, safe='')}&run_uuid={target}"  # noqa: E731
         text = (out / "report.md").read_text()
-        for png in out.glob("*.png"):
+        for png in out.glob("*.png") if ui else []:
             text = text.replace(f"]({png.name})", f"]({link(png.name)})")
+        if not ui:
+            title, rest = text.split("\n", 1)
+            text = (f"{title}\n\n(The plots are this folder's PNG files. MLflow's preview shows images from "
+                    "absolute links only: `python -m xp.report ... --ui-url http://HOST:PORT` (or $XP_UI_URL) "
+                    f"writes them for the UI at that address.)\n{rest}")
         with tempfile.TemporaryDirectory(prefix="xp-report-") as tmp:
             (Path(tmp) / "report.md").write_text(text)
             client.log_artifact(target, str(Path(tmp) / "report.md"), "report")

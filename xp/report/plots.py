@@ -28,13 +28,15 @@ def _save(fig: Any, path: Path, files: list[Path]) -> None:
     files.append(path)
 
 
-def _ticks(ax: Any, values: list[float], base: float) -> None:
-    """A log x axis labelled with the values the runs used, written plainly (64, not 2^6)."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+def _ticks(ax: Any, values: list[float], base: float, labelled: int = 6) -> None:
+    """A log x axis labelled with the values the runs used, written plainly (64, not 2^6); with more than
+    `labelled` different values (a study's sampled learning rates), the axis's own ticks, in 2 digits."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
     ax.set_xscale("log", base=base)
-    ax.xaxis.set_major_locator(FixedLocator(sorted(set(values))))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    few = len(set(values)) <= labelled
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(values))) if few else LogLocator(base=base))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}" if few else f"{v:.2g}"))
     ax.xaxis.set_minor_locator(NullLocator())
 
 
@@ -91,11 +93,12 @@ def accuracy_plot(rows: list[dict[str, Any]], out: Path, files: list[Path]) -> s
 
 
 def _medians(rows: list[dict[str, Any]], x: str) -> list[tuple[float, float]]:
-    """(x, median val accuracy) where several runs share a setting of x (repeated seeds)."""
-    by_x: dict[float, list[float]] = defaultdict(list)
+    """(x, median val accuracy) of repeats: runs whose settings are all equal but their seed (runs that share
+    only x, with other learning rates or momenta, are not repeats)."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        by_x[r[x]].append(r["val_accuracy"])
-    return [(k, statistics.median(v)) for k, v in sorted(by_x.items()) if len(v) > 1]
+        groups[tuple(sorted((k, str(v)) for k, v in r["settings"].items() if k != "seed"))].append(r)
+    return sorted((g[0][x], statistics.median(r["val_accuracy"] for r in g)) for g in groups.values() if len(g) > 1)
 
 
 def _honest_range(ax: Any, acc: list[dict[str, Any]]) -> str:

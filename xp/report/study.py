@@ -1,0 +1,173 @@
+"""A study's part of a report: its trials with the parameters searched, its registered model, and Optuna's own
+plots of it (optimization history, parallel coordinates, parameter importances, one slice per parameter, drawn
+with Optuna's matplotlib backend: log axes where the space is log).
+
+The study is rebuilt in memory from its MLflow runs (each trial's parameters, state and objective values) and its
+parent run's record of the search space (sweep.params.*): the report needs only the MLflow store, not the study's
+storage, and shows the trials the report's tables show."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from pathlib import Path
+from typing import Any
+
+from xp.report.table import md_table, swept_columns
+
+FIELDS = ("type", "low", "high", "log", "step", "choices")  # a searched parameter's keys under sweep.params.NAME
+
+
+def space(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: list[str]) -> dict[str, Any]:
+    """The Optuna distributions of the searched parameters: as the study file declared them (the parent run's
+    sweep.params.*), else (a search space given on the command line) from the values the trials took."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    declared: dict[str, dict[str, Any]] = {}
+    for key, value in parent_params.items():
+        if key.startswith("sweep.params.") and key.rsplit(".", 1)[1] in FIELDS:
+            name, field = key[len("sweep.params."):].rsplit(".", 1)
+            declared.setdefault(name, {})[field] = _value(value)
+    out: dict[str, Any] = {}
+    for name in swept:
+        d = declared.get(name)
+        seen = [r["settings"].get(name) for r in rows if r["settings"].get(name) is not None]
+        if d and d.get("type") == "categorical" or not d and not all(_is_number(v) for v in seen):
+            out[name] = CategoricalDistribution(d["choices"] if d else sorted(set(seen), key=str))
+        elif d:
+            kind = IntDistribution if d.get("type") == "int" else FloatDistribution
+            out[name] = kind(d["low"], d["high"], log=bool(d.get("log")), step=d.get("step"))
+        else:
+            low, high = min(float(v) for v in seen), max(float(v) for v in seen)
+            out[name] = FloatDistribution(low, high if high > low else low + 1, log=low > 0 and high / low >= 100)
+    return out
+
+
+def _value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def rebuild(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: list[str]) -> Any:
+    """The study as an in-memory Optuna study of these trial rows (numbers kept: a trial not among them is a
+    failed one here); None if the rows are not a study's trials."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    objectives = _value(parent_params.get("sweep.objectives", "")) or [{"metric": "val_accuracy",
+                                                                         "direction": "maximize"}]
+    trials = {r["trial"]: r for r in rows if r.get("trial") is not None}
+    dists = space(parent_params, rows, swept)
+    if not trials or not dists:
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=[o["direction"] for o in objectives])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (experimental in Optuna)
+        study.set_metric_names([o["metric"] for o in objectives])
+    for n in range(max(trials) + 1):
+        r = trials.get(n)
+        values = [r.get(o["metric"]) for o in objectives] if r else []
+        if r is None or r["state"] != "COMPLETE" or None in values:
+            study.add_trial(create_trial(state=TrialState.PRUNED if r else TrialState.FAIL))
+            continue
+        params = {k: _cast(dists[k], r["settings"].get(k)) for k in dists}
+        study.add_trial(create_trial(params=params, distributions=dists, values=values))
+    return study
+
+
+def _cast(dist: Any, value: Any) -> Any:
+    """A run's parameter (MLflow keeps text) as its distribution holds it."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return next((c for c in dist.choices if str(c) == str(value)), dist.choices[0])
+    return int(float(value)) if isinstance(dist, IntDistribution) else float(value)
+
+
+PLOTS = (("optimization_history", "plot_optimization_history", "the objective of each complete trial and the best "
+          "so far"),
+         ("parallel_coordinate", "plot_parallel_coordinate", "each complete trial's parameters, coloured by its "
+          "objective"),
+         ("param_importances", "plot_param_importances", "how much of the objective's variation each parameter "
+          "explains (fANOVA)"),
+         ("slice", "plot_slice", "the objective against each parameter (log axes where the space is log)"))
+
+
+def optuna_plots(study: Any, out: Path, files: list[Path]) -> list[str]:
+    """Optuna's four plots of the study as PNGs (matplotlib backend), the first objective's; a line for each
+    that cannot be drawn (too few complete trials, one parameter...)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as draw
+
+    first = study.metric_names[0] if study.metric_names else "objective"
+    kwargs = {"target_name": first, **({"target": lambda t: t.values[0]} if len(study.directions) > 1 else {})}
+    lines = []
+    for name, function, what in PLOTS:
+        with warnings.catch_warnings(), matplotlib.rc_context():  # (it sets its own style: the report's stays)
+            warnings.simplefilter("ignore")  # Optuna's matplotlib backend is marked experimental
+            try:
+                drawn = getattr(draw, function)(study, **kwargs)
+            except Exception as e:  # e.g. importances of one complete trial
+                lines.append(f"- Optuna's {name.replace('_', ' ')}: not drawn ({str(e).splitlines()[0][:160]}).")
+                continue
+            fig = (drawn.flatten()[0] if hasattr(drawn, "flatten") else drawn).figure
+            fig.savefig(out / f"study_{name}.png", dpi=110, bbox_inches="tight")
+            plt.close(fig)
+        files.append(out / f"study_{name}.png")
+        lines.append(f"- Optuna's {name.replace('_', ' ')}: {what}.")
+    return lines
+
+
+def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, out: Path, files: list[Path],
+            registered_line: str | None = None) -> list[str]:
+    """A study's trials: the parameters it searched as columns, each trial's state, pruned trials apart (stopped
+    early, at a lower accuracy than they would have reached: not comparable with complete ones), its registered
+    model, Optuna's plots of it. Nothing for runs that are not a study's trials."""
+    if not any(r["trial"] is not None for r in rows):
+        return []
+    searched = swept_columns(rows)
+    columns = [("trial", "trial", "{}"), ("state", "state", "{}"), *searched,
+               ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
+               ("epochs", "epochs", "{}"), ("run_id", "run id", "{}"), ("logged_model", "model", "{}")]
+    complete = sorted((r for r in rows if r["state"] != "PRUNED"), key=lambda r: r["trial"] or 0)
+    pruned = sorted((r for r in rows if r["state"] == "PRUNED"), key=lambda r: r["trial"] or 0)
+    lines = ["## Trials", "", f"Searched: {', '.join(t for _, t, _ in searched) or '-'}. {len(complete)} complete, "
+             f"{len(pruned)} pruned.", "", md_table(complete, columns), "", *([registered_line, ""] if registered_line
+                                                                           else [])]
+    if pruned:
+        lines += ["### Pruned trials", "", "Stopped early by the pruner: their accuracy is that of the epoch they "
+                  "stopped at, not comparable with complete trials (left out of the table above and the plots).", "",
+                  md_table(pruned, columns), ""]
+    study = rebuild(parent_params or {}, rows, [k.split(":", 1)[1] for k, _, _ in searched])
+    if study is not None:
+        plots: list[Path] = []
+        lines += ["### The study, as Optuna draws it", "", *optuna_plots(study, out, plots), ""]
+        lines += [f"![{f.stem}]({f.name})\n" for f in plots]
+    return lines
+
+
+def registered(client: Any, parent: Any) -> str | None:
+    """A study's registered best (sweep.register_model, as its parent run's tag says), in a line; None if none."""
+    from mlflow.exceptions import MlflowException
+
+    name = parent.data.tags.get("xp.register_model")
+    try:
+        version = client.get_model_version_by_alias(name, "best") if name else None
+    except MlflowException:
+        return None
+    return version and (f"Registered: `models:/{name}@best` is version {version.version}, trial "
+                        f"{version.tags.get('trial', '?')} (run {version.run_id}, model {version.source}).")

@@ -1,0 +1,37 @@
+"""The report's Markdown tables, and the settings a set of runs varied (shown as columns of its tables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xp.tracking.summary import num
+
+Column = tuple[str, str, str]  # (row key, header, format)
+
+
+def md_table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
+    head = "| " + " | ".join(t for _, t, _ in columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join("-" if r.get(k) is None else f.format(r[k]) for k, _, f in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def varying(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = ()) -> list[str]:
+    """The settings whose values differ between these runs (what a sweep or study varied)."""
+    keys = sorted({k for r in rows for k in r["settings"]} - set(leave_out))
+    return [k for k in keys if len({r["settings"].get(k) for r in rows}) > 1]
+
+
+def swept_columns(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = ()) -> list[Column]:
+    """Columns for the settings these runs varied (seeds aside, unless only seeds varied), each row's value
+    written short (0.02504 for 0.02504130762999893)."""
+    swept = [k for k in (varying(rows, ("seed",)) or varying(rows)) if k not in leave_out]
+    for r in rows:
+        r.update({f"swept:{k}": short(r["settings"].get(k)) for k in swept})
+    return [(f"swept:{k}", k, "{}") for k in swept]
+
+
+def short(value: Any) -> Any:
+    """A setting as a table shows it: 0.02504 for 0.02504130762999893; other values as given."""
+    number = num(value)
+    return value if number is None or str(value).lstrip("-").isdigit() else f"{number:.4g}"
