@@ -392,7 +392,7 @@ def test_hosts_join_and_leave_as_a_spot_trace_says(cluster, tmp_path):
     assert len(workers) == 24 and workers[0] == 2 and 3 in workers and workers[-1] == 2, workers
     prices = set(metric_by_step(client, run.info.run_id, "spot_price_per_hour"))
     assert prices <= {0.9, 1.0, 1.2} and 1.0 in prices, prices
-    assert 0 < run.data.metrics["cost_spot_usd"] < 3 * 1.2 * run.data.metrics["job_elapsed_s"] / 3600
+    assert 0 < run.data.metrics["cost_usd"] < 3 * 1.2 * run.data.metrics["elapsed_s"] / 3600
     nothing_left(c)
 
 

@@ -277,19 +277,29 @@ def test_dynamic_training_on_a_spot_trace_agrees_with_a_fixed_cluster_and_costs_
     acc = {k: r.data.metrics["val_accuracy"] for k, r in trials.items()}
     assert abs(acc["True"] - acc["False"]) <= 0.01, acc
 
-    def clock(r):  # the job's wall clock at its last epoch
-        last = max(client.get_metric_history(r.info.run_id, "val_accuracy"), key=lambda m: m.step)
-        return (last.timestamp - r.info.start_time) / 1000
+    def last(r, key):  # a run's metric at its last epoch
+        return max(client.get_metric_history(r.info.run_id, key), key=lambda m: m.step).value
 
-    el_cost = el.data.metrics["cost_spot_usd"]
-    fx_cost = 3 * 3.06 * clock(fx) / 3600
+    # xp's one cost, recomputed from the runs: the fixed run's is its 3 instances x the on-demand price x its
+    # job's clock from the start; the elastic run's is billed at the trace's prices (about a third of on-demand)
+    el_cost, fx_cost = last(el, "cost_usd"), last(fx, "cost_usd")
+    assert fx_cost == pytest.approx(3 * 3.06 * last(fx, "elapsed_s") / 3600, rel=1e-6)
+    assert 0 < el_cost < el.data.metrics["cost_on_demand_usd"] / 2
     assert 0 < el_cost < fx_cost, (el_cost, fx_cost)
     out = tmp_path / "report"
     rep = subprocess.run([sys.executable, "-m", "xp.report", "--parent", parent.info.run_id, "--out", str(out)],
                          cwd=ROOT, env=xp_env(store), capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
-    claims = (out / "report.md").read_text().split("## Seed claims")[1].split("## Trials")[0]
+    md = (out / "report.md").read_text()
+    claims = md.split("## Seed claims")[1].split("## Trials")[0]
     assert f"| dynamic | 15-50% cheaper | {1 - el_cost / fx_cost:.0%} cheaper | holds |" in claims, claims
-    assert f"| elastic, spot trace | {acc['True']:.4f} | {clock(el):.1f} | ${el_cost:.4f} |" in claims, claims
-    assert f"| fixed, on-demand | {acc['False']:.4f} | {clock(fx):.1f} | ${fx_cost:.4f} |" in claims, claims
+    assert f"| elastic, spot trace | {acc['True']:.4f} | {last(el, 'elapsed_s'):.1f} | ${el_cost:.4f} |" in claims
+    assert f"| fixed, on-demand | {acc['False']:.4f} | {last(fx, 'elapsed_s'):.1f} | ${fx_cost:.4f} |" in claims
+    # every cost the report shows for a run is that figure, under one header: the runs table's, the elastic table's
+    for run, cost in ((el, el_cost), (fx, fx_cost)):
+        row = next(ln for ln in md.split("## Seed claims")[0].splitlines() if run.info.run_id in ln)
+        assert f"| ${cost:.4f} | {run.info.run_id} |" in row, row
+    elastic = md.split("## Elastic runs")[1].split("##")[0]
+    assert "| cost (billed) | at on-demand prices |" in elastic and f"| ${el_cost:.4f} |" in elastic
+    assert "cost spot" not in md and "cost on-demand" not in md
     assert (out / "claim_dynamic.png").stat().st_size > 10_000

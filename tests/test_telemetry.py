@@ -220,20 +220,31 @@ def test_hopper_gpu_is_refused_for_mxnet_cu112():
     check_compute_capability(1, FakeNVML(cc=(9, 0)), wheel=None)  # a CPU or unknown build: not this check's call
 
 
-def test_cost_is_wall_time_times_price_and_target_is_timed(monkeypatch):
-    clock = iter([0.0, 0.0, 1800.0, 1800.0, 3600.0])  # train begin; epoch 1 begin, end; epoch 2 begin, end
-    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: next(clock))
-    m = CostMeter(price_per_hour=3.06, target_accuracy=0.9)
-    m.on_train_begin()
+def test_cost_is_wall_time_from_the_jobs_start_times_price_and_target_is_timed(monkeypatch):
+    clock = iter([1800.0, 3600.0])  # epoch 1's end, epoch 2's end: the job started at 0
+    monkeypatch.setattr(callbacks.time, "time", lambda: next(clock))
+    m = CostMeter(price_per_hour=3.06, target_accuracy=0.9, start_s=0.0)
     e1, e2 = {"val_accuracy": 0.85}, {"val_accuracy": 0.95}
-    m.on_epoch_begin(1)
     m.on_epoch_end(1, e1)
-    m.on_epoch_begin(2)
     m.on_epoch_end(2, e2)
     assert e1["cost_usd"] == pytest.approx(1.53) and e1["epoch_cost_usd"] == pytest.approx(1.53)
     assert "time_to_target_s" not in e1
     assert e2["cost_usd"] == pytest.approx(3.06) and e2["time_to_target_s"] == 3600
     assert e2["cost_to_target_usd"] == pytest.approx(3.06)
+
+
+def test_an_elastic_rounds_bill_goes_on_from_the_jobs_clock_at_the_traces_prices(monkeypatch):
+    """A relaunched round (job started at 0, the last epoch billed at 1,000 s) bills the relaunch's gap too, for
+    each worker at the trace's price of each moment, and says what the same instance time costs on demand."""
+    trace = ((0.0, 2, 1.0), (1500.0, 3, 2.0))
+    monkeypatch.setattr(callbacks.time, "time", lambda: 2000.0)
+    m = CostMeter(3.06, before=[{"elapsed_s": 1000.0, "cost_usd": 0.5, "cost_on_demand_usd": 1.0}], instances=2,
+                  job_start_s=0.0, trace=(trace, 1.0), on_demand_per_hour=3.06)
+    e = {}
+    m.on_epoch_end(5, e)
+    assert e["elapsed_s"] == 2000.0 and e["spot_price_per_hour"] == 2.0
+    assert e["cost_usd"] == pytest.approx(0.5 + 2 * (500 * 1.0 + 500 * 2.0) / 3600)
+    assert e["cost_on_demand_usd"] == pytest.approx(1.0 + 2 * 1000 * 3.06 / 3600)
 
 
 def test_spot_pricing_and_missing_spot_price():

@@ -182,7 +182,7 @@ def _task(cfg: Any) -> float:
         cwd=Path(hc.runtime.cwd),
         run_id=told.run_id,
         stop_flag=told.stop_flag,
-        trace_t0=told.trace_t0,
+        job_t0=told.job_t0,
         resumed=told.resumed,
         swept=tuple(k for k in os.environ.get(multirun.SWEPT_ENV, "").split(",") if k),
     )

@@ -127,7 +127,7 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
             launcher.submit(plan, argv, tracker)
             return tracker.run_id
         handed = plan if plan.requested.get("batch") != "auto" else None  # batch=auto: each worker finds its batch
-        told = handoff.Launched(run_id=tracker.run_id)
+        told = handoff.Launched(run_id=tracker.run_id, job_t0=tracker.start_ms / 1000 if tracker.start_ms else None)
         engine.spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, told)
         print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
         policy = None  # the job's processes run once, or (elastic) follow the members there are

@@ -164,7 +164,7 @@ class Elastic(Policy):
             handed = replace(plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices),
                              checkpoint_dir=str(self.root), checkpoint_every=1, resume=str(self.root) if done else None)
         told = replace(self.told, stop_flag=str(self.flag), resumed=self.rounds > 0,
-                       trace_t0=self.members.t0 if e.trace else None)
+                       job_t0=self.members.t0)
         env = {**base.env, **base.launcher.env(n), handoff.PLAN_ENV: handoff.dumps(handed, told)}
         self.rounds += 1
         print(f"xp: elastic: epoch {(done.epoch if done else 0) + 1}/{plan.epochs} on {n} workers "

@@ -36,7 +36,7 @@ class ElasticAgents(Policy):
                                             plan.global_batch, devices), e.wait_s, e.poll_s, e.min_workers)
         self.hosts = [h.name for h in self.members.alive()][:n]
         self._logged()
-        told = replace(self.told, resumed=True, trace_t0=self.members.t0 if e.trace else None)  # params: ours
+        told = replace(self.told, resumed=True, job_t0=self.members.t0)  # params: ours
         argv = override(spec.worker_argv, checkpoint_dir=str(self.root), checkpoint_every=1)
         env = {**spec.env, handoff.PLAN_ENV: handoff.dumps(replace(plan, checkpoint_dir=str(self.root),
                                                                    checkpoint_every=1), told)}

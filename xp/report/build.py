@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.report import claims, plots, study
-from xp.report.table import md_table, swept_columns
+from xp.report.table import COST, COST_NOTE, md_table, swept_columns
 from xp.tracking.models import RUN_TAG
 from xp.tracking.summary import num as _num, row_from_mlflow
 
@@ -144,7 +144,7 @@ def seed_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
             ("devices_cell" if devices == "devices" else "devices", devices, "{}"),
             ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
             ("epochs", "epochs", "{}"), ("epoch_time_s", "s/epoch", "{:.2f}"), ("throughput", "samples/s", "{:.1f}"),
-            ("gpu_utilization", "GPU util", "{:.0f}%"), ("cost_usd", "cost", "${:.4f}"), ("run_id", "run id", "{}")]
+            ("gpu_utilization", "GPU util", "{:.0f}%"), COST, ("run_id", "run id", "{}")]
 
 
 SHOWN = ("batch", "model.name", "backend.name", "hardware.name")  # settings the classic table has columns for
@@ -173,7 +173,7 @@ def elastic_timeline(runs: list[Any], history: Callable[[str, str], list[Any]]) 
         m = r.data.metrics
         out.append({"run": r.info.run_name, "epochs": steps, "workers": [workers[s] for s in steps],
                     "elapsed_s": [elapsed.get(s) for s in steps], "worker_hours": m.get("worker_hours"),
-                    "cost_on_demand_usd": m.get("cost_on_demand_usd"), "cost_spot_usd": m.get("cost_spot_usd"),
+                    "cost_usd": m.get("cost_usd"), "cost_on_demand_usd": m.get("cost_on_demand_usd"),
                     "val_accuracy": m.get("val_accuracy")})
     return out
 
@@ -196,7 +196,8 @@ def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str,
         r["noise"] = epoch_noise(history, r["run_id"]) if history else None
     done = [r for r in rows if r["state"] != "PRUNED"]
     lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}. {ACCURACY_NOTE}", "",
-             md_table(done, with_swept(done, seed_columns(done))), ""]
+             md_table(done, with_swept(done, seed_columns(done))), "",
+             *([COST_NOTE, ""] if any(r.get("cost_usd") is not None for r in done) else [])]
     files: list[Path] = []
     lines += claims.section(done, out, files, md_table, history)
     lines += study.section(rows, parent_params, out, files, registered) + _repeats(done)
@@ -249,11 +250,14 @@ def _elastic(runs: list[Any], history: Callable[[str, str], list[Any]], out: Pat
     if not timeline:
         return []
     plots.timeline_plot(timeline, out, files)
-    return ["## Elastic runs", "", "Workers per epoch (every worker an instance: worker-hours x price).", "",
+    return ["## Elastic runs", "", "Workers per epoch; worker-hours of training; cost (billed) as everywhere (every "
+            "worker an instance, at a spot trace's prices where it has one), and the same instance time at on-demand "
+            "prices.", "",
             md_table([{**t, "workers": " ".join(f"{w:g}" for w in t["workers"])} for t in timeline],
                       [("run", "run", "{}"), ("workers", "workers per epoch", "{}"),
-                       ("worker_hours", "worker-hours", "{:.4f}"), ("cost_on_demand_usd", "cost on-demand", "${:.4f}"),
-                       ("cost_spot_usd", "cost spot", "${:.4f}"), ("val_accuracy", "val acc (last epoch)", "{:.4f}")]),
+                       ("worker_hours", "worker-hours", "{:.4f}"), COST,
+                       ("cost_on_demand_usd", "at on-demand prices", "${:.4f}"),
+                       ("val_accuracy", "val acc (last epoch)", "{:.4f}")]),
             ""]
 
 

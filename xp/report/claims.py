@@ -24,6 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
+from xp.report.table import COST
+
 KNEE = 0.95  # the knee: the fewest threads reaching this share of the best throughput
 
 
@@ -123,24 +125,21 @@ def input_pipeline(rows: list[dict[str, Any]], claim: dict[str, Any], history: C
 def dynamic(rows: list[dict[str, Any]], claim: dict[str, Any],
             history: Callable[[str, str], list[Any]] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The elastic run on a spot trace against the fixed on-demand one: accuracy, wall time and cost, to the end
-    and to the target (the lower of the two final accuracies: the first epoch reaching it). Both clocks run from
-    the job's start (its MLflow run's start: process start-up and, elastic, every relaunch included) to each
-    epoch's logged accuracy. The elastic run's bill is its own (cost_spot_usd: every worker at the trace's price
-    of the moment); the fixed run's is its workers x the on-demand price x that clock."""
+    and to the target (the lower of the two final accuracies: the first epoch reaching it). Each run's figures are
+    its own metrics at each epoch: elapsed_s (the job's wall clock from its start: start-up and, elastic, every
+    relaunch included) and cost_usd (xp's one cost: that time billed for every instance, the elastic run's at the
+    trace's spot prices of each moment, the fixed run's at the on-demand price)."""
     points = []
     for r in sorted(rows, key=lambda r: str(r["settings"].get("elastic.enabled")) != "True"):
         elastic = str(r["settings"].get("elastic.enabled")) == "True"
-        logged = {m.step: m for m in history(r["run_id"], "val_accuracy")} if history and r.get("start_ms") else {}
-        acc = {k: m.value for k, m in logged.items()}
-        clock = {k: (m.timestamp - r["start_ms"]) / 1000 for k, m in logged.items()}
-        if elastic:
-            bill = {m.step: m.value for m in history(r["run_id"], "cost_spot_usd")} if history else {}
-            price = "the trace's spot prices"
-        else:
-            workers = int(float(r["settings"].get("workers") or 1))
-            rate = float(r["settings"].get("hardware.price_per_hour") or 0.0) * workers
-            bill = {k: v / 3600 * rate for k, v in clock.items()}
-            price = f"{workers} x ${rate / workers:.2f}/h on-demand"
+
+        def per_step(key: str) -> dict[int, float]:
+            return {m.step: m.value for m in history(r["run_id"], key)} if history else {}
+
+        acc, clock, bill = per_step("val_accuracy"), per_step("elapsed_s"), per_step("cost_usd")
+        workers = int(float(r["settings"].get("workers") or 1))
+        price = ("the trace's spot prices" if elastic else
+                 f"{workers} x ${float(r['settings'].get('hardware.price_per_hour') or 0.0):.2f}/h on-demand")
         points.append({"run": "elastic, spot trace" if elastic else "fixed, on-demand", "elastic": elastic,
                        "val_accuracy": r.get("val_accuracy"), "acc": acc, "clock": clock, "bill": bill,
                        "time_s": clock[max(clock)] if clock else None, "cost_usd": bill[max(bill)] if bill else None,
@@ -269,9 +268,9 @@ def section(rows: list[dict[str, Any]], out: Path, files: list[Path], md_table: 
                                   files)
         elif claim["kind"] == "dynamic":
             detail += [md_table(points, [("run", "run", "{}"), ("val_accuracy", "val acc (last epoch)", "{:.4f}"),
-                                         ("time_s", "wall time, s", "{:.1f}"), ("cost_usd", "cost", "${:.4f}"),
+                                         ("time_s", "wall time, s", "{:.1f}"), COST,
                                          ("target_time_s", f"time to {verdict.get('target', 0):.4f}, s", "{:.1f}"),
-                                         ("target_cost_usd", "cost to it", "${:.4f}"), ("prices", "prices", "{}")]),
+                                         ("target_cost_usd", "cost (billed) to it", "${:.4f}"), ("prices", "prices", "{}")]),
                        ""]
             plots.dynamic_plot(name, points, out, files)
         elif claim["kind"] == "finetune":

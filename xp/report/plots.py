@@ -150,8 +150,11 @@ def cost_plot(costed: list[dict[str, Any]], out: Path, files: list[Path]) -> Non
     for infra in sorted({r["infrastructure"] for r in costed}):
         mine = [r for r in costed if r["infrastructure"] == infra]
         ax.scatter([r["cost_usd"] for r in mine], [r["val_accuracy"] for r in mine], label=infra)
-    ax.set_xlabel("cost (USD)")
+    ax.set_xlabel("cost (billed from the job's start), USD")
     ax.set_ylabel("val accuracy, last epoch")
+    accs = [r["val_accuracy"] for r in costed]
+    pad = 0.05 * (max(accs) - min(accs) or 0.1)
+    ax.set_ylim(max(0.0, min(accs) - pad), min(1.0, max(accs) + pad))  # accuracy lies within [0, 1]
     ax.set_title("Cost vs accuracy", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title="infrastructure")
@@ -281,7 +284,8 @@ def dynamic_plot(name: str, points: list[dict[str, Any]], out: Path, files: list
         return
     fig, (a1, a2) = _pyplot().subplots(1, 2, figsize=(8.4, 3.8))
     labels = [p["run"] for p in pts]
-    for ax, key, unit in ((a1, "cost_usd", "cost, USD"), (a2, "time_s", "wall time, s")):
+    for ax, key, unit in ((a1, "cost_usd", "cost (billed from the job's start), USD"),
+                          (a2, "time_s", "wall time from the job's start, s")):
         bars = ax.bar(labels, [p[key] for p in pts], color=["tab:green" if p["elastic"] else "tab:grey" for p in pts])
         for b, p in zip(bars, pts):
             ax.annotate(f"{p[key]:.4f}" if key == "cost_usd" else f"{p[key]:.1f}", (b.get_x() + b.get_width() / 2,

@@ -78,7 +78,7 @@ def rebuild(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: li
     for n in range(max(trials) + 1):
         r = trials.get(n)
         values = [r.get(o["metric"]) for o in objectives] if r else []
-        if r is None or r["state"] != "COMPLETE" or None in values:
+        if r is None or r["state"] != "COMPLETE" or None in values or any(r["settings"].get(k) is None for k in dists):
             study.add_trial(create_trial(state=TrialState.PRUNED if r else TrialState.FAIL))
             continue
         params = {k: _cast(dists[k], r["settings"].get(k)) for k in dists}
@@ -152,7 +152,12 @@ def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, ou
         lines += ["### Pruned trials", "", "Stopped early by the pruner: their accuracy is that of the epoch they "
                   "stopped at, not comparable with complete trials (left out of the table above and the plots).", "",
                   md_table(pruned, columns), ""]
-    study = rebuild(parent_params or {}, rows, [k.split(":", 1)[1] for k, _, _ in searched])
+    declared = sorted({k[len("sweep.params."):].rsplit(".", 1)[0] for k in parent_params or {}
+                       if k.startswith("sweep.params.")})
+    try:  # the study's own parameters (a study file's), else what its runs varied
+        study = rebuild(parent_params or {}, rows, declared or [k.split(":", 1)[1] for k, _, _ in searched])
+    except Exception as e:  # runs of a study this xp cannot read back: the tables stand
+        return [*lines, f"Optuna's plots: not drawn (the study could not be rebuilt: {str(e)[:160]}).", ""]
     if study is not None:
         plots: list[Path] = []
         lines += ["### The study, as Optuna draws it", "", *optuna_plots(study, out, plots), ""]

@@ -8,6 +8,12 @@ from xp.tracking.summary import num
 
 Column = tuple[str, str, str]  # (row key, header, format)
 
+# xp's one cost (xp.run.callbacks.CostMeter, MLflow's cost_usd): every table, plot and claim shows this figure
+COST: Column = ("cost_usd", "cost (billed)", "${:.4f}")
+COST_NOTE = ("cost (billed): the instance time billed from each job's start (start-up, evaluation and an elastic "
+             "job's relaunches included) x its instances (an elastic run's workers) x the price of each moment "
+             "(a spot trace's, where it has one): MLflow's cost_usd, the same figure in every table, plot and claim.")
+
 
 def md_table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
     head = "| " + " | ".join(t for _, t, _ in columns) + " |"

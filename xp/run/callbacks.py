@@ -84,38 +84,51 @@ class ThroughputMeter(Callback):
 
 
 class CostMeter(Callback):
-    """What the run has cost so far: wall time on the instance (training and evaluation) x price.
+    """What the run has cost so far: the one cost xp states (MLflow's cost_usd; the report's tables, plots and
+    claims read it). Instance time billed from the job's start (its MLflow run's start: start-up, evaluation and
+    an elastic job's relaunches included; a resumed run's bill goes on from its restart) x its instances (an
+    elastic run's workers, each an instance) x the price of each moment (an elastic run on a spot trace: the
+    trace's; cost_on_demand_usd: the same instance time at the on-demand price, what it would have cost).
 
-    Logs cost_usd (cumulative) and epoch_cost_usd every epoch where the hardware has a price, and with a
+    Logs elapsed_s, cost_usd (cumulative) and epoch_cost_usd every epoch where the hardware has a price, and with a
     target accuracy, time_to_target_s and cost_to_target_usd at the first epoch that reaches it.
     """
 
     def __init__(self, price_per_hour: float, target_accuracy: float | None = None,
-                 before: list[dict[str, float]] | None = None, instances: int = 1):
-        # instances: what is paid per price_per_hour (elastic runs: every worker is an instance)
-        self.price, self.target = price_per_hour * instances, target_accuracy
-        before = before or []  # epochs trained before a resume: the clock and the bill continue
-        self.offset = before[-1].get("elapsed_s", 0.0) if before else 0.0
-        self.paid = before[-1].get("cost_usd", 0.0) if before else 0.0
-        self.reached = any("time_to_target_s" in m for m in before)
-
-    def on_train_begin(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def on_epoch_begin(self, epoch: int) -> None:
-        self._te = time.perf_counter()
+                 before: list[dict[str, float]] | None = None, instances: int = 1, start_s: float | None = None,
+                 job_start_s: float | None = None, trace: tuple[Any, float] | None = None,
+                 on_demand_per_hour: float = 0.0):
+        # start_s: when this run's job began (its MLflow run's start; None: now). job_start_s: an elastic round's
+        # job's start (time.time()), the clock of all its rounds; trace: (spot trace, its replay speed)
+        self.price, self.instances, self.target, self.trace = price_per_hour, instances, target_accuracy, trace
+        self.on_demand = on_demand_per_hour
+        last = (before or [{}])[-1]  # epochs trained before a resume or a relaunch: the clock and the bill go on
+        self.t0 = job_start_s if job_start_s is not None else start_s if start_s is not None else time.time()
+        self.base = 0.0 if job_start_s is not None else last.get("elapsed_s", 0.0)  # a resumed run's time before
+        self.billed = last.get("elapsed_s", 0.0) if job_start_s is not None else 0.0  # from t0: billed up to it
+        self.paid, self.paid_on_demand = last.get("cost_usd", 0.0), last.get("cost_on_demand_usd", 0.0)
+        self.reached = any("time_to_target_s" in m for m in before or [])
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        now = time.perf_counter()
-        elapsed = self.offset + now - self._t0
-        metrics["elapsed_s"] = elapsed
-        if self.price:  # hardware without a price (local): no cost curve at $0
-            metrics["cost_usd"] = self.paid + (now - self._t0) / 3600 * self.price
-            metrics["epoch_cost_usd"] = (now - self._te) / 3600 * self.price
+        now = time.time() - self.t0
+        since, self.billed = self.billed, now
+        metrics["elapsed_s"] = elapsed = self.base + now
+        paid = self.paid
+        if self.trace:
+            trace, speed = self.trace
+            self.paid += spot.cost(trace, since * speed, now * speed, self.instances) / speed
+            metrics["spot_price_per_hour"] = spot.at(trace, now * speed)[1]
+        else:
+            self.paid += (now - since) / 3600 * self.price * self.instances
+        if self.on_demand:
+            self.paid_on_demand += (now - since) / 3600 * self.on_demand * self.instances
+            metrics["cost_on_demand_usd"] = self.paid_on_demand
+        if self.price or self.trace:  # hardware without a price (local): no cost curve at $0
+            metrics["cost_usd"], metrics["epoch_cost_usd"] = self.paid, self.paid - paid
         if self.target is not None and not self.reached and metrics.get("val_accuracy", -1) >= self.target:
             self.reached = True
             metrics["time_to_target_s"] = elapsed
-            if self.price:
+            if "cost_usd" in metrics:
                 metrics["cost_to_target_usd"] = metrics["cost_usd"]
 
 
@@ -242,18 +255,12 @@ class StopAtMembershipChange(Callback):
 
 
 class WorkerHours(Callback):
-    """workers per epoch, worker-hours so far, and what they cost at on-demand and (if known) spot prices;
-    cost_usd itself is CostMeter's, which bills every worker as an instance in elastic runs."""
+    """Workers per epoch and worker-hours of training so far (epochs' time x workers) of an elastic run; what
+    they cost is CostMeter's, which bills every worker as an instance from the job's start."""
 
-    def __init__(self, workers: int, hardware: Any, before: list[dict[str, float]], elastic: Any = None,
-                 trace_t0: float | None = None):
-        self.workers, self.hw = workers, hardware
+    def __init__(self, workers: int, before: list[dict[str, float]]):
+        self.workers = workers
         self.hours = before[-1].get("worker_hours", 0.0) if before else 0.0
-        # on a spot trace: every worker billed at the trace's price of each moment since the job started,
-        # relaunches included (job_elapsed_s: the job's wall clock at each epoch's end)
-        self.trace = (elastic.trace, elastic.trace_speed, trace_t0) if elastic and elastic.trace and trace_t0 else None
-        self.spot_usd = before[-1].get("cost_spot_usd", 0.0) if before else 0.0
-        self.last = before[-1].get("job_elapsed_s", 0.0) if before else 0.0
 
     def on_epoch_begin(self, epoch: int) -> None:
         self._t = time.perf_counter()
@@ -262,14 +269,3 @@ class WorkerHours(Callback):
         self.hours += (time.perf_counter() - self._t) * self.workers / 3600
         metrics["workers"] = self.workers
         metrics["worker_hours"] = self.hours
-        if self.hw.price_per_hour:  # hardware without a price: no cost, not $0
-            metrics["cost_on_demand_usd"] = self.hours * self.hw.price_per_hour
-        if self.trace:
-            trace, speed, t0 = self.trace
-            now = time.time() - t0
-            self.spot_usd += spot.cost(trace, self.last * speed, now * speed, self.workers) / speed
-            self.last = now
-            metrics["job_elapsed_s"], metrics["cost_spot_usd"] = now, self.spot_usd
-            metrics["spot_price_per_hour"] = spot.at(trace, now * speed)[1]
-        elif self.hw.spot_price_per_hour:
-            metrics["cost_spot_usd"] = self.hours * self.hw.spot_price_per_hour

@@ -42,7 +42,7 @@ class JobInfo:
     cwd: Path | None = None
     run_id: str | None = None  # a distributed worker logs into the run its launcher created
     stop_flag: str | None = None  # an elastic round's worker: the file that asks it to stop after an epoch
-    trace_t0: float | None = None  # an elastic round's worker on a spot trace: when the job started (time.time())
+    job_t0: float | None = None  # a launched worker: when its job's run started (time.time()): the bill's clock
     resumed: bool = False  # an elastic round after the first: the run's params are logged already
     swept: tuple[str, ...] = ()  # a sweep job: the keys the sweep varies (they name the run)
     trial: Any = None  # a study's trial run by a slot's worker (xp.studies.trial.StudyTrial); else from the config
@@ -106,7 +106,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
             return Outcome("COMPLETE" if trial else "FINISHED", rate, values)
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
-        cbs = build_callbacks(plan, backend, tracker, before, trial, job.stop_flag, job.trace_t0)
+        cbs = build_callbacks(plan, backend, tracker, before, trial, job.stop_flag, job.job_t0)
         state = train_run(plan, backend, cbs.all, tracker, before, trial)  # COMPLETE or PRUNED
         if cbs.stop is not None and cbs.stop.stopped:
             log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
@@ -139,8 +139,21 @@ class RunCallbacks:
     stop: Any = None  # StopAtMembershipChange, in a relaunched elastic worker
 
 
+def bill(plan: Plan, done: list[dict[str, float]], tracker: Any, job_t0: float | None) -> CostMeter:
+    """The run's cost (CostMeter): from its MLflow run's start, or an elastic job's (its rounds' clock). An
+    elastic run bills each worker as an instance, on a spot trace at the trace's prices (and says what the same
+    instance time costs on demand); so does the fixed cluster of a trace's peak (elastic.enabled=false with a
+    trace), at the plan's price."""
+    e = plan.elastic
+    start = tracker.start_ms / 1000 if getattr(tracker, "start_ms", None) else job_t0  # (a launched job's run's)
+    cluster = e.enabled or bool(plan.requested.get("elastic.trace"))  # a worker an instance
+    return CostMeter(plan.cost_per_hour, plan.target_accuracy, done, plan.workers if cluster else 1, start,
+                     job_t0 if e.enabled else None, (e.trace, e.trace_speed) if e.enabled and e.trace else None,
+                     plan.hardware.price_per_hour * plan.hosts if e.enabled else 0.0)
+
+
 def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: Any,
-                    stop_flag: str | None = None, trace_t0: float | None = None) -> RunCallbacks:
+                    stop_flag: str | None = None, job_t0: float | None = None) -> RunCallbacks:
     """Every callback of a run, by phase. At each epoch's end they see one metrics dict in this order:
     measure (time, throughput, telemetry) -> aggregate (across workers, cost) -> record (history, MLflow)
     -> commit (checkpoint: after it is logged, so an epoch interrupted in between is trained again to the
@@ -163,10 +176,8 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
     phases: dict[str, list[Callback]] = {
         "measure": [*restore, Progress(plan.rank), meter, *sampled],
         "aggregate": [WorkerMetrics(backend.gather, meter.name),
-                      CostMeter(plan.cost_per_hour, plan.target_accuracy, done, plan.workers if plan.elastic.enabled
-                                else 1),
-                      *([WorkerHours(plan.workers, plan.hardware, done, plan.elastic, trace_t0)]
-                        if plan.elastic.enabled else [])],
+                      bill(plan, done, tracker, job_t0), *([WorkerHours(plan.workers, done)] if plan.elastic.enabled
+                                                             else [])],
         "record": [history, TrackingCallback(tracker)],
         "commit": commits,
         "output": [*model_output(plan, backend, tracker), *([SaveParams(plan.save_params, backend.get_params)]

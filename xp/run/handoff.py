@@ -31,7 +31,8 @@ class Launched:
     run_id: str | None = None  # the MLflow run the launching process created: rank 0 logs into it
     stop_flag: str | None = None  # elastic: the file whose presence asks the workers to stop after this epoch
     resumed: bool = False  # elastic: a later round (the run has its parameters logged already)
-    trace_t0: float | None = None  # elastic with a spot trace: when the job started (time.time()), its trace's zero
+    job_t0: float | None = None  # when the job's run started (time.time()): its bill's clock (elastic: the
+    # rounds', a spot trace's zero)
 
 
 def dumps(plan: Plan | None, launched: Launched) -> str:

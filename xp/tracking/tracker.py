@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -210,8 +211,6 @@ class Tracker:
     def _created(self) -> Any:
         """The run, created in the store. A study's trial (settle_later) whose store is away waits for it (at most
         STORE_WAIT_S), with a line when it goes and one when it is back: its trial is not failed for an outage."""
-        import time
-
         deadline, pause, since = time.monotonic() + (STORE_WAIT_S if self.settle_later else 0.0), 0.5, None
         while True:
             try:
@@ -257,6 +256,7 @@ class Tracker:
         return run
 
     def _create_run(self, tags: dict[str, Any]) -> Any:
+        self.start_ms = self.start_ms or int(time.time() * 1000)  # the job's start, the clock of its bill (CostMeter)
         return self.client.create_run(self.experiment_id, run_name=self.run_name, start_time=self.start_ms,
                                       tags={k: redact(str(v)) for k, v in tags.items()})
 
@@ -305,8 +305,6 @@ class Tracker:
         self.log(params=params)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        import time
-
         now = int(time.time() * 1000)  # the record's own timestamp: a batch sent twice is stored once
         self._last_metrics = [[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None]
         self._spool.put("batch", metrics=self._last_metrics)
@@ -318,8 +316,6 @@ class Tracker:
         """The run's model (epoch `epoch`, its metrics): the run's end calls `write(folder)` (the last one handed)
         into its spool, which outlives the process until the store has it, and logs it, linking to it the epoch's
         metrics as they were logged (the same points: the run's curves get none twice)."""
-        import time
-
         logged = [m for m in self._last_metrics if m[3] == epoch] or \
             [[k, float(v), int(time.time() * 1000), epoch] for k, v in metrics.items() if v is not None]
         self.model = (write, epoch, logged)
@@ -344,8 +340,6 @@ class Tracker:
     def end(self, status: str) -> None:
         """Spool the artifacts (copied, passwords hidden) and the end state, then wait a bounded time for the
         store to take everything (settle_later: Spool.end); if it is away, one line says where records wait."""
-        import time
-
         if self.run_id is None or self._spool is None or self._spool.closed:
             return  # never started, or ended already
         settle()  # the records of runs ended before go first: this run's end is put just before its trial reports
