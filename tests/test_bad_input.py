@@ -12,13 +12,17 @@ from images import make_folder
 # (command-line arguments, a fragment the one line must contain); {tmp} is the test's folder
 CASES = [
     # group options and keys
-    ("model=alexnet", "model=alexnet: no such model; valid: lenet"),
+    ("model=alexnet", "model=alexnet: no such model; did you mean model=lenet? valid: lenet, resnet152"),
     ("dataset=imagenet", "dataset=imagenet: no such dataset"),
     ("backend=nope", "backend=nope: no such backend; valid: gluon, horovod, module, torch"),
     ("kvstore=zmq", "kvstore=zmq: no such kvstore"),
     ("dtype=int8", "dtype=int8: no such dtype"),
     ("hardware=tpu", "hardware=tpu: no such hardware"),
     ("bach=3", "unknown key 'bach'; did you mean batch?"),
+    ("model=resnet19", "model=resnet19: no such model; did you mean model=resnet18? valid: lenet"),
+    ("-m sweep=lr_bach", "sweep=lr_bach: no such study; did you mean sweep=lr_batch? valid:"),
+    ("--model resnet18", "--model resnet18: xp's settings are KEY=VALUE: write model=resnet18"),
+    ("--batch=64", "--batch=64: xp's settings are KEY=VALUE: write batch=64"),
     ("+foo=bar", "+foo=bar: xp has no key 'foo', nothing would read it"),
     ("+lrr=0.1", "+lrr=0.1: xp has no key 'lrr', nothing would read it; did you mean lr?"),
     ("++model.widht=2", "xp has no key 'model.widht'"),

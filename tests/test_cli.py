@@ -163,6 +163,16 @@ def test_help_is_fast_and_imports_no_framework(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stdout
     assert "model: lenet, resnet152, resnet18, resnet50" in proc.stdout
+    # what each group and key means, from conf/'s comments, and an example of each way to use xp
+    from xp.confref import keys
+
+    for k in keys(ROOT / "conf" / "config.yaml"):
+        assert f"  {k.key + ('=' + k.default if k.default else ''):<30} {k.comment}".rstrip() in proc.stdout, k
+    assert "  model      network architecture (default lenet)" in proc.stdout
+    for example in ("python -m xp -m batch=16,32", "python -m xp -m sweep=lr_batch", "python -m xp.report --parent",
+                    "make ui PORT="):
+        assert example in proc.stdout
+    assert "$MLFLOW_TRACKING_URI" in proc.stdout and "optuna.trial_id" not in proc.stdout  # (not a user's key)
     assert any(line.startswith("sweep: ") and "lr_batch" in line for line in proc.stdout.splitlines())
     # with a study chosen, the help's config shows the study itself, not only its name
     chosen = subprocess.run([sys.executable, "-m", "xp", "sweep=lr_batch", "--help"], cwd=ROOT, capture_output=True,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from xp import drive, preflight
-from xp.errors import Terminated, XPError, one_line
+from xp.errors import ConfigError, Terminated, XPError, one_line
 from xp.run.worker import RUN_ENV, WORKER_ENV
 
 CONF_DIR = preflight.CONF_DIR
@@ -32,7 +32,22 @@ HELP = {"--help", "-h", "--hydra-help"}  # flags that compose nothing
 FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--package", "-p",
                     "--cfg", "-c", "--experimental-rerun"}
 
+HYDRA_FLAGS = PASSTHROUGH | FLAGS_WITH_VALUE | {"--multirun", "-m", "--run", "-r", "--resolve"}
+
 log = logging.getLogger("xp")
+
+
+def spelled_as_flags(argv: list[str]) -> None:
+    """`--model resnet18` or `--batch=64`, as other tools spell settings: one line saying how xp's are written."""
+    for i, tok in enumerate(argv):
+        name = tok.split("=", 1)[0]
+        if not tok.startswith("--") or name in HYDRA_FLAGS or (i and argv[i - 1] in FLAGS_WITH_VALUE):
+            continue
+        value = tok.split("=", 1)[1] if "=" in tok else (argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1]
+                                                         and not argv[i + 1].startswith("-") else None)
+        raise ConfigError(f"{tok}{'' if value is None or '=' in tok else ' ' + value}: xp's settings are KEY=VALUE: "
+                      + (f"write {name[2:]}={value}" if value is not None else f"write {name[2:]}=VALUE")
+                      + " (python -m xp --help lists them)")
 
 
 def error_line(msg: object, code: int) -> int:
@@ -43,6 +58,21 @@ def error_line(msg: object, code: int) -> int:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
+
+
+def _help_resolver() -> None:
+    """${xp_help:SWEEP} in --help's template: what the groups and keys mean, from conf/'s comments
+    (xp.confref), and the study chosen (sweep=NAME --help), as it is."""
+    from omegaconf import OmegaConf
+
+    from xp.confref import help_text
+
+    def text(study: Any) -> str:
+        chosen = f"\n\nThe study chosen (sweep.KEY=VALUE changes it):\n{OmegaConf.to_yaml(study)}" if study else ""
+        return (help_text(CONF_DIR) + chosen).replace("$", "$$")  # (Hydra's template substitutes $NAME)
+
+    if not OmegaConf.has_resolver("xp_help"):
+        OmegaConf.register_new_resolver("xp_help", text)
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
@@ -69,11 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     from xp.launching.launcher import offer_options
     from xp.studies import study
 
-    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        spelled_as_flags(argv)
+    except XPError as e:
+        return error_line(e, e.exit_code)
+    argv = normalize_argv(argv)
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         # the study files are options of the config group `sweep`; the help only lists them
         study.register(names_only=all(a in HELP for a in argv))
         offer_options()
+        _help_resolver()
         with _one_repository():
             return _hydra(argv)
     study_here = ("-m" in argv or "--multirun" in argv) and any(a.startswith("sweep=") for a in argv)

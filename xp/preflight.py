@@ -175,7 +175,9 @@ def _check_options(parsed: list[Any], groups: dict[str, list[str]]) -> None:
             for v in values:
                 if v not in groups[key]:
                     what = "study" if key == "sweep" else key
-                    raise ConfigError(f"{key}={v}: no such {what}; valid: {', '.join(groups[key])}")
+                    close = difflib.get_close_matches(v, groups[key], n=1, cutoff=0.75)
+                    raise ConfigError(f"{key}={v}: no such {what}; " + (f"did you mean {key}={close[0]}? " if close
+                                                                        else "") + f"valid: {', '.join(groups[key])}")
 
 
 def _jobs(user: list[Any], multirun: bool) -> tuple[list[list[str]], tuple[Any, ...]]:

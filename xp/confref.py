@@ -1,0 +1,90 @@
+"""What the configuration means, read from conf/ itself: every key with its default and its comment, every group
+with its options and theirs. `python -m xp --help` and the documentation's configuration reference are both
+written from here, so neither can drift from the files."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.\-]*):(?P<value>[^#]*?)\s*(?:#\s?(?P<comment>.*))?$")
+DEFAULT = re.compile(r"^\s*-\s*(?P<group>\w+):\s*(?P<option>[^#\s]+)\s*(?:#\s?(?P<comment>.*))?$")
+SECTION = re.compile(r"^#\s*---\s*(?P<title>.*?)\s*-*\s*$")
+NOT_USERS = ("defaults", "hydra", "optuna")  # config.yaml's keys a user does not set (Hydra's, a study's trial's)
+
+
+@dataclass(frozen=True)
+class Key:
+    key: str  # dotted: checkpoint.keep_last
+    default: str  # as written in the file ("" for a node of keys)
+    comment: str
+    section: str = ""  # the "# --- title ---" it comes under
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    comment: str  # from config.yaml's defaults list
+    default: str
+    options: dict[str, str]  # option -> its file's first comment line
+
+
+def keys(path: Path, skip: tuple[str, ...] = NOT_USERS) -> list[Key]:
+    """The keys of one YAML file of conf/, nested keys dotted, with their default and comment."""
+    out: list[Key] = []
+    stack: list[tuple[int, str]] = []  # (indent, key) of the nodes above
+    section = ""
+    for line in path.read_text().splitlines():
+        if m := SECTION.match(line):
+            section = m["title"]
+            continue
+        m = LINE.match(line)
+        if not m or line.lstrip().startswith("#"):
+            continue
+        indent = len(m["indent"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        dotted = ".".join([k for _, k in stack] + [m["key"]])
+        stack.append((indent, m["key"]))
+        if dotted.split(".")[0] in skip:
+            continue
+        out.append(Key(dotted, m["value"].strip(), (m["comment"] or "").strip(), section))
+    return out
+
+
+def groups(conf: Path) -> list[Group]:
+    """The config groups of conf/ (and the sweep group: the studies in `sweeps`), in the defaults list's order."""
+    from xp.studies.study import SWEEPS_DIR
+
+    out = []
+    for line in (conf / "config.yaml").read_text().splitlines():
+        if (m := DEFAULT.match(line)) and m["group"] != "_self_":
+            folder = SWEEPS_DIR if m["group"] == "sweep" else conf / m["group"]
+            options = {f.stem: first_comment(f) for f in sorted(folder.glob("*.yaml"))}
+            out.append(Group(m["group"], (m["comment"] or "").strip(), m["option"], options))
+    return out
+
+
+def first_comment(path: Path) -> str:
+    """A config file's first comment line: what the option is."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def help_text(conf: Path) -> str:
+    """The part of `python -m xp --help` that says what the groups and keys mean."""
+    lines = ["What the groups are (GROUP=OPTION; the options are listed above):"]
+    lines += [f"  {g.name:<10} {g.comment} (default {g.default})" for g in groups(conf)]
+    lines += ["", "Keys (KEY=VALUE; nested keys dotted, e.g. checkpoint.keep_last=1), with their defaults:"]
+    section = None
+    for k in keys(conf / "config.yaml"):
+        if k.section != section:
+            section = k.section
+            lines.append(f" {section}:" if section else "")
+        lines.append(f"  {k.key + ('=' + k.default if k.default else ''):<30} {k.comment}".rstrip())
+    return "\n".join(lines)
