@@ -34,7 +34,7 @@ ensure_venv() {
     fi
     echo "dev.sh: installing xp and its pinned dependencies into $VENV (first time: a few minutes)" >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip wheel setuptools
-    "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[test,torch,ray]'
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[test,torch,ray,docs]'
     install_horovod
     echo "$want" > "$stamp"
 }

@@ -134,7 +134,7 @@ def test_more_gpus_than_visible_is_one_line_and_exit_2(tmp_path, store):
 
 
 @pytest.mark.parametrize("args, fragments", [
-    (["model=alexnet"], ["model=alexnet: no such model; valid: lenet, resnet152, resnet18, resnet50"]),
+    (["model=alexnet"], ["model=alexnet: no such model; did you mean model=lenet? valid: lenet, resnet152, resnet18, resnet50"]),
     (["dataset=imagenet"], ["dataset=imagenet: no such dataset; valid: caltech256, digits, digits_jpeg, folder, rec, synthetic"]),
     (["backend=nope"], ["backend=nope: no such backend"]),
     (["bach=3"], ["unknown key 'bach'; did you mean batch?"]),

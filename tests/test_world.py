@@ -337,8 +337,8 @@ def test_a_login_node_without_a_controller_says_so_in_one_whole_line(tmp_path):
     assert lines[0].endswith("is its controller (slurmctld) up and reachable?")
 
 
-def test_the_readme_exit_codes_name_what_xp_exits_with():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_exit_codes_name_what_xp_exits_with():
+    text = (ROOT / "docs" / "guides" / "configuration.md").read_text()
     line = " ".join(text.split("Exit codes:", 1)[1].split("\n\n", 1)[0].split())
     for fragment in ("0 done", "1 training failed", "a full disk at a checkpoint", "NODE_FAIL", "TIMEOUT",
                      "2 usage or configuration error", "130 Ctrl-C", "143 SIGTERM"):

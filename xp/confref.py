@@ -67,13 +67,13 @@ def groups(conf: Path) -> list[Group]:
 
 
 def first_comment(path: Path) -> str:
-    """A config file's first comment line: what the option is."""
+    """A config file's leading comment: what the option is (its lines joined)."""
+    said = []
     for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-        if line.strip():
+        if not line.startswith("#"):
             break
-    return ""
+        said.append(line.lstrip("# ").strip())
+    return " ".join(s for s in said if s)
 
 
 def help_text(conf: Path) -> str:
@@ -88,3 +88,41 @@ def help_text(conf: Path) -> str:
             lines.append(f" {section}:" if section else "")
         lines.append(f"  {k.key + ('=' + k.default if k.default else ''):<30} {k.comment}".rstrip())
     return "\n".join(lines)
+
+
+def reference(conf: Path) -> str:
+    """The documentation's configuration reference (docs/reference/configuration.md), in Markdown: every group
+    with its options and each option's keys, then every key of config.yaml, each with its default and comment."""
+    out = ["# Configuration reference", "",
+           "Generated from `conf/` by `python -m xp.confref > docs/reference/configuration.md` (a test regenerates "
+           "it and compares): what each group, option and key is, as the files' comments say.", "",
+           "Choose an option with `GROUP=OPTION` (`model=resnet18`), change a key with `KEY=VALUE` (`batch=64`, "
+           "`model.dropout=0.2`, `checkpoint.keep_last=1`).", "", "## Groups", ""]
+    for g in groups(conf):
+        out += [f"### `{g.name}`", "", f"{_sentence(g.comment)} Default: `{g.default}`.", ""]
+        folder = None if g.name == "sweep" else conf / g.name
+        for option, comment in g.options.items():
+            out += [f"- **`{g.name}={option}`**: {comment or '-'}"]
+            for k in keys(folder / f"{option}.yaml", skip=()) if folder else []:
+                out.append(f"    - `{g.name}.{k.key}` = `{k.default}`: {k.comment or '-'}" if k.default else
+                           f"    - `{g.name}.{k.key}`: {k.comment or '-'}")
+        out.append("")
+    out += ["## Keys", ""]
+    section = None
+    for k in keys(conf / "config.yaml"):
+        if k.section != section:
+            section = k.section
+            out += ["", f"### {section[:1].upper() + section[1:]}", "", "| key | default | meaning |", "|---|---|---|"]
+        out.append(f"| `{k.key}` | `{k.default}` | {k.comment.replace('|', '/') or '-'} |" if k.default else
+                   f"| `{k.key}` | | {k.comment.replace('|', '/') or '-'} |")
+    return "\n".join(out) + "\n"
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".") if text else ""
+
+
+if __name__ == "__main__":
+    from xp.preflight import CONF_DIR
+
+    print(reference(CONF_DIR), end="")

@@ -1,7 +1,7 @@
 """Elastic training: workers join and leave at epoch boundaries while the global batch stays fixed.
 
 A restart and membership policy of one job (`Elastic`, an xp.launching.job.Policy; see the
-README for why checkpoint-and-relaunch, not Horovod's elastic driver). While a round of the
+docs/guides/elastic.md for why checkpoint-and-relaunch, not Horovod's elastic driver). While a round of the
 ps-lite processes runs, the job polls the discovery source (a file of "host:slots" lines, or an
 executable printing them, as horovodrun's --host-discovery-script expects) every `poll_s`; when
 the count changes the workers are asked to stop after the current epoch (a flag file they agree

@@ -6,9 +6,10 @@ on its hosts, and, for a batch system, whether this process submits the run or r
 (ps-lite, horovodrun, torchrun) ask it for hosts and transport; `xp.launching.job.Job` starts what they ask for.
 
 Launchers register in the entry-point group `xp.launchers` (pyproject.toml), as backends do in `xp.backends`:
-`launcher=NAME` picks one; a name registered twice is an error (README: "Adding a launcher"). Each brings its own
-settings, the config group `launcher` (launcher.KEY=VALUE): a dataclass `Options` it reads and checks itself
-(`read_options`); xp's document theirs in conf/launcher/NAME.yaml, another package's come from it (`offer_options`).
+`launcher=NAME` picks one; a name registered twice is an error (docs/reference/plugins.md: "Adding a
+launcher"). Each brings its own settings, the config group `launcher` (launcher.KEY=VALUE): a dataclass `Options`
+it reads and checks itself (`read_options`); xp's document theirs in conf/launcher/NAME.yaml, another package's
+come from it (`offer_options`).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ STORE_WAIT_S = float(os.environ.get("XP_STORE_WAIT_S", 900))  # how long a study
 # went away (its trial is not failed for it; past that, it fails as a run whose store is not usable does)
 BACKOFF_S = (0.5, 5.0)  # the drain's wait after a failed send: first, and at most (doubling)
 LINGER_S = 1.0  # while a run goes on, its records reach the store at most this often (what comes meanwhile goes
-# in the same call: a study's 1-s trial sends its epochs' metrics in one call, not one each; measured in the README)
+# in the same call: a study's 1-s trial sends its epochs' metrics in one call, not one each; docs/benchmarks.md)
 # MLflow's log_batch limits
 LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
 # the store answered and refused the record (a changed param value, a deleted run): sending it again cannot help
