@@ -15,11 +15,14 @@ import yaml
 from conftest import ROOT
 
 DOCS = ROOT / "docs"
-BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+BLOCK = re.compile(r"^( *)```bash\n(.*?)^ *```", re.S | re.M)
 
 
 def bash_blocks(page: Path) -> list[str]:
-    return BLOCK.findall(page.read_text())
+    """The page's ```bash blocks (in list items too), dedented."""
+    import textwrap
+
+    return [textwrap.dedent(body) for _, body in BLOCK.findall(page.read_text())]
 
 
 def test_the_site_builds_strictly(tmp_path):
@@ -59,6 +62,10 @@ def test_every_other_shell_block_says_what_it_needs():
     for page in DOCS.rglob("*.md"):
         if page.name == "getting-started.md":
             continue
+        text = page.read_text()
+        for test in re.findall(r"`(tests/test_\w+\.py)(?:::(\w+))?`", text):  # the tests a page names exist
+            assert (ROOT / test[0]).is_file() and (not test[1] or f"def {test[1]}(" in (ROOT / test[0]).read_text()), \
+                (page, test)
         for block in bash_blocks(page):
             assert block.startswith("# needs: "), f"{page.relative_to(ROOT)}: a block that neither runs in a test " \
                                                   f"nor says what it needs:\n{block}"
