@@ -370,7 +370,7 @@ def test_a_users_own_config_directory_adds_models_hardware_and_studies(tmp_path,
     help_text = run_xp(tmp_path, store, "--config-dir", str(mine), "--help", env=env).stdout
     assert "mynet" in help_text and "myhw" in help_text and "fives" in help_text and "mystudy" in help_text
     bad = run_xp(tmp_path, store, "--config-dir", str(mine), "model=mynett", env=env)
-    assert bad.returncode == 2 and "model=mynett: no such model; valid: lenet, mynet," in bad.stderr
+    assert bad.returncode == 2 and "model=mynett: no such model; did you mean model=mynet? valid: lenet, mynet," in bad.stderr
     proc = run_xp(tmp_path, store, f"hydra.searchpath=[file://{mine}]", "model=mynet", "hardware=myhw",
                   "dataset=fives", "epochs=1", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
