@@ -7,7 +7,7 @@ the end. Lines starting with # are comments. Export yours from the cloud's spot-
 name (elastic.trace=spot-p3) is a trace xp ships, sweeps/traces/NAME.csv.
 
 An elastic run with `elastic.trace=FILE` takes its members from the trace (the first `hosts` hosts of its pool,
-one instance each) and bills every worker-second at the trace's price of that moment (cost_spot_usd); the same
+one instance each) and bills every worker-second at the trace's price of that moment (cost_usd); the same
 run with elastic.enabled=false is the fixed on-demand cluster of the trace's peak size. `elastic.trace_speed`
 replays the trace faster than real time (trace seconds per second of the job).
 """
