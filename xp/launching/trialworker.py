@@ -54,21 +54,24 @@ def main(argv: list[str]) -> int:
         argv = ["connect"]
     slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(os.environ[SLOT_ENV]).items()})
     slot.pin()  # before the frameworks start their threads: those inherit it (the ones already there are moved)
-    if argv[0] == "connect":  # forked, or on another host: it calls the scheduler back, with its slot's token
-        host, port = os.environ[CONNECT_ENV].rsplit(":", 1)
-        channel = Channel(socket.create_connection((host, int(port)), timeout=30))
-        channel.sock.settimeout(None)
-        channel.send(Hello(os.environ.pop(TOKEN_ENV, "")))
-    else:
-        channel = Channel(socket.socket(fileno=int(argv[0])))
     try:
-        compose = compose or _composer()
-        _warm(os.environ.get(BACKEND_ENV), os.environ.get(TRACKING_ENV))
-    except Exception as e:
-        channel.send(Error(f"{type(e).__name__}: {e}"))
-        return 1
-    _logging(quiet=_quiet())
-    channel.send(Ready(os.getpid()))
+        if argv[0] == "connect":  # forked, or on another host: it calls the scheduler back, with its slot's token
+            host, port = os.environ[CONNECT_ENV].rsplit(":", 1)
+            channel = Channel(socket.create_connection((host, int(port)), timeout=30))
+            channel.sock.settimeout(None)
+            channel.send(Hello(os.environ.pop(TOKEN_ENV, "")))
+        else:
+            channel = Channel(socket.socket(fileno=int(argv[0])))
+        try:
+            compose = compose or _composer()
+            _warm(os.environ.get(BACKEND_ENV), os.environ.get(TRACKING_ENV))
+        except Exception as e:
+            channel.send(Error(f"{type(e).__name__}: {e}"))
+            return 1
+        _logging(quiet=_quiet())
+        channel.send(Ready(os.getpid()))
+    except OSError:  # the scheduler went (its study stopped) while this worker started: it has nothing to run
+        return 0
     return _trials(channel, compose, slot)
 
 
