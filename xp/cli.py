@@ -45,9 +45,9 @@ def spelled_as_flags(argv: list[str]) -> None:
             continue
         value = tok.split("=", 1)[1] if "=" in tok else (argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1]
                                                          and not argv[i + 1].startswith("-") else None)
-        raise ConfigError(f"{tok}{'' if value is None or '=' in tok else ' ' + value}: xp's settings are KEY=VALUE: "
-                      + (f"write {name[2:]}={value}" if value is not None else f"write {name[2:]}=VALUE")
-                      + " (python -m xp --help lists them)")
+        said = tok if value is None or "=" in tok else f"{tok} {value}"
+        raise ConfigError(f"{said}: xp's settings are KEY=VALUE: write {name[2:]}={value or 'VALUE'} "
+                          "(python -m xp --help lists them)")
 
 
 def error_line(msg: object, code: int) -> int:
