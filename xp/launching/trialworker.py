@@ -70,8 +70,8 @@ def main(argv: list[str]) -> int:
             return 1
         _logging(quiet=_quiet())
         channel.send(Ready(os.getpid()))
-    except OSError:  # the scheduler went (its study stopped) while this worker started: it has nothing to run
-        return 0
+    except (ConnectionResetError, BrokenPipeError):  # the scheduler went (its study stopped) while this worker
+        return 0  # started: nothing to run (a scheduler it cannot reach at all stays an error)
     return _trials(channel, compose, slot)
 
 
