@@ -23,11 +23,7 @@ def space(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: list
     sweep.params.*), else (a search space given on the command line) from the values the trials took."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    declared: dict[str, dict[str, Any]] = {}
-    for key, value in parent_params.items():
-        if key.startswith("sweep.params.") and key.rsplit(".", 1)[1] in FIELDS:
-            name, field = key[len("sweep.params."):].rsplit(".", 1)
-            declared.setdefault(name, {})[field] = _value(value)
+    declared = declared_space(parent_params)
     out: dict[str, Any] = {}
     for name in swept:
         d = declared.get(name)
@@ -41,6 +37,16 @@ def space(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: list
             low, high = min(float(v) for v in seen), max(float(v) for v in seen)
             out[name] = FloatDistribution(low, high if high > low else low + 1, log=low > 0 and high / low >= 100)
     return out
+
+
+def declared_space(parent_params: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The search space the study file declared, as its parent run logged it (sweep.params.NAME.FIELD)."""
+    declared: dict[str, dict[str, Any]] = {}
+    for key, value in parent_params.items():
+        if key.startswith("sweep.params.") and key.rsplit(".", 1)[1] in FIELDS:
+            name, field = key[len("sweep.params."):].rsplit(".", 1)
+            declared.setdefault(name, {})[field] = _value(value)
+    return declared
 
 
 def _value(text: str) -> Any:
@@ -152,8 +158,7 @@ def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, ou
         lines += ["### Pruned trials", "", "Stopped early by the pruner: their accuracy is that of the epoch they "
                   "stopped at, not comparable with complete trials (left out of the table above and the plots).", "",
                   md_table(pruned, columns), ""]
-    declared = sorted({k[len("sweep.params."):].rsplit(".", 1)[0] for k in parent_params or {}
-                       if k.startswith("sweep.params.")})
+    declared = sorted(declared_space(parent_params or {}))
     try:  # the study's own parameters (a study file's), else what its runs varied
         study = rebuild(parent_params or {}, rows, declared or [k.split(":", 1)[1] for k, _, _ in searched])
     except Exception as e:  # runs of a study this xp cannot read back: the tables stand

@@ -67,7 +67,7 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any =
     try:
         if pool is not None:
             with pool:
-                returns = [scheduled(study, spec, pool, config, arguments, budget, best)]
+                returns = [scheduled(study, spec, pool, config, arguments, budget, best, uri)]
         else:
             returns = _in_batches(study, spec, arguments, launcher, parallel or 1, budget, best)
     finally:
@@ -115,13 +115,11 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
 
 
 def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None,
-              best: BestModel | None = None) -> Any:
+              best: BestModel | None = None, uri: str | None = None) -> Any:
     """The study's trials kept in flight on the pool's slots (xp.studies.scheduler); returns its tally."""
     from pathlib import Path
 
     from optuna.trial import TrialState
-
-    from xp.tracking.stores import resolve_uri
 
     dists, mark = distributions(spec), scheduler_mark()
     sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -148,9 +146,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
     def tell(trial: Any, msg: Done) -> str:
         state = msg.state
         if state == "COMPLETE":
-            study.tell(trial, msg.values)
-            if best is not None:
-                best.told(trial, msg.values)
+            _completed(study, trial, msg.values, best)
         elif state == "PRUNED":
             study.tell(trial, state=TrialState.PRUNED)
         else:
@@ -158,7 +154,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
             state = "FAIL"
         return state
 
-    ends = _Unended(study, spec, resolve_uri(config.get("tracking_uri")), os.environ.get("XP_PARENT_RUN_ID"))
+    ends = _Unended(study, spec, uri, os.environ.get("XP_PARENT_RUN_ID"))
     scheduler = Scheduler(pool, ask, remaining, job_of, tell, ends.lost, spec.heartbeat_s,
                           None if spec.multi_objective else spec.objectives[0].direction,
                           mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=ends.give_back,
@@ -284,6 +280,13 @@ def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
     return trials, reused
 
 
+def _completed(study: Any, trial: Any, values: list[float], best: BestModel | None) -> None:
+    """Tell the study a trial completed, and its registry's alias (BestModel) that it may be the best."""
+    study.tell(trial, values)
+    if best is not None:
+        best.told(trial, values)
+
+
 def _tell(study: Any, trials: list[Any], results: list[Any], best: BestModel | None = None) -> None:
     """How each launched trial ended, as its job returned it (xp.cli: {"state", "values"})."""
     from optuna.trial import TrialState
@@ -291,9 +294,7 @@ def _tell(study: Any, trials: list[Any], results: list[Any], best: BestModel | N
     for t, r in zip(trials, results):
         out = r._return_value if r.status.name == "COMPLETED" and isinstance(r._return_value, dict) else {}
         if out.get("state") == "COMPLETE":
-            study.tell(t, out["values"])
-            if best is not None:
-                best.told(t, out["values"])
+            _completed(study, t, out["values"], best)
         elif out.get("state") == "PRUNED":
             study.tell(t, state=TrialState.PRUNED)
         else:
