@@ -252,7 +252,11 @@ class TorchBackend(Backend):
         return [float(t.item()) for t in out]
 
     def get_params(self) -> dict[str, np.ndarray]:
-        return {n: v.detach().float().cpu().numpy() for n, v in self.net.state_dict().items()
+        import torch
+
+        # a copy: on a CPU float32 tensor .float().cpu().numpy() is a view of the live weights, which later steps
+        # overwrite (the best epoch's model would be the last's)
+        return {n: v.detach().to("cpu", torch.float32, copy=True).numpy() for n, v in self.net.state_dict().items()
                 if not n.endswith("num_batches_tracked")}
 
     def export_model(self, folder: Any, example: Any, extra: dict[str, str], params: dict[str, Any]) -> None:

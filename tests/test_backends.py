@@ -86,6 +86,21 @@ def test_test_io_reads_every_batch_and_trains_nothing(backend):
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("backend", SUITE)
+def test_get_params_is_a_copy_that_later_steps_leave_alone(backend):
+    """What get_params returned stays as it was while training goes on (a view of the live weights made the
+    best epoch's logged model the last epoch's): the kept arrays equal their own copies after another epoch,
+    which did change the network."""
+    b, _ = train(backend, "epochs=1", "dataset.val_fraction=0.89")
+    kept = b.get_params()
+    frozen = {k: v.copy() for k, v in kept.items()}
+    train_epoch(b.plan, b, 2, lambda step, n: None)
+    now = b.get_params()
+    assert any(not np.array_equal(now[k], frozen[k]) for k in frozen)  # the epoch trained
+    for k in frozen:
+        np.testing.assert_array_equal(kept[k], frozen[k], err_msg=k)
+
+
 def test_the_fixture_backend_resumes_from_a_commit_exactly(tmp_path):
     """State out and in through the interface: 1 epoch, committed, resumed for the 2nd == 2 epochs in one go."""
     from xp.run.checkpoint import commit

@@ -206,6 +206,25 @@ def test_the_best_alias_moves_to_a_better_trial_while_the_study_runs(tmp_path, s
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
 
+@pytest.mark.parametrize("backend", ["gluon", "torch"])
+def test_the_best_epochs_model_is_the_best_epochs_when_a_later_epoch_is_worse(tmp_path, store, backend):
+    """lr=0.1 overshoots after its best epoch (gluon's 2nd of 5, torch's 4th): the logged model predicts at the
+    best epoch's accuracy, not the last's (a view of the live weights made it the last epoch's)."""
+    proc = run_xp(tmp_path, store, f"backend={backend}", "epochs=5", "lr=0.1", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, [run] = mlflow_runs(store)
+    history = sorted(client.get_metric_history(run.info.run_id, "val_accuracy"), key=lambda m: m.step)
+    best = max(history, key=lambda m: m.value)
+    assert best.step < history[-1].step and best.value > history[-1].value + 0.01, history  # the case it proves
+    model = client.get_logged_model(run.data.tags["xp.logged_model"].split("/")[-1])
+    assert model.tags["xp.epoch"] == str(best.step)
+    fresh = subprocess.run([sys.executable, "-c", PREDICT, store, run.data.tags["xp.logged_model"]], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    said = json.loads(fresh.stdout.strip().splitlines()[-1])
+    assert round(said["accuracy"], 4) == round(best.value, 4), (said, history)
+
+
 def test_model_log_none_logs_no_model_and_last_logs_the_last_epochs(tmp_path, store):
     for how in ("none", "last"):
         proc = run_xp(tmp_path / how, store, "epochs=2", f"model.log={how}", f"run_name={how}", "lr=0.5",

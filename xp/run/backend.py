@@ -112,7 +112,8 @@ class Backend(ABC):
         raise ConfigError(f"resume: backend={self.name} cannot restore a training state")
 
     def get_params(self) -> dict[str, Any]:
-        """The current parameters by name, as numpy arrays (save_params writes them; tests compare them)."""
+        """The current parameters by name, as numpy arrays of their own: a copy that later training steps leave as
+        it is (the best epoch's model is kept this way; save_params writes them; tests compare them)."""
         from xp.errors import ConfigError
 
         raise ConfigError(f"save_params: backend={self.name} cannot export its parameters")
