@@ -23,10 +23,13 @@ bench: setup
 	.venv/bin/python benchmarks/backends_side_by_side.py
 	.venv/bin/python benchmarks/torch_pipeline.py
 	.venv/bin/python benchmarks/tracking_outage.py
+# the store xp writes to: $MLFLOW_TRACKING_URI where it is set (a server is already a UI: its address is printed)
+STORE = $(or $(MLFLOW_TRACKING_URI),sqlite:///mlruns/mlflow.db)
 ui: setup
-	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host $(HOST) --port $(PORT)
+	@case "$(STORE)" in http://*|https://*) echo "MLFLOW_TRACKING_URI=$(STORE) is a tracking server: open $(STORE)"; exit 0;; esac; \
+	.venv/bin/mlflow ui --backend-store-uri "$(STORE)" --host $(HOST) --port $(PORT)
 dashboard: setup
-	.venv/bin/optuna-dashboard sqlite:///mlruns/optuna.db --host $(HOST) --port $(DASHBOARD_PORT)
+	.venv/bin/optuna-dashboard $(or $(XP_OPTUNA_STORAGE),sqlite:///mlruns/optuna.db) --host $(HOST) --port $(DASHBOARD_PORT)
 # An MLflow tracking server for runs across hosts (launcher=ssh): bind it to an address the hosts reach,
 # e.g. make server HOST=10.0.0.1, then tracking_uri=http://10.0.0.1:5000. Runs and artifacts stay in mlruns/.
 server: setup

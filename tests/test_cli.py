@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -114,8 +115,13 @@ def test_multirun_groups_children_under_one_parent(tmp_path, store):
     assert all(c.info.status == "FINISHED" for c in children)
     assert "sweep: 2 runs under MLflow parent run " + parent.info.run_id in proc.stdout
     # its last lines say how to compare them: the report's command and the parent's page in the UI
-    assert f"compare: python -m xp.report --parent {parent.info.run_id} --tracking-uri '{store}'" in proc.stdout
-    assert f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}" in proc.stdout.splitlines()[-1]
+    # with the environment's own python, as typed where the command ran (its checkout: .venv/bin/python)
+    compare = next(line for line in proc.stdout.splitlines() if line.startswith("compare: "))
+    program = compare.split()[1]
+    assert (ROOT / program).resolve() == Path(sys.executable).resolve() and not Path(program).is_absolute(), compare
+    assert f" -m xp.report --parent {parent.info.run_id} --tracking-uri '{store}'" in compare
+    assert proc.stdout.splitlines()[-1].endswith(f"/#/experiments/{parent.info.experiment_id}/runs/"
+                                                 f"{parent.info.run_id}?workflowType=machine_learning")
     # the parent says what its children trained, and its best_val_accuracy means what a child's does
     assert (parent.data.tags["xp.backend"], parent.data.tags["xp.model"], parent.data.tags["xp.dataset"]) == \
         ("gluon", "lenet", "digits")

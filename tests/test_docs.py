@@ -80,10 +80,29 @@ def test_the_getting_started_commands_run(tmp_path):
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parents[1])
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "XP_OPTUNA_STORAGE",
                                                            "XP_PARENT_RUN_ID")}
+    said = ""
     for block in blocks:
         out = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=600)
         assert out.returncode == 0, f"{block}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
         assert "Traceback" not in out.stdout + out.stderr, block
-    assert (tmp_path / "reports" / "first" / "report.md").is_file()
+        said += out.stdout + out.stderr
     assert (tmp_path / "mlruns" / "optuna.db").is_file() and (tmp_path / "mlruns" / "mlflow.db").is_file()
+    # what the Compare block made: the study's trials as a study, the other runs as runs, nothing drawn empty
+    first = tmp_path / "reports" / "first"
+    md = (first / "report.md").read_text()
+    assert "There are no complete trials" not in said
+    counted = int(re.search(r"^(\d+) runs", md, re.M).group(1))
+    table = [line for line in md.split("## Trials")[0].splitlines() if line.startswith("| ") and "---" not in line]
+    pruned = md.split("### Pruned trials")[1].split("##")[0].count("| PRUNED |") if "### Pruned" in md else 0
+    assert counted == len(table) - 1 + pruned, md[:3000]  # the header says what the tables hold
+    assert table[0].count("| epochs |") == 1, table[0]
+    searched = re.search(r"^Searched: (.*)\. (\d+) complete, (\d+) pruned\.$", md, re.M)
+    assert searched and searched.group(1) == "batch, lr, momentum", md
+    assert int(searched.group(2)) + int(searched.group(3)) == 6  # the page's study: 6 trials, none of the others
+    import matplotlib.image
+    import numpy as np
+
+    for name in ("optimization_history", "parallel_coordinate", "slice"):  # drawn, not empty axes
+        image = matplotlib.image.imread(first / f"study_{name}.png")
+        assert image.shape[0] > 100 and len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 20, name

@@ -96,12 +96,19 @@ def test_backends_side_by_side(runs, tmp_path):
     assert "![backends](backends.png)" in md and (out / "backends.png").stat().st_size > 5000
 
 
-def test_report_of_an_experiment_logs_a_report_run(runs, tmp_path):
+def test_report_of_an_experiment_creates_no_run_and_logs_where_it_is_told(runs, tmp_path, capsys):
+    """A whole experiment's report stays on disk (no top-level `report` run above the studies); --run logs it on
+    the run it names; a run that is not there is one line."""
     uri, client, exp, _ = runs
+    before = len(client.search_runs([exp]))
     assert report.main(["--tracking-uri", uri, "--out", str(tmp_path / "all")]) == 0
     assert (tmp_path / "all" / "report.md").read_text().count("| resnet18 |") >= 4
-    reports = client.search_runs([exp], "tags.`xp.report` = 'true'")
-    assert len(reports) == 1 and reports[0].info.status == "FINISHED"
+    assert len(client.search_runs([exp])) == before and "not logged to MLflow" in capsys.readouterr().out
+    target = client.search_runs([exp])[0].info.run_id
+    assert report.main(["--tracking-uri", uri, "--out", str(tmp_path / "all"), "--run", target]) == 0
+    assert "report/report.md" in [f.path for f in client.list_artifacts(target, "report")]
+    assert report.main(["--tracking-uri", uri, "--out", str(tmp_path / "all"), "--run", "f" * 32]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_report_bad_input_is_one_line(runs, tmp_path, capsys):
@@ -151,6 +158,8 @@ def build(tmp_path, client, exp):
 
 
 def test_a_study_report_shows_searched_params_states_optunas_plots_and_keeps_pruned_trials_apart(tmp_path):
+    from xp.report import study
+
     uri, client, exp = _store(tmp_path)
     for n, (lr, state, acc) in enumerate(((0.1, "COMPLETE", 0.93), (0.01, "PRUNED", 0.41), (0.05, "COMPLETE", 0.95),
                                           (0.0123456, "COMPLETE", 0.90))):
@@ -160,7 +169,7 @@ def test_a_study_report_shows_searched_params_states_optunas_plots_and_keeps_pru
     parent = {"sweep.params.lr.type": "float", "sweep.params.lr.low": "0.001", "sweep.params.lr.high": "0.5",
               "sweep.params.lr.log": "True", "sweep.objectives": "[{'metric': 'val_accuracy', 'direction': 'maximize'}]"}
     md = report.build_report(client.search_runs([exp]), tmp_path / "out", "t", history=client.get_metric_history,
-                             parent_params=parent).read_text()
+                             studies={None: study.StudyParent(params=parent)}).read_text()
     first = md.split("## Trials")[0]  # the runs table: the trial and what it searched, as columns
     assert "| trial | infrastructure |" in first and "| global batch | lr | GPUs |" in first
     assert "| 3 | p3.8xlarge | resnet18 | gluon | 16 | 16 | 0.01235 | 1 |" in first
@@ -171,7 +180,6 @@ def test_a_study_report_shows_searched_params_states_optunas_plots_and_keeps_pru
     assert "| 1 | PRUNED | 0.01 | 0.4100 |" in md.split("### Pruned trials")[1]
     for name in ("optimization_history", "parallel_coordinate", "param_importances", "slice"):
         assert f"![study_{name}](study_{name}.png)" in md and (tmp_path / "out" / f"study_{name}.png").stat().st_size
-    from xp.report import study
 
     rows = [report.report_row(r) for r in client.search_runs([exp])]
     assert study.space(parent, rows, ["lr"])["lr"].log  # as the study file declared it

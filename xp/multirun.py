@@ -90,19 +90,24 @@ def _say_table(parent: Any, rows: list[dict[str, Any]], status: str) -> None:
 
 def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: str) -> str:
     """How to compare a sweep's runs: its report's command, and its page in the MLflow UI."""
+    import sys
+    from pathlib import Path
+
     from xp.errors import redact
+    from xp.tracking.provenance import page, typed
     from xp.tracking.stores import DEFAULT_URI, resolve_uri
 
     default = uri == resolve_uri(DEFAULT_URI)
     store = "" if default else f" --tracking-uri '{redact(uri)}'"
     named = "" if experiment == "xp" else f" --experiment {experiment}"
-    page = f"#/experiments/{experiment_id}/runs/{run_id}"
+    python = typed(Path(sys.executable))
     if uri.startswith(("http://", "https://")):
-        ui = f"{uri.rstrip('/')}/{page}"
+        ui = f"{uri.rstrip('/')}/{page(experiment_id, run_id)}"
     else:
-        ui = (f"{'make ui PORT=5000' if default else f'mlflow ui --backend-store-uri {redact(uri)!r} --port 5000'}"
-              f", then http://127.0.0.1:5000/{page}")
-    return f"compare: python -m xp.report --parent {run_id}{named}{store}   (tables and plots into reports/)\n" \
+        mlflow = typed(Path(sys.executable).parent / "mlflow")
+        ui = (f"{'make ui PORT=5000' if default else f'{mlflow} ui --backend-store-uri {redact(uri)!r} --port 5000'}"
+              f", then http://127.0.0.1:5000/{page(experiment_id, run_id)}")
+    return f"compare: {python} -m xp.report --parent {run_id}{named}{store}   (tables and plots into reports/)\n" \
            f"     UI: {ui}"
 
 

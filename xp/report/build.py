@@ -4,10 +4,11 @@
     python -m xp.report --parent RUN_ID         # the runs of one sweep or study
     python -m xp.report --filter "params.model.name = 'resnet18'" --out reports/r18
 
-Writes report.md and PNG plots (xp.report.plots) into --out and logs them to MLflow (on the sweep's
-parent run, or on a new run tagged xp.report), where report.md's images point at the MLflow UI
-given (--ui-url, $XP_UI_URL, an http tracking URI: MLflow's preview shows only absolute image links), else
-beside it, as on disk.
+Writes report.md and PNG plots (xp.report.plots) into --out and logs them to MLflow on the sweep's or study's
+parent run (--parent), or on the run --run names (a whole experiment's report is not logged otherwise), where
+report.md's images point at the MLflow UI given (--ui-url, $XP_UI_URL, an http tracking URI: MLflow's preview
+shows only absolute image links), else beside it, as on disk. A study's trials are shown as its study (each
+study apart, with its parent's search space), every other run as a run.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def report_row(run: Any) -> dict[str, Any]:
            "batch": _num(p.get("batch")), "seed": p.get("seed"), "run_id": run.info.run_id,
            "start_ms": run.info.start_time, "end_ms": run.info.end_time,
            "trial": int(tags["optuna.trial_number"]) if "optuna.trial_number" in tags else None,
+           "parent": tags.get("mlflow.parentRunId"),
            "logged_model": tags.get(RUN_TAG, "-"),  # model.log: its model's URI
            "settings": {k: v for k, v in p.items() if k in SETTING or not k.startswith(NOT_SETTINGS)}, **claims.recipe_of(tags)}
     if _num(p.get("derived.cost_per_hour")) == 0:
@@ -147,7 +149,8 @@ def seed_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
             ("gpu_utilization", "GPU util", "{:.0f}%"), COST, ("run_id", "run id", "{}")]
 
 
-SHOWN = ("batch", "model.name", "backend.name", "hardware.name")  # settings the classic table has columns for
+# settings the classic table has columns for (epochs: the epochs trained, which a finished run's setting is)
+SHOWN = ("batch", "model.name", "backend.name", "hardware.name", "epochs")
 
 
 def with_swept(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
@@ -183,11 +186,12 @@ ACCURACY_NOTE = ("val acc (last epoch) is the accuracy the run ended with; val a
 
 
 def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str, str], list[Any]] | None = None,
-                 registered: str | None = None, parent_params: dict[str, str] | None = None) -> Path:
+                 studies: dict[str | None, study.StudyParent] | None = None) -> Path:
     """Write report.md and the plots for these MLflow runs into `out`; return report.md's path.
     `history(run_id, key)` (MlflowClient.get_metric_history) adds each run's epoch-to-epoch noise and elastic
-    runs' worker counts over time; `registered`: a line on the study's registered model; `parent_params`: the
-    sweep's parent run's (a study's search space)."""
+    runs' worker counts over time; `studies`: what the report knows of the parent run of each study whose trials
+    are among the runs (its search space, its registered model), by the parent's run id (None: trials whose
+    parent is not known). A study's trials get a section of their own; the other runs are runs."""
     out.mkdir(parents=True, exist_ok=True)
     rows = sorted((report_row(r) for r in runs), key=lambda r: (r["model"] or "", r["devices"], r["batch"] or 0,
                                                                    r["trial"] or 0))
@@ -195,12 +199,15 @@ def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str,
         r["devices_cell"] = f"{r['devices']} {r['device_type'] or ''}".strip()
         r["noise"] = epoch_noise(history, r["run_id"]) if history else None
     done = [r for r in rows if r["state"] != "PRUNED"]
-    lines = [f"# {title}", "", f"{len(rows)} runs, written {time.strftime('%Y-%m-%d %H:%M')}. {ACCURACY_NOTE}", "",
+    pruned = len(rows) - len(done)
+    counts = f"{len(rows)} runs" + (f" ({len(done)} in the table below, {pruned} pruned trials under their study's "
+                                    "Trials)" if pruned else "")
+    lines = [f"# {title}", "", f"{counts}, written {time.strftime('%Y-%m-%d %H:%M')}. {ACCURACY_NOTE}", "",
              md_table(done, with_swept(done, seed_columns(done))), "",
              *([COST_NOTE, ""] if any(r.get("cost_usd") is not None for r in done) else [])]
     files: list[Path] = []
     lines += claims.section(done, out, files, md_table, history)
-    lines += study.section(rows, parent_params, out, files, registered) + _repeats(done)
+    lines += study.sections(rows, studies or {}, out, files) + _repeats(done)
     lines += _scaling_and_backends(done, out, files)
     lines += _elastic(runs, history, out, files) if history else []
     lines += _plots(done, out, files)
@@ -285,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experiment", default="xp", help="MLflow experiment (default: xp)")
     ap.add_argument("--parent", help="only the runs of this sweep or study (its parent run id)")
     ap.add_argument("--filter", default="", help="an MLflow filter string, e.g. \"params.model.name = 'lenet'\"")
+    ap.add_argument("--run", help="log the report on this run (default: on --parent's; without either it stays in "
+                                  "--out only)")
     ap.add_argument("--out", help="output folder (default: reports/<time>)")
     ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or mlruns/mlflow.db)")
     ap.add_argument("--ui-url", help="the MLflow UI that shows the logged report.md: its images link there "
@@ -301,18 +310,20 @@ def main(argv: list[str] | None = None) -> int:
             raise XPError(f"--experiment {args.experiment}: no such experiment in {uri}")
         runs = _finished_runs(client, exp.experiment_id, args)
         out = Path(args.out or f"reports/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
-        title = f"xp report: {args.experiment}" + (f", {client.get_run(args.parent).info.run_name} ({args.parent})"
-                                                   if args.parent else "")
         parent = client.get_run(args.parent) if args.parent else None
-        md = build_report(runs, out, title, history=client.get_metric_history,
-                          registered=parent and study.registered(client, parent),
-                          parent_params=parent and parent.data.params)
+        title = f"xp report: {args.experiment}" + (f", {parent.info.run_name} ({args.parent})" if parent else "")
+        md = build_report(runs, out, title, history=client.get_metric_history, studies=study.parents(client, runs))
         ui = args.ui_url or os.environ.get("XP_UI_URL") or (uri if uri.startswith(("http://", "https://")) else "")
-        target = _log(client, exp.experiment_id, args.parent, out, ui)
+        target = args.run or args.parent
+        if target:
+            _log(client, target, out, ui)
     except XPError as e:
         print(f"xp.report: error: {one_line(e)}", file=sys.stderr)
         return 2
-    print(f"{md} ({len(runs)} runs); logged to MLflow run {target} under report/")
+    where = (f"logged to MLflow run {target} under report/" if target else
+             "not logged to MLflow (--parent RUN_ID logs a sweep's or study's report on its parent, --run RUN_ID on "
+             "a run you name)")
+    print(f"{md} ({len(runs)} runs); {where}")
     return 0
 
 
@@ -332,38 +343,34 @@ def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
     return runs
 
 
-def _log(client: Any, experiment_id: str, parent: str | None, out: Path, ui: str) -> str:
-    """Log the report's files on the sweep's parent, or on a new run tagged xp.report (ended FINISHED, or FAILED
-    if logging fails). The logged report.md shows its plots in the MLflow UI at `ui`; without one, its links stay
-    beside it and a line says how to see them there."""
+def _log(client: Any, target: str, out: Path, ui: str) -> None:
+    """Log the report's files on `target` (the sweep's parent, or the run --run names) under report/. The logged
+    report.md shows its plots in the MLflow UI at `ui`; without one, its links stay beside it and a line says how
+    to see them there."""
     import tempfile
     from urllib.parse import quote
 
-    from xp.tracking.tracker import end_state
+    from mlflow.exceptions import MlflowException
 
-    target = parent or client.create_run(experiment_id, run_name="report", tags={"xp.report": "true"}).info.run_id
-    error: BaseException | None = None
+    from xp.errors import XPError, one_line
+
     try:
-        client.log_artifacts(target, str(out), "report")
-        link = lambda name: f"{ui.rstrip('/')}/get-artifact?path={quote('report/' + name, safe='')}&run_uuid={target}"  # noqa: E731
-        text = (out / "report.md").read_text()
-        for png in out.glob("*.png") if ui else []:
-            text = text.replace(f"]({png.name})", f"]({link(png.name)})")
-        if not ui:
-            title, rest = text.split("\n", 1)
-            text = (f"{title}\n\n(The plots are this folder's PNG files. MLflow's preview shows images from "
-                    "absolute links only: `python -m xp.report ... --ui-url http://HOST:PORT` (or $XP_UI_URL) "
-                    f"writes them for the UI at that address.)\n{rest}")
-        with tempfile.TemporaryDirectory(prefix="xp-report-") as tmp:
-            (Path(tmp) / "report.md").write_text(text)
-            client.log_artifact(target, str(Path(tmp) / "report.md"), "report")
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        if not parent:
-            client.set_terminated(target, end_state(error))
-    return target
+        client.get_run(target)
+    except MlflowException as e:
+        raise XPError(f"--run {target}: no such run in {client.tracking_uri} ({one_line(e)[:160]})") from None
+    client.log_artifacts(target, str(out), "report")
+    link = lambda name: f"{ui.rstrip('/')}/get-artifact?path={quote('report/' + name, safe='')}&run_uuid={target}"  # noqa: E731
+    text = (out / "report.md").read_text()
+    for png in out.glob("*.png") if ui else []:
+        text = text.replace(f"]({png.name})", f"]({link(png.name)})")
+    if not ui:
+        title, rest = text.split("\n", 1)
+        text = (f"{title}\n\n(The plots are this folder's PNG files. MLflow's preview shows images from "
+                "absolute links only: `python -m xp.report ... --ui-url http://HOST:PORT` (or $XP_UI_URL) "
+                f"writes them for the UI at that address.)\n{rest}")
+    with tempfile.TemporaryDirectory(prefix="xp-report-") as tmp:
+        (Path(tmp) / "report.md").write_text(text)
+        client.log_artifact(target, str(Path(tmp) / "report.md"), "report")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,57 @@ storage, and shows the trials the report's tables show."""
 from __future__ import annotations
 
 import ast
+import re
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xp.report.table import md_table, swept_columns
+from xp.report.table import md_table, short, swept_columns
 
 FIELDS = ("type", "low", "high", "log", "step", "choices")  # a searched parameter's keys under sweep.params.NAME
+
+
+@dataclass
+class StudyParent:
+    """What a report knows of a study's parent run: its name, its params (the search space: sweep.params.*) and
+    the line on its registered model."""
+    name: str = "study"
+    params: dict[str, str] = field(default_factory=dict)
+    registered: str | None = None
+
+
+def parents(client: Any, runs: list[Any]) -> dict[str | None, StudyParent]:
+    """The parent run of each study whose trials are among `runs`, by its run id (one a store no longer has: known
+    by its id only)."""
+    out: dict[str | None, StudyParent] = {}
+    for pid in {r.data.tags.get("mlflow.parentRunId") for r in runs if "optuna.trial_number" in r.data.tags}:
+        try:
+            parent = client.get_run(pid)
+        except Exception:  # (deleted, or trials logged without one)
+            out[pid] = StudyParent(name=str(pid))
+            continue
+        out[pid] = StudyParent(name=parent.data.tags.get("optuna.study") or parent.info.run_name or pid,
+                               params=dict(parent.data.params), registered=registered(client, parent))
+    return out
+
+
+def sections(rows: list[dict[str, Any]], studies: dict[str | None, StudyParent], out: Path,
+             files: list[Path]) -> list[str]:
+    """A section per study among the rows (its trials: rows with a trial number, grouped by their parent run); the
+    other rows are not a study's."""
+    groups: dict[str | None, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["trial"] is not None:
+            groups.setdefault(r["parent"] if r["parent"] in studies else None, []).append(r)
+    lines = []
+    for pid, trials in sorted(groups.items(), key=lambda g: min(t["start_ms"] or 0 for t in g[1])):
+        parent = studies.get(pid) or StudyParent()
+        one = len(groups) == 1
+        title = "## Trials" if one else f"## Trials of {parent.name}" + (f" ({pid})" if pid else "")
+        prefix = "study_" if one else f"study_{re.sub(r'[^A-Za-z0-9]+', '-', parent.name)}_{str(pid)[:8]}_"
+        lines += section(trials, parent.params, out, files, parent.registered, title=title, prefix=prefix)
+    return lines
 
 
 def space(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: list[str]) -> dict[str, Any]:
@@ -110,9 +154,14 @@ PLOTS = (("optimization_history", "plot_optimization_history", "the objective of
          ("slice", "plot_slice", "the objective against each parameter (log axes where the space is log)"))
 
 
-def optuna_plots(study: Any, out: Path, files: list[Path]) -> list[str]:
+def optuna_plots(study: Any, out: Path, files: list[Path], prefix: str = "study_") -> list[str]:
     """Optuna's four plots of the study as PNGs (matplotlib backend), the first objective's; a line for each
-    that cannot be drawn (too few complete trials, one parameter...)."""
+    that cannot be drawn (too few complete trials, one parameter...): none is drawn empty."""
+    from optuna.trial import TrialState
+
+    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if not complete:
+        return ["Optuna's plots: not drawn (no complete trial among these runs).", ""]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,41 +180,57 @@ def optuna_plots(study: Any, out: Path, files: list[Path]) -> list[str]:
                 lines.append(f"- Optuna's {name.replace('_', ' ')}: not drawn ({str(e).splitlines()[0][:160]}).")
                 continue
             fig = (drawn.flatten()[0] if hasattr(drawn, "flatten") else drawn).figure
-            fig.savefig(out / f"study_{name}.png", dpi=110, bbox_inches="tight")
+            if _empty(fig):
+                plt.close(fig)
+                lines.append(f"- Optuna's {name.replace('_', ' ')}: not drawn (nothing to draw: {complete} "
+                             "complete trial(s)).")
+                continue
+            fig.savefig(out / f"{prefix}{name}.png", dpi=110, bbox_inches="tight")
             plt.close(fig)
-        files.append(out / f"study_{name}.png")
+        files.append(out / f"{prefix}{name}.png")
         lines.append(f"- Optuna's {name.replace('_', ' ')}: {what}.")
     return lines
 
 
+def _empty(fig: Any) -> bool:
+    """A figure whose axes hold no data (Optuna draws empty axes where it has nothing, with a warning)."""
+    return not any(ax.lines or ax.collections or ax.patches or ax.images for ax in fig.axes)
+
+
 def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, out: Path, files: list[Path],
-            registered_line: str | None = None) -> list[str]:
+            registered_line: str | None = None, title: str = "## Trials", prefix: str = "study_") -> list[str]:
     """A study's trials: the parameters it searched as columns, each trial's state, pruned trials apart (stopped
     early, at a lower accuracy than they would have reached: not comparable with complete ones), its registered
     model, Optuna's plots of it. Nothing for runs that are not a study's trials."""
-    if not any(r["trial"] is not None for r in rows):
+    rows = [r for r in rows if r["trial"] is not None]
+    if not rows:
         return []
-    searched = swept_columns(rows)
+    declared = sorted(declared_space(parent_params or {}))
+    if declared:  # what the study file searched, as its parent run logged it
+        for r in rows:
+            r.update({f"swept:{k}": short(r["settings"].get(k)) for k in declared})
+        searched = [(f"swept:{k}", k, "{}") for k in declared]
+    else:  # a search space given on the command line: what its trials varied
+        searched = swept_columns(rows)
     columns = [("trial", "trial", "{}"), ("state", "state", "{}"), *searched,
                ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
                ("epochs", "epochs", "{}"), ("run_id", "run id", "{}"), ("logged_model", "model", "{}")]
     complete = sorted((r for r in rows if r["state"] != "PRUNED"), key=lambda r: r["trial"] or 0)
     pruned = sorted((r for r in rows if r["state"] == "PRUNED"), key=lambda r: r["trial"] or 0)
-    lines = ["## Trials", "", f"Searched: {', '.join(t for _, t, _ in searched) or '-'}. {len(complete)} complete, "
+    lines = [title, "", f"Searched: {', '.join(t for _, t, _ in searched) or '-'}. {len(complete)} complete, "
              f"{len(pruned)} pruned.", "", md_table(complete, columns), "", *([registered_line, ""] if registered_line
                                                                            else [])]
     if pruned:
         lines += ["### Pruned trials", "", "Stopped early by the pruner: their accuracy is that of the epoch they "
                   "stopped at, not comparable with complete trials (left out of the table above and the plots).", "",
                   md_table(pruned, columns), ""]
-    declared = sorted(declared_space(parent_params or {}))
     try:  # the study's own parameters (a study file's), else what its runs varied
         study = rebuild(parent_params or {}, rows, declared or [k.split(":", 1)[1] for k, _, _ in searched])
     except Exception as e:  # runs of a study this xp cannot read back: the tables stand
         return [*lines, f"Optuna's plots: not drawn (the study could not be rebuilt: {str(e)[:160]}).", ""]
     if study is not None:
         plots: list[Path] = []
-        lines += ["### The study, as Optuna draws it", "", *optuna_plots(study, out, plots), ""]
+        lines += ["### The study, as Optuna draws it", "", *optuna_plots(study, out, plots, prefix), ""]
         lines += [f"![{f.stem}]({f.name})\n" for f in plots]
     return lines
 

@@ -67,20 +67,27 @@ def run_url_hint(uri: str, experiment_id: str | None = None, run_id: str | None 
     (Traces, Evaluations) otherwise."""
     import sys
 
-    page = ""
-    if experiment_id and run_id:
-        page = f"/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    where = "/" + page(experiment_id, run_id) if experiment_id and run_id else ""
     if not uri.startswith("sqlite:///"):
-        return uri.rstrip("/") + page if page and uri.startswith(("http://", "https://")) else f"MLFLOW_TRACKING_URI={uri}"
+        return uri.rstrip("/") + where if where and uri.startswith(("http://", "https://")) else f"MLFLOW_TRACKING_URI={uri}"
     exe = Path(sys.executable).parent / "mlflow"
-    if exe.is_file():
-        try:
-            program = str(exe.absolute().relative_to(Path.cwd()))
-        except ValueError:
-            program = str(exe)
-    else:
-        program = f"{sys.executable} -m mlflow"
-    return f"{program} ui --backend-store-uri {uri}" + (f", then {UI_URL}{page}" if page else "")
+    program = typed(exe) if exe.is_file() else f"{typed(Path(sys.executable))} -m mlflow"
+    return f"{program} ui --backend-store-uri {uri}" + (f", then {UI_URL}{where}" if where else "")
+
+
+def typed(program: Path) -> str:
+    """A program of the environment xp runs in, as the user would type it: relative inside the current folder
+    (.venv/bin/python in a checkout), else its whole path."""
+    try:
+        return str(program.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(program)
+
+
+def page(experiment_id: str | None, run_id: str) -> str:
+    """A run's page in the MLflow UI (a path after the UI's address), in MLflow's Model training view: the UI
+    (3.x) opens in its GenAI view (Traces, Evaluations) otherwise."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 def versions(distributions: Iterable[str]) -> dict[str, str]:
