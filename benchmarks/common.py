@@ -66,6 +66,22 @@ def logged_throughput(*overrides: str) -> float:
     return float(last.data.params["summary.throughput_samples_per_s"])
 
 
+def process_throughput(*overrides: str) -> float:
+    """As logged_throughput, in a process of its own (`python -m xp`, as a user runs it: its frameworks start
+    their threads afresh, not in a process where another framework ran before)."""
+    import subprocess
+
+    from mlflow.tracking import MlflowClient
+
+    out = tempfile.mkdtemp(prefix="xp-bench-run-")
+    subprocess.run([sys.executable, "-m", "xp", *overrides, f"hydra.run.dir={out}"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, timeout=1800)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    last = client.search_runs([client.get_experiment_by_name("xp").experiment_id],
+                              order_by=["attributes.start_time DESC"], max_results=1)[0]
+    return float(last.data.params["summary.throughput_samples_per_s"])
+
+
 def interleave(candidates: dict, reps: int) -> dict[str, list[float]]:
     """Run each candidate once per round, rounds repeated `reps` times (A B A B ...), so slow
     drifts of a noisy machine hit all candidates alike. Each returns samples/s."""

@@ -178,6 +178,10 @@ class TorchBackend(Backend):
         torch.manual_seed(plan.seed)
         gpu = plan.device_type == "gpu"
         self.device = torch.device(f"cuda:{local}" if gpu else "cpu")
+        from xp.pt.threads import FitThreads
+
+        fit = not gpu and plan.backend_options.get("fit_threads", True)
+        self.threads = FitThreads(torch) if fit else None  # the cores other processes leave, from the 1st epoch on
         if gpu:
             torch.cuda.set_device(self.device)
             torch.backends.cudnn.benchmark = True
@@ -288,6 +292,8 @@ class TorchBackend(Backend):
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def batches(self, epoch: int, skip: int) -> Any:
+        if self.threads is not None:
+            self.threads.fit()
         self.model.train()
         return self.train_data.epoch(epoch, skip)
 

@@ -257,3 +257,38 @@ def test_gpu_decoding_falls_back_to_the_cpu_workers_where_the_device_cannot_deco
     assert any("dataset.decode=gpu: this torchvision cannot decode JPEGs on cuda:0" in r.message for r in caplog.records)
     x, y = next(iter(train.epoch(1)))
     assert x.device.type == "cpu" and x.shape == (plan.global_batch, 3, 24, 24)
+
+
+def test_torch_threads_fit_the_cores_other_processes_leave(monkeypatch):
+    """The arithmetic of xp.pt.threads: from /proc/stat's busy ticks of this process's cores, less its own, the
+    threads for the next epoch (between 1 and what torch started with). Beside a process using one of two cores:
+    one thread; alone: both; a count never above the cap."""
+    import torch
+
+    from xp.pt import threads
+
+    ticks = {"busy": 0, "own": 0}
+    monkeypatch.setattr(threads, "_busy_ticks", lambda cores: ticks["busy"])
+    monkeypatch.setattr(threads, "_own_ticks", lambda: ticks["own"])
+    clock = [0.0]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        fit = threads.FitThreads(torch)
+        fit.cores, fit.hz = {0, 1}, 100
+
+        def epoch(seconds: float, others: float, own: float) -> int:
+            clock[0] += seconds
+            ticks["busy"] += int((others + own) * 100 * seconds)
+            ticks["own"] += int(own * 100 * seconds)
+            return fit.fit()
+
+        assert epoch(1.0, others=1.0, own=1.0) == 1 and torch.get_num_threads() == 1  # a busy loop beside it
+        assert epoch(1.0, others=0.05, own=1.0) == 2 and torch.get_num_threads() == 2  # alone again
+        assert epoch(0.01, others=2.0, own=0.0) == 2  # too short to tell: unchanged
+        assert epoch(1.0, others=2.0, own=0.0) == 1  # both cores taken: still one thread, never none
+        fit.cap = 1
+        assert epoch(1.0, others=0.0, own=1.0) == 1  # OMP_NUM_THREADS=1 (a slot of one core): never more
+    finally:
+        torch.set_num_threads(before)
