@@ -4,11 +4,10 @@
 
 Runs a 6-trial `sweep=lr_batch` study into a temporary MLflow store and Optuna storage, serves them with
 `mlflow ui` and `optuna-dashboard` on free loopback ports, and photographs MLflow's comparison of the study's
-trials and the dashboard's page of the study. Nothing here is drawn by hand."""
+trials (the view its printed UI link opens) and the dashboard's page of the study. Nothing here is drawn by hand."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -56,12 +55,12 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def shoot(url: str, path: Path, size: str = "1400,900") -> None:
+def shoot(url: str, path: Path, size: str = "1400,900", budget_ms: int = 25000) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise SystemExit("screenshots need Debian's chromium (apt-get install chromium)")
     subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--window-size={size}", "--virtual-time-budget=25000", f"--screenshot={path}", url],
+                    f"--window-size={size}", f"--virtual-time-budget={budget_ms}", f"--screenshot={path}", url],
                    check=True, capture_output=True, timeout=180)
     print(f"{path.relative_to(ROOT)} ({path.stat().st_size // 1024} KB) from {url}")
 
@@ -78,16 +77,18 @@ def main() -> None:
 
         client = open_client(store)
         exp = client.get_experiment_by_name("xp")
-        runs = [r.info.run_id for r in client.search_runs([exp.experiment_id], "tags.mlflow.parentRunId != ''")]
+        parent = client.search_runs([exp.experiment_id], "tags.`xp.sweep` = 'true'")[0].info.run_id
         ui, dash = free_port(), free_port()
         servers.append(serve([str(BIN / "mlflow"), "ui", "--backend-store-uri", store, "--host", "127.0.0.1",
                               "--port", str(ui)], f"http://127.0.0.1:{ui}/", work / "ui.log"))
         servers.append(serve([str(BIN / "optuna-dashboard"), storage, "--host", "127.0.0.1", "--port", str(dash)],
                              f"http://127.0.0.1:{dash}/", work / "dashboard.log"))
         IMAGES.mkdir(exist_ok=True)
-        compare = (f"http://127.0.0.1:{ui}/#/compare-runs?runs={json.dumps(runs)}"
-                   f"&experiments={json.dumps([exp.experiment_id])}").replace(" ", "")
-        shoot(compare, IMAGES / "mlflow-compare.png", "1400,1300")
+        from xp.tracking import view
+
+        # the link the study printed: its trials, lr, batch and momentum against val_accuracy (xp.tracking.view)
+        shoot(f"http://127.0.0.1:{ui}/{view.page(exp.experiment_id, f'xp-{parent}')}", IMAGES / "mlflow-compare.png",
+              "1900,1100", budget_ms=60000)
         shoot(f"http://127.0.0.1:{dash}/dashboard/studies/1", IMAGES / "optuna-dashboard.png", "1400,1000")
     finally:
         for proc in servers:

@@ -3,12 +3,17 @@
 process namespace (a `ray stop` anywhere stops every Ray process of a machine; SIGKILL of a node's first process
 is a clean host crash). Every Ray process is given its host's address (never this machine's interfaces). An
 MLflow server on h1 serves every node.
+
+Token authentication: the module's cluster asks for a token (its own file), and every process here runs with a
+home folder of the test's own (empty: Ray's ~/.ray/auth_token of the machine plays no part), RAY_AUTH_MODE pinned.
+xp's own cluster runs with and without a token file in its home, and a cluster without tokens is asked with one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,7 +26,8 @@ import pytest
 from conformance import assert_killed_line, conformance, kill_one_worker, study_trials, wait_for
 from conftest import ROOT, metric_by_step, mlflow_runs, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
-from test_multihost import ENGINES, env, runs
+from test_multihost import ENGINES, runs
+from test_multihost import env as host_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 PORT = 6380
@@ -36,6 +42,11 @@ def cluster(tmp_path_factory):
     if why:
         pytest.fail(why)  # CI runs as root with the packages ./dev.sh installs: a missing piece is a failure
     with hosts.Cluster(3) as c:
+        c.home = tmp_path_factory.mktemp("home")  # no ~/.ray/auth_token: the tokens here are the tests' own
+        c.token = tmp_path_factory.mktemp("token") / "auth_token"
+        c.token.write_text(secrets.token_hex(32))
+        global CLUSTER
+        CLUSTER = c
         c.db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
         c.uri = c.mlflow_server(c.db)
         c.ray_address = f"{c.launcher.address}:{PORT}"
@@ -48,6 +59,20 @@ def cluster(tmp_path_factory):
                 wait_nodes(c, 1)
         wait_nodes(c, 3)
         yield c
+
+
+CLUSTER = None  # the module's cluster (its token, its home folder), for env()
+
+
+def env(token: bool = True, home: Path | None = None) -> dict:
+    """The environment of every process here: the module's cluster's token (RAY_AUTH_MODE=token and its file; or
+    RAY_AUTH_MODE unset and no token), a home folder of the test's own."""
+    e = dict(host_env(), HOME=str(home or CLUSTER.home))
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        e.pop(k, None)
+    if token:
+        e.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(CLUSTER.token))
+    return e
 
 
 def start_node(c, h, role: list[str]) -> None:
@@ -184,9 +209,64 @@ def test_bad_ray_settings_are_one_line_before_anything_starts(cluster, tmp_path)
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_without_an_address_a_command_runs_on_a_ray_cluster_of_its_machine_which_ends_with_it(cluster, tmp_path):
+def test_a_cluster_that_asks_for_a_token_xp_was_not_given_is_one_line(cluster, tmp_path):
+    """The module's cluster asks for a token: without one (RAY_AUTH_MODE unset, an empty home folder), or with
+    another, the command says so in one line, naming what to set, before anything starts."""
+    c = cluster
+    wrong = tmp_path / "wrong_token"
+    wrong.write_text(secrets.token_hex(32))
+    for extra, said in (({}, "asks for a token (token authentication) and xp was given none"),
+                        ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(wrong)}, f"refused the token of {wrong}")):
+        r = subprocess.run(xp_on_ray(c, tmp_path, "backend=torch", "workers=2", "launcher.connect_timeout_s=5",
+                                     experiment="ray-token"),
+                           cwd=ROOT, env={**env(token=False), **extra}, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 2 and said in r.stderr and "RAY_AUTH_TOKEN" in r.stderr, r.stderr[-2000:]
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert runs(c, "ray-token")[1] == []
+
+
+def test_a_cluster_without_tokens_is_asked_with_the_token_the_user_has(cluster, tmp_path):
+    """A cluster started with RAY_AUTH_MODE=disabled (a second head on h1, 2 CPUs), a user whose home folder holds
+    Ray's token file and who set no RAY_AUTH_MODE: xp asks in token mode (what that file implies), and a cluster
+    without tokens answers that too: a 2-trial study runs there."""
+    from test_scheduler import TINY
+
+    c = cluster
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    port = PORT + 1
+    log = open(tmp_path / "ray-open.out", "w")
+    head = subprocess.Popen([*c.launcher.enter(), "unshare", "--pid", "--fork", "--mount-proc", RAY, "start",
+                             "--block", "--head", f"--port={port}", f"--node-ip-address={c.launcher.address}",
+                             "--num-cpus=2", "--include-dashboard=false", "--object-store-memory=80000000",
+                             "--disable-usage-stats", f"--temp-dir={tmp_path / 'ray'}",
+                             "--dashboard-agent-listen-port=52400", "--metrics-export-port=52401"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**env(token=False, home=home), "RAY_AUTH_MODE": "disabled"})
+    try:
+        sweeps = tmp_path / "sweeps"
+        sweeps.mkdir()
+        (sweeps / "tiny.yaml").write_text(TINY.format(n=2))
+        storage = f"sqlite:///{tmp_path}/optuna.db"
+        argv = xp_on_ray(c, tmp_path, "-m", "sweep=tiny", "epochs=1", experiment="ray-open")
+        argv[argv.index(f"launcher.address={c.ray_address}")] = f"launcher.address={c.launcher.address}:{port}"
+        r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=dict(env(token=False, home=home), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + (tmp_path / "ray-open.out").read_text()[-2000:]
+        assert [t.state.name for t in study_trials(storage)] == ["COMPLETE"] * 2
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)  # its pid namespace: the head's every process
+        head.wait(timeout=30)
+
+
+@pytest.mark.parametrize("token_file", [False, True], ids=["no-token-file", "token-file"])
+def test_without_an_address_a_command_runs_on_a_ray_cluster_of_its_machine_which_ends_with_it(cluster, tmp_path,
+                                                                                              token_file):
     """No launcher.address, no $RAY_ADDRESS: the command starts a Ray cluster of its machine (h1) for itself, runs
-    a study's trials there (a file store is fine: the nodes are this machine) and ends the cluster with it."""
+    a study's trials there (a file store is fine: the nodes are this machine) and ends the cluster with it; with
+    or without Ray's token file in the home folder (whose presence turns tokens on at `ray start --head`: the
+    cluster has a token of its own either way)."""
     from test_scheduler import TINY
 
     c = cluster
@@ -195,10 +275,15 @@ def test_without_an_address_a_command_runs_on_a_ray_cluster_of_its_machine_which
     (sweeps / "tiny.yaml").write_text(TINY.format(n=3))
     storage = f"sqlite:///{tmp_path}/optuna.db"
     before = c.launcher.pids()
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    if token_file:
+        (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
     r = subprocess.run(c.on_launcher(["env", sys.executable, "-m", "xp", "-m", "sweep=tiny", "launcher=ray",
                                       "sweep.parallel=2", "epochs=1", f"tracking_uri=sqlite:///{tmp_path}/mlflow.db",
                                       "experiment=ray-local", f"hydra.sweep.dir={tmp_path}/sweep"]),
-                       cwd=ROOT, env=dict(env(), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage),
+                       cwd=ROOT, env=dict(env(token=False, home=home), XP_SWEEPS_DIR=str(sweeps),
+                                          XP_OPTUNA_STORAGE=storage),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "xp: launcher=ray: a Ray cluster of this machine for this command at 127.0.0.1:" in r.stdout, r.stdout

@@ -427,8 +427,14 @@ def test_an_interrupted_study_leaves_nothing_running_and_the_same_command_finish
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
     assert proc.returncode == (130 if how == "ctrl-c" else 143), out[-3000:]
-    assert took < 15, f"the command took {took:.1f} s to stop"
+    # a stopped worker waits 0.5 s for the store at most and leaves the rest to the command (one writer): it ends
+    # in about a second (benchmarks/stop_latency.py: 20 stops within 2 s); before, the pool waited out 10 s for a
+    # worker blocked on the store half the time. (Generous here: CI's machine runs other tests beside it.)
+    assert took < 6, f"the command took {took:.1f} s to stop"
     assert "Traceback" not in out, out[-3000:]
+    table = [line for line in out.splitlines() if line.startswith("| trial ")]
+    assert table and not [line for line in table if line.rstrip(" |").endswith("RUNNING")], table  # as they ended
+    assert sum(line.rstrip(" |").endswith("KILLED") for line in table) == 2, table
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
     trials = trials_of(tmp_path)
     states = [t.state.name for t in trials]

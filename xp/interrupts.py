@@ -11,9 +11,18 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from xp.errors import Terminated
+
+# called (in the signal handler: quick, no locks) when SIGINT or SIGTERM arrives, held or not: a study's worker
+# bounds its waits for the store from then on (xp.tracking.spool.stopping)
+when_signalled: list[Callable[[], None]] = []
+
+
+def signalled() -> None:
+    for hook in when_signalled:
+        hook()
 
 
 class Interrupts:
@@ -23,6 +32,7 @@ class Interrupts:
 
     def _handler(self, signum: int, frame: object) -> None:
         error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+        signalled()
         again = bool(self.pending)
         self.pending.append(error)
         if again or self._waiting:

@@ -57,27 +57,41 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
         raise
     finally:
         status = end_state(error, failed=rc != 0)
+        swept = os.environ.pop(SWEPT_ENV, "")
         os.environ.pop(PARENT_ENV, None)
-        os.environ.pop(SWEPT_ENV, None)
         os.environ.pop(sweepstate.RESUMED_ENV, None)
         rows: list[dict[str, Any]] | None = None
+        view: str | None = None
+        # what stopped workers left in spools first (the trials' ends among it): the table shows how runs ended
+        deliver_left_over(uri, STOPPED_DELIVER_S if status == "KILLED" else DELIVER_S)
         try:
             children = sweepstate.latest_per_job(parent.child_runs())
             rows = [summary.row_from_mlflow(r) for r in children]
             parent.log_params(summary.parent_params(rows, children))
             parent.set_tags(summary.parent_tags(children))
+            view = _share_view(parent, config, swept, kind)
         except Exception as e:  # the store is away: the jobs' records wait in spools; the sweep still ends
             from xp.errors import one_line
 
             log.warning(f"sweep: no table: the tracking store did not answer ({one_line(e)[:200]})")
         finally:
             parent.end(status)
-            deliver_left_over(uri)
         if rows is not None:
-            _say_table(parent, rows, status)
+            _say_table(parent, rows, status, view)
 
 
-def _say_table(parent: Any, rows: list[dict[str, Any]], status: str) -> None:
+def _share_view(parent: Any, config: dict[str, Any], swept: str, kind: str) -> str | None:
+    """The UI's view of this sweep's runs (xp.tracking.view): a study's searched parameters, a sweep's varied
+    keys, against the objective(s)."""
+    from xp.tracking import view
+
+    study = config.get("sweep") or {}
+    params = list(study.get("params") or {}) or [k for k in swept.split(",") if k]
+    metrics = [o["metric"] for o in study.get("objectives") or []] or ["val_accuracy"]
+    return view.share(parent.client, parent.experiment_id, parent.run_id, kind, params, metrics)
+
+
+def _say_table(parent: Any, rows: list[dict[str, Any]], status: str, view: str | None = None) -> None:
     """The sweep's table: every run, or the SHOWN best of a larger sweep with where to see them all."""
     from xp.tracking import summary
 
@@ -85,11 +99,12 @@ def _say_table(parent: Any, rows: list[dict[str, Any]], status: str) -> None:
     print(summary.table(rows if len(rows) <= SHOWN else summary.best(rows, SHOWN)))
     if len(rows) > SHOWN:
         print(f"(the {SHOWN} best of {len(rows)} by best val_accuracy; all of them in the report below)")
-    print(compare_lines(parent.uri, parent.experiment, parent.experiment_id, parent.run_id))
+    print(compare_lines(parent.uri, parent.experiment, parent.experiment_id, parent.run_id, view))
 
 
-def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: str) -> str:
-    """How to compare a sweep's runs: its report's command, and its page in the MLflow UI."""
+def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: str, view: str | None = None) -> str:
+    """How to compare a sweep's runs: its report's command, its runs in the MLflow UI (the view xp shared: what it
+    varied against the objective), and the parent's page."""
     import sys
     from pathlib import Path
 
@@ -101,17 +116,28 @@ def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: 
     store = "" if default else f" --tracking-uri '{redact(uri)}'"
     named = "" if experiment == "xp" else f" --experiment {experiment}"
     python = typed(Path(sys.executable))
+    from xp.tracking import view as views
+
     if uri.startswith(("http://", "https://")):
-        ui = f"{uri.rstrip('/')}/{page(experiment_id, run_id)}"
+        base, start = uri.rstrip("/"), ""
     else:
         mlflow = typed(Path(sys.executable).parent / "mlflow")
-        ui = (f"{'make ui PORT=5000' if default else f'{mlflow} ui --backend-store-uri {redact(uri)!r} --port 5000'}"
-              f", then http://127.0.0.1:5000/{page(experiment_id, run_id)}")
-    return f"compare: {python} -m xp.report --parent {run_id}{named}{store}   (tables and plots into reports/)\n" \
-           f"     UI: {ui}"
+        base = "http://127.0.0.1:5000"
+        start = f"{'make ui PORT=5000' if default else f'{mlflow} ui --backend-store-uri {redact(uri)!r} --port 5000'}, then "
+    lines = [f"compare: {python} -m xp.report --parent {run_id}{named}{store}   (tables and plots into reports/)"]
+    if view and experiment_id:
+        lines.append(f"     UI: {start}{base}/{views.page(experiment_id, view)}   (its runs, what it varied "
+                     "against the objective)")
+        start = ""
+    lines.append(f"{'     UI' if start else ' parent'}: {start}{base}/{page(experiment_id, run_id)}")
+    return "\n".join(lines)
 
 
-def deliver_left_over(uri: str, wait_s: float = 30.0) -> int:
+DELIVER_S = 30.0  # how long a sweep's end waits for a store that is away to take what its processes left
+STOPPED_DELIVER_S = 3.0  # ... when it was stopped (Ctrl-C): the records then wait in their spools (xp.sync)
+
+
+def deliver_left_over(uri: str, wait_s: float = DELIVER_S) -> int:
     """What the sweep's processes left in spools for `uri` (a study's workers that ended while the store was away)
     delivered, within wait_s in all; one line says how many records still wait. Returns that number."""
     from xp.tracking.sync import deliver_pending

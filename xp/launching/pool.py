@@ -28,7 +28,9 @@ from xp.studies.channel import Channel, Exit, Hello, Inbox, Message, Ready
 log = logging.getLogger("xp")
 
 READY_S = 300.0  # a worker that has not imported its frameworks by then is taken for a broken one
-STOP_S = 10.0  # how long a stopped study waits for its busy workers to end their trials' runs
+# how long a stopped study waits for its busy workers to end their trials' runs (they wait for the store 0.5 s at
+# most: xp.launching.trialworker.STOPPED_SETTLE_S), before SIGKILL
+STOP_S = 3.0
 DEATHS = 3  # workers of one slot that die in a row without finishing a trial: the study stops
 
 

@@ -91,7 +91,12 @@ def _connect(address: str, timeout_s: float) -> Any:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False,
                  namespace="xp")
     except Exception as e:  # no cluster there: Ray says so in its own words
-        raise SystemExit(f"launcher.address={address}: no Ray cluster answers there ({one_line(e)[:200]})") from None
+        said = one_line(e)[:200]
+        if host in ("127.0.0.1", "localhost", "::1"):  # Ray connects through this machine's address instead
+            from ray._private.services import resolve_ip_for_localhost
+
+            said += f"; Ray connects to {host} through this machine's address {resolve_ip_for_localhost(host)}"
+        raise SystemExit(f"launcher.address={address}: no Ray cluster answers there ({said})") from None
     return ray
 
 

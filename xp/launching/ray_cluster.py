@@ -7,6 +7,12 @@ command itself never connects to Ray: a short-lived driver per process, and one 
 launcher.address (or $RAY_ADDRESS) the command starts a cluster of this machine for itself (`local_cluster`).
 A study's slots follow the cluster: a slot whose node is lost goes where Ray has room, or is dropped, and the
 nodes that join are new slots (`grown`).
+
+Token authentication (Ray 2.60): a cluster started while ~/.ray/auth_token exists asks every driver for a token. xp
+passes on what the user's environment or Ray's own file gives (`pass_auth`: RAY_AUTH_MODE=token where a token is
+there; a driver in token mode connects to a cluster without tokens too), and its own cluster always has a token of
+its own (`local_cluster`), whatever the home folder holds. A cluster that asks for a token xp has not got is one
+line saying what to set.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import dataclasses
 import functools
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -75,7 +82,11 @@ class Ray(OnHosts):
         return self.options.address or os.environ.get("RAY_ADDRESS")
 
     def cluster(self) -> str:
-        return self.given() or local_cluster(float(self.options.connect_timeout_s))
+        given = self.given()
+        if given:
+            pass_auth()
+            return given
+        return local_cluster(float(self.options.connect_timeout_s))
 
     def address(self) -> str | None:
         return self.settings.host_ip or (None if self.given() else LOOPBACK)
@@ -185,6 +196,10 @@ def local_cluster(timeout_s: float) -> str:
     if ray is None:
         raise ConfigError(MISSING_RAY)
     port, folder = free_port(), tempfile.mkdtemp(prefix="xp-ray-")
+    # a token of its own, whatever ~/.ray/auth_token holds (its presence turns tokens on at `ray start --head`): the
+    # head and every driver of this command's (they inherit this environment) use it
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
     argv = [ray, "start", "--head", "--block", f"--port={port}", f"--node-ip-address={LOOPBACK}",
             f"--temp-dir={folder}", "--include-dashboard=false", "--disable-usage-stats",
             f"--dashboard-agent-listen-port={free_port()}"]  # not Ray's fixed 52365: a second cluster here starts too
@@ -216,6 +231,35 @@ def local_cluster(timeout_s: float) -> str:
     return f"{LOOPBACK}:{port}"
 
 
+AUTH_FAILED = ("InvalidAuthToken", "Unauthenticated", "no authentication token was found")  # what Ray says then
+TOKEN_FILE = os.path.join("~", ".ray", "auth_token")  # Ray's own token file
+
+
+def pass_auth() -> None:
+    """A cluster the user named: xp's drivers (this process's children) ask with the token the user's environment
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH) or Ray's own file gives, as `ray` itself does once RAY_AUTH_MODE=token;
+    a RAY_AUTH_MODE the user set stays as it is."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser(TOKEN_FILE)
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def auth_failed(address: str) -> str:
+    """The line for a cluster that asked for a token xp was not given, or refused the one it was."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    given = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else os.environ.get("RAY_AUTH_TOKEN_PATH")
+             or (TOKEN_FILE if os.path.isfile(os.path.expanduser(TOKEN_FILE)) else None))
+    if mode == "token" and given:
+        what = f"refused the token of {given}"
+    else:
+        what = "asks for a token (token authentication) and xp was given none" + \
+               (f" (RAY_AUTH_MODE={mode})" if mode and mode != "token" else "")
+    return (f"launcher.address={address}: the Ray cluster there {what}: set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, "
+            f"or {TOKEN_FILE}) to the cluster's token (`ray get-auth-token` on its head) and RAY_AUTH_MODE=token")
+
+
 def nodes(address: str, timeout_s: float) -> list[dict]:
     """The cluster's live nodes: [{"id", "address", "CPU", "GPU"}], asked by a short-lived driver (xp itself
     never connects to Ray). One line (ConfigError) when Ray is missing or no cluster answers."""
@@ -225,6 +269,8 @@ def nodes(address: str, timeout_s: float) -> list[dict]:
     except subprocess.TimeoutExpired:
         raise ConfigError(f"launcher.address={address}: no Ray cluster answered within {timeout_s + 30:g} s") from None
     if r.returncode != 0:
+        if any(said in r.stderr for said in AUTH_FAILED):
+            raise ConfigError(auth_failed(address))
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         raise ConfigError(lines[-1] if lines else f"launcher.address={address}: asking Ray failed ({r.returncode})")
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -32,12 +32,20 @@ TRACKING_ENV = "XP_SLOT_TRACKING"  # the tracking store it opens before its firs
 CONNECT_ENV = "XP_SLOT_CONNECT"  # on another host: HOST:PORT where the scheduler waits for it
 TOKEN_ENV = "XP_SLOT_TOKEN"  # ... and the secret that names its slot there
 SETTLE_S = 8.0  # how long a leaving worker waits for the store to take its trials' records (the pool waits 10 s)
+# a stopped worker (Ctrl-C, SIGTERM) waits for the store this long at most after the signal: its run's records, the
+# end KILLED last, stay in their spools and the study's command delivers them once every worker has gone (one
+# writer: three processes contending for one SQLite file at a stop made it wait out the pool's 10 s)
+STOPPED_SETTLE_S = 0.5
 
 
 def main(argv: list[str]) -> int:
     from xp.launching.slots import Slot
 
     die_with_parent()  # a SIGKILLed scheduler leaves no worker behind
+    from xp.interrupts import when_signalled
+    from xp.tracking import spool
+
+    when_signalled.append(lambda: spool.stopping(STOPPED_SETTLE_S))
     signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
         signal.signal(signal.SIGINT, _stopped)
@@ -198,7 +206,9 @@ def _stopped(signum: int, frame: Any) -> None:
     """Ctrl-C or SIGTERM: the trial's run ends KILLED. Only the first signal counts: a stopped study's scheduler
     sends SIGTERM to a worker that Ctrl-C reached too, which must not cut short the end of its run."""
     from xp.errors import Terminated
+    from xp.interrupts import signalled
 
+    signalled()
     for s in (signal.SIGTERM, signal.SIGINT):  # a handler that does nothing, not SIG_IGN: a signal that came
         signal.signal(s, _ignored)  # while this one ran would find SIG_IGN and raise "ignored due to race condition"
     raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()

@@ -180,9 +180,13 @@ class Spool:
         return thread
 
     def _settled(self, timeout_s: float) -> None:
-        if not self.close(timeout_s):
-            log.warning("tracking store %s did not answer: %d records of run %s wait in %s; deliver them with: "
-                        "python -m xp.sync", redact(self.uri), self.left(), self.run_id, self.folder)
+        if self.close(bounded(timeout_s)):
+            return
+        if _stop_by is not None:  # stopping: what is left is delivered by the command that started this process
+            log.info("run %s stopped: %d records wait in %s for delivery", self.run_id, self.left(), self.folder)
+            return
+        log.warning("tracking store %s did not answer: %d records of run %s wait in %s; deliver them with: "
+                    "python -m xp.sync", redact(self.uri), self.left(), self.run_id, self.folder)
 
     def close(self, timeout_s: float = FLUSH_S) -> bool:
         """Wait (at most timeout_s) for the store to take every record; True if it did. The spool folder goes
@@ -283,6 +287,20 @@ class Spool:
 
 
 _unsettled: list[Spool] = []  # runs ended with end(later=True), in order: their drains may still be delivering
+_stop_by: float | None = None  # the process stops (stopping()): no wait for a store goes past this moment
+
+
+def stopping(within_s: float) -> None:
+    """This process was told to stop (a study's worker: Ctrl-C, SIGTERM): from now on no wait for a store lasts past
+    `within_s` from now; what is not delivered by then stays in its spool (durable, in the pending index), for the
+    process that started this one to deliver once every worker has gone (one writer: no contention) or for xp.sync."""
+    global _stop_by
+    _stop_by = time.monotonic() + within_s
+
+
+def bounded(timeout_s: float) -> float:
+    """A wait of timeout_s, cut to what is left before a stop's moment (stopping())."""
+    return timeout_s if _stop_by is None else max(0.0, min(timeout_s, _stop_by - time.monotonic()))
 
 
 def settle(timeout_s: float = FLUSH_S, away_only: bool = False) -> None:
@@ -290,7 +308,7 @@ def settle(timeout_s: float = FLUSH_S, away_only: bool = False) -> None:
     away_only: only if one of those stores is away (the next run would not start either)."""
     if away_only and all(s.away_since is None for s in _unsettled):
         return
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + bounded(timeout_s)
     while _unsettled:
         _unsettled.pop(0)._settled(max(0.0, deadline - time.monotonic()))
 

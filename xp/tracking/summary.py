@@ -138,7 +138,9 @@ def row_from_mlflow(run: Any) -> dict[str, Any]:
         or result("io_throughput_samples_per_s", "summary.io_throughput"),
         "gpu_utilization": result("gpu_utilization_pct", "gpu_utilization"),
         "cost_usd": result("cost_usd", "cost_usd"),
-        "state": run.data.tags.get("optuna.trial_state", run.info.status),
+        # a trial's state where its run finished (COMPLETE, PRUNED); else how the run ended (KILLED, FAILED)
+        "state": run.data.tags.get("optuna.trial_state", run.info.status) if run.info.status == "FINISHED"
+        else run.info.status,
     }
 
 

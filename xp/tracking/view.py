@@ -1,0 +1,69 @@
+"""A sweep's or a study's comparison, as MLflow's UI shows it: a shared view of the experiment's runs page.
+
+MLflow's UI (3.x) opens an experiment's runs page from a view someone shared: an experiment tag
+`mlflow.sharedViewState.KEY` holding the page's state as JSON, opened by `?viewStateShareKey=KEY` in the page's
+address. xp writes one per sweep or study: the runs of its parent only, sorted by the objective, with the searched
+parameters and the objective(s) as the table's columns, and a parallel-coordinates chart of them first among the
+charts (the Compare view). The printed UI link opens it; without it the page opens on every run of the experiment,
+no parameter or metric column shown, and a Compare view of whatever parameters MLflow picks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+log = logging.getLogger("xp")
+
+SHARED = "mlflow.sharedViewState."  # the experiment tag's prefix MLflow's UI reads
+MAX_TAG = 5000  # the characters an experiment tag's value may hold in every store MLflow has
+
+
+def column(kind: str, key: str) -> str:
+    """A runs-table column as MLflow's UI names it: params.`lr`, metrics.`val_accuracy`."""
+    return f"{kind}.`{key}`"
+
+
+def state(parent_run_id: str, name: str, params: list[str], metrics: list[str]) -> dict[str, Any]:
+    """The runs page's state: this parent's runs, best first, the parameters and metrics as columns, and a chart
+    section whose first chart is their parallel coordinates."""
+    section = f"xp-{parent_run_id[:12]}"
+    chart = {"uuid": f"{section}-parallel", "type": "PARALLEL", "runsCountToCompare": 100, "metricSectionId": section,
+             "deleted": False, "isGenerated": False, "displayName": f"{name}: {', '.join(params)} against "
+             f"{', '.join(metrics)}", "selectedParams": params, "selectedMetrics": metrics, "showAllRuns": True}
+    return {"searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+            "orderByKey": column("metrics", metrics[0]), "orderByAsc": False, "startTime": "ALL",
+            "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
+            "selectedColumns": [column("params", p) for p in params] + [column("metrics", m) for m in metrics],
+            "runsHiddenMode": "SHOW_ALL", "compareRunCharts": [chart],
+            "compareRunSections": [{"uuid": section, "name": name, "display": True, "isReordered": False,
+                                    "deleted": False, "isGenerated": False}],
+            "isAccordionReordered": True, "hideEmptyCharts": True}
+
+
+def share(client: Any, experiment_id: str, parent_run_id: str, name: str, params: list[str],
+          metrics: list[str]) -> str | None:
+    """Write the view of a parent's runs on its experiment; its key (None if it cannot be written: the printed
+    link then opens the parent's page, as before)."""
+    if not params or not metrics:
+        return None
+    key = f"xp-{parent_run_id}"
+    value = json.dumps(state(parent_run_id, name, params, metrics), separators=(",", ":"))
+    if len(value) > MAX_TAG:
+        return None
+    try:
+        client.set_experiment_tag(experiment_id, SHARED + key, value)
+    except Exception as e:  # the store went away: the link to the parent's page stands
+        from xp.errors import one_line
+
+        log.debug("the UI's view of %s not written: %s", parent_run_id, one_line(e))
+        return None
+    return key
+
+
+def page(experiment_id: str, key: str) -> str:
+    """The experiment's runs page in that view (a path after the UI's address), in MLflow's Model training view,
+    on its Compare charts."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={key}&compareRunsMode=CHART&" \
+           "workflowType=machine_learning"
