@@ -22,6 +22,13 @@ CONF = ROOT / "conf"
 # xp's state folder (the index of runs' spools waiting for a store, xp.spool): each test process's own (under
 # pytest-xdist too, whose workers would otherwise inherit the controller's)
 os.environ["XP_STATE_DIR"] = tempfile.mkdtemp(prefix="xp-test-state-")
+# nothing from the home folder or the user's environment: the data and weights caches are each test process's own
+# (a test that wants one sets its own), and Ray's authentication and address are what a test gives (tests/test_ray.py)
+_OWN = tempfile.mkdtemp(prefix="xp-test-home-")
+os.environ.update({"XP_CACHE_DIR": os.path.join(_OWN, "cache"), "MXNET_HOME": os.path.join(_OWN, "mxnet"),
+                   "TORCH_HOME": os.path.join(_OWN, "torch")})
+for _variable in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS", "XP_UI_URL"):
+    os.environ.pop(_variable, None)
 
 
 # Under pytest-xdist (./dev.sh test: -n auto --dist loadscope), a module's tests run in one process, as its

@@ -42,8 +42,11 @@ def cluster(tmp_path_factory):
     if why:
         pytest.fail(why)  # CI runs as root with the packages ./dev.sh installs: a missing piece is a failure
     with hosts.Cluster(3) as c:
-        c.home = tmp_path_factory.mktemp("home")  # no ~/.ray/auth_token: the tokens here are the tests' own
-        c.token = tmp_path_factory.mktemp("token") / "auth_token"
+        # seen at the same path on every host (a worker host's /tmp is its own): an empty home folder (no
+        # ~/.ray/auth_token: the tokens here are the tests' own) and the cluster's token file
+        c.home = c.shared / "home"
+        c.home.mkdir()
+        c.token = c.shared / "auth_token"
         c.token.write_text(secrets.token_hex(32))
         global CLUSTER
         CLUSTER = c
@@ -75,6 +78,13 @@ def env(token: bool = True, home: Path | None = None) -> dict:
     return e
 
 
+def refused(c, address: str) -> bool:
+    """Nothing listens at address (HOST:PORT on the launcher's network) yet."""
+    host, port = address.rsplit(":", 1)
+    probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=2).close()"
+    return subprocess.run(c.on_launcher([sys.executable, "-c", probe]), capture_output=True, timeout=30).returncode != 0
+
+
 def start_node(c, h, role: list[str]) -> None:
     log = open(c.dir / f"ray-{h.name}.out", "a")
     h.daemons.append(subprocess.Popen(
@@ -91,7 +101,8 @@ def wait_nodes(c, n: int, timeout: float = 90) -> list[dict]:
         found = json.loads(r.stdout.splitlines()[-1]) if r.returncode == 0 else []
         if len(found) == n:
             return found
-        assert time.monotonic() < deadline, (r.stderr[-2000:], (c.dir / "ray-h1.out").read_text()[-2000:])
+        assert time.monotonic() < deadline, (r.returncode, r.stdout[-1000:], r.stderr[-2000:],
+                                             (c.dir / "ray-h1.out").read_text()[-2000:])
         time.sleep(1)
 
 
@@ -225,36 +236,47 @@ def test_a_cluster_that_asks_for_a_token_xp_was_not_given_is_one_line(cluster, t
     assert runs(c, "ray-token")[1] == []
 
 
-def test_a_cluster_without_tokens_is_asked_with_the_token_the_user_has(cluster, tmp_path):
-    """A cluster started with RAY_AUTH_MODE=disabled (a second head on h1, 2 CPUs), a user whose home folder holds
-    Ray's token file and who set no RAY_AUTH_MODE: xp asks in token mode (what that file implies), and a cluster
-    without tokens answers that too: a 2-trial study runs there."""
+def test_the_token_in_the_users_home_folder_reaches_a_cluster_that_asks_for_it_and_no_other(cluster, tmp_path):
+    """A user whose home folder holds Ray's token file (as any local ray.init() leaves it) and who set no
+    RAY_AUTH_MODE: a 2-trial study runs on the module's cluster, which asks for that token (xp asks again in token
+    mode), and on a cluster started without tokens (a second head on h1, 2 CPUs), which xp asks without one (a
+    driver in token mode cannot run actors there)."""
     from test_scheduler import TINY
 
     c = cluster
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
-    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    (home / ".ray" / "auth_token").write_text(c.token.read_text())
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "tiny.yaml").write_text(TINY.format(n=2))
+
+    def study(address: str, name: str) -> None:
+        storage = f"sqlite:///{tmp_path}/{name}.db"
+        argv = xp_on_ray(c, tmp_path / name, "-m", "sweep=tiny", "epochs=1", experiment=f"ray-{name}")
+        argv[argv.index(f"launcher.address={c.ray_address}")] = f"launcher.address={address}"
+        r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=dict(env(token=False, home=home), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert [t.state.name for t in study_trials(storage)] == ["COMPLETE"] * 2
+
+    study(c.ray_address, "token")
     port = PORT + 1
     log = open(tmp_path / "ray-open.out", "w")
     head = subprocess.Popen([*c.launcher.enter(), "unshare", "--pid", "--fork", "--mount-proc", RAY, "start",
                              "--block", "--head", f"--port={port}", f"--node-ip-address={c.launcher.address}",
                              "--num-cpus=2", "--include-dashboard=false", "--object-store-memory=80000000",
-                             "--disable-usage-stats", f"--temp-dir={tmp_path / 'ray'}",
+                             "--disable-usage-stats", f"--temp-dir={c.dir / 'ray-open'}",  # (a short path: sockets)
                              "--dashboard-agent-listen-port=52400", "--metrics-export-port=52401"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**env(token=False, home=home), "RAY_AUTH_MODE": "disabled"})
     try:
-        sweeps = tmp_path / "sweeps"
-        sweeps.mkdir()
-        (sweeps / "tiny.yaml").write_text(TINY.format(n=2))
-        storage = f"sqlite:///{tmp_path}/optuna.db"
-        argv = xp_on_ray(c, tmp_path, "-m", "sweep=tiny", "epochs=1", experiment="ray-open")
-        argv[argv.index(f"launcher.address={c.ray_address}")] = f"launcher.address={c.launcher.address}:{port}"
-        r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                           env=dict(env(token=False, home=home), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage))
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + (tmp_path / "ray-open.out").read_text()[-2000:]
-        assert [t.state.name for t in study_trials(storage)] == ["COMPLETE"] * 2
+        address = f"{c.launcher.address}:{port}"
+        deadline = time.monotonic() + 90
+        while refused(c, address):  # the head is up
+            assert head.poll() is None and time.monotonic() < deadline, (tmp_path / "ray-open.out").read_text()[-2000:]
+            time.sleep(0.5)
+        study(address, "open")
     finally:
         os.killpg(head.pid, signal.SIGKILL)  # its pid namespace: the head's every process
         head.wait(timeout=30)

@@ -9,10 +9,9 @@ A study's slots follow the cluster: a slot whose node is lost goes where Ray has
 nodes that join are new slots (`grown`).
 
 Token authentication (Ray 2.60): a cluster started while ~/.ray/auth_token exists asks every driver for a token. xp
-passes on what the user's environment or Ray's own file gives (`pass_auth`: RAY_AUTH_MODE=token where a token is
-there; a driver in token mode connects to a cluster without tokens too), and its own cluster always has a token of
-its own (`local_cluster`), whatever the home folder holds. A cluster that asks for a token xp has not got is one
-line saying what to set.
+passes on what the user's environment or Ray's own file gives, to a cluster that asks for it (`nodes`: asked again
+with RAY_AUTH_MODE=token), and its own cluster always has a token of its own (`local_cluster`), whatever the home
+folder holds. A cluster that asks for a token xp has not got is one line saying what to set.
 """
 
 from __future__ import annotations
@@ -82,11 +81,7 @@ class Ray(OnHosts):
         return self.options.address or os.environ.get("RAY_ADDRESS")
 
     def cluster(self) -> str:
-        given = self.given()
-        if given:
-            pass_auth()
-            return given
-        return local_cluster(float(self.options.connect_timeout_s))
+        return self.given() or local_cluster(float(self.options.connect_timeout_s))
 
     def address(self) -> str | None:
         return self.settings.host_ip or (None if self.given() else LOOPBACK)
@@ -235,17 +230,6 @@ AUTH_FAILED = ("InvalidAuthToken", "Unauthenticated", "no authentication token w
 TOKEN_FILE = os.path.join("~", ".ray", "auth_token")  # Ray's own token file
 
 
-def pass_auth() -> None:
-    """A cluster the user named: xp's drivers (this process's children) ask with the token the user's environment
-    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH) or Ray's own file gives, as `ray` itself does once RAY_AUTH_MODE=token;
-    a RAY_AUTH_MODE the user set stays as it is."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser(TOKEN_FILE)
-    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
-        os.environ["RAY_AUTH_MODE"] = "token"
-
-
 def auth_failed(address: str) -> str:
     """The line for a cluster that asked for a token xp was not given, or refused the one it was."""
     mode = os.environ.get("RAY_AUTH_MODE")
@@ -262,15 +246,54 @@ def auth_failed(address: str) -> str:
 
 def nodes(address: str, timeout_s: float) -> list[dict]:
     """The cluster's live nodes: [{"id", "address", "CPU", "GPU"}], asked by a short-lived driver (xp itself
-    never connects to Ray). One line (ConfigError) when Ray is missing or no cluster answers."""
+    never connects to Ray). A cluster that asks for a token, where the user's environment or Ray's own file has one
+    and RAY_AUTH_MODE is unset: asked again in token mode, which every later driver of this command keeps (a driver
+    in token mode cannot run actors on a cluster without tokens: the mode follows the cluster). One line
+    (ConfigError) when Ray is missing, no cluster answers, or it asks for a token xp has not got."""
+    rc, out, err = _ask(address, timeout_s)
+    if rc == AUTH and "RAY_AUTH_MODE" not in os.environ and token_given():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        rc, out, err = _ask(address, timeout_s)
+    if rc == AUTH:
+        raise ConfigError(auth_failed(address))
+    if rc != 0:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        raise ConfigError(lines[-1] if lines else f"launcher.address={address}: asking Ray failed ({rc})")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+AUTH = -1000  # _ask's return code for a cluster that refused the driver for want of a token
+
+
+def _ask(address: str, timeout_s: float) -> tuple[int, str, str]:
+    """Run the nodes driver; its return code, output and errors. Ray logs a refused token at its first call and
+    then retries until its timeout: that line ends the driver at once (AUTH)."""
+    import select
+
+    proc = subprocess.Popen([sys.executable, "-m", "xp.launching.ray_actors", "nodes", address, str(timeout_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, err = time.monotonic() + timeout_s + 30, []
     try:
-        r = subprocess.run([sys.executable, "-m", "xp.launching.ray_actors", "nodes", address, str(timeout_s)],
-                           capture_output=True, text=True, timeout=timeout_s + 30)
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"launcher.address={address}: no Ray cluster answered within {timeout_s + 30:g} s") from None
-    if r.returncode != 0:
-        if any(said in r.stderr for said in AUTH_FAILED):
-            raise ConfigError(auth_failed(address))
-        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        raise ConfigError(lines[-1] if lines else f"launcher.address={address}: asking Ray failed ({r.returncode})")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        while True:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"launcher.address={address}: no Ray cluster answered within {timeout_s + 30:g} s")
+            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+            line = proc.stderr.readline() if ready else None
+            if line == "":  # its errors closed: it ends
+                break
+            if line:
+                err.append(line)
+                if any(said in line for said in AUTH_FAILED):
+                    return AUTH, "", "".join(err)
+        out = proc.stdout.read()
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic())), out, "".join(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def token_given() -> bool:
+    """Whether the user's environment (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH) or Ray's own file has a token."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser(TOKEN_FILE)
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
