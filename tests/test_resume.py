@@ -160,3 +160,36 @@ def test_a_studys_retention_keeps_the_best_complete_trial_and_what_a_resume_need
     trial(5, {"complete": True, "val_accuracy": 0.5})
     checkpoint.keep_best_trial(tmp_path / "trial-5", "val_accuracy", "minimize")  # minimize: the lowest stays
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trial-3", "trial-5"]
+
+
+@pytest.mark.slow
+def test_a_resumed_runs_model_is_the_best_epoch_of_the_whole_run(tmp_path, store):
+    """lr=0.1 peaks early (gluon's 2nd epoch of 5) and a SIGKILL lands after the 3rd: the resumed run's model is
+    the best epoch's of the whole run, loaded from its kept commit (checkpoint.keep_best=1), though no epoch after
+    the resume beats it; it predicts at that epoch's accuracy (before: the best epoch since the resume)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from test_models import PREDICT
+
+    args = ["backend=gluon", "epochs=5", "lr=0.1", f"checkpoint_dir={tmp_path / 'ckpt'}", "checkpoint.keep_last=1",
+            "checkpoint.keep_best=1"]
+    with xp_process(tmp_path / "a", store, *args) as proc:
+        wait_for_line(proc, "epoch 3/5", timeout=120)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    r = run_xp(tmp_path / "b", store, *args, "resume=true", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    client, [run] = mlflow_runs(store)
+    history = sorted(client.get_metric_history(run.info.run_id, "val_accuracy"), key=lambda m: m.step)
+    best = max(history, key=lambda m: m.value)
+    resumed_at = int(r.stdout.split("resuming after epoch ")[1].split()[0])
+    assert best.step < resumed_at and max(m.value for m in history if m.step > resumed_at) < best.value, history
+    model = client.get_logged_model(run.data.tags["xp.logged_model"].split("/")[-1])
+    assert model.tags["xp.epoch"] == str(best.step)
+    fresh = subprocess.run([sys.executable, "-c", PREDICT, store, run.data.tags["xp.logged_model"]], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert round(json.loads(fresh.stdout.strip().splitlines()[-1])["accuracy"], 4) == round(best.value, 4)

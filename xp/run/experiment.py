@@ -180,7 +180,7 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
                                                              else [])],
         "record": [history, TrackingCallback(tracker)],
         "commit": commits,
-        "output": [*model_output(plan, backend, tracker), *([SaveParams(plan.save_params, backend.get_params)]
+        "output": [*model_output(plan, backend, tracker, before), *([SaveParams(plan.save_params, backend.get_params)]
                                                              if plan.save_params and plan.rank == 0 else [])],
         "print": [ProgressBar(plan.steps_per_epoch, plan.worker_batch), ProgressPrinter(plan.epochs)],
         "decide": [*([stop] if stop else []),

@@ -2,7 +2,7 @@
 parameters in a file (save_params).
 
 A callback of the one loop: with `best` it keeps the network's parameters each time an epoch beats the best
-val_accuracy so far, with `last` every epoch's; the run's end writes them once as an MLflow model (through the
+val_accuracy so far (a resumed run's: so far in the whole run), with `last` every epoch's; the run's end writes them once as an MLflow model (through the
 backend: Backend.export_model) and logs it as the run's model (xp.tracking.models), with the metrics of the
 epoch it came from. Beside the model, `xp_input.json` says what its input is (shape, classes, the data set's
 pixel transform): `python -m xp.predict` reads image files with it.
@@ -31,17 +31,48 @@ class ModelOutput(Callback):
     kept (Backend.get_params) and handed to the tracker with a writer, which the run's end calls once to write
     the MLflow model (Backend.export_model) and log it: also when a trial is pruned, stopped or fails."""
 
-    def __init__(self, plan: Plan, backend: Any, logged: Callable[[Callable[[Path], None], int, dict], None]):
+    def __init__(self, plan: Plan, backend: Any, logged: Callable[[Callable[[Path], None], int, dict], None],
+                 before: Any = None):
         self.plan, self.how, self.backend, self.logged = plan, plan.model.log, backend, logged
         self.best: float | None = None
+        if before is not None and before.history:
+            self._resumed(before)
+
+    def _resumed(self, before: Any) -> None:
+        """A resumed run (xp.run.checkpoint.Commit `before`): its model is the whole run's. `last`: the epoch it
+        resumes from, its parameters now. `best`: the best epoch before it, from its commit if retention kept it
+        (the backend loads it, then the resume point again); later epochs replace it only if they beat it. A run
+        killed (SIGKILL) at its end logs its model when resumed, with no epoch left to train."""
+        history = before.history
+        if self.how == "last":
+            return self._keep(before.epoch, history[before.epoch - 1], self.backend.get_params())
+        values = [(m.get(OBJECTIVE), n) for n, m in enumerate(history, 1) if m.get(OBJECTIVE) is not None]
+        if not values:
+            return
+        value, epoch = max(values)
+        folder = before.folder.parent / f"epoch-{epoch}"
+        if epoch == before.epoch:
+            params = self.backend.get_params()
+        elif (folder / "meta.json").is_file() and self.plan.workers == 1:  # (a group's ranks load together)
+            self.backend.load_state(folder)
+            params = self.backend.get_params()
+            self.backend.load_state(before.folder)
+        else:
+            log.warning(f"model.log=best: the best epoch before the resume ({epoch}, {OBJECTIVE} {value:.4f}) has "
+                        f"no commit left in {before.folder.parent} (checkpoint.keep_best=1 keeps it) or is a "
+                        "group's: the run's model is the best epoch from the resume on")
+            return
+        self.best = value
+        self._keep(epoch, history[epoch - 1], params)
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         value = metrics.get(OBJECTIVE)
         if self.how == "best" and (value is None or self.best is not None and value <= self.best):
             return
         self.best = value if value is not None else self.best
-        params = self.backend.get_params()  # (a copy, as the epoch left them)
+        self._keep(epoch, metrics, self.backend.get_params())  # (a copy, as the epoch left them)
 
+    def _keep(self, epoch: int, metrics: dict[str, float], params: dict[str, Any]) -> None:
         def write(folder: Path) -> None:
             self.backend.export_model(folder, example_input(self.plan),
                                       {INPUT: json.dumps(input_description(self.plan))}, params)
@@ -59,15 +90,15 @@ class SaveParams(Callback):
         np.savez(self.path, **self.params())
 
 
-def model_output(plan: Plan, backend: Any, tracker: Any) -> list[Callback]:
-    """The callback for this run: none with model.log=none, on ranks other than 0, without a tracked run, or with a
-    backend that exports no model (Backend.export_model)."""
+def model_output(plan: Plan, backend: Any, tracker: Any, before: Any = None) -> list[Callback]:
+    """The callback for this run (`before`: the commit a resumed run goes on from): none with model.log=none, on
+    ranks other than 0, without a tracked run, or with a backend that exports no model (Backend.export_model)."""
     from xp.run.backend import Backend
 
     if plan.model.log == "none" or plan.rank != 0 or not tracker.run_id or plan.test_io \
             or type(backend).export_model is Backend.export_model:
         return []
-    return [ModelOutput(plan, backend, tracker.log_model)]
+    return [ModelOutput(plan, backend, tracker.log_model, before)]
 
 
 def example_input(plan: Plan, n: int = 2) -> np.ndarray:
