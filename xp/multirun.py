@@ -109,6 +109,7 @@ def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: 
     from pathlib import Path
 
     from xp.errors import redact
+    from xp.tracking import view as views
     from xp.tracking.provenance import page, typed
     from xp.tracking.stores import DEFAULT_URI, resolve_uri
 
@@ -116,14 +117,13 @@ def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: 
     store = "" if default else f" --tracking-uri '{redact(uri)}'"
     named = "" if experiment == "xp" else f" --experiment {experiment}"
     python = typed(Path(sys.executable))
-    from xp.tracking import view as views
-
     if uri.startswith(("http://", "https://")):
         base, start = uri.rstrip("/"), ""
     else:
         mlflow = typed(Path(sys.executable).parent / "mlflow")
         base = "http://127.0.0.1:5000"
-        start = f"{'make ui PORT=5000' if default else f'{mlflow} ui --backend-store-uri {redact(uri)!r} --port 5000'}, then "
+        serve = "make ui PORT=5000" if default else f"{mlflow} ui --backend-store-uri {redact(uri)!r} --port 5000"
+        start = f"{serve}, then "
     lines = [f"compare: {python} -m xp.report --parent {run_id}{named}{store}   (tables and plots into reports/)"]
     if view and experiment_id:
         lines.append(f"     UI: {start}{base}/{views.page(experiment_id, view)}   (its runs, what it varied "

@@ -29,8 +29,9 @@ log = logging.getLogger("xp")
 
 READY_S = 300.0  # a worker that has not imported its frameworks by then is taken for a broken one
 # how long a stopped study waits for its busy workers to end their trials' runs (they wait for the store 0.5 s at
-# most: xp.launching.trialworker.STOPPED_SETTLE_S), before SIGKILL
-STOP_S = 3.0
+# most: xp.launching.trialworker.STOPPED_SETTLE_S; most end within a second), before SIGKILL: the study's stop
+# then ends a killed worker's run KILLED in the store itself (give_back), so a stop stays within 2 s
+STOP_S = 1.5
 DEATHS = 3  # workers of one slot that die in a row without finishing a trial: the study stops
 
 

@@ -31,7 +31,7 @@ BACKEND_ENV = "XP_SLOT_BACKEND"  # the backend whose frameworks it imports befor
 TRACKING_ENV = "XP_SLOT_TRACKING"  # the tracking store it opens before its first trial
 CONNECT_ENV = "XP_SLOT_CONNECT"  # on another host: HOST:PORT where the scheduler waits for it
 TOKEN_ENV = "XP_SLOT_TOKEN"  # ... and the secret that names its slot there
-SETTLE_S = 8.0  # how long a leaving worker waits for the store to take its trials' records (the pool waits 10 s)
+SETTLE_S = 8.0  # how long a leaving worker waits for the store to take its trials' records
 # a stopped worker (Ctrl-C, SIGTERM) waits for the store this long at most after the signal: its run's records, the
 # end KILLED last, stay in their spools and the study's command delivers them once every worker has gone (one
 # writer: three processes contending for one SQLite file at a stop made it wait out the pool's 10 s)

@@ -295,7 +295,8 @@ def stopping(within_s: float) -> None:
     `within_s` from now; what is not delivered by then stays in its spool (durable, in the pending index), for the
     process that started this one to deliver once every worker has gone (one writer: no contention) or for xp.sync."""
     global _stop_by
-    _stop_by = time.monotonic() + within_s
+    by = time.monotonic() + within_s
+    _stop_by = by if _stop_by is None else min(_stop_by, by)  # (the scheduler's SIGTERM after Ctrl-C: no later)
 
 
 def bounded(timeout_s: float) -> float:
