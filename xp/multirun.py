@@ -58,11 +58,8 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
     finally:
         status = end_state(error, failed=rc != 0)
         swept = os.environ.pop(SWEPT_ENV, "")
-        os.environ.pop(PARENT_ENV, None)
-        os.environ.pop(sweepstate.RESUMED_ENV, None)
-        rows: list[dict[str, Any]] | None = None
-        view: str | None = None
-        # what stopped workers left in spools first (the trials' ends among it): the table shows how runs ended
+        os.environ.pop(PARENT_ENV, None), os.environ.pop(sweepstate.RESUMED_ENV, None)
+        rows, view = None, None  # (what stopped workers left in spools first: the table shows how runs ended)
         deliver_left_over(uri, STOPPED_DELIVER_S if status == "KILLED" else DELIVER_S)
         try:
             children = sweepstate.latest_per_job(parent.child_runs())
