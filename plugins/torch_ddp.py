@@ -21,6 +21,7 @@ import numpy as np
 from xp.run.backend import Backend
 from xp.errors import ConfigError, XPError
 from xp.run.metrics import Scores
+from xp.pt.optim import autocast, autocast_dtype, decay_groups, sgd
 from xp.run.plan import Plan
 
 log = logging.getLogger("xp")
@@ -144,7 +145,7 @@ class TorchBackend(Backend):
         net = build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape).cuda()
         try:
             x = torch.zeros(plan.batch, *plan.dataset.image_shape, device="cuda")
-            with _autocast("cuda", _autocast_dtype(plan)):
+            with autocast("cuda", autocast_dtype(plan)):
                 net(x).float().sum().backward()
             torch.cuda.synchronize()
             return True
@@ -197,9 +198,9 @@ class TorchBackend(Backend):
                          for m in self.net.modules())
         self.channels_last = gpu and bool(plan.backend_options.get("channels_last", True))
         self.net.to(self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
-        self.amp_dtype = _autocast_dtype(plan)
+        self.amp_dtype = autocast_dtype(plan)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
-        self.optimizer = _sgd(_decay_groups(self.net, groups, plan.wd), plan, fused=not self.scaler.is_enabled())
+        self.optimizer = sgd(decay_groups(self.net, groups, plan.wd), plan, fused=not self.scaler.is_enabled())
         self.model: nn.Module = self.net
         if self.world > 1:
             import warnings
@@ -318,7 +319,7 @@ class TorchBackend(Backend):
         if self.amp_dtype is None:
             loss = self.loss(logits := self.model(x), y_dev)
         else:
-            with _autocast(self.device.type, self.amp_dtype):
+            with autocast(self.device.type, self.amp_dtype):
                 logits = self.model(x)
                 loss = self.loss(logits.float(), y_dev)
         self.optimizer.zero_grad(set_to_none=True)
@@ -351,56 +352,8 @@ class TorchBackend(Backend):
 
         scores = Scores(self.plan.dataset.num_classes)
         self.model.eval()
-        with torch.no_grad(), _autocast(self.device.type, self.amp_dtype):
+        with torch.no_grad(), autocast(self.device.type, self.amp_dtype):
             for x, y in self.val_data.epoch(0):
                 scores.update(self.model(self._input(x)).float().cpu().numpy(), y.numpy())
         self.model.train()
         return scores.result("val")
-
-
-def _decay_groups(net: Any, groups: list[dict[str, Any]], wd: float) -> list[dict[str, Any]]:
-    """MXNet's convention: weight decay on weights (and BatchNorm's gamma), none on biases (and beta)."""
-    names = {id(p): n for n, p in net.named_parameters()}
-    out = []
-    for g in groups:
-        for decay in (True, False):
-            ps = [p for p in g["params"] if p.requires_grad and names[id(p)].endswith("weight") == decay]
-            if ps:
-                out.append({"params": ps, "lr_mult": g["lr_mult"], "weight_decay": wd if decay else 0.0})
-    return out
-
-
-def _sgd(groups: list[dict[str, Any]], plan: Plan, fused: bool) -> Any:
-    """SGD with the fused kernel (one call per parameter group): on the CPU about 0.1 ms of LeNet's 2 ms step
-    less than PyTorch's default of one call per tensor. Not with float16's loss scaling (GradScaler with the
-    fused kernel reached a NaN loss within 6 CPU steps where foreach did not), nor where the PyTorch version
-    lacks it: foreach then."""
-    import torch
-
-    kwargs = dict(lr=plan.effective_lr, momentum=plan.momentum, nesterov=plan.optimizer == "nag")
-    if fused:
-        try:
-            return torch.optim.SGD(groups, fused=True, **kwargs)
-        except (RuntimeError, TypeError):
-            pass
-    return torch.optim.SGD(groups, foreach=True, **kwargs)
-
-
-def _autocast_dtype(plan: Plan) -> Any:
-    """The autocast precision of a dtype: None for float32; amp is float16 on GPUs, bfloat16 on CPUs."""
-    import torch
-
-    dtype = plan.dtype
-    if dtype == "amp":
-        dtype = "float16" if plan.device_type == "gpu" else "bfloat16"
-    return {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-
-
-def _autocast(device_type: str, dtype: Any) -> Any:
-    """torch.autocast to `dtype` on `device_type`; off (float32) for None."""
-    import contextlib
-
-    import torch
-
-    # float32: no autocast at all (entering a disabled one costs about 0.04 ms a step)
-    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()

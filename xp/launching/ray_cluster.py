@@ -232,9 +232,7 @@ TOKEN_FILE = os.path.join("~", ".ray", "auth_token")  # Ray's own token file
 
 def auth_failed(address: str) -> str:
     """The line for a cluster that asked for a token xp was not given, or refused the one it was."""
-    mode = os.environ.get("RAY_AUTH_MODE")
-    given = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else os.environ.get("RAY_AUTH_TOKEN_PATH")
-             or (TOKEN_FILE if os.path.isfile(os.path.expanduser(TOKEN_FILE)) else None))
+    mode, given = os.environ.get("RAY_AUTH_MODE"), token_source()
     if mode == "token" and given:
         what = f"refused the token of {given}"
     else:
@@ -251,7 +249,7 @@ def nodes(address: str, timeout_s: float) -> list[dict]:
     in token mode cannot run actors on a cluster without tokens: the mode follows the cluster). One line
     (ConfigError) when Ray is missing, no cluster answers, or it asks for a token xp has not got."""
     rc, out, err = _ask(address, timeout_s)
-    if rc == AUTH and "RAY_AUTH_MODE" not in os.environ and token_given():
+    if rc == AUTH and "RAY_AUTH_MODE" not in os.environ and token_source():
         os.environ["RAY_AUTH_MODE"] = "token"
         rc, out, err = _ask(address, timeout_s)
     if rc == AUTH:
@@ -293,7 +291,12 @@ def _ask(address: str, timeout_s: float) -> tuple[int, str, str]:
             proc.wait()
 
 
-def token_given() -> bool:
-    """Whether the user's environment (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH) or Ray's own file has a token."""
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser(TOKEN_FILE)
-    return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
+def token_source() -> str | None:
+    """Where the user's token is, as Ray looks for it: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH's file, Ray's own file;
+    None where there is none."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path and os.path.isfile(path):
+        return path
+    return TOKEN_FILE if os.path.isfile(os.path.expanduser(TOKEN_FILE)) else None

@@ -49,7 +49,7 @@ class ModelOutput(Callback):
         values = [(m.get(OBJECTIVE), n) for n, m in enumerate(history, 1) if m.get(OBJECTIVE) is not None]
         if not values:
             return
-        value, epoch = max(values)
+        value, epoch = max(values, key=lambda v: v[0])  # the first of equals, as on_epoch_end keeps it
         folder = before.folder.parent / f"epoch-{epoch}"
         if epoch == before.epoch:
             params = self.backend.get_params()
