@@ -16,7 +16,7 @@ from conftest import ROOT, mlflow_client, mlflow_runs, run_xp, xp_process
 
 STUDY = """
     study_name: {name}
-    n_trials: 4
+    n_trials: 2
     sampler: random
     sampler_seed: 3
     pruner: none
@@ -129,7 +129,7 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     # every run of the study logged its own model (its tag says which)
     _, runs = mlflow_runs(store)
     trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    assert len(trials) == 4 and all(r.data.tags["xp.logged_model"].startswith("models:/m-") for r in trials)
+    assert len(trials) == 2 and all(r.data.tags["xp.logged_model"].startswith("models:/m-") for r in trials)
 
     fresh = subprocess.run([sys.executable, "-c", PREDICT, store, f"models:/{name}@best"], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)

@@ -247,6 +247,25 @@ def test_a_trace_gives_hosts_and_prices_over_time_and_bills_by_the_second():
     assert spot.cost(trace, 2600, 2800, 2) == pytest.approx((100 * 0.918 + 100 * 0.935) * 2 / 3600)
 
 
+def test_a_trace_file_that_changes_is_read_again_and_a_bad_change_keeps_the_last(tmp_path, capsys):
+    import os
+
+    from xp.run import spot
+
+    file = tmp_path / "feed.csv"
+    file.write_text("t_s,hosts,spot_price_per_hour\n0,2,0.9\n")
+    feed = spot.Feed(str(file), spot.load(str(file)))
+    assert spot.at(feed.now(), 100) == (2, 0.9)
+    with file.open("a") as f:
+        f.write("50,3,1.0\n")  # a poller appends a row
+    os.utime(file, ns=(0, 1))  # a new stamp even where the clock's grain would hide the change
+    assert spot.at(feed.now(), 100) == (3, 1.0) and spot.at(feed.now(), 10) == (2, 0.9)
+    with file.open("a") as f:
+        f.write("40,1,1.0\n")  # out of order: not taken
+    assert spot.at(feed.now(), 100) == (3, 1.0)
+    assert capsys.readouterr().out.count("does not come after 50; going on with the trace as it was") == 1
+
+
 def test_bad_dynamic_setups_fail_before_anything_starts(tmp_path, store):
     bad = tmp_path / "bad.csv"
     bad.write_text("t_s,hosts,spot_price_per_hour\n0,2,0.9\n30,5,0.9\n")
@@ -265,7 +284,7 @@ def test_dynamic_training_on_a_spot_trace_agrees_with_a_fixed_cluster_and_costs_
     """The elastic run follows the shipped trace (2, then 3 workers, ...), the fixed one runs 3 workers
     on-demand: same accuracy (same global batch, same steps), lower cost; the report's figures are the runs'."""
     env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
-    p = run_xp(tmp_path, store, "-m", "sweep=dynamic", env=env, timeout=600)
+    p = run_xp(tmp_path, store, "-m", "sweep=dynamic", "epochs=4", env=env, timeout=600)  # half the recipe's epochs
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     client, runs = mlflow_runs(store)
     parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")

@@ -48,13 +48,18 @@ def assert_same_as_reference(tmp_path, store, ref_store) -> None:
         assert metric_by_step(client, runs[0].info.run_id, key) == metric_by_step(ref_client, ref_runs[0].info.run_id, key), key
 
 
+# torch's threads fitted to a busy machine change how its sums are split, and so the last bits: a run that must
+# repeat another bit for bit keeps its threads (docs/reference/configuration.md, backend.fit_threads)
+BIT_EXACT = {"torch": ["backend.fit_threads=false"]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, dropout", [("gluon", 0.0), ("gluon", 0.5), ("module", 0.5), ("torch", 0.5)])
 def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, store, backend, dropout):
     # with dropout the resumed run must draw the same masks: the generator is reseeded per step; the core's path
     # that draws nothing (no dropout) is the same for every backend: gluon's here, torch's mid-epoch further down
     common = [f"backend={backend}", "epochs=8", "lr_schedule=step", "lr_steps=[4,6]", "momentum=0.9",
-              f"model.dropout={dropout}"]
+              f"model.dropout={dropout}", *BIT_EXACT.get(backend, [])]
     # killed in epoch 4, or just after epoch 3's commit
     code, _, ckpt, args, ref_store = reference_and_interrupted(tmp_path, store, common, "epoch 3/8", signal.SIGKILL)
     assert code == -signal.SIGKILL
@@ -103,7 +108,8 @@ def test_torch_on_records_resumes_mid_epoch_bit_identically(tmp_path, store, mon
 
     monkeypatch.setenv("XP_CACHE_DIR", str(tmp_path / "cache"))
     root = make_folder(tmp_path / "imgs", per_class=200, size=(28, 28), with_photos=False)
-    common = ["backend=torch", "dataset=folder", f"dataset.root={root}", "dataset.image_shape=[3,24,24]",
+    common = [*BIT_EXACT["torch"], "backend=torch", "dataset=folder", f"dataset.root={root}",
+              "dataset.image_shape=[3,24,24]",
               "dataset.store_size=24", "dataset.resize=24", "dataset.random_resized_crop=false",
               "dataset.rand_mirror=false", "epochs=3", "batch=2", "lr=0.01", "data_nthreads=2"]
     code, err, ckpt, args, ref_store = reference_and_interrupted(tmp_path, store, common, "epoch 1/3",

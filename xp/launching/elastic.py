@@ -64,11 +64,13 @@ class Membership:
         self.spec, self.plan = spec, plan
         self.lost, self.lost_hosts, self.lost_at = 0, set(), []
         self.t0 = time.time()  # a spot trace's zero: the job's start
+        e = plan.elastic
+        self.feed = spot.Feed(e.trace_file, e.trace) if e.trace else None
 
     def listed(self) -> list[HostSlots]:
         e = self.plan.elastic
-        if e.trace:  # the hosts the spot market offers now: the first of the pool (remote), or slots here
-            n, _ = spot.at(e.trace, (time.time() - self.t0) * e.trace_speed)
+        if self.feed:  # the hosts the spot market offers now: the first of the pool (remote), or slots here
+            n, _ = spot.at(self.feed.now(), (time.time() - self.t0) * e.trace_speed)
             if not self.spec.remote:
                 return [HostSlots("127.0.0.1", n)]
             return [HostSlots(h.name, 1) for h in discovered_hosts(e.discovery)[:n]]  # an instance, a worker
@@ -161,8 +163,10 @@ class Elastic(Policy):
                         resume=str(self.root) if done else "null")
         handed = None  # the round's plan: the same run on n workers, from the last commit
         if self.hand_plan:
+            feed = self.members.feed  # the trace as it is now: its prices bill the round
             handed = replace(plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices),
-                             checkpoint_dir=str(self.root), checkpoint_every=1, resume=str(self.root) if done else None)
+                             checkpoint_dir=str(self.root), checkpoint_every=1, resume=str(self.root) if done else None,
+                             elastic=replace(e, trace=feed.trace) if feed else e)
         told = replace(self.told, stop_flag=str(self.flag), resumed=self.rounds > 0,
                        job_t0=self.members.t0)
         env = {**base.env, **base.launcher.env(n), handoff.PLAN_ENV: handoff.dumps(handed, told)}

@@ -35,6 +35,7 @@ class ElasticSettings:
     max_restarts: int = 10  # lost workers the job survives
     trace: tuple[tuple[float, int, float], ...] = ()  # a spot trace's rows (xp.run.spot): the members and their price
     trace_speed: float = 1.0  # trace seconds per second of the job
+    trace_file: str = ""  # where the trace is read from (again when it changes: xp.run.spot.Feed)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def elastic_settings(e: dict) -> ElasticSettings:
             raise ConfigError(f"elastic.trace={e['trace']}: offers up to {spot.peak(trace)} hosts, more than "
                               f"elastic.max_workers={hi}")
     return ElasticSettings(True, text({"elastic.discovery": e.get("discovery")}, "elastic.discovery"), lo, hi,
-                           float(e["poll_s"]), float(e["wait_s"]), e["max_restarts"], trace, float(speed))
+                           float(e["poll_s"]), float(e["wait_s"]), e["max_restarts"], trace, float(speed),
+                           str(e["trace"]) if trace else "")
 
 
 def study_settings(cfg: dict) -> StudySettings | None:

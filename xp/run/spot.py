@@ -10,6 +10,10 @@ An elastic run with `elastic.trace=FILE` takes its members from the trace (the f
 one instance each) and bills every worker-second at the trace's price of that moment (cost_usd); the same
 run with elastic.enabled=false is the fixed on-demand cluster of the trace's peak size. `elastic.trace_speed`
 replays the trace faster than real time (trace seconds per second of the job).
+
+The file is read again when it changes while the job runs: rows appended by a spot-price poller (t_s counted from
+the job's start) move the members at the next poll, and each round after that bills at them, so a live feed works
+as a replay does. A change that does not parse keeps the trace as it was, with one line.
 """
 
 from __future__ import annotations
@@ -23,16 +27,46 @@ HEADER = ("t_s", "hosts", "spot_price_per_hour")
 Trace = tuple[tuple[float, int, float], ...]  # (t_s, hosts, spot price per hour), t_s rising from 0
 
 
-def load(path: str) -> Trace:
-    """The trace file's rows; one ConfigError line naming the file and line for anything malformed."""
-    where = f"elastic.trace={path}"
+def _file(path: str) -> Path:
     file = Path(path).expanduser()
     if not file.exists() and "/" not in path:  # a shipped trace by name (sweeps/traces/NAME.csv)
         from xp import shipped
 
         file = shipped("sweeps") / "traces" / f"{path.removesuffix('.csv')}.csv"
+    return file
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
     try:
-        lines = file.read_text().splitlines()
+        st = _file(path).stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+class Feed:
+    """A trace file as it is now: read again when it changes (a poller appending rows), kept as it was when the
+    change does not parse (one line) or the file goes away."""
+
+    def __init__(self, path: str, trace: Trace):
+        self.path, self.trace, self.stamp = path, trace, _stamp(path)
+
+    def now(self) -> Trace:
+        stamp = _stamp(self.path)
+        if stamp is not None and stamp != self.stamp:
+            self.stamp = stamp
+            try:
+                self.trace = load(self.path)
+            except ConfigError as e:
+                print(f"xp: elastic: {e}; going on with the trace as it was", flush=True)
+        return self.trace
+
+
+def load(path: str) -> Trace:
+    """The trace file's rows; one ConfigError line naming the file and line for anything malformed."""
+    where = f"elastic.trace={path}"
+    try:
+        lines = _file(path).read_text().splitlines()
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it ({e.strerror})") from None
     rows: list[tuple[float, int, float]] = []
