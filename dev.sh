@@ -35,6 +35,8 @@ ensure_venv() {
     echo "dev.sh: installing xp and its pinned dependencies into $VENV (first time: a few minutes)" >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip wheel setuptools
     "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[test,torch,ray,docs]'
+    # the example of a package's own network and data set (docs/guides/own-code.md), which the tests train
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -e examples/xp-example
     install_horovod
     echo "$want" > "$stamp"
 }

@@ -20,6 +20,7 @@ import numpy as np
 
 from xp.run.backend import Backend
 from xp.errors import ConfigError, XPError
+from xp.models import own, zoo_name
 from xp.run.metrics import Scores
 from xp.pt.optim import autocast, autocast_dtype, decay_groups, sgd
 from xp.run.plan import Plan
@@ -33,7 +34,20 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 class TorchBackend(Backend):
     name = "torch"
     requires = ("torch", "torchvision", "numpy")
+    framework = "torch"
     decodes_on_gpu = True  # dataset.decode=gpu: nvJPEG through torchvision (xp.pt.data.GpuDecoder)
+
+    @classmethod
+    def dataset_type(cls) -> tuple[type, str]:
+        from torch.utils.data import Dataset
+
+        return Dataset, "a torch Dataset (torch.utils.data.Dataset)"
+
+    @classmethod
+    def probe(cls, plan: Plan) -> Any:
+        from xp.pt.check import Probe
+
+        return Probe(plan)
 
     @classmethod
     def processes(cls, plan: Plan) -> int:
@@ -96,18 +110,20 @@ class TorchBackend(Backend):
         if (mode := plan.backend_options.get("compile", False)) not in (True, False, *COMPILE_MODES):
             raise ConfigError(f"backend.compile={mode}: true, false or a torch.compile mode "
                               f"({', '.join(COMPILE_MODES)})")
-        if plan.pretrained is not None and plan.model.zoo == "xp" and plan.pretrained.described is None:
-            raise ConfigError(f"pretrained={plan.pretrained.name}: model={plan.model.name} is xp's own; "
-                              "torchvision weights fit torchvision models (model=resnet50, ...)")
+        if plan.pretrained is not None and plan.pretrained.described is None and zoo_name(plan.model, "torch") is None:
+            raise ConfigError(f"pretrained={plan.pretrained.name}: model={plan.model.name} is no torchvision "
+                              "network; torchvision weights fit torchvision models (model=resnet50, ...)")
         if plan.dataset.options.get("kind") == "rec":
             from xp.data.recordio import check_records
 
             for part in ("train", "val"):
                 rec = plan.dataset.options[f"{part}_rec"]
                 check_records(rec, rec[:-4] + ".idx", plan.dataset.num_classes, limit=8)
-        from xp.pt.models import build_model
+        from xp.pt.models import build_model, probe
 
-        build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)  # a bad model name fails now
+        net = build_model(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)  # a bad name fails now
+        if not own(plan.model):  # a package's network: its output and input checked on one batch of zeros
+            probe(net, plan.model, plan.dataset.num_classes, plan.dataset.image_shape)
 
     @classmethod
     def check_devices(cls, plan: Plan) -> None:

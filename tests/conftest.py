@@ -173,6 +173,9 @@ def compose_config(*overrides: str) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from xp.data import plugins
+
+    plugins.offer_options()  # model=NAME for a package's network (the example's), as the CLI offers it
     with initialize_config_dir(str(CONF), version_base="1.3", job_name="test"):
         return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 

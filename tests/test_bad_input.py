@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import mlflow_runs, run_xp
+from conftest import ROOT, mlflow_runs, run_xp
 from images import make_folder
+
+OWN = ROOT / "tests" / "own"  # a user's code: factories that go wrong, and the config files naming them
 
 # (command-line arguments, a fragment the one line must contain); {tmp} is the test's folder
 CASES = [
@@ -95,6 +97,27 @@ CASES = [
     # plugins and command-line code
     ("+backend._target_=os.system", "setting _target_ from the command line is refused"),
     ("+hydra.callbacks.x._target_=os.getcwd", "setting _target_ from the command line is refused"),
+    # a user's own network and data (issue 57): a registered name, or a factory a config file of theirs names
+    ("model=tinynett", "model=tinynett: no such model; did you mean model=tinynet?"),
+    ("dataset=shape", "dataset=shape: no such dataset; did you mean dataset=shapes?"),
+    ("--config-dir {own}/conf model=broken_import", "model.factory=badnets_import:net: badnets_import:net failed "
+     "to import: ZeroDivisionError: division by zero ({own}/badnets_import.py:3)"),
+    ("--config-dir {own}/conf model=wrong_type", "model=wrong_type: its mxnet factory returned builtins.str; "
+     "backend=gluon trains a Gluon HybridBlock"),
+    ("--config-dir {own}/conf model=wrong_type backend=torch", "its torch factory returned builtins.str; "
+     "backend=torch trains a torch.nn.Module"),
+    ("--config-dir {own}/conf model=wrong_classes", "model=wrong_classes: gives (2, 3) for 2 images; the data set "
+     "has 10 classes, so (2, 10) was expected"),
+    ("--config-dir {own}/conf model=wants_rgb backend=torch", "model=wants_rgb: refuses the data set's input "
+     "(2, 1, 8, 8): RuntimeError: "),
+    ("--config-dir {own}/conf model=torch_only", "model=torch_only: offered for torch only, not for backend=gluon; "
+     "use backend=torch"),
+    ("--config-dir {own}/conf dataset=empty_data", "dataset=empty_data: its train "
+     "part has no samples"),
+    ("--config-dir {own}/conf dataset=bad_labels", "dataset=bad_labels: its train part: label 7 is out of range "
+     "for 4 classes (0 to 3)"),
+    ("model.factory=os:system", "model.factory=os:system: an import path on the command line is refused"),
+    ("+dataset.factory=os:system", "an import path on the command line is refused"),
     # missing and corrupt files
     ("dataset=folder dataset.root={tmp}/no-images", "no such directory"),
     ("dataset=rec dataset.train_rec={tmp}/no.rec dataset.val_rec={tmp}/no.rec", "no.rec: no such file"),
@@ -137,11 +160,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, store, args, fragment):
     (bad / "epoch-1" / "meta.json").write_text("{not json")
     (tmp_path / "hosts").write_text("10.0.0.2:1\n10.0.0.3:1\n")  # never reached: each case fails before
     make_folder(tmp_path / "imgs", per_class=5, size=(8, 8), with_photos=False)
-    r = run_xp(tmp_path, store, *args.format(tmp=tmp_path).split(), timeout=120)
+    r = run_xp(tmp_path, store, *args.format(tmp=tmp_path, own=OWN).split(), timeout=120,
+               env={"PYTHONPATH": str(OWN)})  # the user's own modules (tests/own)
     assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-1000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("xp: error: "), r.stderr
-    assert fragment in lines[0], lines[0]
+    assert fragment.format(tmp=tmp_path, own=OWN) in lines[0], lines[0]
     assert "Traceback" not in r.stdout + r.stderr and "hunter2" not in r.stdout + r.stderr
     assert all(run.info.status != "RUNNING" for run in mlflow_runs(store)[1])
     assert (bad / "epoch-1" / "meta.json").read_text() == "{not json"  # a bad checkpoint is reported, not rewritten

@@ -156,7 +156,8 @@ def test_more_gpus_than_visible_is_one_line_and_exit_2(tmp_path, store):
 
 @pytest.mark.parametrize("args, fragments", [
     (["model=alexnet"], ["model=alexnet: no such model; did you mean model=lenet? valid: lenet, resnet152, resnet18, resnet50"]),
-    (["dataset=imagenet"], ["dataset=imagenet: no such dataset; valid: caltech256, digits, digits_jpeg, folder, rec, synthetic"]),
+    (["dataset=imagenet"], ["dataset=imagenet: no such dataset; valid: caltech256, digits, digits_jpeg, folder, rec, "
+                            "shapes, synthetic"]),  # shapes: the example package's (examples/xp-example)
     (["backend=nope"], ["backend=nope: no such backend"]),
     (["bach=3"], ["unknown key 'bach'; did you mean batch?"]),
     (["batch=0"], ["batch=0: must be an integer from 1"]),

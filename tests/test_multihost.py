@@ -354,6 +354,25 @@ def slot_secrets(c) -> list[tuple[str, str]]:
     return found
 
 
+def test_the_examples_own_network_and_data_train_across_two_hosts_as_one_process(cluster, tmp_path):
+    """A package's network and data set (examples/xp-example, installed in the hosts' environment) in a DDP job of
+    torchrun processes on two namespace hosts over ssh: the parameters one process trains."""
+    c = cluster
+    own = ["model=tinynet", "dataset=shapes", "epochs=1", "lr_schedule=constant"]
+    want = one_process("torch", *own, "batch=32")
+    hosts_file = c.hosts_file(tmp_path / "hosts", [h.name for h in c.workers[:2]])
+    out = c.shared / "own-torchrun.npz"
+    r = subprocess.run(xp_on_launcher(c, tmp_path, "launcher=ssh", "backend=torch", *own,
+                                      f"launcher.hosts_file={hosts_file}", "workers=2", "batch=16",
+                                      f"save_params={out}", "dist_timeout_s=120", experiment="own"),
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_same_params(dict(np.load(out)), want)
+    run = runs(c, "own")[1][0]
+    assert run.info.status == "FINISHED" and run.data.params["model.name"] == "tinynet"
+    nothing_left(c)
+
+
 # --- elastic across hosts (last: it crashes h3 for good) ---------------------------------------------------
 ELASTIC = ["kvstore=dist_sync", "batch=3", "workers=2", "epochs=10", "lr=0.01", "lr_ref_batch=12",
            "dist_timeout_s=60"]

@@ -14,13 +14,15 @@ FRAMEWORK_PARTS = ("mx", "pt")  # xp/mx and xp/pt: each framework beside xp's co
 FRAMEWORKS = re.compile(r"mxnet|gluoncv|horovod|torch|DMLC_|MXNET_|NCCL_", re.I)
 # Optuna's GP sampler needs the torch package: the study checks Optuna's own dependency, not a framework xp
 # trains with
-ALLOWED = {("xp/studies/study.py", "torch")}
+ALLOWED = {("xp/studies/study.py", "torch"),
+           # the plugin API's one list of the frameworks a network's factories are given for (xp.plugin.Network)
+           ("xp/plugin.py", "mxnet"), ("xp/plugin.py", "torch")}
 # what code of xp/ outside xp/launching may not name: the launchers (xp's and Hydra's); placement is theirs
 LAUNCHERS = re.compile(r"\b(ssh|slurm|submitit\w*|joblib|ray)\b", re.I)
 # horovodrun starts its workers with a program called ssh: xp's engine puts the launcher's transport there
 LAUNCHER_ALLOWED = {("xp/mx/horovodrun.py", "ssh")}
 # packages, lowest first: each imports only those before it (xp/__init__'s `shipped` is everybody's)
-LAYERS = ("errors", "interrupts", "data", "tracking", "studies", "run", "launching", "mx", "pt")
+LAYERS = ("errors", "interrupts", "plugin", "models", "data", "tracking", "studies", "run", "launching", "mx", "pt")
 
 
 def core_files() -> list[Path]:

@@ -96,6 +96,7 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from xp import recipes
+    from xp.data import plugins
     from xp.launching.launcher import offer_options
     from xp.studies import study
 
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         # the study files are options of the config group `sweep`; the help only lists them
         study.register(names_only=all(a in HELP for a in argv))
         offer_options()
+        plugins.offer_options()
         _help_resolver()
         with _one_repository():
             return _hydra(argv)
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             placement = Placement.ahead()  # first: its worker's imports overlap all that follows
         study.register()
         offer_options()
+        plugins.offer_options()  # a package's networks and data sets, as options of model and dataset
         _remember_command(argv)
         signal.signal(signal.SIGTERM, _on_sigterm)
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))

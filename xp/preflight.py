@@ -28,7 +28,11 @@ def _groups(dirs: list[Path]) -> dict[str, list[str]]:
 
     from xp.launching.launcher import launchers
 
-    groups: dict[str, set[str]] = {"sweep": set(study.names()), "launcher": set(launchers().names())}
+    from xp import models
+    from xp.data import plugins
+
+    groups: dict[str, set[str]] = {"sweep": set(study.names()), "launcher": set(launchers().names()),
+                                   "model": set(models.names()), "dataset": set(plugins.names())}
     for d in [CONF_DIR, *dirs]:
         for g in (p for p in d.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
             groups.setdefault(g.name, set()).update(f.stem for f in g.glob("*.yaml"))
@@ -170,6 +174,10 @@ def _check_options(parsed: list[Any], groups: dict[str, list[str]]) -> None:
             # Hydra instantiates _target_ (hydra.callbacks too): from a command line that is running any code
             raise ConfigError(f"{o.input_line}: setting _target_ from the command line is refused; xp builds only "
                               "registered backends (backend=NAME) and the targets of its own config files")
+        if key in ("model.factory", "dataset.factory"):  # an import path: code to run, from a config file only
+            raise ConfigError(f"{o.input_line}: an import path on the command line is refused; choose a registered "
+                              f"name ({key.split('.')[0]}=NAME: python -m xp.check --list), or write {key} in a "
+                              "config file of your own config directory (--config-dir)")
         if key in groups and not o.is_delete():
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
             for v in values:

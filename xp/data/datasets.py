@@ -254,16 +254,28 @@ def _digits_jpeg(options: dict[str, Any]) -> DatasetSpec:
 _CATALOGUE = {"digits": _digits, "synthetic": _synthetic, "folder": _folder, "rec": _rec, "digits_jpeg": _digits_jpeg}
 
 
-def names() -> list[str]:
+def builtin() -> list[str]:
     return sorted(_CATALOGUE)
 
 
-def describe(name: str, options: dict[str, Any]) -> DatasetSpec:
-    """The spec of a data set; `options.kind` picks the reader (defaults to the name)."""
+def is_plugin(spec: DatasetSpec) -> bool:
+    """A data set of a package's (xp.datasets), or of a config file's factory."""
+    return bool(spec.options.get("factory")) or spec.options.get("kind", spec.name) not in _CATALOGUE
+
+
+def describe(name: str, options: dict[str, Any], backend: Any = None) -> DatasetSpec:
+    """The spec of a data set; `options.kind` picks the reader (defaults to the name): xp's own, or a registered
+    one's (xp.datasets), loaded for the backend's framework (`backend`: its class) to count it."""
     kind = options.get("kind", name)
-    if kind not in _CATALOGUE:
-        raise ConfigError(f"dataset={name!r}: unknown data set; valid: {', '.join(names())}")
-    return _CATALOGUE[kind]({"name": name, **options})
+    if kind in _CATALOGUE and not options.get("factory"):
+        return _CATALOGUE[kind]({"name": name, **options})
+    from xp.data import plugins
+
+    if backend is None:
+        raise ConfigError(f"dataset={name}: a registered data set is read by a backend; name one (backend=NAME)")
+    data = plugins.load(name, options, backend)
+    return DatasetSpec(name, data.classes, data.input_shape, plugins.size(data, "train"), plugins.size(data, "val"),
+                       dict(options))
 
 
 def load_arrays(spec: DatasetSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -43,7 +43,6 @@ def enable_amp(device_type: str) -> str:
 # no PTX, so a newer GPU cannot JIT-compile them: mxnet-cu112 1.9.1 stops at sm_86
 # (Ampere), and an H100 (sm_90) fails at its first kernel.
 MXNET_MAX_ARCH = {"mxnet-cu112": (8, 6)}
-ZOOS = ("xp", "gluoncv")  # where model definitions come from: xp's own, or the GluonCV model zoo
 
 
 def check_compute_capability(count: int, nvml: Any = None, wheel: str | None = None) -> None:
@@ -80,12 +79,25 @@ def to_numpy(x: Any) -> np.ndarray:
 
 class MXNetBackend(Backend):
     requires = ("mxnet", "gluoncv", "numpy")
+    framework = "mxnet"
     # a kvstore refuses mixed key types: the gather key has the type of the backend's parameter keys
     gather_key: int | str = 1 << 30
 
     @classmethod
     def warm(cls) -> None:
         import mxnet  # noqa: F401
+
+    @classmethod
+    def dataset_type(cls) -> tuple[type, str]:
+        from mxnet.gluon.data import Dataset
+
+        return Dataset, "a Gluon Dataset (mxnet.gluon.data.Dataset)"
+
+    @classmethod
+    def probe(cls, plan: Plan) -> Any:
+        from xp.mx.check import Probe
+
+        return Probe(plan)
 
     @classmethod
     def engine_for(cls, plan: Plan) -> Any:
@@ -108,8 +120,9 @@ class MXNetBackend(Backend):
     @classmethod
     def check(cls, plan: Plan) -> None:
         kvstores.check(plan)
-        if plan.model.zoo not in ZOOS:
-            raise ConfigError(f"model.zoo={plan.model.zoo!r}: not supported; valid: {', '.join(ZOOS)}")
+        from xp.mx.models import check_network
+
+        check_network(plan)  # a zoo of MXNet's; a registered network offered for MXNet, a package's probed
         if plan.dtype == "float16" and plan.device_type != "gpu":
             raise ConfigError("dtype=float16: MXNet 1.9.1 has no float16 CPU kernels for dense layers "
                               "(\"FP16 gemm on cpu not implemented\"); on the CPU use dtype=float32 or dtype=amp "
@@ -158,35 +171,9 @@ class MXNetBackend(Backend):
 
     @classmethod
     def fits(cls, plan: Plan) -> bool:
-        """One device's training step at plan.batch: a real step on a GPU (out of memory caught);
-        on the CPU, the memory MXNet's executor plans for forward and backward, plus weights,
-        gradients and momentum, against plan.auto_batch_memory_mb."""
-        import mxnet as mx
+        from xp.mx.models import fits
 
-        from xp.mx.models import build_net
-
-        net = build_net(plan.model, plan.dataset.num_classes)
-        symbol = mx.sym.SoftmaxOutput(net(mx.sym.var("data")), name="softmax")
-        shape = (plan.batch, *plan.dataset.image_shape)
-        ctx = mx.gpu(0) if plan.device_type == "gpu" else mx.cpu()
-        try:
-            exe = symbol.simple_bind(ctx, grad_req="write", data=shape)
-            if plan.device_type == "gpu":
-                exe.arg_dict["data"][:] = 1
-                exe.forward(is_train=True)
-                exe.backward()
-                mx.nd.waitall()
-                return True
-        except mx.base.MXNetError as e:
-            if "out of memory" in str(e).lower():
-                return False
-            raise
-        finally:
-            mx.nd.waitall()
-        planned = next(int(line.split()[1]) for line in exe.debug_str().splitlines()
-                       if line.startswith("Total") and "MB allocated" in line)
-        weights = sum(a.size for n, a in exe.arg_dict.items() if n not in ("data", "softmax_label")) * 4 / 2**20
-        return planned + 3 * weights <= plan.auto_batch_memory_mb
+        return fits(plan)
 
     # --- plugin hooks --------------------------------------------------------
     @abstractmethod
@@ -224,9 +211,9 @@ class MXNetBackend(Backend):
         self.backbone = None
         if plan.pretrained:
             self.net, self.backbone = load_pretrained(plan.pretrained, plan.model, plan.dataset.num_classes,
-                                                      self.contexts)
+                                                      plan.dataset.image_shape, self.contexts, plan.backend)
         else:
-            self.net = build_net(plan.model, plan.dataset.num_classes)
+            self.net = build_net(plan.model, plan.dataset.num_classes, plan.dataset.image_shape, plan.backend)
         initialize(self.net, self.contexts, plan.seed, plan.dataset.image_shape)
         self.draws = '"Dropout"' in self.net(mx.sym.var("data")).tojson()  # random layers in the graph
         if self.backbone is not None:

@@ -52,15 +52,19 @@ class ArrayIter(mx.io.DataIter):
         self.epoch = epoch
         self.reset()
 
+    def indices(self, n: int) -> np.ndarray:
+        """This worker's samples of the epoch, in order; and each step's pad (evaluation: the last batch wraps
+        around to the start, and its pad says by how many samples)."""
+        order = datasets.epoch_order(n, self.seed, self.epoch, self.shuffle)
+        positions = datasets.shard_positions(self.steps, self.global_batch, self.rank, self.workers)
+        last = positions.reshape(self.steps, self.batch_size)[:, -1]
+        self._pads = np.maximum(0, last + 1 - n) if self.pad_last else np.zeros(self.steps, dtype=np.int64)
+        return order[positions % n]
+
     def reset(self) -> None:
         # This worker's samples of the whole epoch, gathered into one NDArray once: a batch is then a view of
         # it (a copy per batch, two mx.nd.array calls, cost about 0.35 ms: a quarter of a LeNet step)
-        order = datasets.epoch_order(len(self.x), self.seed, self.epoch, self.shuffle)
-        positions = datasets.shard_positions(self.steps, self.global_batch, self.rank, self.workers)
-        # evaluation: the last batch wraps around to the start; its pad says by how many samples
-        last = positions.reshape(self.steps, self.batch_size)[:, -1]
-        self._pads = np.maximum(0, last + 1 - len(self.x)) if self.pad_last else np.zeros(self.steps, dtype=np.int64)
-        idx = order[positions % len(self.x)]
+        idx = self.indices(len(self.x))
         self._data, self._label = mx.nd.array(self.x[idx]), mx.nd.array(self.y[idx])
         self._step = 0
 
@@ -72,6 +76,67 @@ class ArrayIter(mx.io.DataIter):
         return mx.io.DataBatch([self._data[step * size:(step + 1) * size]],
                                [self._label[step * size:(step + 1) * size]], pad=int(self._pads[step]),
                                provide_data=self.provide_data, provide_label=self.provide_label)
+
+
+class DatasetIter(ArrayIter):
+    """A registered data set's Gluon Dataset (xp.data.plugins) in ArrayIter's order and sharding, its samples
+    read by a Gluon DataLoader with `nthreads` worker threads; normalised and its labels checked per batch."""
+
+    def __init__(self, dataset, classes: int, shape: tuple[int, ...], global_batch: int, workers: int = 1,
+                 rank: int = 0, shuffle: bool = True, seed: int = 0, pad_last: bool = False, nthreads: int = 0,
+                 norm=None, where: str = ""):
+        self.dataset, self.classes, self.nthreads, self.norm, self.where = dataset, classes, nthreads, norm, where
+        probe = np.zeros((1, *shape), np.float32)  # ArrayIter's descriptions from the shape; samples read later
+        super().__init__(probe, np.zeros(1), global_batch, workers, rank, shuffle, seed, pad_last)
+
+    def reset(self) -> None:
+        from mxnet import gluon
+
+        n = len(self.dataset)
+        self.steps = -(-n // self.global_batch) if self.pad_last else n // self.global_batch
+        idx = self.indices(n).reshape(self.steps, self.batch_size)
+        # threads: a forked worker process making NDArrays hangs in MXNet's engine, which the parent started
+        self._batches = iter(gluon.data.DataLoader(self.dataset, batch_sampler=idx.tolist(),
+                                                   num_workers=self.nthreads, thread_pool=True))
+        self._step = 0
+
+    def next(self) -> mx.io.DataBatch:
+        from xp.data.plugins import in_range
+
+        if self._step >= self.steps:
+            raise StopIteration
+        x, y = next(self._batches)
+        x = x.astype(np.float32)
+        if self.norm is not None:
+            x = (x - mx.nd.array(self.norm[0])) / mx.nd.array(self.norm[1])
+        in_range(y.asnumpy(), self.classes, self.where)
+        step, self._step = self._step, self._step + 1
+        return mx.io.DataBatch([x], [y.astype(np.float32)], pad=int(self._pads[step]),
+                               provide_data=self.provide_data, provide_label=self.provide_label)
+
+
+def plugin_iters(plan: Plan) -> tuple[mx.io.DataIter, mx.io.DataIter]:
+    """(train, val) iterators of a registered data set: arrays through ArrayIter, a Gluon Dataset through
+    DatasetIter."""
+    from xp.data import plugins
+    from xp.run.registry import Registry
+
+    d = plan.dataset
+    data = plugins.load(d.name, d.options, Registry().load(plan.backend))
+    norm = plugins.normalisation(d.options, d.image_shape[0])
+    made = []
+    for part, train in ((data.train, True), (data.val, False)):
+        batch, workers, rank = (plan.global_batch, plan.workers, plan.rank) if train else (plan.worker_batch, 1, 0)
+        if isinstance(part, (tuple, list)):
+            x = np.asarray(part[0], np.float32)
+            x = (x - norm[0]) / norm[1] if norm is not None else x
+            made.append(ArrayIter(x, np.asarray(part[1]), batch, workers, rank, shuffle=train, seed=plan.seed,
+                                  pad_last=not train))
+        else:
+            made.append(DatasetIter(part, data.classes, d.image_shape, batch, workers, rank, shuffle=train,
+                                    seed=plan.seed, pad_last=not train, nthreads=plan.data_nthreads, norm=norm,
+                                    where=f"dataset={d.name}: its {'train' if train else 'val'} part"))
+    return made[0], made[1]
 
 
 class SyntheticIter(mx.io.DataIter):
@@ -183,6 +248,8 @@ def _mx_reason(e: Exception) -> str:
 def make_iters(plan: Plan) -> tuple[mx.io.DataIter, mx.io.DataIter | None]:
     """(train, val) iterators for this worker; no val iterator for test_io runs."""
     d = plan.dataset
+    if datasets.is_plugin(d):
+        return plugin_iters(plan)
     if d.options.get("kind", d.name) in ("rec", "folder"):
         from xp.data.recordio import record_files
 

@@ -37,9 +37,6 @@ def lenet(classes: int, dropout: float = 0.0):
     return net
 
 
-XP_ZOO = {"lenet": lenet}
-
-
 def _gluoncv_zoo():
     """gluoncv.model_zoo.get_model. GluonCV 0.10's package import refuses an installed torch >= 2 (its own
     PyTorch models want torch < 2; xp uses only its MXNet zoo): it is imported with torch hidden."""
@@ -61,21 +58,98 @@ def _gluoncv_zoo():
     return get_model
 
 
-def build_net(model: ModelSpec, classes: int):
-    """The network with `classes` outputs (logits), parameters not yet initialised."""
-    if model.zoo == "xp":
-        if model.arch not in XP_ZOO:
-            from xp.errors import ConfigError
+def gluoncv_net(arch: str, classes: int):
+    """GluonCV's network `arch` with `classes` outputs, no weights."""
+    from xp.errors import ConfigError
 
-            raise ConfigError(f"model.arch={model.arch!r}: not in xp's zoo; valid: {', '.join(sorted(XP_ZOO))}")
-        return XP_ZOO[model.arch](classes, model.dropout)
-    get_model = _gluoncv_zoo()
     try:
-        return get_model(model.arch, classes=classes, pretrained=False)
+        return _gluoncv_zoo()(arch, classes=classes, pretrained=False)
     except ValueError as e:
-        from xp.errors import ConfigError
+        raise ConfigError(f"model.arch={arch!r}: not in the GluonCV model zoo ({e})") from e
 
-        raise ConfigError(f"model.arch={model.arch!r}: not in the GluonCV model zoo ({e})") from e
+
+def build_net(model: ModelSpec, classes: int, image_shape: tuple[int, int, int], backend: str = "gluon"):
+    """The network with `classes` outputs (logits), parameters not yet initialised: GluonCV's architecture
+    (model.zoo=gluoncv) or the registered network's MXNet factory (xp.models)."""
+    from mxnet.gluon import HybridBlock
+
+    from xp import models
+
+    if model.zoo == "gluoncv":
+        return gluoncv_net(model.arch, classes)
+    net = models.offered(model, "mxnet", backend)
+    return models.built(models.call(net, models.task(model, "mxnet", classes, image_shape), model), HybridBlock,
+                        "a Gluon HybridBlock (mxnet.gluon.HybridBlock)", model, "mxnet", backend)
+
+
+def probe(net, model: ModelSpec, classes: int, image_shape: tuple[int, int, int]) -> None:
+    """One batch of 2 zero images through a fresh copy's symbol (shapes inferred, nothing initialised): it must
+    take the input and give (2, classes)."""
+    import mxnet as mx
+
+    from xp.errors import ConfigError
+    from xp.models import where_it_failed
+
+    try:
+        _, out, _ = net(mx.sym.var("data")).infer_shape(data=(2, *image_shape))
+    except Exception as e:
+        raise ConfigError(f"model={model.name}: refuses the data set's input (2, {', '.join(map(str, image_shape))}): "
+                          f"{where_it_failed(e).splitlines()[0][:300]}") from None
+    if len(out) != 1 or tuple(out[0]) != (2, classes):
+        got = tuple(out[0]) if len(out) == 1 else f"{len(out)} outputs"
+        raise ConfigError(f"model={model.name}: gives {got} for 2 images; the data set has {classes} classes, so "
+                          f"(2, {classes}) was expected")
+
+
+ZOOS = ("xp", "gluoncv")  # where networks come from: the registered (xp.models), or GluonCV's model zoo
+
+
+def check_network(plan) -> None:
+    """The model config names a network the MXNet backends can build: from one of their zoos; a registered one
+    offered for MXNet, checked on 2 images (output, input) when it is a package's."""
+    from xp import models
+    from xp.errors import ConfigError
+
+    model = plan.model
+    if model.zoo not in ZOOS:
+        other = " (it is backend=torch's)" if model.zoo in ("torchvision", "timm") else ""
+        raise ConfigError(f"model.zoo={model.zoo!r}: not one of backend={plan.backend}'s; valid: {', '.join(ZOOS)}"
+                          + other)
+    if model.zoo == "xp":
+        models.offered(model, "mxnet", plan.backend)  # no such name, or offered for torch only: now
+        if not models.own(model):
+            probe(build_net(model, plan.dataset.num_classes, plan.dataset.image_shape, plan.backend), model,
+                  plan.dataset.num_classes, plan.dataset.image_shape)
+
+
+def fits(plan) -> bool:
+    """One device's training step at plan.batch: a real step on a GPU (out of memory caught);
+    on the CPU, the memory MXNet's executor plans for forward and backward, plus weights,
+    gradients and momentum, against plan.auto_batch_memory_mb."""
+    import mxnet as mx
+
+    net = build_net(plan.model, plan.dataset.num_classes, plan.dataset.image_shape, plan.backend)
+    symbol = mx.sym.SoftmaxOutput(net(mx.sym.var("data")), name="softmax")
+    shape = (plan.batch, *plan.dataset.image_shape)
+    ctx = mx.gpu(0) if plan.device_type == "gpu" else mx.cpu()
+    try:
+        exe = symbol.simple_bind(ctx, grad_req="write", data=shape)
+        if plan.device_type == "gpu":
+            exe.arg_dict["data"][:] = 1
+            exe.forward(is_train=True)
+            exe.backward()
+            mx.nd.waitall()
+            return True
+    except mx.base.MXNetError as e:
+        if "out of memory" in str(e).lower():
+            return False
+        raise
+    finally:
+        mx.nd.waitall()
+    planned = next(int(line.split()[1]) for line in exe.debug_str().splitlines()
+                   if line.startswith("Total") and "MB allocated" in line)
+    weights = sum(a.size for n, a in exe.arg_dict.items() if n not in ("data", "softmax_label")) * 4 / 2**20
+    return planned + 3 * weights <= plan.auto_batch_memory_mb
 
 
 def _backbone_and_head_key(net) -> tuple[Any, str]:
@@ -99,7 +173,8 @@ def _with_new_head(backbone, classes: int):
     return net
 
 
-def load_pretrained(spec: PretrainedSpec, model: ModelSpec, classes: int, contexts):
+def load_pretrained(spec: PretrainedSpec, model: ModelSpec, classes: int, image_shape: tuple[int, int, int],
+                    contexts, backend: str = "gluon"):
     """(network with a new `classes`-way classifier, the pretrained backbone block).
 
     Zoo weights: the zoo's network is built with the saved classifier's size, the file
@@ -118,11 +193,11 @@ def load_pretrained(spec: PretrainedSpec, model: ModelSpec, classes: int, contex
     except mx.base.MXNetError as e:
         raise WeightsError(f"{spec.params}: not an MXNet .params file") from e
     if spec.source in ("zoo", "commit"):  # an xp commit of backend=gluon: the zoo's format
-        probe = build_net(model, 1)
+        probe = build_net(model, 1, image_shape, backend)
         _, head = _backbone_and_head_key(probe)
         if f"{head}.weight" not in saved:
             raise WeightsError(f"{spec.params}: has no classifier {head}.weight, so it is not {model.arch} weights")
-        net = build_net(model, int(saved[f"{head}.weight"].shape[0]))
+        net = build_net(model, int(saved[f"{head}.weight"].shape[0]), image_shape, backend)
         try:
             net.load_parameters(spec.params, ctx=contexts)
         except (AssertionError, mx.base.MXNetError) as e:

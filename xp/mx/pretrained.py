@@ -53,14 +53,18 @@ def resolve(request: PretrainedRequest, model: ModelSpec) -> PretrainedSpec:
     spec = _find(request.name, request.epoch, request.layer, request.freeze_backbone, request.backbone_lr_mult)
     if spec.source == "commit":  # xp's own weights, of the data they were trained on
         return spec
-    if spec.source == "zoo" and spec.name != model.arch:
+    from xp.models import zoo_name
+
+    arch = zoo_name(model, "mxnet")
+    if spec.source == "zoo" and spec.name != arch:
         raise ConfigError(f"pretrained={spec.name}: these are weights of {spec.name}, but model={model.name} builds "
-                          f"{model.arch}; choose the matching model (or pretrained={model.arch})")
+                          + (f"{arch}; choose the matching model (or pretrained={arch})" if arch else
+                             "a network of no model zoo; give a checkpoint, a commit or a logged model"))
     if spec.source == "checkpoint" and not request.layer:
         raise ConfigError("pretrained_layer=null: a checkpoint is cut at a named layer (e.g. flatten0) "
                           "before the new classifier")
     # a checkpoint and GluonCV's zoo networks were trained on ImageNet's input
-    return replace(spec, imagenet_input=spec.source == "checkpoint" or model.zoo == "gluoncv")
+    return replace(spec, imagenet_input=spec.source == "checkpoint" or arch is not None)
 
 
 def _commit(root: Path, freeze: bool, lr_mult: float) -> PretrainedSpec:

@@ -52,6 +52,67 @@ class ArrayBatches:
             yield x[step * size:(step + 1) * size], y[step * size:(step + 1) * size]
 
 
+class DatasetBatches:
+    """A registered data set's torch Dataset (xp.data.plugins) in ArrayBatches' order and sharding, its samples
+    read by a DataLoader with `nthreads` worker processes; normalised and its labels checked per batch."""
+
+    def __init__(self, dataset: Any, classes: int, global_batch: int, shards: int, shard: int, steps: int, seed: int,
+                 train: bool, nthreads: int, norm: Any, where: str):
+        self.dataset, self.classes, self.nthreads, self.where = dataset, classes, nthreads, where
+        self.norm = None if norm is None else (torch.from_numpy(norm[0]), torch.from_numpy(norm[1]))
+        self.global_batch, self.shards, self.shard, self.steps, self.seed, self.train = \
+            global_batch, shards, shard, steps, seed, train
+
+    def batches(self, epoch: int, skip: int) -> list[list[int]]:
+        n = len(self.dataset)
+        if not self.train:
+            return [list(range(i, min(i + self.global_batch, n))) for i in range(0, n, self.global_batch)]
+        order = datasets.epoch_order(n, self.seed, epoch, True)
+        idx = order[datasets.shard_positions(self.steps, self.global_batch, self.shard, self.shards)]
+        size = self.global_batch // self.shards
+        return [idx[step * size:(step + 1) * size].tolist() for step in range(skip, self.steps)]
+
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        from xp.data.plugins import in_range
+
+        import warnings
+
+        with warnings.catch_warnings():  # data_nthreads beyond the cores is the user's choice, said in the plan
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            loader = iter(torch.utils.data.DataLoader(self.dataset, batch_sampler=self.batches(epoch, skip),
+                                                      num_workers=self.nthreads))
+        for x, y in loader:
+            x, y = torch.as_tensor(x).float(), torch.as_tensor(y)
+            if self.norm is not None:
+                x = (x - self.norm[0]) / self.norm[1]
+            in_range(y.numpy(), self.classes, self.where)
+            yield x, y.long()
+
+
+def plugin_batches(plan: Plan, shards: int, shard: int) -> tuple[Any, Any]:
+    """(train, val) batch sources of a registered data set: arrays through ArrayBatches, a torch Dataset through
+    DatasetBatches."""
+    from xp.data import plugins
+    from xp.run.registry import Registry
+
+    d = plan.dataset
+    data = plugins.load(d.name, d.options, Registry().load(plan.backend))
+    norm = plugins.normalisation(d.options, d.image_shape[0])
+    made = []
+    for part, train in ((data.train, True), (data.val, False)):
+        batch, steps = (plan.global_batch, plan.steps_per_epoch) if train else (plan.batch, 0)
+        if isinstance(part, (tuple, list)):
+            x = np.asarray(part[0], np.float32)
+            x = (x - norm[0]) / norm[1] if norm is not None else x
+            made.append(ArrayBatches(x, np.asarray(part[1]), batch, shards if train else 1, shard if train else 0,
+                                     steps, plan.seed, train=train))
+        else:
+            made.append(DatasetBatches(part, data.classes, batch, shards if train else 1, shard if train else 0,
+                                       steps, plan.seed, train, plan.data_nthreads, norm,
+                                       f"dataset={d.name}: its {'train' if train else 'val'} part"))
+    return made[0], made[1]
+
+
 class SyntheticBatches:
     """One random batch, served `steps` times: compute without an input pipeline."""
 
@@ -273,6 +334,8 @@ def make_batches(plan: Plan, shards: int, shard: int, pin: bool, device: Any = "
     """(train, val) batch sources for process `shard` of `shards`; no val source for test_io runs.
     Synthetic batches are made on `device`; the others are read into (pinned, with pin) host memory."""
     d = plan.dataset
+    if datasets.is_plugin(d):
+        return plugin_batches(plan, shards, shard)
     if d.options.get("kind", d.name) in ("rec", "folder"):
         from xp.data.recordio import record_files
 

@@ -1,4 +1,5 @@
-"""The network in PyTorch: xp's LeNet, or torchvision's network of the same name."""
+"""The network in PyTorch: a registered network's (xp.models: xp's LeNet and ResNets, a package's own), or an
+architecture of torchvision's or timm's."""
 
 from __future__ import annotations
 
@@ -31,22 +32,18 @@ def lenet(classes: int, image_shape: tuple[int, int, int], dropout: float = 0.0)
     return net
 
 
-def build_model(model: ModelSpec, classes: int, image_shape: tuple[int, int, int]) -> nn.Module:
-    """The network with `classes` outputs (logits) for images of `image_shape`, freshly initialised."""
-    if model.zoo == "xp":
-        if model.arch != "lenet":
-            raise ConfigError(f"model.arch={model.arch!r}: not in xp's zoo; valid: lenet")
-        return lenet(classes, image_shape, model.dropout)
-    name = model.options.get("torchvision")  # the model's name in torchvision, from its conf/model file
-    if not name:
-        raise ConfigError(f"model={model.name}: has no torchvision network for backend=torch; set "
-                          "model.torchvision=NAME (a torchvision.models name)")
+ZOOS = ("xp", "torchvision", "timm")  # the registered networks (xp.models), torchvision's, timm's
+
+
+def torchvision_net(name: str, classes: int, image_shape: tuple[int, int, int], where: str) -> nn.Module:
+    """torchvision's network `name` with `classes` outputs, no weights; a first convolution for the images'
+    channels where they are not 3."""
     import torchvision
 
     try:
         net = torchvision.models.get_model(name, weights=None, num_classes=classes)
     except ValueError as e:
-        raise ConfigError(f"model.torchvision={name!r}: not a torchvision model ({e})") from None
+        raise ConfigError(f"{where}: not a torchvision model ({e})") from None
     channels = image_shape[0]
     conv1 = getattr(net, "conv1", None)
     if channels != 3 and isinstance(conv1, nn.Conv2d):  # e.g. 1-channel digits: a stem for that many channels
@@ -54,9 +51,61 @@ def build_model(model: ModelSpec, classes: int, image_shape: tuple[int, int, int
                               bias=False)
         nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
     elif channels != 3:
-        raise ConfigError(f"model={model.name}: torchvision's {name} takes 3-channel images; "
-                          f"dataset images have {channels}")
+        raise ConfigError(f"{where}: torchvision's {name} takes 3-channel images; dataset images have {channels}")
     return net
+
+
+def timm_net(arch: str, classes: int, image_shape: tuple[int, int, int]) -> nn.Module:
+    """timm's architecture `arch` (timm.create_model, no weights) with `classes` outputs and the images' channels."""
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError("model.zoo=timm: timm is not installed (pip install timm)") from None
+    if not timm.is_model(arch):
+        import difflib
+
+        close = difflib.get_close_matches(arch, timm.list_models(), n=1)
+        raise ConfigError(f"model.arch={arch!r}: not one of timm's architectures"
+                          + (f"; did you mean {close[0]}?" if close else "") + " (timm.list_models() lists them)")
+    return timm.create_model(arch, pretrained=False, num_classes=classes, in_chans=image_shape[0])
+
+
+def build_model(model: ModelSpec, classes: int, image_shape: tuple[int, int, int]) -> nn.Module:
+    """The network with `classes` outputs (logits) for images of `image_shape`, freshly initialised: the
+    registered network's PyTorch factory (xp.models), or torchvision's or timm's architecture model.arch."""
+    from xp import models
+
+    if model.zoo not in ZOOS:
+        raise ConfigError(f"model.zoo={model.zoo}: not one of backend=torch's; valid: {', '.join(ZOOS)}"
+                          + (" (gluoncv is MXNet's: backend=gluon, module or horovod)" if model.zoo == "gluoncv" else ""))
+    if model.zoo == "torchvision":
+        return torchvision_net(model.arch, classes, image_shape, f"model.arch={model.arch}")
+    if model.zoo == "timm":
+        return timm_net(model.arch, classes, image_shape)
+    net = models.offered(model, "torch", "torch")
+    return models.built(models.call(net, models.task(model, "torch", classes, image_shape), model), nn.Module,
+                        "a torch.nn.Module", model, "torch", "torch")
+
+
+def probe(net: nn.Module, model: ModelSpec, classes: int, image_shape: tuple[int, int, int]) -> None:
+    """One batch of 2 zero images through the network (evaluation mode, no gradients): it must take the input
+    and give (2, classes)."""
+    from xp.models import where_it_failed
+
+    was = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(torch.zeros(2, *image_shape))
+    except Exception as e:
+        raise ConfigError(f"model={model.name}: refuses the data set's input (2, {', '.join(map(str, image_shape))}): "
+                          f"{where_it_failed(e)}") from None
+    finally:
+        net.train(was)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"model={model.name}: gives {got} for 2 images; the data set has {classes} classes, so "
+                          f"(2, {classes}) was expected")
 
 
 def load_pretrained(net: nn.Module, path: Path, freeze_backbone: bool, lr_mult: float) -> list[dict]:

@@ -35,10 +35,22 @@ class Backend(ABC):
     requires: ClassVar[tuple[str, ...]] = ()
     # dataset.decode=gpu: the backend can decode and augment RecordIO images on its GPUs
     decodes_on_gpu: ClassVar[bool] = False
+    # the framework of the networks and data sets it trains (xp.plugin): "mxnet" or "torch"
+    framework: ClassVar[str] = ""
 
     @classmethod
     def check(cls, plan: Plan) -> None:
         """Reject, with a ConfigError, plans this engine cannot run. Called before any run starts."""
+
+    @classmethod
+    def dataset_type(cls) -> tuple[type, str]:
+        """The framework's data set class a registered data set may give (xp.plugin.Data), and its name in words."""
+        raise NotImplementedError
+
+    @classmethod
+    def probe(cls, plan: Plan) -> Any:
+        """xp.check's probe of the plan's network on one batch of its data (xp/mx/check.py, xp/pt/check.py)."""
+        raise NotImplementedError
 
     @classmethod
     def check_devices(cls, plan: Plan) -> None:

@@ -112,10 +112,30 @@ def example_input(plan: Plan, n: int = 2) -> np.ndarray:
     return np.zeros((n, *d.image_shape), np.float32)
 
 
+def _plugin_description(plan: Plan) -> dict[str, Any]:
+    """A registered data set's: its class names, its transform's import path, xp's normalisation."""
+    from xp.data import plugins
+    from xp.run.registry import Registry
+
+    d = plan.dataset
+    data = plugins.load(d.name, d.options, Registry().load(plan.backend))
+    out: dict[str, Any] = {"dataset": d.name, "image_shape": list(d.image_shape),
+                           "classes": list(data.class_names) or [str(i) for i in range(d.num_classes)]}
+    if data.transform is not None:
+        out["transform"] = f"{data.transform.__module__}:{data.transform.__qualname__}"
+    if d.options.get("mean") is not None:
+        out["pixels"] = {"mean": list(d.options["mean"]), "std": list(d.options["std"])}
+    return out
+
+
 def input_description(plan: Plan) -> dict[str, Any]:
     """What a model's input is: the image shape, the classes' names in label order, and how an image file's
     pixels become the input (python -m xp.predict)."""
     d = plan.dataset
+    from xp.data import datasets
+
+    if datasets.is_plugin(d):
+        return _plugin_description(plan)
     if d.listing is not None:
         names = list(d.listing.classes)
     elif d.name == "digits" and d.options.get("classes"):

@@ -16,11 +16,12 @@ from typing import Any, Callable
 from xp.data import datasets
 from xp.data.datasets import DatasetSpec
 from xp.errors import ConfigError
+from xp.models import trained_name
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
 from xp.tracking.models import fits
 from xp.tracking.stores import resolve_uri
-from xp.run.settings import (ElasticSettings, LaunchSettings, StudySettings, choice, elastic_settings,
-                             flag, group, integer, is_int, launch_settings, number, study_settings, text)
+from xp.run.settings import (ElasticSettings, LaunchSettings, StudySettings, choice, elastic_settings, flag,
+                             flatten, group, integer, is_int, launch_settings, number, study_settings, text)
 
 # a backend's resolve_pretrained(request, model): pretrained= weights found on disk
 PretrainedResolver = Callable[[PretrainedRequest, "ModelSpec"], PretrainedSpec]
@@ -201,27 +202,17 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int | None, workers: int | 
         hosts=hosts or 1, servers=servers, **_state(cfg), **sizes,
         **_optimisation(cfg, sizes), **_measurement(cfg),
         experiment=str(cfg.get("experiment") or "xp"), tracking_uri=resolve_uri(cfg.get("tracking_uri")),
-        run_name=cfg.get("run_name"), launch=launch, elastic=elastic, study=study_settings(cfg), requested=flatten(cfg))
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}"""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+        run_name=cfg.get("run_name"), launch=launch, elastic=elastic, study=study_settings(cfg),
+        requested={**flatten(cfg), "model.name": model.name})  # the network that trains (xp.models.trained_name)
 
 
 MODEL_LOG = ("best", "last", "none")
 
 
 def _model(m: dict) -> ModelSpec:
-    zoo = text({"model.zoo": m.get("zoo")}, "model.zoo") or "xp"  # "xp": its own; others the backend checks
-    model = ModelSpec(m["name"], zoo, str(m.get("arch") or m["name"]),
+    zoo = text({"model.zoo": m.get("zoo")}, "model.zoo") or "xp"  # "xp": the registered; others the backend checks
+    arch = str(m.get("arch") or m["name"])
+    model = ModelSpec(trained_name(str(m["name"]), zoo, arch, m.get("factory")), zoo, arch,
                       number({"model.dropout": m.get("dropout", 0.0)}, "model.dropout", 0.0, 1.0, hi_open=True),
                       str(m.get("log", "best")).lower(),
                       {k: v for k, v in m.items() if k not in ("name", "zoo", "arch", "dropout", "log")})
@@ -229,15 +220,18 @@ def _model(m: dict) -> ModelSpec:
         raise ConfigError(f"model.log={m.get('log')}: one of {', '.join(MODEL_LOG)} (which epoch's model the run "
                           "logs to MLflow)")
     if model.dropout and model.zoo != "xp":
-        raise ConfigError(f"model.dropout={model.dropout:g}: applies to xp's own models; model={model.name} comes "
-                          f"from {model.zoo}, whose architecture fixes its dropout")
+        raise ConfigError(f"model.dropout={model.dropout:g}: applies to registered networks (model.zoo=xp); "
+                          f"model={model.name} comes from {model.zoo}, whose architecture fixes its dropout")
     return model
 
 
 def _data(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None
           ) -> tuple[DatasetSpec, PretrainedSpec | None]:
+    from xp.run.registry import found_backend
+
     dataset_cfg = group(cfg, "dataset")
-    dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"})
+    dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"},
+                                found_backend((cfg.get("backend") or {}).get("name")))
     classes = cfg.get("num_classes")
     if classes is not None and classes != dataset.num_classes:
         raise ConfigError(f"num_classes={classes!r}: dataset={dataset.name} has {dataset.num_classes} classes; "

@@ -13,21 +13,10 @@ from importlib import metadata
 from typing import Iterable
 
 from xp.run.backend import Backend
-from xp.errors import PluginError, one_line
+from xp.errors import PluginError, XPError, one_line
+from xp.models import _installed
 
 GROUP = "xp.backends"
-
-
-_found: dict[tuple[str, tuple[str, ...]], list[metadata.EntryPoint]] = {}
-
-
-def _installed(group: str) -> list[metadata.EntryPoint]:
-    """The entry points of `group` on today's sys.path, scanned once per path (a scan reads every installed
-    distribution's metadata: ~10 ms, which a study's worker would pay per trial)."""
-    key = (group, tuple(sys.path))
-    if key not in _found:
-        _found[key] = list(metadata.entry_points(group=group))
-    return _found[key]
 
 
 class Registry:
@@ -63,3 +52,12 @@ class Registry:
             raise PluginError(f"{kind}={name!r}: {ep.value} is not a subclass of "
                               f"{self.base.__module__}.{self.base.__qualname__}")
         return cls
+
+
+def found_backend(name: object) -> type | None:
+    """The backend class of that name (a registered data set is loaded in its framework's type); None for a
+    backend not installed, which the plan names later."""
+    try:
+        return Registry().load(name) if isinstance(name, str) else None
+    except XPError:
+        return None

@@ -157,3 +157,15 @@ def study_settings(cfg: dict) -> StudySettings | None:
         raise ConfigError("optuna.*: set by a study's sweeper for each trial (sweep, optuna.study, optuna.storage, "
                           "optuna.trial_id together); run studies with python -m xp -m sweep=NAME")
     return StudySettings(dict(cfg["sweep"]), str(o["study"]), str(o["storage"]), int(o["trial_id"]))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

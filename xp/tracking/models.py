@@ -164,7 +164,7 @@ def fetch(uri: str, tracking_uri: str, what: str = "pretrained=") -> tuple[Path,
         if not (local / "MLmodel").is_file():
             cache.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache))
-            with quiet():
+            with quiet(), _tracking(tracking_uri):  # models:/ID resolves in the global store, not tracking_uri
                 got = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(tmp),
                                                                tracking_uri=tracking_uri))
             try:
@@ -177,6 +177,24 @@ def fetch(uri: str, tracking_uri: str, what: str = "pretrained=") -> tuple[Path,
     if not (local / INPUT).is_file():
         raise ConfigError(f"{what}{uri}: not a model xp logged (it has no {INPUT}: its input is unknown)")
     return local, json.loads((local / INPUT).read_text())
+
+
+@contextlib.contextmanager
+def _tracking(uri: str) -> Iterator[None]:
+    """MLflow's global tracking URI set to `uri` meanwhile (xp.predict --tracking-uri with no
+    $MLFLOW_TRACKING_URI: the logged model was looked up in ./mlruns)."""
+    import mlflow
+
+    before, env = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+        if env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = env
 
 
 def _source(client: Any, uri: str) -> str:

@@ -75,11 +75,24 @@ def read_image(path: Path, described: dict[str, Any]) -> np.ndarray:
         img = img[top:top + h, left:left + w]
     if img.shape[:2] != (h, w):
         img = cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA)
-    x = img.astype(np.float32).reshape(h, w, -1)[..., ::-1].transpose(2, 0, 1)  # BGR -> RGB, channels first
-    x = x * float(pixels.get("scale", 1.0))
+    x = img.reshape(h, w, -1)[..., ::-1].transpose(2, 0, 1)  # BGR -> RGB, channels first
+    if described.get("transform"):  # a registered data set's own: its pixels as its samples are made
+        x = np.asarray(_transform(described["transform"])(np.ascontiguousarray(x)), np.float32)
+    else:
+        x = x.astype(np.float32) * float(pixels.get("scale", 1.0))
     mean = np.asarray(pixels.get("mean", [0.0] * c), np.float32).reshape(-1, 1, 1)
     std = np.asarray(pixels.get("std", [1.0] * c), np.float32).reshape(-1, 1, 1)
     return np.ascontiguousarray((x - mean) / std, dtype=np.float32)
+
+
+def _transform(path: str) -> Any:
+    from xp.errors import ConfigError
+    from xp.models import imported
+
+    try:
+        return imported(path, "the model's data set transform")
+    except ConfigError as e:
+        raise PredictError(f"{e} (install the package of the model's data set here)") from None
 
 
 def predict(model: Any, described: dict[str, Any], files: list[Path], batch: int = 64) -> list[tuple[Path, str, float]]:
