@@ -74,31 +74,11 @@ def test_every_other_shell_block_says_what_it_needs():
 RUN = ("getting-started.md", "own-code.md")
 
 
-@pytest.mark.slow
-def test_the_own_code_pages_commands_run(tmp_path):
-    """docs/guides/own-code.md's blocks not marked `# needs:`, in order, in a folder with the checkout's .venv: the
-    example's names listed, checked on both frameworks, trained on both."""
-    blocks = [b for b in bash_blocks(DOCS / "guides" / "own-code.md") if not b.startswith("# needs:")]
-    assert len(blocks) == 3, blocks
-    (tmp_path / ".venv").symlink_to(Path(sys.executable).parents[1])
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "XP_PARENT_RUN_ID")}
-    said = ""
-    for block in blocks:
-        out = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=600)
-        assert out.returncode == 0, f"{block}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
-        assert "Traceback" not in out.stdout + out.stderr, block
-        said += out.stdout
-    assert "tinynet, tinynet_bn" in said and said.count("  N workers  ok") == 2, said
-    assert said.count("| tinynet |") == 2 and said.count("FINISHED") == 2, said
-
-
-@pytest.mark.slow
-def test_the_getting_started_commands_run(tmp_path):
-    """Each block of the page not marked `# needs:`, in order, as a reader types it in a checkout (here: a folder
-    with the checkout's .venv, so that its default stores are the test's own)."""
-    blocks = [b for b in bash_blocks(DOCS / "getting-started.md") if not b.startswith("# needs:")]
-    assert len(blocks) >= 5, blocks
+def run_blocks(page: Path, tmp_path: Path, at_least: int) -> str:
+    """The page's blocks not marked `# needs:`, in order, as a reader types them in a checkout (here: a folder with
+    the checkout's .venv, so that its default stores are the test's own); what they printed."""
+    blocks = [b for b in bash_blocks(page) if not b.startswith("# needs:")]
+    assert len(blocks) >= at_least, blocks
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parents[1])
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "XP_OPTUNA_STORAGE",
                                                            "XP_PARENT_RUN_ID")}
@@ -109,6 +89,23 @@ def test_the_getting_started_commands_run(tmp_path):
         assert out.returncode == 0, f"{block}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
         assert "Traceback" not in out.stdout + out.stderr, block
         said += out.stdout + out.stderr
+    return said
+
+
+@pytest.mark.slow
+def test_the_own_code_pages_commands_run(tmp_path):
+    """docs/guides/own-code.md's blocks not marked `# needs:`, in order, in a folder with the checkout's .venv: the
+    example's names listed, checked on both frameworks, trained on both."""
+    said = run_blocks(DOCS / "guides" / "own-code.md", tmp_path, 3)
+    assert "tinynet, tinynet_bn" in said and said.count("  N workers  ok") == 2, said
+    assert said.count("| tinynet |") == 2 and said.count("FINISHED |") == 2, said
+
+
+@pytest.mark.slow
+def test_the_getting_started_commands_run(tmp_path):
+    """Each block of the page not marked `# needs:`, in order, as a reader types it in a checkout (here: a folder
+    with the checkout's .venv, so that its default stores are the test's own)."""
+    said = run_blocks(DOCS / "getting-started.md", tmp_path, 5)
     assert (tmp_path / "mlruns" / "optuna.db").is_file() and (tmp_path / "mlruns" / "mlflow.db").is_file()
     # what the Compare block made: the study's trials as a study, the other runs as runs, nothing drawn empty
     first = tmp_path / "reports" / "first"

@@ -119,6 +119,11 @@ def test_a_study_of_the_example_fills_two_slots(tmp_path, store):
     trials = [x for x in runs if "optuna.trial_number" in x.data.tags]
     assert len(trials) == 6 and {x.data.params["model.name"] for x in trials} == {"tinynet"}
     assert {x.data.tags.get("xp.slot") for x in trials} == {"0", "1"}
+    parent = next(x for x in runs if x.data.tags.get("xp.sweep") == "true")
+    rep = subprocess.run([sys.executable, "-m", "xp.report", "--tracking-uri", store, "--parent", parent.info.run_id,
+                          "--out", str(tmp_path / "report")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    assert (tmp_path / "report" / "report.md").read_text().count("| tinynet |") == 6
 
 
 @pytest.mark.slow

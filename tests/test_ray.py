@@ -253,12 +253,16 @@ def test_the_token_in_the_users_home_folder_reaches_a_cluster_that_asks_for_it_a
 
     def study(address: str, name: str) -> None:
         storage = f"sqlite:///{tmp_path}/{name}.db"
-        argv = xp_on_ray(c, tmp_path / name, "-m", "sweep=tiny", "epochs=1", experiment=f"ray-{name}")
+        # the example package's network and data (examples/xp-example): importable on the nodes, the same venv
+        argv = xp_on_ray(c, tmp_path / name, "-m", "sweep=tiny", "epochs=1", "model=tinynet", "dataset=shapes",
+                         experiment=f"ray-{name}")
         argv[argv.index(f"launcher.address={c.ray_address}")] = f"launcher.address={address}"
         r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env=dict(env(token=False, home=home), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage))
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert [t.state.name for t in study_trials(storage)] == ["COMPLETE"]
+        trial = next(x for x in runs(c, f"ray-{name}")[1] if "optuna.trial_number" in x.data.tags)
+        assert trial.data.params["model.name"] == "tinynet" and trial.data.tags["xp.dataset"] == "shapes"
 
     study(c.ray_address, "token")
     port = PORT + 1

@@ -12,7 +12,7 @@ A data set is loaded once per process and checked as it is: samples in both part
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -141,6 +141,30 @@ def in_range(y: np.ndarray, classes: int, where: str) -> None:
 def size(data: Data, part: str) -> int:
     p = getattr(data, part)
     return len(p[0]) if isinstance(p, (tuple, list)) else len(p)
+
+
+class Part(NamedTuple):
+    """One part of a registered data set as a backend reads it: arrays (x normalised, y) or a Dataset (y None)."""
+    samples: Any
+    labels: np.ndarray | None
+    train: bool
+    where: str
+
+
+def parts(spec: Any, backend: Any) -> tuple[Data, Any, tuple[Part, Part]]:
+    """The data set of `spec` for the backend, its normalisation ((1, C, 1, 1) mean and std, or None), and its
+    (train, val) parts: arrays normalised here, a Dataset as it is (its batches are normalised as they are read)."""
+    data = load(spec.name, spec.options, backend)
+    norm = normalisation(spec.options, spec.image_shape[0])
+    made = []
+    for part, train in ((data.train, True), (data.val, False)):
+        where = f"dataset={spec.name}: its {'train' if train else 'val'} part"
+        if isinstance(part, (tuple, list)):
+            x = np.asarray(part[0], np.float32)
+            made.append(Part((x - norm[0]) / norm[1] if norm is not None else x, np.asarray(part[1]), train, where))
+        else:
+            made.append(Part(part, None, train, where))
+    return data, norm, (made[0], made[1])
 
 
 def normalisation(options: dict[str, Any], channels: int) -> tuple[np.ndarray, np.ndarray] | None:

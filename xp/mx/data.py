@@ -122,20 +122,17 @@ def plugin_iters(plan: Plan) -> tuple[mx.io.DataIter, mx.io.DataIter]:
     from xp.run.registry import Registry
 
     d = plan.dataset
-    data = plugins.load(d.name, d.options, Registry().load(plan.backend))
-    norm = plugins.normalisation(d.options, d.image_shape[0])
+    data, norm, parts = plugins.parts(d, Registry().load(plan.backend))
     made = []
-    for part, train in ((data.train, True), (data.val, False)):
-        batch, workers, rank = (plan.global_batch, plan.workers, plan.rank) if train else (plan.worker_batch, 1, 0)
-        if isinstance(part, (tuple, list)):
-            x = np.asarray(part[0], np.float32)
-            x = (x - norm[0]) / norm[1] if norm is not None else x
-            made.append(ArrayIter(x, np.asarray(part[1]), batch, workers, rank, shuffle=train, seed=plan.seed,
-                                  pad_last=not train))
+    for p in parts:
+        batch, workers, rank = (plan.global_batch, plan.workers, plan.rank) if p.train else (plan.worker_batch, 1, 0)
+        if p.labels is not None:
+            made.append(ArrayIter(p.samples, p.labels, batch, workers, rank, shuffle=p.train, seed=plan.seed,
+                                  pad_last=not p.train))
         else:
-            made.append(DatasetIter(part, data.classes, d.image_shape, batch, workers, rank, shuffle=train,
-                                    seed=plan.seed, pad_last=not train, nthreads=plan.data_nthreads, norm=norm,
-                                    where=f"dataset={d.name}: its {'train' if train else 'val'} part"))
+            made.append(DatasetIter(p.samples, data.classes, d.image_shape, batch, workers, rank, shuffle=p.train,
+                                    seed=plan.seed, pad_last=not p.train, nthreads=plan.data_nthreads, norm=norm,
+                                    where=p.where))
     return made[0], made[1]
 
 

@@ -95,21 +95,17 @@ def plugin_batches(plan: Plan, shards: int, shard: int) -> tuple[Any, Any]:
     from xp.data import plugins
     from xp.run.registry import Registry
 
-    d = plan.dataset
-    data = plugins.load(d.name, d.options, Registry().load(plan.backend))
-    norm = plugins.normalisation(d.options, d.image_shape[0])
+    data, norm, parts = plugins.parts(plan.dataset, Registry().load(plan.backend))
     made = []
-    for part, train in ((data.train, True), (data.val, False)):
-        batch, steps = (plan.global_batch, plan.steps_per_epoch) if train else (plan.batch, 0)
-        if isinstance(part, (tuple, list)):
-            x = np.asarray(part[0], np.float32)
-            x = (x - norm[0]) / norm[1] if norm is not None else x
-            made.append(ArrayBatches(x, np.asarray(part[1]), batch, shards if train else 1, shard if train else 0,
-                                     steps, plan.seed, train=train))
+    for p in parts:
+        batch, steps = (plan.global_batch, plan.steps_per_epoch) if p.train else (plan.batch, 0)
+        shards_here, shard_here = (shards, shard) if p.train else (1, 0)
+        if p.labels is not None:
+            made.append(ArrayBatches(p.samples, p.labels, batch, shards_here, shard_here, steps, plan.seed,
+                                     train=p.train))
         else:
-            made.append(DatasetBatches(part, data.classes, batch, shards if train else 1, shard if train else 0,
-                                       steps, plan.seed, train, plan.data_nthreads, norm,
-                                       f"dataset={d.name}: its {'train' if train else 'val'} part"))
+            made.append(DatasetBatches(p.samples, data.classes, batch, shards_here, shard_here, steps, plan.seed,
+                                       p.train, plan.data_nthreads, norm, p.where))
     return made[0], made[1]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from xp.data import datasets
 from xp.data.recordio import with_kept_images
 from xp.run import checkpoint, record
 from xp.run.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, ProgressBar, ProgressPrinter,
@@ -84,7 +85,8 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
                      "interrupted sweep with the same settings and code")
             return Outcome("FINISHED", float(earlier.data.metrics.get("val_accuracy", 0.0)))
     log.info(plan.describe(uri))
-    if plan.test_io and plan.dataset.options.get("kind", plan.dataset.name) not in ("rec", "folder"):
+    if plan.test_io and plan.dataset.options.get("kind", plan.dataset.name) not in ("rec", "folder") \
+            and not datasets.is_plugin(plan.dataset):  # (a registered data set's loader workers read it)
         log.warning(f"test_io: dataset={plan.dataset.name} is held in memory; its figure times slicing arrays, not "
                     "reading or decoding images (those are dataset=rec and dataset=folder)")
     backend = None if plan.diagnose else backend_cls()
