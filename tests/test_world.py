@@ -18,7 +18,7 @@ def test_eight_processes_on_new_stores_all_succeed_and_never_propose_the_same_tr
     """8 studies started together on a fresh SQLite MLflow store and a fresh Optuna SQLite storage: before,
     MLflow's migrations raced (the file left unusable) and every sweeper drew the same proposals."""
     store, storage = f"sqlite:///{tmp_path}/mlruns/mlflow.db", f"sqlite:///{tmp_path}/optuna.db"
-    done = run_together([xp_args(tmp_path / str(i), "-m", "sweep=lr_batch", "sweep.n_trials=4", "epochs=1")
+    done = run_together([xp_args(tmp_path / str(i), "-m", "sweep=lr_batch", "sweep.n_trials=8", "epochs=1")
                          for i in range(8)], xp_env(store, {"XP_OPTUNA_STORAGE": storage}))
     for r in done:
         assert r.returncode == 0, r.stderr[-2000:]

@@ -65,7 +65,12 @@ def main(argv: list[str]) -> int:
     try:
         if argv[0] == "connect":  # forked, or on another host: it calls the scheduler back, with its slot's token
             host, port = os.environ[CONNECT_ENV].rsplit(":", 1)
-            channel = Channel(socket.create_connection((host, int(port)), timeout=30))
+            try:
+                channel = Channel(socket.create_connection((host, int(port)), timeout=30))
+            except OSError as e:  # no scheduler there (its study stopped while this worker started): one line
+                print(f"xp: a study's worker: its scheduler at {host}:{port} does not answer ({e.strerror or e}); "
+                      "the worker ends", file=sys.stderr, flush=True)
+                return 1
             channel.sock.settimeout(None)
             channel.send(Hello(os.environ.pop(TOKEN_ENV, "")))
         else:
