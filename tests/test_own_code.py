@@ -45,6 +45,22 @@ def test_the_name_in_tables_runs_and_params_is_the_network_that_trains():
     assert trained_name("mynet", "xp", "lenet", None) == "mynet"  # a user's own name for a registered network
 
 
+def test_timm_is_a_zoo_of_backend_torch_by_architecture_with_the_data_sets_channels_and_classes():
+    import torch
+
+    from xp.errors import ConfigError
+    from xp.pt.models import build_model
+    from xp.run.plan import ModelSpec
+
+    net = build_model(ModelSpec("resnet10t", "timm", "resnet10t"), 4, (1, 16, 16))
+    assert tuple(net.eval()(torch.zeros(2, 1, 16, 16)).shape) == (2, 4)  # architecture only: nothing downloaded
+    with pytest.raises(ConfigError, match="model.arch='resnet10x': not one of timm's architectures; did you mean"):
+        build_model(ModelSpec("resnet10x", "timm", "resnet10x"), 4, (1, 16, 16))
+    with pytest.raises(ConfigError, match=r"model.zoo=gluoncv: not one of backend=torch's; valid: xp, torchvision, "
+                                          r"timm \(gluoncv is MXNet's"):
+        build_model(ModelSpec("resnet18", "gluoncv", "resnet18_v1"), 4, (1, 16, 16))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gluon", "module", "horovod", "torch"])
 def test_the_examples_network_and_data_train_on_each_backend(tmp_path, store, backend):

@@ -1,13 +1,13 @@
 """Networks by name: the entry-point group `xp.models` (types in xp.plugin).
 
-xp's own networks (lenet, resnet18/50/152: plugins/zoo.py) register there as any package's do. A model config picks one:
-`model.zoo: xp` (the default) and `model.arch: NAME`, the registered name; a config file in the user's own config
-directory may instead name a factory by import path (`model.factory: mypkg.nets:tinynet`), never the command
-line. Two other zoos take any of their architectures by model.arch: `gluoncv` (MXNet; backend=torch builds
-model.torchvision) and `timm` (PyTorch; architectures only, no weights are downloaded).
+xp's own networks (lenet, resnet18/50/152: plugins/zoo.py) register there as any package's do. A model config
+picks one: `model.zoo: xp` (the default) and `model.arch: NAME`, the registered name; a config file in the user's
+own config directory may instead name a factory by import path (`model.factory: mypkg.nets:tinynet`), never the
+command line. The other zoos take any of their architectures by model.arch: gluoncv (the MXNet backends),
+torchvision and timm (backend=torch; architectures only, no weights are downloaded).
 
 Nothing here imports a framework: a network is built by the backend (xp.mx.models.build_net,
-xp.pt.models.build_model), which asks `network()` for the factory and `built()` to check what came back.
+xp.pt.models.build_model), which asks `offered()` for the factory and `built()` to check what came back.
 """
 
 from __future__ import annotations
