@@ -61,8 +61,9 @@ class Network:
 class DataTask:
     """What a data set factory is asked for."""
     framework: str  # "mxnet" or "torch": the type of data set it may return (arrays suit both)
-    options: Mapping[str, Any] = field(default_factory=dict)  # the dataset config's other keys (dataset.KEY=VALUE)
-    seed: int = 0
+    # the dataset config's other keys (dataset.KEY=VALUE): the samples are a function of them, the same in every
+    # process of a run (xp orders and shards them by its own seed)
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

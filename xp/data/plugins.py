@@ -3,7 +3,7 @@
 A factory (DataTask) -> xp.plugin.Data gives the training and validation samples in its framework's own type
 (its Dataset class, or arrays) with the classes and the input shape. xp keeps the rest, as for its
 own data sets: the epoch's order from (seed, epoch), each rank's share of the global batch, batching, the loader's
-worker processes (data_nthreads), normalisation (dataset.mean/std, when the config gives them), the loop.
+workers (data_nthreads), normalisation (dataset.mean/std, when the config gives them), the loop.
 
 A data set is loaded once per process and checked as it is: samples in both parts, integer labels in
 [0, classes) (all of them for arrays; the first CHECKED of a Dataset, and each batch as it is read).
@@ -31,10 +31,6 @@ def names() -> list[str]:
     return sorted(entry_points(GROUP, "dataset"))
 
 
-def is_registered(kind: str) -> bool:
-    return kind in entry_points(GROUP, "dataset")
-
-
 def _factory(name: str, options: dict[str, Any]) -> Any:
     if options.get("factory"):
         path = str(options["factory"])
@@ -52,12 +48,12 @@ def _factory(name: str, options: dict[str, Any]) -> Any:
         raise ConfigError(f"dataset={kind}: {ep.value} failed to import: {where_it_failed(e)}") from None
 
 
-def load(name: str, options: dict[str, Any], backend: Any, seed: int = 0) -> Data:
+def load(name: str, options: dict[str, Any], backend: Any) -> Data:
     """The data set, loaded for the backend's framework (`backend`: its class) once per process, and checked."""
-    key = json.dumps([name, options, backend.framework, seed], sort_keys=True, default=str)
+    key = json.dumps([name, options, backend.framework], sort_keys=True, default=str)
     if key not in _loaded:
         factory = _factory(name, options)
-        task = DataTask(backend.framework, {k: v for k, v in options.items() if k not in OWN_KEYS}, seed)
+        task = DataTask(backend.framework, {k: v for k, v in options.items() if k not in OWN_KEYS})
         try:
             data = factory(task)
         except ConfigError:
