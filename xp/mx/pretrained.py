@@ -55,11 +55,10 @@ def resolve(request: PretrainedRequest, model: ModelSpec) -> PretrainedSpec:
         return spec
     from xp.models import zoo_name
 
-    arch = zoo_name(model, "mxnet")
-    if spec.source == "zoo" and spec.name != arch:
+    arch = zoo_name(model, "mxnet")  # a zoo's architecture; a registered network's weights carry its name
+    if spec.source == "zoo" and spec.name != (arch or model.arch):
         raise ConfigError(f"pretrained={spec.name}: these are weights of {spec.name}, but model={model.name} builds "
-                          + (f"{arch}; choose the matching model (or pretrained={arch})" if arch else
-                             "a network of no model zoo; give a checkpoint, a commit or a logged model"))
+                          f"{arch or model.arch}; choose the matching model (or pretrained={arch or model.arch})")
     if spec.source == "checkpoint" and not request.layer:
         raise ConfigError("pretrained_layer=null: a checkpoint is cut at a named layer (e.g. flatten0) "
                           "before the new classifier")
