@@ -273,7 +273,7 @@ def describe(name: str, options: dict[str, Any], backend: Any = None) -> Dataset
 
     if backend is None:
         raise ConfigError(f"dataset={name}: a registered data set is read by a backend; name one (backend=NAME)")
-    data = plugins.load(name, options, backend)
+    data = plugins.load(name, options, backend, builtin())
     return DatasetSpec(name, data.classes, data.input_shape, plugins.size(data, "train"), plugins.size(data, "val"),
                        dict(options))
 

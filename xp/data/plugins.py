@@ -31,7 +31,7 @@ def names() -> list[str]:
     return sorted(entry_points(GROUP, "dataset"))
 
 
-def _factory(name: str, options: dict[str, Any]) -> Any:
+def _factory(name: str, options: dict[str, Any], builtin: list[str]) -> Any:
     if options.get("factory"):
         path = str(options["factory"])
         return imported(path, f"dataset.factory={path}")
@@ -39,20 +39,19 @@ def _factory(name: str, options: dict[str, Any]) -> Any:
     kind = str(options.get("kind") or name)
     ep = eps.get(kind)
     if ep is None:
-        from xp.data.datasets import builtin
-
-        raise unknown("dataset", kind, sorted({*eps, *builtin()}), GROUP)
+        raise unknown("dataset", kind, sorted({*eps, *builtin}), GROUP)
     try:
         return ep.load()
     except Exception as e:  # the user's package: its import error in one line
         raise ConfigError(f"dataset={kind}: {ep.value} failed to import: {where_it_failed(e)}") from None
 
 
-def load(name: str, options: dict[str, Any], backend: Any) -> Data:
-    """The data set, loaded for the backend's framework (`backend`: its class) once per process, and checked."""
+def load(name: str, options: dict[str, Any], backend: Any, builtin: list[str] = ()) -> Data:
+    """The data set, loaded for the backend's framework (`backend`: its class) once per process, and checked
+    (`builtin`: xp's own data sets' names, for the line that says a name is unknown)."""
     key = json.dumps([name, options, backend.framework], sort_keys=True, default=str)
     if key not in _loaded:
-        factory = _factory(name, options)
+        factory = _factory(name, options, list(builtin))
         task = DataTask(backend.framework, {k: v for k, v in options.items() if k not in OWN_KEYS})
         try:
             data = factory(task)

@@ -85,16 +85,15 @@ class Probe:
 
         bn, drop = [], []
 
-        def walk(block, path):
-            for name, child in block._children.items():
-                where = f"{path}.{name}" if path else name
+        def walk(block):
+            for child in block._children.values():
                 kind = type(child).__name__
                 if isinstance(child, nn.BatchNorm) and "SyncBatchNorm" not in kind:
                     bn.append(f"{child.name} ({kind})")
                 elif isinstance(child, nn.Dropout) and child._rate > 0:
                     drop.append(f"{child.name} ({kind})")
-                walk(child, where)
-        walk(self.net, "")
+                walk(child)
+        walk(self.net)
         return {"BatchNorm without sync": bn, "dropout": drop}
 
     def exported(self, x: np.ndarray, folder: Path) -> np.ndarray:

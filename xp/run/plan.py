@@ -173,7 +173,7 @@ class Plan:
 
 
 def build_plan(cfg: dict[str, Any], *, visible_gpus: int | None, workers: int | None = None, rank: int = 0,
-               hosts: int | None = None, pretrained_by: PretrainedResolver | None = None) -> Plan:
+               hosts: int | None = None, pretrained_by: PretrainedResolver | None = None, backend_cls: Any = None) -> Plan:
     """Validate a resolved config (plain dict) and derive the plan, one builder per group of settings.
 
     visible_gpus: GPUs this process can see (NVML); injected so it can be tested. None: the run's processes go to
@@ -187,7 +187,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int | None, workers: int | 
     kvstore = text({"kvstore": group(cfg, "kvstore")["name"]}, "kvstore") or "local"
     dtype = choice(group(cfg, "dtype")["name"], "dtype", DTYPES)
     model = _model(group(cfg, "model"))
-    dataset, pretrained = _data(cfg, model, pretrained_by)
+    dataset, pretrained = _data(cfg, model, pretrained_by, backend_cls)
     hardware = _hardware(cfg)
     device_type, devices = _devices(cfg, hardware, visible_gpus)
     workers = integer(cfg, "workers", 1, 4096) if workers is None else workers
@@ -225,13 +225,13 @@ def _model(m: dict) -> ModelSpec:
     return model
 
 
-def _data(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None
+def _data(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver | None, backend_cls: Any
           ) -> tuple[DatasetSpec, PretrainedSpec | None]:
-    from xp.run.registry import found_backend
-
+    """The data set (a registered one read in the framework of `backend_cls`, the backend's class) and the
+    pretrained weights."""
     dataset_cfg = group(cfg, "dataset")
     dataset = datasets.describe(dataset_cfg["name"], {k: v for k, v in dataset_cfg.items() if k != "name"},
-                                found_backend((cfg.get("backend") or {}).get("name")))
+                                backend_cls)
     classes = cfg.get("num_classes")
     if classes is not None and classes != dataset.num_classes:
         raise ConfigError(f"num_classes={classes!r}: dataset={dataset.name} has {dataset.num_classes} classes; "

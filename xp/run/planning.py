@@ -51,7 +51,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False, gpus_he
         return _planned[key]
     name = (config.get("backend") or {}).get("name")
     chosen = Registry().load(name) if isinstance(name, str) else None  # (the plan names a missing one)
-    planned = functools.partial(build_plan, visible_gpus=gpus, hosts=hosts,
+    planned = functools.partial(build_plan, visible_gpus=gpus, hosts=hosts, backend_cls=chosen,
                                 pretrained_by=chosen.resolve_pretrained if chosen else None)
     plan = planned({**config, "batch": 1} if auto else config)
     backend_cls = (chosen or Registry().load(plan.backend)).for_plan(plan)

@@ -13,7 +13,7 @@ from importlib import metadata
 from typing import Iterable
 
 from xp.run.backend import Backend
-from xp.errors import PluginError, XPError, one_line
+from xp.errors import PluginError, one_line
 from xp.models import _installed
 
 GROUP = "xp.backends"
@@ -52,12 +52,3 @@ class Registry:
             raise PluginError(f"{kind}={name!r}: {ep.value} is not a subclass of "
                               f"{self.base.__module__}.{self.base.__qualname__}")
         return cls
-
-
-def found_backend(name: object) -> type | None:
-    """The backend class of that name (a registered data set is loaded in its framework's type); None for a
-    backend not installed, which the plan names later."""
-    try:
-        return Registry().load(name) if isinstance(name, str) else None
-    except XPError:
-        return None
