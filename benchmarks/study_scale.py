@@ -16,6 +16,12 @@ and a pruning question per epoch (median pruner), tell. What it measures, from o
 - the workers: how many at the peak, their memory (USS: what each costs on its own, and RSS), and how long
   the first takes to be ready.
 The figures go to stdout and benchmarks/results/study_scale.json.
+
+--ways picks what runs, one after another in the same call: xp, bare (Optuna's own study.optimize(n_jobs=S), no
+MLflow), raytune (Ray Tune 2.60's default search and FIFO scheduler, S trials at a time) and raytune-optuna (Ray
+Tune with OptunaSearch and its MLflowLoggerCallback): the same sleeping trial, the same S, on the same machine.
+Ray Tune's ways run --ray-trials trials (200: at ~1.6 s a trial, 1,000 would take half an hour); their
+per-trial figures compare.
 """
 
 from __future__ import annotations
@@ -230,6 +236,73 @@ def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str, s
                                              "own_ideal_s": own}))
 
 
+def raytune(args: argparse.Namespace, search: str) -> dict:
+    """Ray Tune 2.60 on this machine (a local Ray cluster of S CPUs on the loopback, HOME a temporary folder: Ray
+    writes ~/.ray): the same sleeping trial (its epochs, a report each), S trials at a time (max_concurrent_trials),
+    FIFO scheduling (Tune's default: no pruning). search=default: Tune's default search (random variants of the
+    space); search=optuna: OptunaSearch (TPE, seed 1) with Tune's MLflowLoggerCallback logging every trial to an
+    MLflow SQLite store, as xp's trials are. Its CPU: every process of the tree (driver, raylet, GCS, workers)."""
+    work = Path(tempfile.mkdtemp(prefix=f"xp-bench-raytune-{search}-"))
+    argv = [sys.executable, __file__, "--raytune-child", str(args.ray_trials), str(args.slots), str(args.trial_s),
+            str(args.epochs), search]
+    env = {**os.environ, "HOME": str(work), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           "MLFLOW_DISABLE_TELEMETRY": "true"}
+    for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(k, None)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=work, env=env, start_new_session=True)
+    me, cpu = psutil.Process(proc.pid), {}
+    while proc.poll() is None:
+        try:
+            for p in [me, *me.children(recursive=True)]:
+                t = p.cpu_times()
+                cpu[p.pid] = max(cpu.get(p.pid, 0.0), t.user + t.system)
+        except psutil.Error:
+            pass
+        time.sleep(0.5)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"the Ray Tune study ({search}) failed ({proc.returncode})")
+    said = json.loads((work / "raytune.json").read_text())
+    ideal = args.ray_trials * args.trial_s / args.slots
+    return {"way": f"raytune-{search}", "trials": args.ray_trials, "slots": args.slots, "trial_s": args.trial_s,
+            "sampler": "random" if search == "default" else "tpe", "storage": "tune's files", "wall_s": wall,
+            "ideal_s": ideal, "overhead": wall / ideal, **said, "scheduler_cpu_s": sum(cpu.values()),
+            "scheduler_cpu_ms_per_trial": 1000 * sum(cpu.values()) / args.ray_trials, "work": str(work)}
+
+
+def raytune_child(trials: int, slots: int, trial_s: float, epochs: int, search: str) -> None:
+    import ray
+    from ray import tune
+
+    from sleep_backend import accuracy
+
+    ray.init(num_cpus=slots, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+
+    def trainable(config: dict) -> None:
+        for epoch in range(1, epochs + 1):
+            time.sleep(trial_s / epochs)
+            tune.report({"accuracy": accuracy(config["lr"], config["momentum"], epoch), "epoch": epoch})
+
+    space = {"lr": tune.loguniform(0.001, 1.0), "momentum": tune.uniform(0.5, 0.99)}
+    search_alg, callbacks = None, []
+    if search == "optuna":
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(metric="accuracy", mode="max", seed=1)
+        callbacks = [MLflowLoggerCallback(tracking_uri=f"sqlite:///{Path.cwd()}/mlflow.db", experiment_name="scale")]
+    tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}), param_space=space,
+                       tune_config=tune.TuneConfig(num_samples=trials, max_concurrent_trials=slots, search_alg=search_alg,
+                                                   metric="accuracy", mode="max"),
+                       run_config=tune.RunConfig(storage_path=str(Path.cwd() / "tune"), callbacks=callbacks, verbose=0))
+    grid = tuner.fit()
+    own = sum(r.metrics.get("time_total_s", 0.0) for r in grid) / slots
+    Path("raytune.json").write_text(json.dumps({"runs": len(grid), "pruned": 0, "own_ideal_s": own,
+                                                "errors": grid.num_errors}))
+    ray.shutdown()
+
+
 PARTS = {"storage": ("optuna/storages", "sqlalchemy", "sqlite3", "psycopg"), "sampler": ("optuna/samplers",),
          "pruner": ("optuna/pruners",), "mlflow": ("mlflow",), "hydra": ("hydra", "omegaconf")}
 
@@ -252,6 +325,9 @@ def main() -> None:
     if sys.argv[1:2] == ["--bare-child"]:
         a = sys.argv[2:]
         return bare_child(int(a[0]), int(a[1]), float(a[2]), int(a[3]), a[4], a[5])
+    if sys.argv[1:2] == ["--raytune-child"]:
+        a = sys.argv[2:]
+        return raytune_child(int(a[0]), int(a[1]), float(a[2]), int(a[3]), a[4])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--slots", type=int, default=16)
@@ -266,7 +342,11 @@ def main() -> None:
     ap.add_argument("--out", help="where the figures go (default: benchmarks/results/study_scale-N-STORAGE-SAMPLER.json)")
     ap.add_argument("--cprofile", action="store_true",
                     help="the scheduler's process under cProfile (its calls and their CPU: WORK/scheduler.prof)")
-    ap.add_argument("--ways", default="xp,bare", help="xp (the study through xp), bare (Optuna's own loop)")
+    ap.add_argument("--ways", default="xp,bare",
+                    help="xp (the study through xp), bare (Optuna's own loop), raytune (Ray Tune's default search), "
+                         "raytune-optuna (Ray Tune with OptunaSearch and its MLflow callback)")
+    ap.add_argument("--ray-trials", type=int, default=200,
+                    help="the Ray Tune ways' trials (fewer: Ray Tune takes ~1.6 s a trial here; per-trial figures compare)")
     ap.add_argument("--tracking", default="sqlite", help="sqlite (a fresh file), or an MLflow tracking URI")
     ap.add_argument("--profile", action="store_true", help="the scheduler under cProfile: the storage's share")
     args = ap.parse_args()
@@ -277,7 +357,12 @@ def main() -> None:
 
         PG = pg.Server("bench").start()
     try:
-        results = [one(args) if way == "xp" else bare(args) for way in args.ways.split(",")]
+        ways = {"xp": one, "bare": bare, "raytune": lambda a: raytune(a, "default"),
+                "raytune-optuna": lambda a: raytune(a, "optuna")}
+        unknown = [w for w in args.ways.split(",") if w not in ways]
+        if unknown:
+            raise SystemExit(f"--ways: no way {unknown[0]!r}; valid: {', '.join(ways)}")
+        results = [ways[way](args) for way in args.ways.split(",")]
     finally:
         if PG is not None:
             PG.stop()
@@ -297,6 +382,8 @@ def say(r: dict) -> None:
           f"({r['pruned']} pruned); its process's CPU {r['scheduler_cpu_s']:.1f} s: "
           f"{r['scheduler_cpu_ms_per_trial']:.0f} ms a trial")
     if r["way"] != "xp":
+        if r.get("errors"):
+            print(f"  {r['errors']} trials failed")
         return
     print(f"  the command's start to the first trial's run {r['before_trials_s']:.1f} s, the trials' runs "
           f"{r['trials_s']:.1f} s, the last run's end to the command's exit {r['after_trials_s']:.1f} s")

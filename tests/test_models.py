@@ -120,6 +120,9 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     assert version.source == client.get_run(version.run_id).data.tags["xp.logged_model"]
     model = client.get_logged_model(version.source.split("/")[-1])
     assert model.source_run_id == version.run_id and str(model.status).endswith("READY")
+    # the experiment's models list names each "model": its tags say which network, data and backend it is
+    assert {k: model.tags.get(k) for k in ("xp.model", "xp.dataset", "xp.backend")} == \
+        {"xp.model": "lenet", "xp.dataset": "digits", "xp.backend": backend}
     outputs = client.get_run(version.run_id).outputs.model_outputs  # the run's page lists its logged model
     assert [(o.model_id, o.step) for o in outputs] == [(model.model_id, int(model.tags["xp.epoch"]))]
     linked = {m.key: m for m in model.metrics}  # the metrics of the epoch the model came from

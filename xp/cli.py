@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             from xp.launching.placement import Placement
 
             placement = Placement.ahead()  # first: its worker's imports overlap all that follows
-        study.register()
+        study.register(typed=_studies_chosen(argv))
         offer_options()
         plugins.offer_options()  # a package's networks and data sets, as options of model and dataset
         _remember_command(argv)
@@ -245,6 +245,14 @@ def _task(cfg: Any) -> float:
     if in_study:
         return {"state": "FAIL"}  # a failed trial is recorded; the study goes on
     raise SystemExit(code)
+
+
+def _studies_chosen(argv: list[str]) -> list[str] | None:
+    """The studies the command line chooses (sweep=NAME), whose config nodes are typed; None (every one) when
+    another config tree could choose one in its defaults."""
+    if any(a.split("=")[0] in ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp") for a in argv):
+        return None
+    return [n for a in argv if a.lstrip("+").startswith("sweep=") for n in a.split("=", 1)[1].split(",")]
 
 
 def _remember_command(argv: list[str]) -> None:

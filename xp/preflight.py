@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def _parse_advice(overrides: list[str]) -> str | None:
     return None
 
 
-def _composition_error(e: Exception, override: list[str], known_keys: list[str]) -> ConfigError:
+def _composition_error(e: Exception, override: list[str], known_keys: Sequence[str]) -> ConfigError:
     text = str(e) + ("\n" + str(e.__cause__) if e.__cause__ else "")
     for o in override:
         key = o.split("=", 1)[0].lstrip("+~")
@@ -143,7 +144,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
 
     configs = []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
-        known = _known_keys(compose, groups, dirs)
+        known = _KnownKeys(lambda: _known_keys(compose, groups, dirs))  # composed only if asked (0.2 s)
         _check_added(parsed, known, groups)
         jobs = [[*searchpath, *job] for job in jobs]
         here = not runs_elsewhere(chosen(argv))
@@ -232,13 +233,35 @@ def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) ->
     return sorted(known)
 
 
-def _check_added(parsed: list[Any], known: list[str], groups: dict[str, list[str]]) -> None:
+class _KnownKeys(Sequence):
+    """Every key a config can have (_known_keys), composed the first time it is read: a command with no +KEY,
+    no study and no error never needs it."""
+
+    def __init__(self, make: Callable[[], list[str]]):
+        self._make, self._keys = make, None
+
+    def _all(self) -> list[str]:
+        if self._keys is None:
+            self._keys = self._make()
+        return self._keys
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+def _check_added(parsed: list[Any], known: Sequence[str], groups: dict[str, list[str]]) -> None:
     """+KEY=V (and ++KEY=V) adds a key Hydra did not have: one xp does not know would be silently unused."""
+    added = [o for o in parsed if (o.is_add() or o.is_force_add())
+             and not o.key_or_group.startswith(("hydra", "sweep")) and o.key_or_group not in groups]
+    if not added:
+        return
+    known = list(known)
     sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
-    for o in parsed:
+    for o in added:
         key = o.key_or_group
-        if not (o.is_add() or o.is_force_add()) or key.startswith(("hydra", "sweep")) or key in groups:
-            continue
         if key not in known and key not in sections:
             moved = _moved(o.input_line)
             if moved:
@@ -270,7 +293,7 @@ def no_study(override: str) -> ConfigError:
                        f"(studies: {', '.join(names())})")
 
 
-def _study_jobs(jobs: list[list[str]], multirun: bool, known: list[str], composer: Any,
+def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], composer: Any,
                 space: tuple[Any, ...], here: bool = True) -> list[tuple[list[str], dict[str, Any]]]:
     """With sweep=NAME: check the study (its file, sweep.* overrides, a search space given on the command line)
     and return one job per corner of its search space (each choice, each bound: the command line's overrides

@@ -60,7 +60,7 @@ def send_model(client: Any, run_id: str, spool_folder: Path, record: dict[str, A
     if not model_id:
         experiment = record.get("experiment_id") or client.get_run(run_id).info.experiment_id
         model_id = client.create_logged_model(experiment, name=record["name"], source_run_id=run_id,
-                                              tags={"xp.epoch": str(record["step"])}).model_id
+                                              tags={**record.get("tags", {}), "xp.epoch": str(record["step"])}).model_id
         kept.write_text(model_id)
     client.log_model_artifacts(model_id, str(spool_folder / record["dir"]))
     client.finalize_logged_model(model_id, "READY")

@@ -27,6 +27,7 @@ MAX_PARAM_LEN = 6000  # MLflow 3's limit on a param value
 PLACED_ENV = "XP_PLACED_TAGS"  # tags (JSON) a launcher gives the runs of the processes it placed: where their logs are
 # MLflow's UI (3.x) opens an experiment without this tag in its GenAI mode (Traces, Evaluations): xp's are training
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+MODEL_TAGS = ("xp.model", "xp.dataset", "xp.backend", "xp.dtype")  # a logged model's tags: the run's, which say what it is
 # (store, experiment name) -> id, for the process's life: a study's worker looks it up once, not every trial (8 ms
 # on SQLite); again where creating a run in it fails
 _experiment_ids: dict[tuple[str, str], str] = {}
@@ -356,8 +357,10 @@ class Tracker:
             (write, epoch, metrics), self.model = self.model, None  # (its writer holds the backend: let it go)
             try:
                 write(self._spool.folder / "model")
+                # the models' list shows each as "model": its tags say which network, data and backend it is
+                about = {k: v for k, v in self.tags.items() if k in MODEL_TAGS}
                 self._spool.put("model", dir="model", name="model", step=epoch, metrics=metrics,
-                                experiment_id=self.experiment_id)
+                                experiment_id=self.experiment_id, tags=about)
             except Exception as e:  # a model that cannot be written must not hide the run's outcome
                 log.warning("model.log: the run's model could not be written: %s", one_line(e)[:300])
         if not self.attach_run_id:

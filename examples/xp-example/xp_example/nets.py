@@ -35,7 +35,13 @@ def _torch(task: Task, batchnorm: bool):
     if task.dropout:
         layers.append(nn.Dropout(task.dropout))
     layers.append(nn.Linear(32, task.classes))
-    return nn.Sequential(*layers)
+    net = nn.Sequential(*layers)
+    # initialised as xp initialises a Gluon network (He-normal weights, zero biases): the same network trains the same
+    for m in net.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+    return net
 
 
 tinynet = Network(mxnet=lambda t: _gluon(t, False), torch=lambda t: _torch(t, False),
