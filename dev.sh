@@ -93,8 +93,9 @@ cmd=${1:-}
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
     run)   ensure_venv; exec "$VENV/bin/python" -m xp "$@" ;;
-    test)  ensure_venv; ensure_test_packages  # a process per core (4 at most), tests grouped in tests/conftest.py
-           exec "$VENV/bin/python" -m pytest -n auto --maxprocesses 4 --dist loadscope "$@" ;;
+    test)  ensure_venv; ensure_test_packages  # a process per core and one more (4 at most): many tests wait on
+           # processes they started; tests grouped in tests/conftest.py
+           exec "$VENV/bin/python" -m pytest -n "$(( $(nproc) < 3 ? $(nproc) + 1 : 4 ))" --dist loadscope "$@" ;;
     setup) ensure_venv ;;
     *)     sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

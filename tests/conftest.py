@@ -31,23 +31,61 @@ for _variable in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY
     os.environ.pop(_variable, None)
 
 
-# Under pytest-xdist (./dev.sh test: -n auto --dist loadscope), a module's tests run in one process, as its
-# module-scoped fixtures want; the modules whose tests start clusters of processes (emulated hosts, Slurm, Ray,
-# local multi-worker jobs: more than a core each) run one after another in one process, while the others take the
-# rest: on CI's 2 cores two such modules at once slowed each other past what their tests allow. (xdist's own
-# loadgroup marks do not group on pytest 9: its nodeid suffix no longer reaches the scheduler.)
-CLUSTERS = {"test_multihost", "test_slurm", "test_ray", "test_distributed"}
+# Under pytest-xdist (./dev.sh test: a process per core and one more, --dist loadscope), a module's tests run in one
+# process, as its module-scoped fixtures want. The modules whose tests start clusters of processes (emulated hosts,
+# Slurm, Ray, local multi-worker jobs: more than a core each) are two groups, each run in one process, one after
+# another: on CI's 2 cores two such modules in each group at once slowed each other past what their tests allow;
+# the two groups together, each beside the other tests, do not (stop 62: all four in one group made that
+# process the suite's last by 5 minutes). The quiet tests (speed verdicts) run first, in a group of their own.
+# (xdist's own loadgroup marks do not group on pytest 9: its nodeid suffix no longer reaches the scheduler.)
+CLUSTERS = {"test_multihost": "clusters-hosts", "test_slurm": "clusters-managers", "test_ray": "clusters-managers",
+            "test_distributed": "clusters-managers"}
+FIRST = ("quiet", "clusters-managers", "clusters-hosts")  # the scopes started first, in this order
 
 
 def pytest_xdist_make_scheduler(config, log):
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadScopeScheduling
 
+    quiet = _quiet_tests(Path(__file__).parent)
+
+    class QuietFirst(OrderedDict):
+        """The work queue, FIRST at its front: the quiet tests run first, one after another on one worker, while
+        the machine's other tests have barely begun (later, each would wait for every running test to end and hold
+        every worker idle meanwhile); then the two cluster groups, the suite's longest."""
+
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            for first in reversed(FIRST):
+                if first in self:
+                    self.move_to_end(first, last=False)
+
     class ByModule(LoadScopeScheduling):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.workqueue = QuietFirst()
+
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("[", 1)[0] in quiet:
+                return "quiet"
             module = nodeid.split("::", 1)[0]
-            return "clusters" if Path(module).stem in CLUSTERS else module
+            return CLUSTERS.get(Path(module).stem, module)
 
     return ByModule(config, log)
+
+
+def _quiet_tests(folder: Path) -> set[str]:
+    """tests/FILE.py::NAME of every test marked quiet, read from the files: the controlling process schedules
+    node ids, it collects no test."""
+    import ast
+
+    found = set()
+    for path in sorted(folder.glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any("mark.quiet" in ast.unparse(d) for d in node.decorator_list):
+                found.add(f"{folder.name}/{path.name}::{node.name}")
+    return found
 
 
 @pytest.fixture(autouse=True)
@@ -63,18 +101,41 @@ def _machine(request, tmp_path_factory):
         return
     folder = tmp_path_factory.getbasetemp().parent  # shared by the session's workers
     quiet = request.node.get_closest_marker("quiet") is not None
-    with open(folder / "machine.lock", "a") as machine, open(folder / "turnstile.lock", "a") as turnstile:
-        _lock(turnstile, fcntl.LOCK_EX)
-        if quiet:  # held while it waits: no other test starts
-            _lock(machine, fcntl.LOCK_EX)
-        else:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-            _lock(machine, fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(machine, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+    if quiet and _held:  # the quiet test before it on this worker kept the machine: no other test started since
+        yield
+        return
+    _release_held()
+    machine, turnstile = open(folder / "machine.lock", "a"), open(folder / "turnstile.lock", "a")
+    _lock(turnstile, fcntl.LOCK_EX)
+    if quiet:  # held while it waits: no other test starts; kept for the quiet tests after it (their own scope)
+        _lock(machine, fcntl.LOCK_EX)
+        _held.extend([machine, turnstile])
+        yield
+        return
+    fcntl.flock(turnstile, fcntl.LOCK_UN)
+    _lock(machine, fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(machine, fcntl.LOCK_UN)
+        machine.close()
+        turnstile.close()
+
+
+_held: list = []  # this worker's hold on the machine (the locks' files), while its quiet tests run
+
+
+def _release_held() -> None:
+    import fcntl
+
+    for f in _held:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+    _held.clear()
+
+
+def pytest_sessionfinish(session):
+    _release_held()  # the last test was quiet: the others' wait ends with it
 
 
 def _lock(f, how: int, timeout_s: float = 1800) -> None:

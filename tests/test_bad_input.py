@@ -4,6 +4,8 @@ the count (len(CASES))."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import ROOT, mlflow_runs, run_xp
@@ -167,5 +169,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, store, args, fragment):
     assert len(lines) == 1 and lines[0].startswith("xp: error: "), r.stderr
     assert fragment.format(tmp=tmp_path, own=OWN) in lines[0], lines[0]
     assert "Traceback" not in r.stdout + r.stderr and "hunter2" not in r.stdout + r.stderr
-    assert all(run.info.status != "RUNNING" for run in mlflow_runs(store)[1])
+    if Path(store.removeprefix("sqlite:///")).exists():  # (most cases never create the store: nothing to look at)
+        assert all(run.info.status != "RUNNING" for run in mlflow_runs(store)[1])
     assert (bad / "epoch-1" / "meta.json").read_text() == "{not json"  # a bad checkpoint is reported, not rewritten
