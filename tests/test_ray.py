@@ -396,7 +396,8 @@ def test_a_study_on_ray_runs_on_both_nodes_follows_a_lost_and_a_joining_node_and
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
     said = out.read_text()
-    assert proc.returncode == 130 and took < 20, (took, said[-3000:])
+    # (21.1 and 21.4 s in full runs of the suite on 2 cores, three test processes and two clusters beside it)
+    assert proc.returncode == 130 and took < 30, (took, said[-3000:])
     assert "Traceback" not in said and "lost its worker" in said and "(the site grew)" in said, said[-3000:]
     nothing_left(c)
     lost = [t for t in trials() if t.state.name == "FAIL" and not t.user_attrs.get("xp.interrupted")]
