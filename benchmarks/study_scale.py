@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -276,8 +277,25 @@ def raytune_child(trials: int, slots: int, trial_s: float, epochs: int, search: 
     from ray import tune
 
     from sleep_backend import accuracy
+    from xp.launching.engine import free_port
 
-    ray.init(num_cpus=slots, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    # a head of S CPUs on the loopback (ray.init's own local cluster binds the machine's interface), its process
+    # group ended at the end (`ray stop` would end every Ray cluster of the machine)
+    port = free_port()
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
+                             "--node-ip-address=127.0.0.1", f"--num-cpus={slots}", "--include-dashboard=false",
+                             "--disable-usage-stats", f"--temp-dir={Path.cwd() / 'ray'}",
+                             f"--dashboard-agent-listen-port={free_port()}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            ray.init(address=f"127.0.0.1:{port}", log_to_driver=False)
+            break
+        except Exception:
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
     def trainable(config: dict) -> None:
         for epoch in range(1, epochs + 1):
@@ -301,6 +319,8 @@ def raytune_child(trials: int, slots: int, trial_s: float, epochs: int, search: 
     Path("raytune.json").write_text(json.dumps({"runs": len(grid), "pruned": 0, "own_ideal_s": own,
                                                 "errors": grid.num_errors}))
     ray.shutdown()
+    os.killpg(head.pid, signal.SIGTERM)
+    head.wait(timeout=60)
 
 
 PARTS = {"storage": ("optuna/storages", "sqlalchemy", "sqlite3", "psycopg"), "sampler": ("optuna/samplers",),

@@ -26,8 +26,8 @@ import importlib.util
 import logging
 import math
 import os
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
