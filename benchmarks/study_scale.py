@@ -178,25 +178,32 @@ def afterwards(args: argparse.Namespace, argv: list[str], env: dict, work: Path,
             "resume_wall_s": resume_wall, "report_s": report_s}
 
 
+def watched(argv: list[str], work: Path, env: dict | None, what: str, tree: bool) -> tuple[float, float]:
+    """Run a way's child process in `work`: (its wall s, its CPU s: its own, or with `tree` every process under it,
+    each counted at its largest, as sampled every 0.5 s)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=work, env=env)
+    me, cpu = psutil.Process(proc.pid), {}
+    while proc.poll() is None:
+        try:
+            for p in [me, *(me.children(recursive=True) if tree else [])]:
+                t = p.cpu_times()
+                cpu[p.pid] = max(cpu.get(p.pid, 0.0), t.user + t.system)
+        except psutil.Error:
+            pass
+        time.sleep(0.5)
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed ({proc.returncode})")
+    return time.monotonic() - t0, sum(cpu.values())
+
+
 def bare(args: argparse.Namespace) -> dict:
     """The floor: Optuna's own study.optimize(n_jobs=S) in one process, the same sleeping objective (its epochs,
     a report and a pruning question each), sampler, pruner and storage; no MLflow, no xp."""
     work = Path(tempfile.mkdtemp(prefix="xp-bench-bare-"))
     argv = [sys.executable, __file__, "--bare-child", str(args.trials), str(args.slots), str(args.trial_s),
             str(args.epochs), storage_url(args.storage, work), args.sampler]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=work)
-    me, cpu = psutil.Process(proc.pid), 0.0
-    while proc.poll() is None:
-        try:
-            t = me.cpu_times()
-            cpu = t.user + t.system
-        except psutil.Error:
-            pass
-        time.sleep(0.5)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"the bare study failed ({proc.returncode})")
+    wall, cpu = watched(argv, work, None, "the bare study", tree=False)
     said = json.loads((work / "bare.json").read_text())
     ideal = args.trials * args.trial_s / args.slots
     return {"way": "bare", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "sampler": args.sampler,
@@ -250,26 +257,13 @@ def raytune(args: argparse.Namespace, search: str) -> dict:
            "MLFLOW_DISABLE_TELEMETRY": "true"}
     for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(k, None)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=work, env=env, start_new_session=True)
-    me, cpu = psutil.Process(proc.pid), {}
-    while proc.poll() is None:
-        try:
-            for p in [me, *me.children(recursive=True)]:
-                t = p.cpu_times()
-                cpu[p.pid] = max(cpu.get(p.pid, 0.0), t.user + t.system)
-        except psutil.Error:
-            pass
-        time.sleep(0.5)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"the Ray Tune study ({search}) failed ({proc.returncode})")
+    wall, cpu = watched(argv, work, env, f"the Ray Tune study ({search})", tree=True)
     said = json.loads((work / "raytune.json").read_text())
     ideal = args.ray_trials * args.trial_s / args.slots
     return {"way": f"raytune-{search}", "trials": args.ray_trials, "slots": args.slots, "trial_s": args.trial_s,
             "sampler": "random" if search == "default" else "tpe", "storage": "tune's files", "wall_s": wall,
-            "ideal_s": ideal, "overhead": wall / ideal, **said, "scheduler_cpu_s": sum(cpu.values()),
-            "scheduler_cpu_ms_per_trial": 1000 * sum(cpu.values()) / args.ray_trials, "work": str(work)}
+            "ideal_s": ideal, "overhead": wall / ideal, **said, "scheduler_cpu_s": cpu,
+            "scheduler_cpu_ms_per_trial": 1000 * cpu / args.ray_trials, "work": str(work)}
 
 
 def raytune_child(trials: int, slots: int, trial_s: float, epochs: int, search: str) -> None:
