@@ -132,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         _remember_command(argv)
         signal.signal(signal.SIGTERM, _on_sigterm)
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
-        # every job composed and checked before anything starts; a launched worker's job was, by its launcher
-        configs = preflight.preflight(argv) if not os.environ.get(WORKER_ENV) else []
+        configs = preflight.preflight(argv)  # every job composed and checked before anything starts
         return drive.start(argv, configs, _hydra, placement)
     except XPError as e:
         return error_line(e, e.exit_code)

@@ -117,7 +117,8 @@ def _moved(override: str) -> ConfigError | None:
 
 
 def preflight(argv: list[str]) -> list[dict[str, Any]]:
-    """Compose and validate every job of the command line; return their resolved configs."""
+    """Compose and validate every job of the command line; return their resolved configs (none in a launched
+    worker, or for another config tree, whose jobs validate as they start)."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -129,6 +130,8 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from xp.run.worker import WORKER_ENV
     from xp.studies.compose import Composer, as_override
 
+    if os.environ.get(WORKER_ENV):
+        return []  # a launched worker: its launching process composed and checked this job
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name:
         return []  # another config tree: Hydra composes it; each job still validates as it starts
@@ -160,9 +163,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
             except Exception as e:
                 raise _composition_error(e, [*job, *(as_override(k, v) for k, v in params.items()), *hydra_overrides],
                                          known) from e
-            plan, _ = plan_and_backend(config, gpus_here=gpus_here(config))
-            if not os.environ.get(WORKER_ENV):  # the launching process's launcher (a worker was launched already)
-                launcher_for(plan)
+            launcher_for(plan_and_backend(config, gpus_here=gpus_here(config))[0])  # its launcher, made and checked
             configs.append(config)
     return configs
 
