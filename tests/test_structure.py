@@ -22,7 +22,7 @@ LAUNCHERS = re.compile(r"\b(ssh|slurm|submitit\w*|joblib|ray)\b", re.I)
 # horovodrun starts its workers with a program called ssh: xp's engine puts the launcher's transport there
 LAUNCHER_ALLOWED = {("xp/mx/horovodrun.py", "ssh")}
 # packages, lowest first: each imports only those before it (xp/__init__'s `shipped` is everybody's)
-LAYERS = ("errors", "interrupts", "plugin", "models", "data", "tracking", "studies", "run", "launching", "mx", "pt")
+LAYERS = ("errors", "states", "interrupts", "plugin", "models", "data", "tracking", "studies", "run", "launching", "mx", "pt")
 
 
 def core_files() -> list[Path]:
@@ -118,3 +118,37 @@ def test_no_file_or_function_outgrows_a_reader():
                 long_functions.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: "
                                       f"{node.end_lineno - node.lineno + 1} lines")
     assert long_files == [] and long_functions == [], "\n".join(long_files + long_functions)
+
+
+STATES = ("RUNNING", "FINISHED", "FAILED", "KILLED", "SCHEDULED", "WAITING", "COMPLETE", "PRUNED", "FAIL", "STOPPED",
+          "PENDING", "COMPLETING", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+          "BOOT_FAIL", "DEADLINE", "UNKNOWN")
+STATE_ALLOWED = {("xp/check.py", "FAIL")}  # the check table's verdict column ("ok" or "FAIL"), not a state
+
+
+def state_literals(path: Path) -> list[str]:
+    """String constants of `path` that are a state (a whole constant, or quoted inside one: an MLflow filter's
+    'RUNNING'), docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docs, found = docstring_lines(tree), []
+    quoted = re.compile(r"'(%s)'" % "|".join(STATES))
+    rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.lineno not in docs:
+            words = [node.value] if node.value in STATES else quoted.findall(node.value)
+            found += [f"{rel}:{node.lineno}: {w!r}" for w in words if (rel, w) not in STATE_ALLOWED]
+    return found
+
+
+def test_states_are_spelled_only_in_their_enums():
+    """A run's, a trial's, an ending's or a Slurm job's state is a member of xp.states (a StrEnum whose values are
+    MLflow's, Optuna's and Slurm's strings), never a string literal elsewhere in xp."""
+    found = [line for f in sorted(XP.rglob("*.py")) if f != XP / "states.py" for line in state_literals(f)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_state_check_sees_a_literal(tmp_path):
+    code = tmp_path / "code.py"
+    code.write_text('"""RUNNING in a docstring is prose."""\nx = "KILLED"\nq = "attributes.status = \'RUNNING\'"\n'
+                    'said = "the run FAILED"\n')
+    assert state_literals(code) == ["code.py:2: 'KILLED'", "code.py:3: 'RUNNING'"]

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from xp import drive, preflight
 from xp.errors import ConfigError, Terminated, XPError, one_line
 from xp.run.worker import RUN_ENV, WORKER_ENV
+from xp.states import TrialState
 
 CONF_DIR = preflight.CONF_DIR
 # Flags Hydra answers without running a job.
@@ -267,7 +268,7 @@ def _task(cfg: Any) -> float:
             log.debug("failed", exc_info=True)
         code = error_line(f"training failed: {type(e).__name__}: {one_line(e)[:500]} (traceback in {job.log_file})", 1)
     if in_study:
-        return {"state": "FAIL"}  # a failed trial is recorded; the study goes on
+        return {"state": TrialState.FAIL}  # a failed trial is recorded; the study goes on
     raise SystemExit(code)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from xp.errors import ConfigError
 from xp.run.worker import WORKER_ENV
+from xp.states import Ending
 
 log = logging.getLogger("xp")
 
@@ -82,7 +83,8 @@ def launched_job(job: Any, config: dict[str, Any]) -> Any:
 
         spec = spec_from(plan.study.sweep, plan.study.sweep.get("name") or plan.study.study, search=False)
         values = [float("nan") if row.get(o.metric) is None else float(row[o.metric]) for o in spec.objectives]
-    return Outcome("COMPLETE" if plan.study is not None else "FINISHED", float(row.get("val_accuracy") or 0.0), values)
+    state = Ending.COMPLETE if plan.study is not None else Ending.FINISHED
+    return Outcome(state, float(row.get("val_accuracy") or 0.0), values)
 
 
 def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, parent: str | None = None) -> str:

@@ -8,6 +8,7 @@ import os
 from typing import Any, Callable
 
 from xp.launching import hydra_launchers
+from xp.states import RunStatus
 
 PARENT_ENV = "XP_PARENT_RUN_ID"  # set for the jobs of a sweep: their MLflow parent run
 SHOWN = 20  # the most runs the table at the end of a sweep shows (the best; xp.report shows them all)
@@ -60,7 +61,7 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
         swept = os.environ.pop(SWEPT_ENV, "")
         os.environ.pop(PARENT_ENV, None), os.environ.pop(sweepstate.RESUMED_ENV, None)
         rows, view = None, None  # (what stopped workers left in spools first: the table shows how runs ended)
-        deliver_left_over(uri, STOPPED_DELIVER_S if status == "KILLED" else DELIVER_S)
+        deliver_left_over(uri, STOPPED_DELIVER_S if status == RunStatus.KILLED else DELIVER_S)
         try:
             children = sweepstate.latest_per_job(parent.child_runs())
             rows = [summary.row_from_mlflow(r) for r in children]

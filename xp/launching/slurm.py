@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 
 from xp.errors import ConfigError, Terminated, XPError, one_line
 from xp.launching.hosts import HostSlots, Transport
+from xp.states import SLURM_ENDED, SlurmState
 
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE")
+ENDED = SLURM_ENDED
 
 
 CANCEL_WAIT_S = 60  # after scancel, how long xp waits for the job to have ended
@@ -175,21 +175,21 @@ def submit(plan: Any, settings: SlurmOptions, argv: list[str], tracker: Any) -> 
     print(f"xp: submitted Slurm job {job}; MLflow run {tracker.run_id}", flush=True)
     state, reason = follow(job, settings)
     tracker.set_tags({"xp.slurm.state": state, "xp.slurm.reason": reason})
-    if state != "COMPLETED":
+    if state != SlurmState.COMPLETED:
         raise SlurmError(f"Slurm job {job} ended {state}" + (f" ({reason})" if reason and reason != "None" else ""))
 
 
 def follow(job: str, settings: Any) -> tuple[str, str]:
     """Relay the job's output until it ends; (JobState, Reason). Ctrl-C or SIGTERM cancel it (scancel)."""
     out = Path(settings.output_dir).expanduser().resolve() / f"slurm-{job}.out"
-    offset, state, reason, heard = 0, "PENDING", "", time.monotonic()
+    offset, state, reason, heard = 0, SlurmState.PENDING, "", time.monotonic()
     try:
         while True:  # as long as the job pends and runs; bounded by Slurm knowing it (UNKNOWN_AFTER_S)
             record = _show("job", job)
             if record:
                 heard = time.monotonic()
             elif time.monotonic() - heard > UNKNOWN_AFTER_S:
-                return "UNKNOWN", f"slurmctld has not known the job for {UNKNOWN_AFTER_S} s"
+                return SlurmState.UNKNOWN, f"slurmctld has not known the job for {UNKNOWN_AFTER_S} s"
             state, reason = _field(record, "JobState") or state, _field(record, "Reason") or reason
             offset = _relay(out, offset)
             if state in ENDED:
@@ -200,7 +200,7 @@ def follow(job: str, settings: Any) -> tuple[str, str]:
     except (KeyboardInterrupt, Terminated):
         _run(["scancel", job])
         deadline = time.monotonic() + CANCEL_WAIT_S  # until Slurm has ended its processes (it signals, then kills)
-        while time.monotonic() < deadline and (_field(_show("job", job), "JobState") or "CANCELLED") not in ENDED:
+        while time.monotonic() < deadline and (_field(_show("job", job), "JobState") or SlurmState.CANCELLED) not in ENDED:
             time.sleep(0.5)
         print(f"xp: cancelled Slurm job {job}", file=sys.stderr, flush=True)
         raise
@@ -252,7 +252,7 @@ class WorkerJob:
     def __init__(self, job: str, settings: Any, spec: Path | None = None):
         self.job, self.settings, self.returncode = job, settings, None
         self.spec = spec  # its spec file, until the job has read it (a job cancelled while it pends never does)
-        self.state, self.reason, self.node = "PENDING", "", ""
+        self.state, self.reason, self.node = SlurmState.PENDING, "", ""
         self.heard = time.monotonic()  # when Slurm last showed the job
         self.ended_in = ""  # its state when xp first ended it
 
@@ -289,14 +289,14 @@ class WorkerJob:
             if record:
                 self.heard = time.monotonic()
             elif time.monotonic() - self.heard > UNKNOWN_AFTER_S:
-                self.state = "UNKNOWN"  # (purged, or slurmctld gone)
+                self.state = SlurmState.UNKNOWN  # (purged, or slurmctld gone)
             self.state = _field(record, "JobState") or self.state
             self.reason = _field(record, "Reason") or self.reason
             node = _field(record, "NodeList") or ""
             self.node = node if node and node != "(null)" else self.node
-            if self.state in ENDED or self.state == "UNKNOWN":
+            if self.state in ENDED or self.state == SlurmState.UNKNOWN:
                 code = (_field(record, "ExitCode") or "1:0").split(":")[0]
-                self.returncode = int(code) if self.state == "COMPLETED" and code.isdigit() else 1
+                self.returncode = int(code) if self.state == SlurmState.COMPLETED and code.isdigit() else 1
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -311,7 +311,8 @@ class WorkerJob:
     def lost_with_node(self) -> bool:
         """When it was ended, Slurm still ran the job (its worker gone), or its node had failed: the node is in
         doubt."""
-        return self.ended_in in ("RUNNING", "COMPLETING", "NODE_FAIL", "UNKNOWN")
+        return self.ended_in in (SlurmState.RUNNING, SlurmState.COMPLETING, SlurmState.NODE_FAIL,
+                                 SlurmState.UNKNOWN)
 
     def terminate(self) -> None:
         self.ended_in = self.ended_in or self.state

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.report import claims, plots, study
+from xp.states import RunStatus, TrialState
 from xp.report.table import COST, COST_NOTE, md_table, swept_columns
 from xp.tracking.models import RUN_TAG
 from xp.tracking.summary import num as _num, row_from_mlflow
@@ -198,7 +199,7 @@ def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str,
     for r in rows:
         r["devices_cell"] = f"{r['devices']} {r['device_type'] or ''}".strip()
         r["noise"] = epoch_noise(history, r["run_id"]) if history else None
-    done = [r for r in rows if r["state"] != "PRUNED"]
+    done = [r for r in rows if r["state"] != TrialState.PRUNED]
     pruned = len(rows) - len(done)
     counts = f"{len(rows)} runs" + (f" ({len(done)} in the table below, {pruned} pruned trials under their study's "
                                     "Trials)" if pruned else "")
@@ -336,7 +337,7 @@ def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
         runs = search_all(client, [experiment_id], " and ".join(filters))
     except Exception as e:
         raise XPError(f"--filter {args.filter!r}: MLflow cannot use it ({one_line(e)[:200]})") from e
-    runs = [r for r in runs if r.info.status == "FINISHED" and "xp.sweep" not in r.data.tags
+    runs = [r for r in runs if r.info.status == RunStatus.FINISHED and "xp.sweep" not in r.data.tags
             and "xp.report" not in r.data.tags and "derived.global_batch" in r.data.params]
     if not runs:
         raise XPError(f"no finished xp runs match in experiment {args.experiment} ({client.tracking_uri})")

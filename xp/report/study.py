@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from xp.report.table import md_table, short, swept_columns
+from xp.states import TrialState as Told  # (Optuna's TrialState is its own class)
 
 FIELDS = ("type", "low", "high", "log", "step", "choices")  # a searched parameter's keys under sweep.params.NAME
 
@@ -128,7 +129,7 @@ def rebuild(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: li
     for n in range(max(trials) + 1):
         r = trials.get(n)
         values = [r.get(o["metric"]) for o in objectives] if r else []
-        if r is None or r["state"] != "COMPLETE" or None in values or any(r["settings"].get(k) is None for k in dists):
+        if r is None or r["state"] != Told.COMPLETE or None in values or any(r["settings"].get(k) is None for k in dists):
             study.add_trial(create_trial(state=TrialState.PRUNED if r else TrialState.FAIL))
             continue
         params = {k: _cast(dists[k], r["settings"].get(k)) for k in dists}
@@ -215,8 +216,8 @@ def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, ou
     columns = [("trial", "trial", "{}"), ("state", "state", "{}"), *searched,
                ("val_accuracy", "val acc (last epoch)", "{:.4f}"), ("best_val_accuracy", "val acc (best epoch)", "{:.4f}"),
                ("epochs", "epochs", "{}"), ("run_id", "run id", "{}"), ("logged_model", "model", "{}")]
-    complete = sorted((r for r in rows if r["state"] != "PRUNED"), key=lambda r: r["trial"] or 0)
-    pruned = sorted((r for r in rows if r["state"] == "PRUNED"), key=lambda r: r["trial"] or 0)
+    complete = sorted((r for r in rows if r["state"] != Told.PRUNED), key=lambda r: r["trial"] or 0)
+    pruned = sorted((r for r in rows if r["state"] == Told.PRUNED), key=lambda r: r["trial"] or 0)
     lines = [title, "", f"Searched: {', '.join(t for _, t, _ in searched) or '-'}. {len(complete)} complete, "
              f"{len(pruned)} pruned.", "", md_table(complete, columns), "", *([registered_line, ""] if registered_line
                                                                            else [])]

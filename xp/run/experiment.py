@@ -22,6 +22,7 @@ from xp.run.diagnose import diagnosed
 from xp.run.model_out import SaveParams, model_output
 from xp.run.plan import Plan
 from xp.run.planning import plan_and_backend
+from xp.states import Ending, TrialState
 from xp.run.telemetry import telemetry
 from xp.run.train import train_run
 from xp.studies.trial import attach
@@ -58,7 +59,7 @@ class JobInfo:
 @dataclass
 class Outcome:
     """What a run ends with: its state and the value(s) a sweep or a study compares."""
-    state: str  # FINISHED | COMPLETE | PRUNED (trials) | STOPPED (an elastic worker stops for a relaunch)
+    state: Ending  # FINISHED | COMPLETE | PRUNED (trials) | STOPPED (an elastic worker stops for a relaunch)
     objective: float  # val_accuracy, or io_throughput with test_io
     values: list[float] = field(default_factory=list)  # a study's objectives, in its order
 
@@ -83,7 +84,7 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         if earlier is not None:  # a resumed sweep: this job finished before the sweep was killed
             log.info(f"reusing MLflow run {earlier.info.run_id} ({earlier.info.run_name}): it finished in the "
                      "interrupted sweep with the same settings and code")
-            return Outcome("FINISHED", float(earlier.data.metrics.get("val_accuracy", 0.0)))
+            return Outcome(Ending.FINISHED, float(earlier.data.metrics.get("val_accuracy", 0.0)))
     log.info(plan.describe(uri))
     if plan.test_io and plan.dataset.options.get("kind", plan.dataset.name) not in ("rec", "folder") \
             and not datasets.is_plugin(plan.dataset):  # (a registered data set's loader workers read it)
@@ -103,17 +104,17 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         if plan.diagnose:
             rate, params, tags = diagnosed(plan, backend_cls)  # its throughput: the real data's rate
             tracker.log(params={**params, "summary.throughput_samples_per_s": f"{rate:.6g}"},
-                        tags={**tags, **({"optuna.trial_state": "COMPLETE"} if trial else {})})
+                        tags={**tags, **({"optuna.trial_state": TrialState.COMPLETE} if trial else {})})
             values = [rate if o.metric == "throughput" else float("nan") for o in trial.spec.objectives] if trial else []
-            return Outcome("COMPLETE" if trial else "FINISHED", rate, values)
+            return Outcome(Ending.COMPLETE if trial else Ending.FINISHED, rate, values)
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
         cbs = build_callbacks(plan, backend, tracker, before, trial, job.stop_flag, job.job_t0)
         state = train_run(plan, backend, cbs.all, tracker, before, trial)  # COMPLETE or PRUNED
         if cbs.stop is not None and cbs.stop.stopped:
             log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
-            return Outcome("STOPPED", float(cbs.history.epochs[-1].get("val_accuracy", 0.0)))
-        state = state if trial else "FINISHED"
+            return Outcome(Ending.STOPPED, float(cbs.history.epochs[-1].get("val_accuracy", 0.0)))
+        state = Ending(state) if trial else Ending.FINISHED
         summary = summarize(cbs.history.epochs, plan.cost_per_hour, cbs.meter.name)
         tracker.log(params=as_params(summary, cbs.meter.name))
         log.info("\n" + record.summary_table(plan, tracker.run_name, summary, state, uri, tracker))

@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from xp.run.plan import Plan
+from xp.states import TrialState
 from xp.tracking import sweepstate
 from xp.tracking.provenance import run_url_hint, versions
 from xp.tracking.tracker import NullTracker, Tracker, run_name
@@ -53,7 +54,7 @@ def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, tr
         tags["xp.input"] = backend.input_path  # where the batches are made (a fallback shows)
     if trial:
         tags.update({"optuna.study": trial.optuna.study.study_name, "optuna.trial_number": str(trial.optuna.number),
-                     "optuna.trial_state": "RUNNING"})
+                     "optuna.trial_state": TrialState.RUNNING})
         if job.run_id:  # a launched trial (sweep.scheduler=hydra): its launcher named the run by its command line
             tags["mlflow.runName"] = name
         spec = trial.spec

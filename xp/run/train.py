@@ -15,6 +15,7 @@ from xp.interrupts import Interrupts, held_interrupts
 from xp.run.backend import Backend, BatchHook
 from xp.run.callbacks import Callback, StopTraining
 from xp.run.plan import Plan, learning_rate
+from xp.states import TrialState
 from xp.studies.trial import TrialPruned
 
 log = logging.getLogger("xp")
@@ -190,20 +191,20 @@ def train_run(plan: Plan, backend: Backend, callbacks: list[Callback], tracker: 
     pruner stopped). Ctrl-C and SIGTERM reach the callbacks (on_interrupt: a commit of where training stands)
     and go on up."""
     loop = LoopState(resume_at=before.meta.get("position") if before else None)  # mid-epoch: go on from there
-    state = "COMPLETE"
+    state = TrialState.COMPLETE
     try:
         fit(plan, backend, callbacks, setup=False, start_epoch=before.epoch if before else 0, state=loop)
     except (KeyboardInterrupt, Terminated):
         fire(callbacks, "on_interrupt", loop.partial())  # a spot notice, Ctrl-C
         raise
     except TrialPruned as e:
-        state = "PRUNED"
+        state = TrialState.PRUNED
         log.info(f"trial {trial.optuna.number}: {e}")
     except Exception as e:
         log.debug("training failed", exc_info=True)  # into the log file now, while the run is open
         e.xp_logged = True
         if trial:
-            tracker.set_tags({"optuna.trial_state": "FAIL"})
+            tracker.set_tags({"optuna.trial_state": TrialState.FAIL})
         raise
     if trial:
         tracker.set_tags({"optuna.trial_state": state})

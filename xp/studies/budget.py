@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xp.errors import ConfigError
+from xp.states import TrialState
+
+LASTED = (TrialState.COMPLETE, TrialState.PRUNED)  # the trials whose time says how long one lasts
 
 log = logging.getLogger("xp")
 
@@ -66,7 +69,7 @@ class Budget:
         usd_per_s = hourly_price(config) * hosts / 3600.0
         attrs, lasted = study.user_attrs, [(t.datetime_complete - t.datetime_start).total_seconds()
                                            for t in study.get_trials(deepcopy=False)
-                                           if t.state.name in ("COMPLETE", "PRUNED") and t.datetime_start
+                                           if t.state.name in LASTED and t.datetime_start
                                            and t.datetime_complete]
         return cls(study, spec.timeout_s, spec.budget_usd, spec.hard_stop, usd_per_s,
                    float(attrs.get(SPENT_S, 0.0)), float(attrs.get(SPENT_USD, 0.0)),

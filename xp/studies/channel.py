@@ -22,6 +22,8 @@ import threading
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
+from xp.states import TrialState
+
 
 class Message:
     op: ClassVar[str]
@@ -120,7 +122,7 @@ class Attr(Message):
 class Done(Message):
     """How a trial ended: its state (COMPLETE, PRUNED, FAIL), its objectives' values, the failure's line, and
     whether the trial changed the worker's process for good (mixed precision: the worker leaves)."""
-    state: str = "FAIL"
+    state: str = TrialState.FAIL  # a TrialState's value (a plain string off the wire)
     values: list[float] = field(default_factory=list)
     error: str | None = None
     recycle: bool = False

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from xp.interrupts import held_interrupts
+from xp.states import TRIAL_ENDS, TrialState
 from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, Trial
 
 log = logging.getLogger("xp")
@@ -39,7 +40,7 @@ class Flight:
 @dataclass
 class Tally:
     """What the study did in this process, for the progress lines."""
-    states: dict[str, int] = field(default_factory=lambda: {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0})
+    states: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRIAL_ENDS, 0))
     best: float | None = None
     busy_s: float = 0.0  # slot-seconds spent running trials
     started: float = field(default_factory=time.monotonic)
@@ -251,7 +252,7 @@ class Scheduler:
         if flight is not None:
             self.tally.busy_s += time.monotonic() - flight.started
             self.lost(flight.trial, why)
-            self.tally.states["FAIL"] += 1
+            self.tally.states[TrialState.FAIL] += 1
         if worker.previous is not None:
             self.unsettled(*worker.previous, why)
         fresh = self.pool.replace(worker)
@@ -270,7 +271,7 @@ class Scheduler:
     def _count(self, flight: Flight, msg: Done, state: str) -> None:
         t = self.tally
         t.states[state] = t.states.get(state, 0) + 1
-        value = msg.values[0] if state == "COMPLETE" and msg.values else None
+        value = msg.values[0] if state == TrialState.COMPLETE and msg.values else None
         if value is not None and (t.best is None or (value > t.best if self.direction != "minimize" else
                                                      value < t.best)):
             t.best = value
@@ -280,8 +281,8 @@ class Scheduler:
         eta = f", about {elapsed / done * left / max(1, self.slots):.0f} s left" if left and done else ""
         error = f": {msg.error}" if msg.error else ""
         print(f"study: trial {flight.trial.number} {state.lower()}{error} after "
-              f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states['COMPLETE']} complete, "
-              f"{t.states['PRUNED']} pruned, {t.states['FAIL']} failed), {len(self.flights)} running on "
+              f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states[TrialState.COMPLETE]} complete, "
+              f"{t.states[TrialState.PRUNED]} pruned, {t.states[TrialState.FAIL]} failed), {len(self.flights)} running on "
               f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta
               + (f" | budget {self.budget.line()}" if self.budget is not None else ""), flush=True, file=sys.stdout)
         if self.budget is not None:

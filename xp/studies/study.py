@@ -35,6 +35,7 @@ import yaml
 
 from xp import shipped
 from xp.errors import ConfigError, one_line
+from xp.states import TRIAL_ENDS
 
 log = logging.getLogger("xp")
 
@@ -44,7 +45,7 @@ SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2", "cmaes")
 PRUNERS = ("none", "median", "hyperband", "successive_halving")
 # What a trial can be judged by: keys of the run's summary (xp.tracking.summary.summarize).
 METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
-FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+FINISHED = TRIAL_ENDS  # (xp.states)
 # What a recipe's claim is about: the report's seed-claims section computes the figure of each (xp.report.claims).
 CLAIM_KINDS = ("scaling", "input_pipeline", "dynamic", "batch", "finetune")
 

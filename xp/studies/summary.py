@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from xp.errors import redact
+from xp.states import RunStatus
 from xp.studies.study import FINISHED, StudySpec
 from xp.studies.trial import DUPLICATE, INTERRUPTED
 
@@ -72,7 +73,7 @@ def _on_parent(uri: str, parent: str, spec: StudySpec, front: list[dict[str, Any
         name.write_text(json.dumps(summary, indent=1, default=str))
         tracker.add_artifact_on_exit(name)
     finally:
-        tracker.end("FINISHED")  # attached: its records only; the parent's own end is the sweep's
+        tracker.end(RunStatus.FINISHED)  # attached: its records only; the parent's own end is the sweep's
         shutil.rmtree(folder, ignore_errors=True)  # the spool keeps its own copy
 
 
@@ -134,7 +135,7 @@ class BestModel:
                 if run is not None and run_model(client, run_id):
                     if said := register_best(self.uri, self.spec.register_model, [member(best, self.spec)], False):
                         log.info(f"study {self.spec.study_name}: {said}")
-                elif run is None or run.info.status == "RUNNING":
+                elif run is None or run.info.status == RunStatus.RUNNING:
                     continue  # its records are on their way
                 if self._waiting is trial:  # (a newer best may have come meanwhile)
                     self._waiting = None

@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 from xp.errors import redact
+from xp.states import RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
 from xp.studies.channel import Done, Trial
 from xp.studies.budget import Budget
 from xp.studies.compose import as_override
@@ -145,13 +146,13 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
 
     def tell(trial: Any, msg: Done) -> str:
         state = msg.state
-        if state == "COMPLETE":
+        if state == Told.COMPLETE:
             _completed(study, trial, msg.values, best)
-        elif state == "PRUNED":
+        elif state == Told.PRUNED:
             study.tell(trial, state=TrialState.PRUNED)
         else:
             study.tell(trial, state=TrialState.FAIL)
-            state = "FAIL"
+            state = Told.FAIL
         return state
 
     ends = _Unended(study, spec, uri, os.environ.get("XP_PARENT_RUN_ID"))
@@ -170,7 +171,7 @@ class _Unended:
     def __init__(self, study: Any, spec: StudySpec, uri: str | None, parent: str | None):
         self.study, self.spec, self.uri, self.parent = study, spec, uri, parent
 
-    def _end_runs(self, trials: list[Any], why: str, state: str) -> None:
+    def _end_runs(self, trials: list[Any], why: str, state: RunStatus) -> None:
         from xp.tracking.tracker import end_lost
 
         if self.parent and self.uri and trials:
@@ -179,14 +180,15 @@ class _Unended:
     def lost(self, trial: Any, why: str) -> None:
         from optuna.trial import TrialState
 
-        self._end_runs([trial], f"its worker was lost: {why}", "FAILED")
+        self._end_runs([trial], f"its worker was lost: {why}", RunStatus.FAILED)
         self.study.tell(trial, state=TrialState.FAIL)
         again = _retry(self.study, self.spec, trial._trial_id)
         log.warning(f"trial {trial.number} lost its worker ({why}): "
                     + ("retried with the same parameters" if again else "failed, retry limit reached"))
 
     def give_back(self, trials: list[Any], why: str) -> None:
-        self._end_runs(trials, f"the study was {why}", "KILLED")  # (a worker, stopped, did not end its run in time)
+        # (a worker, stopped, did not end its run in time)
+        self._end_runs(trials, f"the study was {why}", RunStatus.KILLED)
         for t in trials:
             requeue(self.study, t)
         log.warning(f"study {why}: trial{'s' if len(trials) > 1 else ''} "
@@ -195,7 +197,7 @@ class _Unended:
 
     def unsettled(self, trial: Any, state: str | None, why: str) -> None:
         self._end_runs([trial], f"its worker went ({why}) before its records reached the store",
-                      "FINISHED" if state in ("COMPLETE", "PRUNED") else "FAILED")
+                      RunStatus.FINISHED if state in (Told.COMPLETE, Told.PRUNED) else RunStatus.FAILED)
 
 
 def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> dict[str, Any]:
@@ -289,13 +291,14 @@ def _completed(study: Any, trial: Any, values: list[float], best: BestModel | No
 
 def _tell(study: Any, trials: list[Any], results: list[Any], best: BestModel | None = None) -> None:
     """How each launched trial ended, as its job returned it (xp.cli: {"state", "values"})."""
+    from hydra.core.utils import JobStatus
     from optuna.trial import TrialState
 
     for t, r in zip(trials, results):
-        out = r._return_value if r.status.name == "COMPLETED" and isinstance(r._return_value, dict) else {}
-        if out.get("state") == "COMPLETE":
+        out = r._return_value if r.status == JobStatus.COMPLETED and isinstance(r._return_value, dict) else {}
+        if out.get("state") == Told.COMPLETE:
             _completed(study, t, out["values"], best)
-        elif out.get("state") == "PRUNED":
+        elif out.get("state") == Told.PRUNED:
             study.tell(t, state=TrialState.PRUNED)
         else:
             study.tell(t, state=TrialState.FAIL)

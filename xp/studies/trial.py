@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xp.errors import ConfigError, one_line, redact
+from xp.states import TrialState
 from xp.tracking.storefile import first_use
 from xp.tracking.stores import optuna_schema
 from xp.studies.study import FINISHED, StudySpec, spec_from
@@ -187,7 +188,7 @@ def retry_dead_trials(study: Any, spec: StudySpec) -> list[str]:
     retries = {t.system_attrs["retry_history"][-1]: t for t in trials if t.system_attrs.get("retry_history")}
     lines = []
     for t in trials:
-        if t.number in before and t.state.name == "FAIL":
+        if t.number in before and t.state.name == TrialState.FAIL:
             again = retries.get(t.number)
             lines.append(f"trial {t.number} lost its sweeper (no heartbeat for {spec.grace_s} s): "
                          + (f"retried as trial {again.number} with the same parameters" if again
@@ -231,7 +232,7 @@ def _counts(study: Any) -> tuple[int, int]:
     done = sum(1 for t in trials if t.state.name in FINISHED and t.number not in retried
                and "duplicate_of" not in t.user_attrs  # a proposal dropped as a duplicate of a running trial
                and INTERRUPTED not in t.user_attrs)  # stopped with its study and queued again (sweeper.requeue)
-    return done, sum(1 for t in trials if t.state.name == "RUNNING")
+    return done, sum(1 for t in trials if t.state.name == TrialState.RUNNING)
 
 
 # --- the job side: a run that is a trial ------------------------------------------

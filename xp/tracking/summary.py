@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from xp.states import RunStatus
+
 COLUMNS = [
     ("run", "run", "{}"),
     ("model", "model", "{}"),
@@ -139,7 +141,7 @@ def row_from_mlflow(run: Any) -> dict[str, Any]:
         "gpu_utilization": result("gpu_utilization_pct", "gpu_utilization"),
         "cost_usd": result("cost_usd", "cost_usd"),
         # a trial's state where its run finished (COMPLETE, PRUNED); else how the run ended (KILLED, FAILED)
-        "state": run.data.tags.get("optuna.trial_state", run.info.status) if run.info.status == "FINISHED"
+        "state": run.data.tags.get("optuna.trial_state", run.info.status) if run.info.status == RunStatus.FINISHED
         else run.info.status,
     }
 

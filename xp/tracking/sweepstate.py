@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from xp.errors import ConfigError
+from xp.states import RunStatus
 
 log = logging.getLogger("xp")
 
@@ -66,7 +67,7 @@ def interrupted_parent(tracker: Any, sweep_key: str) -> str | None:
                                       order_by=["attributes.start_time DESC"], max_results=1)
     # interrupted: ended by the orphan reaper or a signal before its summary was logged (a sweep that ran to its
     # end with a failed job has its summary, which MLflow would not let a second pass overwrite: a new sweep)
-    if runs and runs[0].info.status in ("FAILED", "KILLED") and "summary.runs" not in runs[0].data.params:
+    if runs and runs[0].info.status in (RunStatus.FAILED, RunStatus.KILLED) and "summary.runs" not in runs[0].data.params:
         return runs[0].info.run_id
     return None
 
@@ -78,7 +79,7 @@ def finished_job(uri: str, parent_run_id: str, job: str) -> Any:
     client = open_client(uri)
     exp = client.get_run(parent_run_id).info.experiment_id
     runs = client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{JOB_KEY}` = '{job}' "
-                                     "and attributes.status = 'FINISHED'", max_results=1)
+                                     f"and attributes.status = '{RunStatus.FINISHED}'", max_results=1)
     return runs[0] if runs else None
 
 
@@ -90,7 +91,7 @@ def latest_per_job(children: list[Any]) -> list[Any]:
         k = c.data.tags.get(JOB_KEY) or c.info.run_id
         if k not in best:
             order.append(k)
-        if k not in best or best[k].info.status != "FINISHED" or c.info.status == "FINISHED":
+        if k not in best or best[k].info.status != RunStatus.FINISHED or c.info.status == RunStatus.FINISHED:
             best[k] = c
     return [best[k] for k in order]
 
@@ -115,7 +116,8 @@ def resume_target(uri: str, config: dict[str, Any]) -> tuple[dict[str, Any], str
             tracker.end_orphans()
             if value is True or str(value).lower() == "true":
                 runs = tracker.client.search_runs(
-                    [tracker.experiment_id], "attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
+                    [tracker.experiment_id], f"attributes.status != '{RunStatus.FINISHED}' and "
+                                            f"attributes.status != '{RunStatus.RUNNING}'",
                     order_by=["attributes.start_time DESC"], max_results=200)
                 runs = [r for r in runs if r.data.params.get("checkpoint_dir") not in (None, "None")]
                 if not runs:
@@ -128,10 +130,10 @@ def resume_target(uri: str, config: dict[str, Any]) -> tuple[dict[str, Any], str
             raise
         except Exception as e:
             raise ConfigError(f"resume={value}: cannot find that run ({type(e).__name__})") from None
-        if run.info.status == "RUNNING":
+        if run.info.status == RunStatus.RUNNING:
             raise ConfigError(f"resume={value}: run {run.info.run_id} is still running")
         folder = run.data.params.get("checkpoint_dir")
-        if run.info.status == "FINISHED":  # its summary is logged: more epochs are a new run
+        if run.info.status == RunStatus.FINISHED:  # its summary is logged: more epochs are a new run
             raise ConfigError(f"resume={value}: run {run.info.run_id} finished; to train on from its last commit "
                               f"start a new run from its folder: resume={folder}")
         if folder in (None, "None"):

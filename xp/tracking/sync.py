@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from xp.errors import one_line, redact
+from xp.states import RunStatus
 from xp.tracking.spool import RUN, Spool, pending, same_process, waiting
 
 log = logging.getLogger("xp")
@@ -43,8 +44,8 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
         try:
             if was is None:  # a run ended (by its end record, or as an orphan) takes no more records: reopen it
                 was = spool.client().get_run(spool.run_id).info.status
-                if was != "RUNNING":
-                    spool.client().update_run(spool.run_id, status="RUNNING")
+                if was != RunStatus.RUNNING:
+                    spool.client().update_run(spool.run_id, status=RunStatus.RUNNING)
         except Exception as e:
             if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
                 return False, f"{folder}: run {spool.run_id} no longer exists in {uri}; nothing delivered"
@@ -58,7 +59,7 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
                 break
             time.sleep(1.0)
     left = spool.left()
-    if not left and not ended and was not in (None, "RUNNING"):
+    if not left and not ended and was not in (None, RunStatus.RUNNING):
         spool.client().set_terminated(spool.run_id, was)  # as it was: its process ended it, or the reaper did
     done = spool.close(0)
     if done:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from xp.errors import ConfigError, Terminated, one_line, redact
+from xp.states import RunStatus
 from xp.tracking.provenance import source_tags
 from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, away, away_reason, same_process, settle, started
 from xp.tracking.stores import _artifact_root, check_database, check_server, open_client
@@ -33,13 +34,13 @@ MODEL_TAGS = ("xp.model", "xp.dataset", "xp.backend", "xp.dtype")  # a logged mo
 _experiment_ids: dict[tuple[str, str], str] = {}
 
 
-def end_state(error: BaseException | None = None, failed: bool = False) -> str:
+def end_state(error: BaseException | None = None, failed: bool = False) -> RunStatus:
     """The state a run ends in, decided here for every caller (a run, a launched job, a Slurm submission, a
     sweep's parent, a report): KILLED for Ctrl-C and SIGTERM, FAILED for any other error or a failed outcome,
     FINISHED otherwise."""
     if isinstance(error, (KeyboardInterrupt, Terminated)):
-        return "KILLED"
-    return "FAILED" if error is not None or failed else "FINISHED"
+        return RunStatus.KILLED
+    return RunStatus.FAILED if error is not None or failed else RunStatus.FINISHED
 
 
 def _offer_pending(uri: str) -> None:
@@ -52,7 +53,7 @@ def _offer_pending(uri: str) -> None:
                     "with: python -m xp.sync", len(left), redact(uri))
 
 
-def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: str = "FAILED") -> list[str]:
+def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: RunStatus = RunStatus.FAILED) -> list[str]:
     """End the runs of a study's trials (under the study's `parent` run) still RUNNING though their process was
     lost (a study's worker killed, or gone with its host or node: FAILED; stopped with its study and killed before
     it ended its run: KILLED). The scheduler knows the process is gone, and no process on that host may ever start
@@ -63,7 +64,7 @@ def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: s
         client = open_client(uri)
         experiment = client.get_run(parent).info.experiment_id
         running = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
-                                                   "attributes.status = 'RUNNING'", max_results=1000)
+                                                   f"attributes.status = '{RunStatus.RUNNING}'", max_results=1000)
         numbers = {str(int(n)) for n in trial_numbers}
         runs = [r.info.run_id for r in running if r.data.tags.get("optuna.trial_number") in numbers]
         for run_id in runs:
@@ -74,7 +75,7 @@ def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: s
         return []
 
 
-def _end_for(client: Any, run_id: str, why: str, state: str) -> None:
+def _end_for(client: Any, run_id: str, why: str, state: RunStatus) -> None:
     """End a run its own process could not, saying why (tag xp.ended_by)."""
     client.set_tag(run_id, "xp.ended_by", f"xp: {why}")
     client.set_terminated(run_id, state)
@@ -191,7 +192,7 @@ class Tracker:
             return self.run_id
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
-            self.client.update_run(self.run_id, status="RUNNING")
+            self.client.update_run(self.run_id, status=RunStatus.RUNNING)
             deliver_left(self.uri, self.run_id)  # what a killed process left of it goes first
             self._open_spool()
             self.log(params=self.params, tags={**self.tags, "xp.pid": str(os.getpid()), "xp.resumed": "true",
@@ -270,7 +271,8 @@ class Tracker:
 
         host, ended = socket.gethostname(), []
         try:
-            runs = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
+            runs = self.client.search_runs([self.experiment_id], f"attributes.status = '{RunStatus.RUNNING}'",
+                                           max_results=1000)
         except Exception:
             return ended
         left: list | None = None  # the pending spools, listed at the first orphan (not for each)
@@ -283,9 +285,9 @@ class Tracker:
                 continue  # its process lives (the same one: the start time matches)
             left = pending(self.uri) if left is None else left
             if deliver_left(self.uri, run.info.run_id, 5.0, left) and \
-                    self.client.get_run(run.info.run_id).info.status != "RUNNING":
+                    self.client.get_run(run.info.run_id).info.status != RunStatus.RUNNING:
                 continue  # it had ended: its end waited in its spool (a worker killed while its last trial's went)
-            _end_for(self.client, run.info.run_id, f"process {pid} on {host} was gone", "FAILED")
+            _end_for(self.client, run.info.run_id, f"process {pid} on {host} was gone", RunStatus.FAILED)
             log.warning("ended MLflow run %s FAILED: it was left RUNNING by process %d, which is gone",
                         run.info.run_id, pid)
             ended.append(run.info.run_id)
@@ -338,7 +340,7 @@ class Tracker:
         finally:
             self.end(end_state(error))
 
-    def end(self, status: str) -> None:
+    def end(self, status: RunStatus) -> None:
         """Spool the artifacts (copied, passwords hidden) and the end state, then wait a bounded time for the
         store to take everything (settle_later: Spool.end); if it is away, one line says where records wait."""
         if self.run_id is None or self._spool is None or self._spool.closed:
@@ -394,4 +396,4 @@ class NullTracker(Tracker):
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
-    def end(self, status: str) -> None: ...
+    def end(self, status: RunStatus) -> None: ...
