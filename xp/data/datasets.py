@@ -263,6 +263,12 @@ def is_plugin(spec: DatasetSpec) -> bool:
     return bool(spec.options.get("factory")) or spec.options.get("kind", spec.name) not in _CATALOGUE
 
 
+def held_in_memory(spec: DatasetSpec) -> bool:
+    """Its samples are arrays in memory (digits, synthetic data): reading it decodes nothing (what test_io times is
+    slicing). Files (RecordIO, an image folder) and a registered data set's loader workers read and decode."""
+    return spec.options.get("kind", spec.name) not in ("rec", "folder") and not is_plugin(spec)
+
+
 def describe(name: str, options: dict[str, Any], backend: Any = None) -> DatasetSpec:
     """The spec of a data set; `options.kind` picks the reader (defaults to the name): xp's own, or a registered
     one's (xp.datasets), loaded for the backend's framework (`backend`: its class) to count it."""

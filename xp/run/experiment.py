@@ -69,44 +69,23 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
     run, training (or a diagnosis) and its summary."""
     job = job or JobInfo()
     uri = resolve_uri(config.get("tracking_uri"), job.cwd)
-    config, reopen = sweepstate.resume_target(uri, config) if not job.run_id else (dict(config), None)
-    before = checkpoint.require(config["resume"]) if config.get("resume") is not None else None
-    plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
-    if before is None and plan.resume is not None:  # the group resumes itself (torchrun's elastic agent restarted it)
-        before = checkpoint.require(plan.resume)
-    plan = with_kept_images(plan)  # an image folder is prepared now: the plan counts the images that train
+    plan, backend_cls, before, reopen = planned(config, job, uri)
     trial = job.trial if job.trial is not None else attach(plan.study)
-    if trial and plan.checkpoint_dir and not plan.elastic.enabled:  # a study's trials commit apart (and the study
-        # keeps its best's); an elastic trial's launcher owns its folder (its rounds resume from it)
-        plan = replace(plan, checkpoint_dir=checkpoint.per_trial(plan.checkpoint_dir, trial.optuna.number))
-    if job.parent_run_id and not trial and not job.run_id and os.environ.get(sweepstate.RESUMED_ENV):
-        earlier = sweepstate.finished_job(uri, job.parent_run_id, sweepstate.job_key(job.overrides))
-        if earlier is not None:  # a resumed sweep: this job finished before the sweep was killed
-            log.info(f"reusing MLflow run {earlier.info.run_id} ({earlier.info.run_name}): it finished in the "
-                     "interrupted sweep with the same settings and code")
-            return Outcome(Ending.FINISHED, float(earlier.data.metrics.get("val_accuracy", 0.0)))
+    plan = trials_folder(plan, trial)
+    reused = finished_before(job, trial, uri)
+    if reused is not None:
+        return reused
     log.info(plan.describe(uri))
-    if plan.test_io and plan.dataset.options.get("kind", plan.dataset.name) not in ("rec", "folder") \
-            and not datasets.is_plugin(plan.dataset):  # (a registered data set's loader workers read it)
+    if plan.test_io and datasets.held_in_memory(plan.dataset):
         log.warning(f"test_io: dataset={plan.dataset.name} is held in memory; its figure times slicing arrays, not "
                     "reading or decoding images (those are dataset=rec and dataset=folder)")
-    backend = None if plan.diagnose else backend_cls()
-    if backend is not None:  # set up before tracking: a distributed worker learns its rank here; rank 0 logs
-        backend.setup(plan)
-        plan = backend.plan
-        if plan.rank != 0:
-            for handler in logging.getLogger().handlers:  # one voice on the console and in the log: rank 0's
-                handler.setLevel(logging.WARNING)
+    plan, backend = set_up(plan, backend_cls)
     with record.open_run(plan, backend_cls, backend, uri, job, trial, reopen) as tracker:
         if trial:
             trial.optuna.set_user_attr("mlflow_run_id", tracker.run_id)  # optuna-dashboard links trials to runs
         log.info(f"  MLflow run       {tracker.run_id} ({tracker.run_name})")
-        if plan.diagnose:
-            rate, params, tags = diagnosed(plan, backend_cls)  # its throughput: the real data's rate
-            tracker.log(params={**params, "summary.throughput_samples_per_s": f"{rate:.6g}"},
-                        tags={**tags, **({"optuna.trial_state": TrialState.COMPLETE} if trial else {})})
-            values = [rate if o.metric == "throughput" else float("nan") for o in trial.spec.objectives] if trial else []
-            return Outcome(Ending.COMPLETE if trial else Ending.FINISHED, rate, values)
+        if backend is None:
+            return diagnosis(plan, backend_cls, tracker, trial)
         if before:
             log.info(f"resuming after epoch {before.epoch} from {plan.resume}")
         cbs = build_callbacks(plan, backend, tracker, before, trial, job.stop_flag, job.job_t0)
@@ -114,13 +93,72 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
         if cbs.stop is not None and cbs.stop.stopped:
             log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
             return Outcome(Ending.STOPPED, float(cbs.history.epochs[-1].get("val_accuracy", 0.0)))
-        state = Ending(state) if trial else Ending.FINISHED
+        ending = Ending(state) if trial else Ending.FINISHED
         summary = summarize(cbs.history.epochs, plan.cost_per_hour, cbs.meter.name)
         tracker.log(params=as_params(summary, cbs.meter.name))
-        log.info("\n" + record.summary_table(plan, tracker.run_name, summary, state, uri, tracker))
+        log.info("\n" + record.summary_table(plan, tracker.run_name, summary, ending, uri, tracker))
+    return outcome(plan, trial, summary, ending)
+
+
+def planned(config: dict[str, Any], job: JobInfo, uri: str) -> tuple[Plan, Any, Any, str | None]:
+    """The run's plan and backend class, the commit it goes on from (resume=; an elastic group's restart) and the
+    MLflow run it reopens (resume=true or RUN_ID): (plan, backend class, commit or None, run id or None)."""
+    config, reopen = sweepstate.resume_target(uri, config) if not job.run_id else (dict(config), None)
+    before = checkpoint.require(config["resume"]) if config.get("resume") is not None else None
+    plan, backend_cls = plan_and_backend(config, resolve_auto=True)  # below here, only the plan
+    if before is None and plan.resume is not None:  # the group resumes itself (torchrun's elastic agent restarted it)
+        before = checkpoint.require(plan.resume)
+    return with_kept_images(plan), backend_cls, before, reopen  # (an image folder prepared: the plan counts it)
+
+
+def trials_folder(plan: Plan, trial: Any) -> Plan:
+    """A study's trials commit apart (and the study keeps its best's); an elastic trial's launcher owns its folder
+    (its rounds resume from it)."""
+    if trial and plan.checkpoint_dir and not plan.elastic.enabled:
+        return replace(plan, checkpoint_dir=checkpoint.per_trial(plan.checkpoint_dir, trial.optuna.number))
+    return plan
+
+
+def finished_before(job: JobInfo, trial: Any, uri: str) -> Outcome | None:
+    """A resumed sweep's job that finished before the sweep was killed: its run's outcome (None: it runs)."""
+    if not (job.parent_run_id and not trial and not job.run_id and os.environ.get(sweepstate.RESUMED_ENV)):
+        return None
+    earlier = sweepstate.finished_job(uri, job.parent_run_id, sweepstate.job_key(job.overrides))
+    if earlier is None:
+        return None
+    log.info(f"reusing MLflow run {earlier.info.run_id} ({earlier.info.run_name}): it finished in the interrupted "
+             "sweep with the same settings and code")
+    return Outcome(Ending.FINISHED, float(earlier.data.metrics.get("val_accuracy", 0.0)))
+
+
+def set_up(plan: Plan, backend_cls: Any) -> tuple[Plan, Any]:
+    """The backend, set up before tracking (a distributed worker learns its rank here; rank 0 logs, the others
+    speak only of warnings), and the plan it completed; (plan, None) for a diagnosis, which makes its own."""
+    if plan.diagnose:
+        return plan, None
+    backend = backend_cls()
+    backend.setup(plan)
+    if backend.plan.rank != 0:
+        for handler in logging.getLogger().handlers:  # one voice on the console and in the log: rank 0's
+            handler.setLevel(logging.WARNING)
+    return backend.plan, backend
+
+
+def diagnosis(plan: Plan, backend_cls: Any, tracker: Any, trial: Any) -> Outcome:
+    """diagnose=true: where the time goes, logged on the run; its objective is the real data's throughput."""
+    rate, params, tags = diagnosed(plan, backend_cls)
+    tracker.log(params={**params, "summary.throughput_samples_per_s": f"{rate:.6g}"},
+                tags={**tags, **({"optuna.trial_state": TrialState.COMPLETE} if trial else {})})
+    values = [rate if o.metric == "throughput" else float("nan") for o in trial.spec.objectives] if trial else []
+    return Outcome(Ending.COMPLETE if trial else Ending.FINISHED, rate, values)
+
+
+def outcome(plan: Plan, trial: Any, summary: dict[str, Any], ending: Ending) -> Outcome:
+    """What a sweep or a study compares: validation accuracy (test_io: the read throughput); a study's trial, its
+    objectives in the study's order."""
     objective = float(summary.get("throughput", 0.0) if plan.test_io else summary.get("val_accuracy", 0.0))
     values = [float(summary.get(o.metric, float("nan"))) for o in trial.spec.objectives] if trial else []
-    return Outcome(state, objective, values)
+    return Outcome(ending, objective, values)
 
 
 class History(Callback):
