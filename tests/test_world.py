@@ -240,6 +240,43 @@ def test_a_store_that_never_returns_keeps_the_spool_and_sync_delivers_it_later(t
 
 
 @pytest.mark.slow
+def test_a_trials_first_run_waits_for_a_server_its_process_never_reached(tmp_path, caplog, monkeypatch):
+    """A study's worker whose first trial starts while the server is away (it never reached it: its check of the
+    server fails, not a call of MLflow's) waits for the server, as a later trial does, and its run is created
+    once the server is up (CI saw six trials fail in a second for this under load); a plain run still says at
+    once, in one line, that no server answers."""
+    import threading
+
+    from xp.errors import ConfigError
+    from xp.tracking.tracker import Tracker
+
+    monkeypatch.setenv("XP_STATE_DIR", str(tmp_path / "state"))
+    server = MlflowServer(tmp_path)  # its port chosen, nothing listening yet
+    with pytest.raises(ConfigError, match="no MLflow server answers"):
+        Tracker(server.uri, "xp", "plain run").start()
+    trial = Tracker(server.uri, "xp", "trial 0", settle_later=True, tidy=False)
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            trial.start()
+        except BaseException as e:  # (the test says what went wrong)
+            failed.append(e)
+
+    waiting = threading.Thread(target=start, daemon=True)
+    with caplog.at_level("WARNING", logger="xp"):
+        waiting.start()
+        try:
+            wait_until(lambda: "the trial's run waits for it" in caplog.text or failed, 60, "the trial to wait")
+            server.start()
+            waiting.join(timeout=120)
+        finally:
+            server.kill()
+    assert not waiting.is_alive() and failed == [] and trial.run_id, (failed, caplog.text[-2000:])
+    assert "is back after" in caplog.text
+    trial.end("FINISHED")
+
+
 def test_a_study_rides_out_a_tracking_outage_and_every_trial_keeps_every_epoch(tmp_path, server):
     """The MLflow server killed for 25 s in the middle of an 8-trial study on 2 slots (issue 40): the trials that
     start meanwhile wait for it instead of failing, the study's summary goes to the parent through a spool, and the

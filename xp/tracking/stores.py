@@ -93,7 +93,8 @@ def check_server(uri: str, timeout_s: float = 5.0) -> None:
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
         raise ConfigError(f"tracking_uri={redact(uri)}: no MLflow server answers ({one_line(reason)}); start one "
-                          "(make server, or mlflow server) or use a database: tracking_uri=sqlite:///mlruns/mlflow.db")
+                          "(make server, or mlflow server) or use a database: tracking_uri=sqlite:///mlruns/mlflow.db"
+                          ) from e  # (the cause says the server is away: a study's next trial waits for it)
     _reached.add(uri)
 
 
@@ -120,7 +121,7 @@ def check_database(url: str, what: str) -> None:
                           "(PostgreSQL: pip install 'psycopg[binary]')") from None
     except Exception as e:
         reason = re.sub(r"\s*\(Background on this error at: \S+\)", "", one_line(e))
-        raise ConfigError(f"{what} {redact(url)}: cannot connect ({type(e).__name__}: {reason[:300]})") from None
+        raise ConfigError(f"{what} {redact(url)}: cannot connect ({type(e).__name__}: {reason[:300]})") from e
 
 
 _clients: dict[str, object] = {}  # one client (and one store: engine, checked schema) per URI and process
