@@ -130,7 +130,7 @@ def state_literals(path: Path) -> list[str]:
     """String constants of `path` that are a state (a whole constant, or quoted inside one: an MLflow filter's
     'RUNNING'), docstrings left out."""
     tree = ast.parse(path.read_text())
-    docs, found = docstring_lines(tree), []
+    docs, found = docstring_lines(tree) | enum_lines(tree), []
     quoted = re.compile(r"'(%s)'" % "|".join(STATES))
     rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
     for node in ast.walk(tree):
@@ -140,15 +140,22 @@ def state_literals(path: Path) -> list[str]:
     return found
 
 
+def enum_lines(tree: ast.AST) -> set[int]:
+    """The lines of the enums' own definitions (class X(StrEnum)): where a state is spelled once."""
+    return {n for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any(ast.unparse(b).endswith("Enum") for b in node.bases)
+            for n in range(node.lineno, node.end_lineno + 1)}
+
+
 def test_states_are_spelled_only_in_their_enums():
-    """A run's, a trial's, an ending's or a Slurm job's state is a member of xp.states (a StrEnum whose values are
-    MLflow's, Optuna's and Slurm's strings), never a string literal elsewhere in xp."""
-    found = [line for f in sorted(XP.rglob("*.py")) if f != XP / "states.py" for line in state_literals(f)]
+    """A run's, a trial's or an ending's state is a member of xp.states (StrEnums whose values are MLflow's and
+    Optuna's strings), a Slurm job's one of xp.launching.slurm.SlurmState: never a string literal elsewhere."""
+    found = [line for f in sorted(XP.rglob("*.py")) for line in state_literals(f)]
     assert found == [], "\n".join(found)
 
 
 def test_the_state_check_sees_a_literal(tmp_path):
     code = tmp_path / "code.py"
     code.write_text('"""RUNNING in a docstring is prose."""\nx = "KILLED"\nq = "attributes.status = \'RUNNING\'"\n'
-                    'said = "the run FAILED"\n')
+                    'said = "the run FAILED"\nclass S(StrEnum):\n    FAIL = "FAIL"\n')
     assert state_literals(code) == ["code.py:2: 'KILLED'", "code.py:3: 'RUNNING'"]

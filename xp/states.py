@@ -1,9 +1,10 @@
-"""The states xp decides and reads, as types: an MLflow run's, an Optuna trial's, how a run ended, a Slurm job's.
+"""The states xp decides and reads, as types: an MLflow run's, an Optuna trial's, how a run ended.
 
 Each is a `StrEnum` whose values are the strings of the system it crosses into (MLflow's run status, Optuna's
-trial state names, Slurm's job states), so a member goes to that system as it is and what the system returns
+trial state names), so a member goes to that system as it is and what the system returns
 compares equal to a member: `run.info.status == RunStatus.RUNNING`, `t.state.name == TrialState.FAIL`. No other
-module spells these states as strings (tests/test_structure.py greps for them).
+module spells these states as strings (tests/test_structure.py greps for them); a launcher's job states are
+its own enum, in its module.
 """
 
 from __future__ import annotations
@@ -40,24 +41,3 @@ class Ending(StrEnum):
     PRUNED = TrialState.PRUNED.value
     FAIL = TrialState.FAIL.value
     STOPPED = "STOPPED"
-
-
-class SlurmState(StrEnum):
-    """A Slurm job's state as sacct and scontrol say it (its base state: the first word)."""
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    COMPLETING = "COMPLETING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    NODE_FAIL = "NODE_FAIL"
-    OUT_OF_MEMORY = "OUT_OF_MEMORY"
-    PREEMPTED = "PREEMPTED"
-    BOOT_FAIL = "BOOT_FAIL"
-    DEADLINE = "DEADLINE"
-    UNKNOWN = "UNKNOWN"
-
-
-SLURM_ENDED = (SlurmState.COMPLETED, SlurmState.FAILED, SlurmState.CANCELLED, SlurmState.TIMEOUT, SlurmState.NODE_FAIL,
-               SlurmState.OUT_OF_MEMORY, SlurmState.PREEMPTED, SlurmState.BOOT_FAIL, SlurmState.DEADLINE)

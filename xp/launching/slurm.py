@@ -21,13 +21,32 @@ import sys
 import time
 from pathlib import Path
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from xp.errors import ConfigError, Terminated, XPError, one_line
 from xp.launching.hosts import HostSlots, Transport
-from xp.states import SLURM_ENDED, SlurmState
 
-ENDED = SLURM_ENDED
+
+class SlurmState(StrEnum):
+    """A Slurm job's state as sacct and scontrol say it (its base state: the first word)."""
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    UNKNOWN = "UNKNOWN"
+
+
+ENDED = (SlurmState.COMPLETED, SlurmState.FAILED, SlurmState.CANCELLED, SlurmState.TIMEOUT, SlurmState.NODE_FAIL,
+         SlurmState.OUT_OF_MEMORY, SlurmState.PREEMPTED, SlurmState.BOOT_FAIL, SlurmState.DEADLINE)
 
 
 CANCEL_WAIT_S = 60  # after scancel, how long xp waits for the job to have ended

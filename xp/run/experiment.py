@@ -22,9 +22,9 @@ from xp.run.diagnose import diagnosed
 from xp.run.model_out import SaveParams, model_output
 from xp.run.plan import Plan
 from xp.run.planning import plan_and_backend
-from xp.states import Ending, TrialState
 from xp.run.telemetry import telemetry
 from xp.run.train import train_run
+from xp.states import Ending, TrialState
 from xp.studies.trial import attach
 from xp.tracking import sweepstate
 from xp.tracking.stores import resolve_uri
