@@ -103,3 +103,43 @@ def test_a_remote_slot_pins_its_worker_to_its_share_of_the_hosts_cores(monkeypat
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert Slot(0, (), (), "b", rank=0, of=1).pin() == (0, 1, 2, 3, 4, 5)  # the whole host: as a plain run has it
     assert "OMP_NUM_THREADS" not in os.environ
+
+
+def test_where_a_studys_trials_run_is_one_choice_from_its_scheduler_its_hydra_launcher_and_the_launcher():
+    from xp.launching.placement import InBatches, OnSlots, choose
+    from xp.studies.study import spec_from
+
+    def spec(**fields):
+        return spec_from({"n_trials": 4, "params": {"lr": {"type": "float", "low": 0.01, "high": 0.1}}, **fields}, "s")
+
+    ssh = SimpleNamespace(name="ssh", remote=True)
+    for hydra in ("", "basic", "joblib"):  # Hydra's launchers that run jobs on this machine: xp's slots
+        assert choose(spec(parallel=3, trials_per_gpu=2), hydra, ssh, 1) == OnSlots(ssh, 1, 3, 2)
+    assert choose(spec(), "submitit_slurm", None, 0) == InBatches(None)  # a cluster's Hydra launcher: its jobs
+    assert choose(spec(scheduler="hydra", parallel=2), "", None, 0) == InBatches(2)
+    assert choose(spec(scheduler="hydra"), "joblib", ssh, 0).on_slots is False
+
+
+def test_sweep_parallel_and_the_scheduler_are_read_only_where_the_spec_is_made_and_the_placement_chosen():
+    """sweep.parallel and sweep.scheduler go from the study's node into its spec (xp/studies/study.py), and
+    from there into the placement's one choice (xp/launching/placement.py): no other code of xp reads them."""
+    import ast
+    from pathlib import Path
+
+    xp = Path(__file__).resolve().parents[1] / "xp"
+    keys = {"parallel", "scheduler"}
+
+    def reads(tree):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in keys:  # spec.parallel, choice.parallel
+                yield node
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in keys:
+                yield node  # node.get("parallel")
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in keys:
+                yield node  # node["parallel"]
+
+    found = sorted(str(p.relative_to(xp)) for p in xp.rglob("*.py") if any(reads(ast.parse(p.read_text()))))
+    assert found == ["launching/placement.py", "studies/sweeper.py"], found  # (study.py reads its fields by name)
+    sweeper = ast.parse((xp / "studies" / "sweeper.py").read_text())
+    assert [ast.unparse(n) for n in reads(sweeper)] == ["where.parallel"]  # InBatches': so many jobs at a time

@@ -26,8 +26,8 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     multirun = "-m" in argv or "--multirun" in argv
     first = configs[0] if configs else {}
     plan, engine, launcher = job_of(first) if configs and not os.environ.get(WORKER_ENV) else (None, None, None)
-    study = first.get("sweep") or {}
-    on_slots = bool(study) and study.get("scheduler", "slots") == "slots"  # the launcher offers the study slots
+    spec, choice = study_placement(first, argv, launcher) if multirun else (None, None)
+    on_slots = choice is not None and choice.on_slots  # the launcher offers the study slots
     if launcher and launcher.submits() and multirun and not on_slots:
         raise ConfigError(f"launcher={launcher.name} submits one run at a time, or a study's workers (-m sweep=NAME); "
                           "run each configuration as its own command" + (f" ({launcher.sweeps})" if launcher.sweeps
@@ -47,8 +47,23 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     # (plan None: another config tree, --config-path; its jobs' store is the default one)
     uri = plan.tracking_uri if plan is not None else resolve_uri(None)
     with placement or Placement() as where:  # the study's sweeper, which Hydra makes, takes it from there
-        where.decide(first, argv, launcher, uri)
+        if choice is not None:
+            where.decide(first, choice, spec.n_trials, uri)
         return sweeps.sweep(argv, first, uri, hydra_main)
+
+
+def study_placement(config: dict[str, Any], argv: list[str], launcher: Any) -> tuple[Any, Any]:
+    """A study's spec (sweep.* read, once) and where its trials run (xp.launching.placement.choose: slots or
+    Hydra's batches); (None, None) for a command that is no study."""
+    node = config.get("sweep")
+    if not node:
+        return None, None
+    from xp.launching.hydra_launchers import chosen
+    from xp.launching.placement import choose
+    from xp.studies.study import spec_from
+
+    spec = spec_from(node, node.get("name") or "study", search=False)  # (checked in preflight)
+    return spec, choose(spec, chosen(argv), launcher, int(config.get("gpus") or 0))
 
 
 def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:

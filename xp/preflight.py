@@ -298,8 +298,9 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
                 space: tuple[Any, ...], here: bool = True) -> list[tuple[list[str], dict[str, Any]]]:
     """With sweep=NAME: check the study (its file, sweep.* overrides, a search space given on the command line)
     and return one job per corner of its search space (each choice, each bound: the command line's overrides
-    and the corner's parameter), so a value the plan refuses fails now, not in trial 17. `here`: the trials run on this machine's slots (not a cluster's launcher),
-    which must be able to place them."""
+    and the corner's parameter), so a value the plan refuses fails now, not in trial 17. `here`: the trials run
+    on this machine or xp's launcher's hosts (not a cluster's Hydra launcher), which its budget prices. (Whether
+    the launcher can place them is the placement's to check: xp.launching.placement.)"""
     from omegaconf import OmegaConf
 
     from xp.studies import study
@@ -326,10 +327,6 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
     spec = study.spec_from(node, name, set(known), extra=space)
     check_storage(spec.storage)
     check_budget(spec, config, here)
-    if here and spec.scheduler == "slots" and (config.get("launcher") or {}).get("name", "local") == "local":  # (remote: the hosts')
-        from xp.launching.slots import plan_slots
-
-        plan_slots(int(config.get("gpus") or 0), spec.parallel, spec.trials_per_gpu)  # what this machine can place
     return [(base, {p.name: int(v) if p.kind == "int" else v}) for p in spec.params
             for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-HERE = ("BasicLauncher", "JoblibLauncher")  # the classes of those that run jobs on this machine
 ELSEWHERE = "submitit"  # hydra/launcher=submitit_*: each job is a job of submitit's executor
 CLUSTER = "submitit_slurm"  # ... on a Slurm cluster's nodes
 
@@ -17,19 +16,14 @@ def chosen(argv: list[str]) -> str:
     return next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra/launcher=")), "")
 
 
-def runs_jobs_here(argv: list[str]) -> bool:
-    """The command line's Hydra launcher (Hydra's default if it picks none) runs jobs on this machine."""
-    return chosen(argv) in ("", "basic", "joblib")
+def runs_jobs_here(name: str) -> bool:
+    """The Hydra launcher of this name ("": Hydra's default) runs jobs on this machine."""
+    return name in ("", "basic", "joblib")
 
 
 def runs_elsewhere(name: str) -> bool:
     """Jobs of this Hydra launcher run outside this process's reach: a study's trials are its jobs, in batches."""
     return name.startswith(ELSEWHERE)
-
-
-def runs_here(target: str) -> bool:
-    """A Hydra launcher (its config's _target_) whose jobs run on this machine: a study's trials go to slots."""
-    return target.endswith(HERE)
 
 
 def at_once(launcher_config: Any) -> int | None:

@@ -1,17 +1,19 @@
-"""Where a study's trials run, decided once and handed down as one object: the launcher's slots (this machine's,
-an ssh host list's, a Slurm cluster's allocations) with a long-lived worker each (xp.launching.pool), or, under
-a Hydra launcher of a cluster (submitit), that launcher's jobs in batches (no pool).
+"""Where a study's trials run, chosen once (`choose`) and handed down as one object: `OnSlots`, the launcher's
+slots (this machine's, an ssh host list's, a Slurm cluster's allocations, a Ray cluster's nodes) with a long-lived
+worker each (xp.launching.pool), or `InBatches`, a Hydra launcher's jobs (hydra/launcher=submitit_*, or
+sweep.scheduler=hydra), so many at a time.
 
-The command line makes it (`ahead`: before anything is composed, its zygote starts importing what every
-trial needs), the composed command decides it (`decide`: the launcher known, its slots checked, their workers
-started while the study opens its stores), and the study's sweeper, which Hydra instantiates, takes it from
-there (`current`) and asks it for its pool (`pool`)."""
+The command line makes the placement (`ahead`: before anything is composed, its zygote starts importing what every
+trial needs), the composed command chooses it (`decide`: the launcher known, its slots checked by the launcher,
+their workers started while the study opens its stores), and the study's sweeper, which Hydra instantiates, takes
+it from there (`current`) and asks it for its pool (`pool`)."""
 
 from __future__ import annotations
 
 import contextvars
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from xp.launching import hydra_launchers
@@ -24,11 +26,44 @@ log = logging.getLogger("xp")
 _current: contextvars.ContextVar[Placement | None] = contextvars.ContextVar("xp_placement", default=None)
 
 
+@dataclass(frozen=True)
+class OnSlots:
+    """A study's trials kept in flight on its launcher's slots (None: this machine's), a worker each: `parallel`
+    of them (None: one per slot the launcher offers), trials of `gpus` GPUs, `trials_per_gpu` to a GPU."""
+    launcher: Any
+    gpus: int
+    parallel: int | None
+    trials_per_gpu: int
+    on_slots = True
+
+    def slots(self) -> list[Any]:
+        """The slots the launcher offers (one line, ConfigError, when it cannot place them)."""
+        from xp.launching.launcher import Local
+
+        return (self.launcher or Local()).slots(self.gpus, self.parallel, self.trials_per_gpu)
+
+
+@dataclass(frozen=True)
+class InBatches:
+    """A study's trials as a Hydra launcher's jobs, `parallel` at a time (None: one)."""
+    parallel: int | None
+    on_slots = False
+
+
+def choose(spec: Any, hydra_launcher: str, launcher: Any, gpus: int) -> OnSlots | InBatches:
+    """The one decision where a study's trials run, from its spec (xp.studies.study.StudySpec: sweep.scheduler,
+    sweep.parallel, sweep.trials_per_gpu), the Hydra launcher's name ("": Hydra's default) and xp's launcher: on
+    slots unless the study asks for Hydra's batches or its Hydra launcher runs its jobs elsewhere (a cluster's)."""
+    if spec.scheduler == "slots" and hydra_launchers.runs_jobs_here(hydra_launcher):
+        return OnSlots(launcher, gpus, spec.parallel, spec.trials_per_gpu)
+    return InBatches(spec.parallel)
+
+
 class Placement:
     def __init__(self, zygote: Zygote | None = None):
-        self.launcher: Any = None  # the study's launcher (None: this machine's)
+        self.choice: OnSlots | InBatches | None = None  # where the study's trials run (None: not chosen yet)
         self.zygote = zygote  # forks this machine's workers (xp.launching.zygote), started before any slot is known
-        self.early: Pool | None = None  # the workers started for the slots `decide` saw
+        self.started: Pool | None = None  # the workers started for the slots `decide` saw
 
     @classmethod
     def ahead(cls) -> Placement:
@@ -36,55 +71,61 @@ class Placement:
         follows (Hydra's own import among it). A study placed elsewhere ends it in `decide`."""
         return cls(Zygote.start({k: v for k, v in os.environ.items() if k != SLOT_ENV}))
 
-    def decide(self, config: dict[str, Any], argv: list[str], launcher: Any, uri: str) -> None:
-        """The composed command's placement: its launcher's slots checked (launcher=ssh: every host answers, the
-        tracking store `uri` is one they reach), then their workers started, to import their frameworks while this
-        process opens its stores and its study."""
-        self.launcher = launcher
-        node = config.get("sweep")
-        on_slots = bool(node) and node.get("scheduler", "slots") == "slots"
-        on_slots = on_slots and hydra_launchers.runs_jobs_here(argv)  # (a cluster's Hydra launcher: its jobs)
-        remote = launcher is not None and launcher.remote
-        if self.zygote is not None and (remote or not on_slots):
+    def decide(self, config: dict[str, Any], choice: OnSlots | InBatches, n_trials: int, uri: str) -> None:
+        """The composed command's placement, `choice` (`choose`); on slots, the launcher's checked (launcher=ssh:
+        every host answers, the tracking store `uri` is one they reach; this machine's: it can place them), then
+        workers started for the first `n_trials` of them, to import their frameworks while this process opens its
+        stores and its study."""
+        self.choice = choice
+        remote = isinstance(choice, OnSlots) and choice.launcher is not None and choice.launcher.remote
+        if self.zygote is not None and (remote or not isinstance(choice, OnSlots)):
             self.zygote.close()  # no slot of this machine will have a worker
             self.zygote = None
-        if not on_slots:
+        if not isinstance(choice, OnSlots):
             return
         if remote:
-            launcher.check_study(uri)
+            choice.launcher.check_study(uri)
+        slots = choice.slots()
         if not uri.startswith(("sqlite:", "http:", "https:")):
             return  # a new database's schema (PostgreSQL) has no creation lock: the workers open it after this process
-        slots = self._slots(config, node.get("parallel"), node.get("trials_per_gpu") or 1)
-        trials = node.get("n_trials")  # no more workers than the study can have trials (pool() trims to those left)
-        self.early = self._pool(config, slots[:max(1, trials)] if isinstance(trials, int) else slots, uri).spawn()
+        # no more workers than the study can have trials (pool() trims to those left)
+        self.started = self._pool(config, slots[:max(1, n_trials)], uri).spawn()
 
-    def pool(self, config: Any, spec: Any, parallel: int | None, trials: int) -> Pool | None:
-        """The pool of a study whose trials run on slots: this machine's, or its launcher's, no more of them than
-        the study has `trials` left to run, its placement printed; the workers started early if they are for those
-        slots. None for a cluster's Hydra launcher (submitit: the trials are its jobs)."""
-        if not hydra_launchers.runs_here(str(config.hydra.launcher.get("_target_", ""))):
-            return None
+    def chosen(self, config: Any, spec: Any) -> OnSlots | InBatches:
+        """Where the study's trials run: as `decide` chose, or (a command whose config tree xp did not compose:
+        --config-path) chosen now from the study's composed config, on this machine's slots."""
+        if self.choice is None:
+            self.choice = choose(spec, config.hydra.runtime.choices.get("hydra/launcher") or "", None,
+                                 int(config.get("gpus") or 0))
+        return self.choice
+
+    def pool(self, config: Any, trials: int) -> Pool | None:
+        """The pool of a study whose trials run on slots, no more of them than the study has `trials` left to run,
+        its placement printed; the workers started early if they are for those slots. None: the study's trials
+        are a Hydra launcher's jobs (InBatches)."""
         from xp.tracking.stores import resolve_uri
 
-        offered = self._slots(config, parallel, spec.trials_per_gpu)
+        if not isinstance(self.choice, OnSlots):
+            return None
+        offered = self.choice.slots()
         slots = offered[:max(1, trials)]
         log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each"
                  + (f" (of {len(offered)}: {trials} trials to run)" if len(slots) < len(offered) else "") + ": "
                  + "; ".join(s.describe() for s in slots))
-        uri, early = resolve_uri(config.get("tracking_uri")), self.early
-        self.early = None
-        if early is not None and (early.slots[:len(slots)], early.backend, early.tracking_uri) == (
+        uri, started = resolve_uri(config.get("tracking_uri")), self.started
+        self.started = None
+        if started is not None and (started.slots[:len(slots)], started.backend, started.tracking_uri) == (
                 slots, _backend(config), uri):
-            return early.trim(len(slots))
-        if early is not None:  # started for other slots: not this study's
-            early.discard()
+            return started.trim(len(slots))
+        if started is not None:  # started for other slots: not this study's
+            started.discard()
         return self._pool(config, slots, uri)
 
     def discard(self) -> None:
         """The workers started ahead that no study took (done already, or stopped before its trials)."""
-        if self.early is not None:
-            self.early.discard()
-            self.early = None
+        if self.started is not None:
+            self.started.discard()
+            self.started = None
         if self.zygote is not None:  # after the pools' workers: it waits for them
             self.zygote.close()
             self.zygote = None
@@ -99,16 +140,12 @@ class Placement:
 
     @staticmethod
     def current() -> Placement:
-        """The placement the command made (one of this machine's slots, if it made none)."""
+        """The placement the command made (a new one, to be chosen, if it made none)."""
         return _current.get() or Placement()
 
-    def _slots(self, config: Any, parallel: int | None, trials_per_gpu: int) -> list[Any]:
-        from xp.launching.launcher import Local
-
-        return (self.launcher or Local()).slots(int(config.get("gpus") or 0), parallel, trials_per_gpu)
-
     def _pool(self, config: Any, slots: list[Any], uri: str) -> Pool:
-        return Pool(slots, backend=_backend(config), tracking_uri=uri, launcher=self.launcher, zygote=self.zygote)
+        launcher = self.choice.launcher if isinstance(self.choice, OnSlots) else None
+        return Pool(slots, backend=_backend(config), tracking_uri=uri, launcher=launcher, zygote=self.zygote)
 
 
 def _backend(config: Any) -> str | None:

@@ -24,7 +24,7 @@ from xp.studies.trial import DUPLICATE, INTERRUPTED, _counts, distributions, hea
 log = logging.getLogger("xp")
 
 
-def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any = None,
+def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
               at_once: int | None = None) -> list[Any]:
     """Run trials until the study has n_trials finished ones; report the best. Where its `placement`
     (xp.launching.placement) gives it a pool of slots, its scheduler keeps a trial in flight on every slot;
@@ -55,10 +55,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any =
         spec = dataclasses.replace(spec, n_trials=min(spec.n_trials, len(combos)))  # the grid, at most
         for combo in combos:
             study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
-    # a parallel Hydra launcher asks for as many trials at a time as it runs jobs
-    parallel = spec.parallel if at_once is None else max(spec.parallel or 1, at_once)
-    pool = (placement.pool(config, spec, parallel, remaining) if placement is not None and spec.scheduler == "slots"
-            and remaining > 0 else None)
+    where = placement.chosen(config, spec)  # the slots of its launcher, or a Hydra launcher's batches
+    pool = placement.pool(config, remaining) if remaining > 0 else None
     budget = Budget.of(spec, study, config, hosts=len({s.host for s in pool.slots}) if pool is not None else 1)
     if budget is not None:
         log.info(f"study budget: {budget.line()} spent before this command"
@@ -70,7 +68,9 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any =
             with pool:
                 returns = [scheduled(study, spec, pool, config, arguments, budget, best, uri)]
         else:
-            returns = _in_batches(study, spec, arguments, launcher, parallel or 1, budget, best)
+            # a parallel Hydra launcher asks for as many trials at a time as it runs jobs
+            parallel = max(where.parallel or 1, at_once or 1)
+            returns = _in_batches(study, spec, arguments, launcher, parallel, budget, best)
     finally:
         if best is not None:
             best.close()
