@@ -242,10 +242,10 @@ def compose_config(*overrides: str) -> dict:
 
 
 def plan_for(config: dict, **kwargs):
-    """build_plan with pretrained= weights resolved by the config's backend, as xp.run.planning.plan_and_backend
+    """build_plan with pretrained= weights resolved by the config's backend, as xp.run.backend_plan.plan_and_backend
     does (the plan never looks a backend up itself)."""
     from xp.run.plan import build_plan
-    from xp.run.registry import Registry
+    from xp.run.entry_points import Registry
 
     resolver = Registry().load(config["backend"]["name"]).resolve_pretrained
     return build_plan(config, pretrained_by=resolver, **kwargs)

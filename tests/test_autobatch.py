@@ -5,7 +5,7 @@ import pytest
 from conftest import compose_config
 from xp.run.autobatch import largest_fitting
 from xp.errors import ConfigError
-from xp.run.planning import plan_and_backend
+from xp.run.backend_plan import plan_and_backend
 from xp.run.plan import build_plan
 
 

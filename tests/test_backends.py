@@ -10,7 +10,7 @@ import pytest
 
 from conftest import compose_config
 from xp.run.plan import build_plan
-from xp.run.registry import Registry
+from xp.run.entry_points import Registry
 from xp.run.train import fit, train_epoch
 
 BACKENDS = ["gluon", "module", "horovod", "torch"]

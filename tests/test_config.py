@@ -6,9 +6,9 @@ import pytest
 
 from conftest import CONF, compose_config
 from xp.errors import ConfigError
-from xp.run.planning import plan_and_backend
+from xp.run.backend_plan import plan_and_backend
 from xp.run.plan import build_plan
-from xp.run.registry import Registry
+from xp.run.entry_points import Registry
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]

@@ -22,7 +22,7 @@ import pytest
 from conformance import conformance
 from conftest import compose_config, metric_by_step, mlflow_runs, run_xp, wait_for_line, xp_process
 from xp.errors import ConfigError
-from xp.run.planning import plan_and_backend
+from xp.run.backend_plan import plan_and_backend
 from xp.launching.engine import Spec, free_port
 from xp.launching.launcher import Ssh, launcher_for
 from xp.run.train import fit

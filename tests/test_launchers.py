@@ -49,7 +49,7 @@ def test_an_unknown_launcher_is_one_line_naming_the_registered_ones():
     from dataclasses import replace
 
     from conftest import compose_config
-    from xp.run.planning import plan_and_backend
+    from xp.run.backend_plan import plan_and_backend
 
     plan, _ = plan_and_backend(compose_config("kvstore=dist_sync", "workers=2"))
     plan = replace(plan, launch=replace(plan.launch, launcher="k8s"))  # (the command line refuses it earlier)
@@ -142,7 +142,7 @@ def test_gpus_on_other_hosts_are_not_refused_for_this_machines_lack_of_them(laun
     from conftest import compose_config
     from xp.launching.launcher import gpus_here
     from xp.run.gpu import visible_gpus
-    from xp.run.planning import plan_and_backend
+    from xp.run.backend_plan import plan_and_backend
 
     for backend in ("gluon", "torch"):
         config = compose_config(f"launcher={launcher}", f"backend={backend}", "gpus=2", "workers=2",

@@ -65,7 +65,7 @@ def test_the_batch_recipe_climbs_to_batch_autos_largest_and_reports_what_it_buys
     each with the linear rule; accuracy holds within the recipe's tolerance at equal epochs; the report's figures
     are the runs'."""
     from conftest import compose_config
-    from xp.run.planning import plan_and_backend
+    from xp.run.backend_plan import plan_and_backend
 
     largest = plan_and_backend(compose_config("batch=auto", "auto_batch_memory_mb=8"), resolve_auto=True)[0].batch
     env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}

@@ -7,7 +7,7 @@ import pytest
 from plugin_fixtures import install_test_plugins
 from xp.run.backend import Backend
 from xp.errors import PluginError
-from xp.run.registry import Registry
+from xp.run.entry_points import Registry
 
 
 @pytest.fixture

@@ -280,7 +280,7 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
 
     event.listen(study._storage._backend.engine, "commit", on_commit)
     scheduler = Scheduler(pool, ask=study.ask, remaining=lambda: 20 - scheduler.jobs,
-                          job_of=lambda t, job: Trial(t.number, {}, "s", "s", [], [], "", None), tell=tell,
+                          trial_message=lambda t, job: Trial(t.number, {}, "s", "s", [], [], "", None), tell=tell,
                           lost=lambda t, why: None, heartbeat_s=60.0,
                           give_back=_Unended(study, None, None, None).give_back)
     with pytest.raises(KeyboardInterrupt):
@@ -338,7 +338,7 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     scheduler = Scheduler(pool, ask=lambda: SimpleNamespace(number=next(numbers),
                                                             study=SimpleNamespace(_storage=storage)),
                           remaining=lambda: 12 - scheduler.jobs,
-                          job_of=lambda t, job: Trial(t.number, {}, "s", "s", [], [], "", None),
+                          trial_message=lambda t, job: Trial(t.number, {}, "s", "s", [], [], "", None),
                           tell=lambda t, msg: told.append(t.number) or "COMPLETE", lost=lambda t, why: None,
                           heartbeat_s=60.0)
     tally = scheduler.run()

@@ -102,7 +102,7 @@ def test_packages_import_one_way():
     for f in sorted(XP.rglob("*.py")):
         part = f.relative_to(XP).parts[0].removesuffix(".py")
         if part not in LAYERS:
-            continue  # the entry points (cli, preflight, drive) and the commands sit on top
+            continue  # the entry points (cli, preflight, dispatch) and the commands sit on top
         below = set(LAYERS[:LAYERS.index(part) + 1]) | {"shipped"}
         wrong += [f"{f.relative_to(ROOT)} imports xp.{m}" for m in imports_of(f) - below]
     assert wrong == [], "\n".join(wrong)

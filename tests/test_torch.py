@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import compose_config, mlflow_runs, run_xp
-from xp.run.planning import plan_and_backend
+from xp.run.backend_plan import plan_and_backend
 from xp.run.train import fit, train_epoch
 
 EXACT = ["epochs=1", "dataset.val_fraction=0.89", "lr_schedule=constant"]

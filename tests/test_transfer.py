@@ -9,7 +9,7 @@ import pytest
 
 from conftest import compose_config, plan_for
 from xp.errors import ConfigError
-from xp.run.registry import Registry
+from xp.run.entry_points import Registry
 from xp.run.train import fit
 
 # few training images of 5-9 (a 90% hold-out leaves 87) and few steps: where pretrained features

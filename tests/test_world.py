@@ -385,7 +385,7 @@ def test_the_docs_exit_codes_name_what_xp_exits_with():
 
 def test_torch_float16_on_the_cpu_trains_with_a_warning(caplog):
     from conftest import compose_config
-    from xp.run.planning import plan_and_backend
+    from xp.run.backend_plan import plan_and_backend
 
     plan, cls = plan_and_backend(compose_config("backend=torch", "dtype=float16", "epochs=1"))
     with caplog.at_level("WARNING", logger="xp"):
@@ -471,7 +471,7 @@ def test_a_run_is_planned_once_in_its_process(tmp_path):
     """The preflight plans the job; the launch decision and the run use that plan (before: three plans)."""
     import sys
 
-    code = ("import xp.run.planning as e, xp.cli as c\nn = [0]\nf = e.build_plan\n"
+    code = ("import xp.run.backend_plan as e, xp.cli as c\nn = [0]\nf = e.build_plan\n"
             "def counted(*a, **k):\n    n[0] += 1\n    return f(*a, **k)\n"
             f"e.build_plan = counted\nrc = c.main(['epochs=1', 'hydra.run.dir={tmp_path}/run'])\n"
             "print('PLANS', n[0], 'RC', rc)\n")
@@ -494,7 +494,7 @@ plan.build_plan, handoff.received = count(plan.build_plan, built), count(handoff
 role = "worker" if os.environ.get("XP_DIST_WORKER") else "launcher"
 @atexit.register
 def report():
-    if "xp.run.planning" not in sys.modules:  # a runner (torchrun), a scheduler or a server: it plans nothing
+    if "xp.run.backend_plan" not in sys.modules:  # a runner (torchrun), a scheduler or a server: it plans nothing
         return
     with open(os.path.join(os.environ["XP_COUNT_DIR"], str(os.getpid())), "w") as f:
         f.write(f"{role} {built[0]} {received[0]}")

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from xp.data import plugins
     from xp.cli import error_line
     from xp.launching.launcher import offer_options
-    from xp.run.planning import plan_and_backend
+    from xp.run.backend_plan import plan_and_backend
     from xp.studies import study
 
     argv = list(sys.argv[1:] if argv is None else argv)

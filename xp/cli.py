@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from xp import drive, preflight
+from xp import dispatch, preflight
 from xp.errors import ConfigError, Terminated, XPError, one_line
 from xp.run.worker import RUN_ENV, WORKER_ENV
 from xp.states import TrialState
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if study_here and not os.environ.get(WORKER_ENV):
             from xp.launching.placement import Placement
 
-            placement = Placement.ahead()  # first: its worker's imports overlap all that follows
+            placement = Placement.with_zygote()  # first: its worker's imports overlap all that follows
         study.register(typed=_studies_chosen(argv))
         offer_options()
         plugins.offer_options()  # a package's networks and data sets, as options of model and dataset
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _on_sigterm)
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
         configs = preflight.preflight(argv)  # every job composed and checked before anything starts
-        return drive.start(argv, configs, _hydra, placement)
+        return dispatch.start(argv, configs, _hydra, placement)
     except XPError as e:
         return error_line(e, e.exit_code)
     except KeyboardInterrupt:
@@ -236,7 +236,7 @@ def _task(cfg: Any) -> float:
     from xp.run.handoff import Launched, launched
 
     hc = HydraConfig.get()
-    told = launched() or Launched(run_id=os.environ.get(RUN_ENV))  # launched, or a batch job's submitted run
+    launch = launched() or Launched(run_id=os.environ.get(RUN_ENV))  # launched, or a batch job's submitted run
     out = Path(hc.runtime.output_dir)
     job = JobInfo(
         overrides=[o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")],
@@ -244,18 +244,18 @@ def _task(cfg: Any) -> float:
         log_file=out / f"{hc.job.name}.log",
         parent_run_id=os.environ.get(multirun.PARENT_ENV),
         cwd=Path(hc.runtime.cwd),
-        run_id=told.run_id,
-        stop_flag=told.stop_flag,
-        job_t0=told.job_t0,
-        resumed=told.resumed,
+        run_id=launch.run_id,
+        stop_flag=launch.stop_flag,
+        job_t0=launch.job_t0,
+        resumed=launch.resumed,
         swept=tuple(k for k in os.environ.get(multirun.SWEPT_ENV, "").split(",") if k),
     )
     config = OmegaConf.to_container(cfg, resolve=True)
     in_study = (config.get("optuna") or {}).get("trial_id") is not None
     try:
         outcome = None
-        if job.parent_run_id and not told.run_id and not os.environ.get(WORKER_ENV):
-            outcome = drive.launched_job(job, config)  # a sweep's distributed job: launched, as a command is
+        if job.parent_run_id and not launch.run_id and not os.environ.get(WORKER_ENV):
+            outcome = dispatch.launched_job(job, config)  # a sweep's distributed job: launched, as a command is
         outcome = outcome or run(config, job)
         if in_study:  # what the study's sweeper reads
             return {"state": outcome.state, "values": outcome.values}

@@ -1,6 +1,6 @@
 """Before anything runs: every job the command line describes (each combination of a -m sweep, each study's
 search space) composed with Hydra and validated into a plan, so a bad value fails in a second with one line,
-not after an hour of the sweep. Imports no framework; plans through xp.run.planning.plan_and_backend."""
+not after an hour of the sweep. Imports no framework; plans through xp.run.backend_plan.plan_and_backend."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
 
     from xp.launching.hydra_launchers import chosen, runs_elsewhere
     from xp.launching.launcher import gpus_here, launcher_for
-    from xp.run.planning import plan_and_backend
+    from xp.run.backend_plan import plan_and_backend
     from xp.run.worker import WORKER_ENV
     from xp.studies.compose import Composer, as_override
 

@@ -67,7 +67,7 @@ def batch_ladder(argv: list[str], start: int, dirs: list[Path]) -> list[int]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from xp.run.planning import plan_and_backend
+    from xp.run.backend_plan import plan_and_backend
 
     try:
         fixed = [*_fixed(argv), *(a for a in argv if a.lstrip("+").startswith("sweep="))]

@@ -103,11 +103,11 @@ class Elastic(Policy):
     rolls the next round back to the last commit without it; the job is done at the plan's last epoch."""
 
     def __init__(self, plan: Any, log: Callable[[dict[str, float], int], None], hand_plan: bool,
-                 told: handoff.Launched):
-        """`hand_plan`: the workers get each round's plan (not with batch=auto); `told`: what the job's workers are
-        told (its MLflow run)."""
+                 launched: handoff.Launched):
+        """`hand_plan`: the workers get each round's plan (not with batch=auto); `launched`: what the job's
+        workers are told (its MLflow run)."""
         self.plan, self.log, self.poll_s = plan, log, plan.elastic.poll_s
-        self.hand_plan, self.told = hand_plan, told
+        self.hand_plan, self.launched = hand_plan, launched
         self.keep = bool(plan.checkpoint_dir)
         self.root = Path(plan.checkpoint_dir).expanduser() if self.keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
         self.root.mkdir(parents=True, exist_ok=True)  # the stop flag may be needed before rank 0's first commit
@@ -161,15 +161,15 @@ class Elastic(Policy):
         base = self.base
         argv = override(base.worker_argv, workers=n, batch=batch, checkpoint_dir=str(self.root), checkpoint_every=1,
                         resume=str(self.root) if done else "null")
-        handed = None  # the round's plan: the same run on n workers, from the last commit
+        workers_plan = None  # the round's plan: the same run on n workers, from the last commit
         if self.hand_plan:
             feed = self.members.feed  # the trace as it is now: its prices bill the round
-            handed = replace(plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices),
+            workers_plan = replace(plan, workers=n, batch=batch, worker_batch=batch * len(plan.devices),
                              checkpoint_dir=str(self.root), checkpoint_every=1, resume=str(self.root) if done else None,
                              elastic=replace(e, trace=feed.trace) if feed else e)
-        told = replace(self.told, stop_flag=str(self.flag), resumed=self.rounds > 0,
+        launched = replace(self.launched, stop_flag=str(self.flag), resumed=self.rounds > 0,
                        job_t0=self.members.t0)
-        env = {**base.env, **base.launcher.env(n), handoff.PLAN_ENV: handoff.dumps(handed, told)}
+        env = {**base.env, **base.launcher.env(n), handoff.PLAN_ENV: handoff.dumps(workers_plan, launched)}
         self.rounds += 1
         print(f"xp: elastic: epoch {(done.epoch if done else 0) + 1}/{plan.epochs} on {n} workers "
               f"(batch {batch} per device, global {plan.global_batch})", flush=True)

@@ -123,7 +123,7 @@ class Engine(ABC):
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
         """Note in `exits` (rank -> exit code) what a runner's output line says failed."""
 
-    def elastic_policy(self, plan: Any, tracker: Any, told: Any) -> Any:
+    def elastic_policy(self, plan: Any, tracker: Any, launched: Any) -> Any:
         """How this engine's job follows elastic membership (elastic.enabled=true), if its runner restarts its
         workers itself (torchrun's elastic agent); None: xp relaunches the processes at epoch boundaries from the
         last commit (xp.launching.elastic.Elastic)."""

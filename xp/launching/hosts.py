@@ -264,9 +264,9 @@ def end_together(procs: list[Any], steps: tuple[tuple[str | None, float], ...]) 
     return [p for p in procs if p.poll() is None]
 
 
-def start_there(transport: Transport, host: str, told: dict[str, Any], output: bool = False,
+def start_there(transport: Transport, host: str, command: dict[str, Any], output: bool = False,
                 own_session: bool = False) -> subprocess.Popen:
-    """Run told["argv"] with the variables told["env"] on `host`, in this folder, through xp.launching.remote run:
+    """Run command["argv"] with the variables command["env"] on `host`, in this folder, through xp.launching.remote run:
     what to run goes through the session's stdin, never a command line (the variables may hold a password or a
     slot's secret); stdin then stays open, and when it closes (the caller ends it, or this process dies) the
     host ends the process group. `output`: its output comes back on the handle's stdout (text), else it goes
@@ -278,7 +278,7 @@ def start_there(transport: Transport, host: str, told: dict[str, Any], output: b
                             stdout=subprocess.PIPE if output else None,
                             stderr=subprocess.STDOUT if output else None, text=True)
     try:
-        proc.stdin.write(json.dumps(told) + "\n")
+        proc.stdin.write(json.dumps(command) + "\n")
         proc.stdin.flush()
     except OSError:
         pass  # the transport already gave up: its exit code says why

@@ -139,9 +139,9 @@ class Job:
         else:
             prefixes = FORWARDED + self.engine.forwarded
             forwarded = {k: v for k, v in os.environ.items() if k.startswith(prefixes) and k not in env}
-            told = {"argv": role.argv, "env": {**forwarded, **env}, "slot": role.worker or role.runner}  # (a
+            command = {"argv": role.argv, "env": {**forwarded, **env}, "slot": role.worker or role.runner}  # (a
             # launcher that gives each process a share of its host gives a server none)
-            proc = start_there(self.spec.transport, role.host, told, output=True, own_session=True)
+            proc = start_there(self.spec.transport, role.host, command, output=True, own_session=True)
         s = Started(role, proc)
         if piped:
             s.relay = threading.Thread(target=self._relay, args=(s,), daemon=True)

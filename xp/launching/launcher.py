@@ -120,9 +120,9 @@ class Launcher:
 
         return plan_slots(gpus_per_trial, parallel, trials_per_gpu)
 
-    def start_worker(self, slot: Slot, told: dict[str, Any]) -> Any:
+    def start_worker(self, slot: Slot, command: dict[str, Any]) -> Any:
         """Start a study's worker on `slot`, elsewhere (a remote launcher; this machine's workers the pool starts
-        itself): it runs told["argv"] with the variables told["env"], which hold its slot's secret (never on a
+        itself): it runs command["argv"] with the variables command["env"], which hold its slot's secret (never on a
         command line), and calls the study's scheduler back. Returns the handle the pool keeps, with the calls of
         subprocess.Popen it makes: poll(), wait(timeout), terminate(), kill(), returncode."""
         raise NotImplementedError(f"launcher={self.name} places no study trials elsewhere")
@@ -193,9 +193,9 @@ class OnHosts(Launcher):
 
         return host_slots(self.hosts(), gpus_per_trial, parallel, trials_per_gpu)
 
-    def start_worker(self, slot: Slot, told: dict[str, Any]) -> subprocess.Popen:
+    def start_worker(self, slot: Slot, command: dict[str, Any]) -> subprocess.Popen:
         """Through the transport, as a job's processes are started (xp.launching.hosts.start_there)."""
-        return start_there(self.transport(), slot.host, told)
+        return start_there(self.transport(), slot.host, command)
 
 
 @dataclass(frozen=True)
@@ -317,10 +317,10 @@ class Slurm(OnHosts):
             return super().slots(gpus_per_trial, parallel, trials_per_gpu)
         return slurm.worker_slots(self.options, gpus_per_trial, parallel)
 
-    def start_worker(self, slot: Slot, told: dict[str, Any]) -> Any:
+    def start_worker(self, slot: Slot, command: dict[str, Any]) -> Any:
         if not self.submits():
-            return super().start_worker(slot, told)
-        return slurm.WorkerJob.submit(self.options, slot, told, avoid=self._avoid.get(slot.index))
+            return super().start_worker(slot, command)
+        return slurm.WorkerJob.submit(self.options, slot, command, avoid=self._avoid.get(slot.index))
 
     def worker_ended(self, handle: Any) -> str:
         if not self.submits():
@@ -343,7 +343,7 @@ class Slurm(OnHosts):
 
 def launchers() -> Any:
     """The registry of launchers (entry-point group xp.launchers)."""
-    from xp.run.registry import Registry
+    from xp.run.entry_points import Registry
 
     return Registry(group=GROUP, base=Launcher, kind="launcher")
 

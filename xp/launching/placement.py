@@ -3,7 +3,7 @@ slots (this machine's, an ssh host list's, a Slurm cluster's allocations, a Ray 
 worker each (xp.launching.pool), or `InBatches`, a Hydra launcher's jobs (hydra/launcher=submitit_*, or
 sweep.scheduler=hydra), so many at a time.
 
-The command line makes the placement (`ahead`: before anything is composed, its zygote starts importing what every
+The command line makes the placement (`with_zygote`: before anything is composed, its zygote starts importing what every
 trial needs), the composed command chooses it (`decide`: the launcher known, its slots checked by the launcher,
 their workers started while the study opens its stores), and the study's sweeper, which Hydra instantiates, takes
 it from there (`current`) and asks it for its pool (`pool`)."""
@@ -66,7 +66,7 @@ class Placement:
         self.started: Pool | None = None  # the workers started for the slots `decide` saw
 
     @classmethod
-    def ahead(cls) -> Placement:
+    def with_zygote(cls) -> Placement:
         """A study command, before anything is composed: its zygote starts now, so its imports overlap all that
         follows (Hydra's own import among it). A study placed elsewhere ends it in `decide`."""
         return cls(Zygote.start({k: v for k, v in os.environ.items() if k != SLOT_ENV}))

@@ -172,9 +172,9 @@ class Pool:
         job); it calls back to this process's listener with its slot's token."""
         from xp.launching.remote import JOB_ENV
 
-        told = {"argv": [sys.executable, "-m", "xp.launching.trialworker", "connect"],
+        command = {"argv": [sys.executable, "-m", "xp.launching.trialworker", "connect"],
                 "env": {**self._calling_back(slot, self.launcher.address()), JOB_ENV: self.job}}
-        return self.launcher.start_worker(slot, told), None, slot  # (the launcher keeps env off any command line)
+        return self.launcher.start_worker(slot, command), None, slot  # (the launcher keeps env off any command line)
 
     def _calling_back(self, slot: Slot, address: str | None) -> dict[str, str]:
         """The variables of `slot`'s worker, with where it calls back (this process's listener, on `address`) and

@@ -188,11 +188,11 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
         print(f"ray: no live node at {host}, and no room elsewhere for a process of {t.cpus:g} CPUs", file=sys.stderr,
               flush=True)
         return LOST
-    told, holds, probe, label = b"", True, False, f"xp process on {host}"  # one that takes a slot holds resources
+    line, holds, probe, label = b"", True, False, f"xp process on {host}"  # one that takes a slot holds resources
     if "xp.launching.remote run" in command:  # xp's own: what to run is the first line on stdin
-        told = sys.stdin.buffer.readline()
+        line = sys.stdin.buffer.readline()
         try:
-            spec = json.loads(told)
+            spec = json.loads(line)
             holds = spec.get("slot", True)  # a job's service (a ps-lite server) takes no slot
             label = _label(spec.get("env", {}), host)
         except (ValueError, AttributeError):
@@ -217,8 +217,8 @@ def _place(ray: Any, t: RayActors, host: str, command: str) -> Any:
     except RayActorError as e:
         print(f"ray: the process on {host} did not start ({one_line(e)[:200]})", file=sys.stderr, flush=True)
         return LOST
-    if told:
-        actor.write.remote(told)
+    if line:
+        actor.write.remote(line)
     return actor
 
 

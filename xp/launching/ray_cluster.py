@@ -165,15 +165,15 @@ class Ray(OnHosts):
                 new.append(dataclasses.replace(s, index=index + len(new)))
         return new
 
-    def start_worker(self, slot: Slot, told: dict[str, Any]) -> subprocess.Popen:
+    def start_worker(self, slot: Slot, command: dict[str, Any]) -> subprocess.Popen:
         """A study's worker: an actor holding the slot's CPUs and its trial's share of GPUs (Ray gives the actor
         its devices: the slot's device numbers are not used); a slot whose node was lost is placed where Ray
         finds room."""
         from xp.launching.hosts import start_there
 
         gpus, _, per_gpu = self._asked
-        told = {**told, "env": {k: v for k, v in told["env"].items() if k != "CUDA_VISIBLE_DEVICES"}}
-        return start_there(self.transport(gpus=gpus / per_gpu if gpus else 0.0, anywhere=True), slot.host, told)
+        command = {**command, "env": {k: v for k, v in command["env"].items() if k != "CUDA_VISIBLE_DEVICES"}}
+        return start_there(self.transport(gpus=gpus / per_gpu if gpus else 0.0, anywhere=True), slot.host, command)
 
 
 @functools.cache

@@ -276,19 +276,19 @@ class WorkerJob:
         self.ended_in = ""  # its state when xp first ended it
 
     @classmethod
-    def submit(cls, settings: Any, slot: Any, told: dict[str, Any], avoid: str | None = None) -> WorkerJob:
+    def submit(cls, settings: Any, slot: Any, command: dict[str, Any], avoid: str | None = None) -> WorkerJob:
         """The worker of `slot` submitted (`avoid`: a node not to place it on, where its predecessor was lost)."""
         import json
         import secrets
 
         out = Path(settings.output_dir).expanduser().resolve()
         out.mkdir(parents=True, exist_ok=True)
-        job = told["env"].get("XP_JOB", "")
+        job = command["env"].get("XP_JOB", "")
         spec = out / f".{WORKER_JOB}{secrets.token_hex(8)}.json"
         fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        env = {k: v for k, v in told["env"].items() if k != "CUDA_VISIBLE_DEVICES"}  # Slurm gives the job its GPUs
+        env = {k: v for k, v in command["env"].items() if k != "CUDA_VISIBLE_DEVICES"}  # Slurm gives the job its GPUs
         with os.fdopen(fd, "w") as f:
-            json.dump({**told, "env": env}, f)
+            json.dump({**command, "env": env}, f)
         cmd = ["sbatch", "--parsable", "--nodes=1", "--ntasks=1", f"--time={settings.time_min}",
                f"--job-name={WORKER_JOB}{job}-{slot.index}", f"--output={out}/slurm-%j.out", f"--chdir={os.getcwd()}",
                "--export=ALL", "--no-requeue"]  # a lost node loses its trial (retried on another slot), not rerun

@@ -241,7 +241,7 @@ def _warm(backend: str | None, tracking_uri: str | None) -> None:
     """What every trial needs, done once before the first: the backend's frameworks imported, the tracking store
     opened (mlflow imported, the store's schema checked)."""
     if backend:
-        from xp.run.registry import Registry
+        from xp.run.entry_points import Registry
 
         Registry().load(backend).warm()
     if tracking_uri:

@@ -59,13 +59,13 @@ class Zygote:
     def fork(self, variables: dict[str, str]) -> ForkedWorker:
         """A worker with the slot's `variables` and what changed in this process's environment since the zygote
         started; its handle. It calls back as a remote worker does."""
-        told = {**{k: v for k, v in os.environ.items() if self.env.get(k) != v}, **variables}
+        env = {**{k: v for k, v in os.environ.items() if self.env.get(k) != v}, **variables}
         handle = ForkedWorker(self)
         self.forked += 1
         with self.changed:
             self.waiting.put(handle)
             try:
-                self.channel.send(SlotMessage(told, [k for k in self.env if k not in os.environ], os.getcwd()))
+                self.channel.send(SlotMessage(env, [k for k in self.env if k not in os.environ], os.getcwd()))
             except OSError:  # it is gone: so is this worker (the pool's wait for its call says so in one line)
                 self.gone = True
         return handle
@@ -181,17 +181,17 @@ def _next(channel: Channel) -> Any:
     return Exit() if msg is None else msg
 
 
-def _become_worker(channel: Channel, told: SlotMessage, handlers: dict[int, Any]) -> None:
+def _become_worker(channel: Channel, slot: SlotMessage, handlers: dict[int, Any]) -> None:
     from xp.run.worker import die_with_parent
 
     channel.sock.close()
     for s, handler in handlers.items():
         signal.signal(s, handler)
     die_with_parent()  # (cleared by fork) the zygote's end is its workers'
-    os.environ.update(told.env)
-    for k in told.unset:
+    os.environ.update(slot.env)
+    for k in slot.unset:
         os.environ.pop(k, None)
-    os.chdir(told.cwd)
+    os.chdir(slot.cwd)
 
 
 def _reap(channel: Channel) -> set[int]:

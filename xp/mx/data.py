@@ -119,7 +119,7 @@ def plugin_iters(plan: Plan) -> tuple[mx.io.DataIter, mx.io.DataIter]:
     """(train, val) iterators of a registered data set: arrays through ArrayIter, a Gluon Dataset through
     DatasetIter."""
     from xp.data import plugins
-    from xp.run.registry import Registry
+    from xp.run.entry_points import Registry
 
     d = plan.dataset
     data, norm, parts = plugins.parts(d, Registry().load(plan.backend))

@@ -93,7 +93,7 @@ def plugin_batches(plan: Plan, shards: int, shard: int) -> tuple[Any, Any]:
     """(train, val) batch sources of a registered data set: arrays through ArrayBatches, a torch Dataset through
     DatasetBatches."""
     from xp.data import plugins
-    from xp.run.registry import Registry
+    from xp.run.entry_points import Registry
 
     data, norm, parts = plugins.parts(plan.dataset, Registry().load(plan.backend))
     made = []

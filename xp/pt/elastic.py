@@ -23,8 +23,8 @@ class ElasticAgents(Policy):
     (its peers' collectives fail, their agents restart without it), a host lost on its own noted and gone on
     without while at least min_workers agents are left."""
 
-    def __init__(self, plan: Any, log: Callable[[dict[str, float], int], None], told: handoff.Launched):
-        self.plan, self.log, self.poll_s, self.told = plan, log, plan.elastic.poll_s, told
+    def __init__(self, plan: Any, log: Callable[[dict[str, float], int], None], launched: handoff.Launched):
+        self.plan, self.log, self.poll_s, self.launched = plan, log, plan.elastic.poll_s, launched
         self.root = Path(plan.checkpoint_dir).expanduser()
         self.root.mkdir(parents=True, exist_ok=True)
         self.restarts, self.hosts = 0, []
@@ -36,10 +36,10 @@ class ElasticAgents(Policy):
                                             plan.global_batch, devices), e.wait_s, e.poll_s, e.min_workers)
         self.hosts = [h.name for h in self.members.alive()][:n]
         self._logged()
-        told = replace(self.told, resumed=True, job_t0=self.members.t0)  # params: ours
+        launched = replace(self.launched, resumed=True, job_t0=self.members.t0)  # params: ours
         argv = override(spec.worker_argv, checkpoint_dir=str(self.root), checkpoint_every=1)
         env = {**spec.env, handoff.PLAN_ENV: handoff.dumps(replace(plan, checkpoint_dir=str(self.root),
-                                                                   checkpoint_every=1), told)}
+                                                                   checkpoint_every=1), launched)}
         return replace(spec, worker_argv=argv, env=env, workers=n * devices,
                        hosts=[HostSlots(h, devices) for h in self.hosts])
 

@@ -74,17 +74,17 @@ class Torchrun(Engine):
                 "--monitor-interval=0.5", "-m", s.module, *s.worker_argv]
         return Role(f"torchrun on {host}", argv, env, host=host, runner=True)
 
-    def elastic_policy(self, plan: Any, tracker: Any, told: Any) -> Any:
+    def elastic_policy(self, plan: Any, tracker: Any, launched: Any) -> Any:
         """torchrun's own elastic agent: one per member host, MIN:MAX of them, restarting its workers itself; the
         run's parameters are logged here (the workers of every restart are told the run has them)."""
         from xp.pt.elastic import ElasticAgents
         from xp.run.record import params_of
-        from xp.run.registry import Registry
+        from xp.run.entry_points import Registry
 
         e = plan.elastic
         self.nodes, self.max_restarts = f"{e.min_workers}:{e.max_workers}", e.max_restarts
         tracker.log(params=params_of(plan, Registry().load(plan.backend)))
-        return ElasticAgents(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), told)
+        return ElasticAgents(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step), launched)
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
         if "Root Cause" in line:  # torchrun names the first failure it saw here, the others before it

@@ -21,7 +21,7 @@ from xp.run.callbacks import (IO_THROUGHPUT, Callback, CostMeter, Progress, Prog
 from xp.run.diagnose import diagnosed
 from xp.run.model_out import SaveParams, model_output
 from xp.run.plan import Plan
-from xp.run.planning import plan_and_backend
+from xp.run.backend_plan import plan_and_backend
 from xp.run.telemetry import telemetry
 from xp.run.train import train_run
 from xp.states import Ending, TrialState

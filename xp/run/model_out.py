@@ -115,7 +115,7 @@ def example_input(plan: Plan, n: int = 2) -> np.ndarray:
 def _plugin_description(plan: Plan) -> dict[str, Any]:
     """A registered data set's: its class names, its transform's import path, xp's normalisation."""
     from xp.data import plugins
-    from xp.run.registry import Registry
+    from xp.run.entry_points import Registry
 
     d = plan.dataset
     data = plugins.load(d.name, d.options, Registry().load(plan.backend))

@@ -181,7 +181,7 @@ def build_plan(cfg: dict[str, Any], *, visible_gpus: int | None, workers: int | 
     hosts: instances the run occupies (its cost), as the launcher counted them from its hosts (launched
     workers learn it from XP_HOSTS); None: one, this machine.
     pretrained_by: the backend's Backend.resolve_pretrained, which finds pretrained= weights on disk (the plan
-    never looks up a backend itself: xp.run.planning.plan_and_backend hands it the selected one's).
+    never looks up a backend itself: xp.run.backend_plan.plan_and_backend hands it the selected one's).
     """
     backend = group(cfg, "backend")
     kvstore = text({"kvstore": group(cfg, "kvstore")["name"]}, "kvstore") or "local"
@@ -369,7 +369,7 @@ def _pretrained(cfg: dict, model: ModelSpec, pretrained_by: PretrainedResolver |
                                 resolve_uri(cfg.get("tracking_uri")))
     if pretrained_by is None:
         raise ConfigError(f"pretrained={value}: the backend resolves pretrained weights; plan the run through "
-                          "xp.run.planning.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")
+                          "xp.run.backend_plan.plan_and_backend (or hand build_plan its Backend.resolve_pretrained)")
     return pretrained_by(request, model)
 
 

@@ -49,7 +49,7 @@ class Tally:
 
 class Scheduler:
     """Keeps every slot of `pool` busy with a trial of `study` until `remaining()` is 0 and none is in flight.
-    `ask()` gives the next trial (None: nothing to run now), `job_of(trial, job)` its message for a worker,
+    `ask()` gives the next trial (None: nothing to run now), `trial_message(trial, job)` its message for a worker,
     `tell(trial, result)` records how it ended, `lost(trial, why)` a trial whose worker died, `mark(trial)` who
     runs it, `unsettled(trial, state, why)` the trial a gone worker finished last (its run's last records may have
     gone with it: its worker sends them while it runs the next).
@@ -61,13 +61,14 @@ class Scheduler:
     slot is free. The sampler proposes each without the results of the trials in flight when it was asked."""
 
     def __init__(self, pool: Any, ask: Callable[[], Any], remaining: Callable[[], int],
-                 job_of: Callable[[Any, int], Trial], tell: Callable[[Any, Done], str],
+                 trial_message: Callable[[Any, int], Trial], tell: Callable[[Any, Done], str],
                  lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None,
                  mark: Callable[[Any], None] = lambda trial: None,
                  give_back: Callable[[list[Any], str], None] = lambda trials, why: None,
                  unsettled: Callable[[Any, str | None, str], None] = lambda trial, state, why: None,
                  budget: Any = None):
-        self.pool, self.ask, self.remaining, self.job_of, self.mark = pool, ask, remaining, job_of, mark
+        self.pool, self.ask, self.remaining, self.mark = pool, ask, remaining, mark
+        self.trial_message = trial_message
         self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
         self.give_back = give_back  # trials in flight or held when the study stops early, handed back to it
         self.unsettled = unsettled
@@ -209,7 +210,7 @@ class Scheduler:
         self.jobs += 1
         self.mark(trial)
         _beat([trial])  # alive from the start: a later sweeper does not take it for a lost one
-        return Flight(trial, 0.0, self.jobs - 1, self.job_of(trial, self.jobs - 1))
+        return Flight(trial, 0.0, self.jobs - 1, self.trial_message(trial, self.jobs - 1))
 
     def _start(self, worker: Any, flight: Flight) -> None:
         worker.send(flight.message)

@@ -139,7 +139,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         done, running = _counts(study)
         return spec.n_trials - done - running
 
-    def job_of(trial: Any, job: int) -> Trial:
+    def trial_message(trial: Any, job: int) -> Trial:
         params = [as_override(k, v) for k, v in trial.params.items()]
         return Trial(trial.number, trial.params, spec.study_name, spec.name, [*searchpath, *arguments],
                      [*arguments, *params], str(sweep_dir / str(job)), os.environ.get("XP_PARENT_RUN_ID"), base)
@@ -156,7 +156,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         return state
 
     ends = _Unended(study, spec, uri, os.environ.get("XP_PARENT_RUN_ID"))
-    scheduler = Scheduler(pool, ask, remaining, job_of, tell, ends.lost, spec.heartbeat_s,
+    scheduler = Scheduler(pool, ask, remaining, trial_message, tell, ends.lost, spec.heartbeat_s,
                           None if spec.multi_objective else spec.objectives[0].direction,
                           mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=ends.give_back,
                           unsettled=ends.unsettled, budget=budget)

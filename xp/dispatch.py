@@ -25,7 +25,8 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     (xp.launching.placement, made by the command line) decides, once the composed command says."""
     multirun = "-m" in argv or "--multirun" in argv
     first = configs[0] if configs else {}
-    plan, engine, launcher = job_of(first) if configs and not os.environ.get(WORKER_ENV) else (None, None, None)
+    launching = configs and not os.environ.get(WORKER_ENV)  # (a launched worker: its launcher did this)
+    plan, engine, launcher = plan_engine_launcher(first) if launching else (None, None, None)
     spec, choice = study_placement(first, argv, launcher) if multirun else (None, None)
     on_slots = choice is not None and choice.on_slots  # the launcher offers the study slots
     if launcher and launcher.submits() and multirun and not on_slots:
@@ -66,11 +67,11 @@ def study_placement(config: dict[str, Any], argv: list[str], launcher: Any) -> t
     return spec, choose(spec, chosen(argv), launcher, int(config.get("gpus") or 0))
 
 
-def job_of(config: dict[str, Any]) -> tuple[Any, Any, Any]:
+def plan_engine_launcher(config: dict[str, Any]) -> tuple[Any, Any, Any]:
     """The run's plan, the distributed engine it needs (its backend decides; None: this process trains) and
     its launcher."""
     from xp.launching.launcher import gpus_here, launcher_for
-    from xp.run.planning import plan_and_backend
+    from xp.run.backend_plan import plan_and_backend
 
     plan, backend_cls = plan_and_backend(config, gpus_here=gpus_here(config))
     return plan, backend_cls.engine_for(plan), launcher_for(plan)
@@ -84,7 +85,7 @@ def launched_job(job: Any, config: dict[str, Any]) -> Any:
     from xp.tracking.stores import open_client
     from xp.tracking.summary import row_from_mlflow
 
-    plan, engine_cls, launcher = job_of(config)
+    plan, engine_cls, launcher = plan_engine_launcher(config)
     if engine_cls is None:
         return None
     swept = " ".join(o for o in job.overrides if o.lstrip("+~").split("=", 1)[0] in job.swept)
@@ -143,17 +144,17 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
         if engine is None:
             launcher.submit(plan, argv, tracker)
             return tracker.run_id
-        handed = plan if plan.requested.get("batch") != "auto" else None  # batch=auto: each worker finds its batch
-        told = handoff.Launched(run_id=tracker.run_id, job_t0=tracker.start_ms / 1000 if tracker.start_ms else None)
-        engine.spec.env[handoff.PLAN_ENV] = handoff.dumps(handed, told)
+        workers_plan = plan if plan.requested.get("batch") != "auto" else None  # (batch=auto: each finds its own)
+        launched = handoff.Launched(run_id=tracker.run_id, job_t0=tracker.start_ms / 1000 if tracker.start_ms else None)
+        engine.spec.env[handoff.PLAN_ENV] = handoff.dumps(workers_plan, launched)
         print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
         policy = None  # the job's processes run once, or (elastic) follow the members there are
         if elastic_on:  # as the engine's runner does that, or in xp's rounds
-            policy = engine.elastic_policy(plan, tracker, told)
+            policy = engine.elastic_policy(plan, tracker, launched)
             if policy is None:
                 from xp.launching.elastic import Elastic
 
                 policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step),
-                                 handed is not None, told)
+                                 workers_plan is not None, launched)
         launch(engine, policy)
     return tracker.run_id

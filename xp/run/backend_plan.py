@@ -13,7 +13,7 @@ from xp.errors import ConfigError
 from xp.run import handoff
 from xp.run.gpu import visible_gpus
 from xp.run.plan import Plan, build_plan
-from xp.run.registry import Registry
+from xp.run.entry_points import Registry
 from xp.run.worker import HOSTS_ENV, WORKER_ENV
 
 log = logging.getLogger("xp")
