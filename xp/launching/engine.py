@@ -18,7 +18,7 @@ from xp.launching.hosts import HostSlots, Transport, hosts_for
 from xp.launching.launcher import Launcher, Local
 
 
-class Job(Protocol):
+class JobHandle(Protocol):
     """What an engine knows of the job starting its roles (xp.launching.job.Job is one): its id, which every process
     carries, and its folder of files on this machine."""
 
@@ -101,7 +101,7 @@ class Engine(ABC):
         self.spec = spec
 
     @abstractmethod
-    def roles(self, job: Job) -> list[Role]:
+    def roles(self, job: JobHandle) -> list[Role]:
         """The processes to start, in order."""
 
     @abstractmethod

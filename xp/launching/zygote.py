@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from xp.studies.channel import Channel, Exit, Exited, Forked
-from xp.studies.channel import Slot as SlotMessage
+from xp.studies.channel import Fork
 
 LEAVE_S = 30.0  # how long a zygote told to leave waits for its workers before it goes (they die with it)
 
@@ -65,7 +65,7 @@ class Zygote:
         with self.changed:
             self.waiting.put(handle)
             try:
-                self.channel.send(SlotMessage(env, [k for k in self.env if k not in os.environ], os.getcwd()))
+                self.channel.send(Fork(env, [k for k in self.env if k not in os.environ], os.getcwd()))
             except OSError:  # it is gone: so is this worker (the pool's wait for its call says so in one line)
                 self.gone = True
         return handle
@@ -147,7 +147,7 @@ class ForkedWorker:
 
 
 def serve(channel: Channel) -> None:
-    """The zygote's own loop: a worker forked for each Slot message, its pid said (Forked) and, once reaped, its
+    """The zygote's own loop: a worker forked for each Fork message, its pid said (Forked) and, once reaped, its
     exit code (Exited). Returns only in a forked worker (its slot's variables applied, its signals as they were:
     the caller goes on as a worker that connects back); the zygote itself ends here."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -158,7 +158,7 @@ def serve(channel: Channel) -> None:
     leave_by = None
     while leave_by is None or (children and time.monotonic() < leave_by):
         msg = _next(channel) if leave_by is None else time.sleep(0.2)
-        if isinstance(msg, SlotMessage):
+        if isinstance(msg, Fork):
             pid = os.fork()
             if pid == 0:
                 return _become_worker(channel, msg, handlers)
@@ -181,7 +181,7 @@ def _next(channel: Channel) -> Any:
     return Exit() if msg is None else msg
 
 
-def _become_worker(channel: Channel, slot: SlotMessage, handlers: dict[int, Any]) -> None:
+def _become_worker(channel: Channel, slot: Fork, handlers: dict[int, Any]) -> None:
     from xp.run.worker import die_with_parent
 
     channel.sock.close()

@@ -19,7 +19,7 @@ from xp.launching.engine import LOOPBACK, Engine, Role, free_port, python, worke
 from xp.run.worker import HOST_FROM_ENV
 
 if TYPE_CHECKING:
-    from xp.launching.engine import Job
+    from xp.launching.engine import JobHandle
 
 BIND_ENV = "XP_BIND"
 _EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
@@ -39,7 +39,7 @@ class Horovod(Engine):
             raise ConfigError("backend=horovod: horovodrun (horovod.runner) is not installed; ./dev.sh setup "
                               "builds Horovod against the installed mxnet")
 
-    def roles(self, job: Job) -> list[Role]:
+    def roles(self, job: JobHandle) -> list[Role]:
         s = self.spec
         env = {BIND_ENV: s.bind, HOST_FROM_ENV: "HOROVOD_HOSTNAME"}  # the host horovodrun names its processes by
         if s.remote:

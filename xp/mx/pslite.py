@@ -19,7 +19,7 @@ from xp.errors import ConfigError
 from xp.launching.engine import LOOPBACK, Engine, Role, check_port, free_port, python, worker_command
 
 if TYPE_CHECKING:
-    from xp.launching.engine import Job
+    from xp.launching.engine import JobHandle
 
 
 CONNECT_ENV = "XP_CONNECT_TIMEOUT_S"  # how long a worker tries to reach the scheduler
@@ -84,7 +84,7 @@ class PsLite(Engine):
             env["DMLC_NODE_HOST"] = host
         return env
 
-    def roles(self, job: Job) -> list[Role]:
+    def roles(self, job: JobHandle) -> list[Role]:
         s = self.spec
         port = s.port or free_port(s.bind)
         role_cmd = [python(), "-c", "import mxnet"]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from xp.launching.engine import LOOPBACK, Engine, Role, check_port, free_port, python
 
 if TYPE_CHECKING:
-    from xp.launching.engine import Job
+    from xp.launching.engine import JobHandle
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's failure summary: rank, then exitcode
 _EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
@@ -42,7 +42,7 @@ class Torchrun(Engine):
     nodes: str | None = None  # elastic: "MIN:MAX" agents (None: a fixed job, one agent per placed host)
     max_restarts = 0  # elastic: worker-group restarts each agent allows (membership changes count as failures do)
 
-    def roles(self, job: Job) -> list[Role]:
+    def roles(self, job: JobHandle) -> list[Role]:
         s = self.spec
         port = self.port = s.port or free_port(s.bind)
         common = ["--max-restarts=0", "--monitor-interval=0.5"]
@@ -57,7 +57,7 @@ class Torchrun(Engine):
         placement = s.placement()
         return [*roles, *(self.agent(job, host, n, len(placement)) for host, n in placement)]
 
-    def agent(self, job: Job, host: str, n: int, nodes: int) -> Role:
+    def agent(self, job: JobHandle, host: str, n: int, nodes: int) -> Role:
         """The torchrun agent on `host` for n processes: of `nodes` hosts, or (elastic) of self.nodes."""
         s = self.spec
         env = {"GLOO_SOCKET_IFNAME": s.interface, "NCCL_SOCKET_IFNAME": s.interface} if s.interface else {}

@@ -3,7 +3,7 @@ a TCP connection a worker elsewhere makes back): the messages they exchange, typ
 for them (`Inbox`: every worker's messages in the order they came, not file descriptors, so a carrier without one
 fits too).
 
-    scheduler -> worker:  Slot (to the zygote: a worker to fork for a slot), Trial, Prune (the answer to
+    scheduler -> worker:  Fork (to the zygote: a worker to fork for a slot), Trial, Prune (the answer to
                           ShouldPrune), Exit
     zygote -> scheduler:  Forked (the forked worker's process id), Exited (a forked worker's exit code)
     worker -> scheduler:  Hello (a worker elsewhere calling back, with its slot's secret), Ready, Error,
@@ -40,8 +40,8 @@ def _kind(op: str) -> Any:
 KINDS: dict[str, type[Message]] = {}
 
 
-@_kind("slot")
-class Slot(Message):
+@_kind("fork")
+class Fork(Message):
     """To the zygote (xp.launching.zygote): fork a worker with these variables, without those, in this folder."""
     env: dict[str, str]
     unset: list[str]
@@ -75,7 +75,7 @@ class Exit(Message):
 
 @_kind("forked")
 class Forked(Message):
-    """From the zygote (xp.launching.zygote): the worker it forked for the last Slot asked, its process id."""
+    """From the zygote (xp.launching.zygote): the worker it forked for the last Fork asked, its process id."""
     pid: int
 
 
