@@ -9,11 +9,15 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from xp.errors import ConfigError
 from xp.run.worker import WORKER_ENV
 from xp.states import Ending
+
+if TYPE_CHECKING:
+    from xp.launching.placement import InBatches, OnSlots
+    from xp.studies.study import StudySpec
 
 log = logging.getLogger("xp")
 
@@ -48,12 +52,13 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     # (plan None: another config tree, --config-path; its jobs' store is the default one)
     uri = plan.tracking_uri if plan is not None else resolve_uri(None)
     with placement or Placement() as where:  # the study's sweeper, which Hydra makes, takes it from there
-        if choice is not None:
+        if spec is not None and choice is not None:
             where.decide(first, choice, spec.n_trials, uri)
         return sweeps.sweep(argv, first, uri, hydra_main)
 
 
-def study_placement(config: dict[str, Any], argv: list[str], launcher: Any) -> tuple[Any, Any]:
+def study_placement(config: dict[str, Any], argv: list[str],
+                    launcher: Any) -> tuple[StudySpec | None, OnSlots | InBatches | None]:
     """A study's spec (sweep.* read, once) and where its trials run (xp.launching.placement.choose: slots or
     Hydra's batches); (None, None) for a command that is no study."""
     node = config.get("sweep")
@@ -121,7 +126,10 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
     uri, elastic_on, engine = plan.tracking_uri, plan.elastic.enabled, None
     tags = {"xp.launcher": launcher.name, "xp.engine": engine_cls.name if engine_cls else "none",
             "xp.workers": str(plan.workers)}
-    reached = lambda hosts, address: check_reachable(uri, hosts, address)  # noqa: E731 (the store, from the hosts)
+
+    def reached(hosts: list[str], address: str | None) -> None:  # the store, from the hosts
+        check_reachable(uri, hosts, address)
+
     if launcher.submits():
         launcher.check_submission()
         reached([launcher.nodes], None)
@@ -139,15 +147,15 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
         tags.update({"mlflow.parentRunId": parent, sweepstate.JOB_KEY: sweepstate.job_key(argv)})
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name([a for a in argv if not a.startswith("-")]),
                       attach_run_id=launcher.submitted_run(), tags=tags)
-    tracker.start()
+    run_id = tracker.start()
     with tracker.owned():
         if engine is None:
             launcher.submit(plan, argv, tracker)
-            return tracker.run_id
+            return run_id
         workers_plan = plan if plan.requested.get("batch") != "auto" else None  # (batch=auto: each finds its own)
-        launched = handoff.Launched(run_id=tracker.run_id, job_t0=tracker.start_ms / 1000 if tracker.start_ms else None)
+        launched = handoff.Launched(run_id=run_id, job_t0=tracker.start_ms / 1000 if tracker.start_ms else None)
         engine.spec.env[handoff.PLAN_ENV] = handoff.dumps(workers_plan, launched)
-        print(f"xp: launching {engine.describe()}; MLflow run {tracker.run_id}", flush=True)
+        print(f"xp: launching {engine.describe()}; MLflow run {run_id}", flush=True)
         policy = None  # the job's processes run once, or (elastic) follow the members there are
         if elastic_on:  # as the engine's runner does that, or in xp's rounds
             policy = engine.elastic_policy(plan, tracker, launched)
@@ -157,4 +165,4 @@ def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, paren
                 policy = Elastic(plan, lambda metrics, step: tracker.log_metrics(metrics, step=step),
                                  workers_plan is not None, launched)
         launch(engine, policy)
-    return tracker.run_id
+    return run_id

@@ -118,7 +118,8 @@ def offered(model: Any, framework: str, backend: str) -> Network:
 
 def task(model: Any, framework: str, classes: int, input_shape: tuple[int, int, int]) -> Task:
     extra = {k: v for k, v in model.options.items() if k != "factory"}
-    return Task(classes, tuple(input_shape), framework, model.dropout, extra)
+    c, h, w = input_shape
+    return Task(classes, (c, h, w), framework, model.dropout, extra)
 
 
 def call(net: Network, t: Task, model: Any) -> Any:

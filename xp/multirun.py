@@ -44,7 +44,7 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
                  "are reused")
     else:
         parent.log_params({"sweep.overrides": " ".join(overrides), **_study_settings(config)})
-    os.environ[PARENT_ENV] = parent.run_id
+    os.environ[PARENT_ENV] = parent.run_id or ""
     from hydra._internal.utils import get_args_parser
 
     os.environ[SWEPT_ENV] = ",".join(swept_keys(get_args_parser().parse_args(argv).overrides))

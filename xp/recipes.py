@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any, Sequence, cast
 
 from xp import shipped
 from xp.errors import ConfigError, XPError
@@ -25,7 +26,7 @@ def with_recipe(argv: list[str]) -> list[str]:
     return recipe_settings(argv, [Path(config_dir).expanduser()] if config_dir else [])
 
 
-def recipe_settings(argv: list[str], dirs: list[Path] = ()) -> list[str]:
+def recipe_settings(argv: list[str], dirs: Sequence[Path] = ()) -> list[str]:
     """A recipe's command line: the chosen study file's `settings` added to the command line's overrides (a key the
     command line sets or searches keeps the command line's value). Read from the file (sweeps/NAME.yaml,
     or sweep/NAME.yaml in a config directory), as every later step (preflight, Hydra's sweep, the trials) must
@@ -73,8 +74,8 @@ def batch_ladder(argv: list[str], start: int, dirs: list[Path]) -> list[int]:
         fixed = [*_fixed(argv), *(a for a in argv if a.lstrip("+").startswith("sweep="))]
         searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
         with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
-            config = OmegaConf.to_container(compose("config", overrides=[*searchpath, *fixed, "batch=auto"]),
-                                            resolve=True)
+            config = cast(dict[str, Any], OmegaConf.to_container(
+                compose("config", overrides=[*searchpath, *fixed, "batch=auto"]), resolve=True))
     except Exception:
         return []
     plan, _ = plan_and_backend(config, resolve_auto=True)
@@ -90,7 +91,7 @@ def _fixed(argv: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(get_args_parser().parse_args(argv).overrides)
-    return [o.input_line for o in parsed if not o.is_sweep_override()
+    return [str(o.input_line) for o in parsed if not o.is_sweep_override()
             and not o.key_or_group.startswith(("hydra", "sweep"))]
 
 

@@ -12,7 +12,7 @@ A data set is loaded once per process and checked as it is: samples in both part
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ def _factory(name: str, options: dict[str, Any], builtin: list[str]) -> Any:
         raise ConfigError(f"dataset={kind}: {ep.value} failed to import: {where_it_failed(e)}") from None
 
 
-def load(name: str, options: dict[str, Any], backend: Any, builtin: list[str] = ()) -> Data:
+def load(name: str, options: dict[str, Any], backend: Any, builtin: Sequence[str] = ()) -> Data:
     """The data set, loaded for the backend's framework (`backend`: its class) once per process, and checked
     (`builtin`: xp's own data sets' names, for the line that says a name is unknown)."""
     key = json.dumps([name, options, backend.framework], sort_keys=True, default=str)

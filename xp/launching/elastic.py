@@ -62,7 +62,9 @@ class Membership:
 
     def __init__(self, spec: Any, plan: Any):
         self.spec, self.plan = spec, plan
-        self.lost, self.lost_hosts, self.lost_at = 0, set(), []
+        self.lost = 0
+        self.lost_hosts: set[str] = set()
+        self.lost_at: list[HostSlots] = []
         self.t0 = time.time()  # a spot trace's zero: the job's start
         e = plan.elastic
         self.feed = spot.Feed(e.trace_file, e.trace) if e.trace else None
@@ -112,7 +114,8 @@ class Elastic(Policy):
         self.root = Path(plan.checkpoint_dir).expanduser() if self.keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
         self.root.mkdir(parents=True, exist_ok=True)  # the stop flag may be needed before rank 0's first commit
         self.flag = self.root / "stop-after-epoch"
-        self.restarts, self.rounds, self.listed = 0, 0, []
+        self.restarts, self.rounds = 0, 0
+        self.listed: list[HostSlots] = []
 
     def first(self, spec: Spec) -> Spec | None:
         self.base, self.members = spec, Membership(spec, self.plan)

@@ -44,7 +44,7 @@ def check_cluster_sweep(argv: list[str], config: dict[str, Any], uri: str) -> No
         return
     from xp.tracking.stores import check_reachable
 
-    stores = [(uri, "tracking_uri", None)]
+    stores: list[tuple[str, str, str | None]] = [(uri, "tracking_uri", None)]
     if config.get("sweep"):
         from xp.studies.study import storage_url
 

@@ -59,7 +59,8 @@ class Slot:
 
 def span(cores: tuple[int, ...]) -> str:
     """0-3,6 for (0, 1, 2, 3, 6)."""
-    parts, run = [], []
+    parts: list[list[int]] = []
+    run: list[int] = []
     for c in sorted(cores):
         if run and c != run[-1] + 1:
             parts.append(run)

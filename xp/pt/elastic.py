@@ -27,7 +27,8 @@ class ElasticAgents(Policy):
         self.plan, self.log, self.poll_s, self.launched = plan, log, plan.elastic.poll_s, launched
         self.root = Path(plan.checkpoint_dir).expanduser()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.restarts, self.hosts = 0, []
+        self.restarts = 0
+        self.hosts: list[str] = []
 
     def first(self, spec: Spec) -> Spec | None:
         plan, e = self.plan, self.plan.elastic

@@ -140,7 +140,7 @@ def backends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def seed_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """The classic table's columns; the devices column says what the devices are (GPUs on GPU runs)."""
-    kinds = {r.get("device_type") for r in rows}
+    kinds = {str(r.get("device_type")) for r in rows}
     devices = {frozenset({"gpu"}): "GPUs", frozenset({"cpu"}): "CPU devices"}.get(frozenset(kinds), "devices")
     return [("infrastructure", "infrastructure", "{}"), ("model", "model", "{}"), ("backend", "backend", "{}"),
             ("batch", "batch/device", "{:g}"), ("global_batch", "global batch", "{:g}"),

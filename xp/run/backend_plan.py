@@ -13,16 +13,18 @@ from xp.errors import ConfigError
 from xp.run import handoff
 from xp.run.gpu import visible_gpus
 from xp.run.plan import Plan, build_plan
+from xp.run.backend import Backend
 from xp.run.entry_points import Registry
 from xp.run.worker import HOSTS_ENV, WORKER_ENV
 
 log = logging.getLogger("xp")
 
 
-_planned: dict[str, tuple[Plan, type] | None] = {}  # this process's plans by what they were made of
+_planned: dict[str, tuple[Plan, type[Backend]] | None] = {}  # this process's plans by what they were made of
 
 
-def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False, gpus_here: bool = True):
+def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False,
+                     gpus_here: bool = True) -> tuple[Plan, type[Backend]]:
     """Validate the resolved config into a plan and load its backend; raises ConfigError/PluginError.
 
     batch=auto is checked as batch=1; with resolve_auto it is replaced by the largest batch that fits.
@@ -41,14 +43,14 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False, gpus_he
             backend_cls.check(plan)  # on this host: its frameworks
             backend_cls.check_devices(plan)  # and its devices
             _planned["handed"] = plan, backend_cls
-    if _planned.get("handed") is not None:
-        return _planned["handed"]
+    if (handed := _planned.get("handed")) is not None:
+        return handed
     auto = config.get("batch") == "auto"
     gpus = visible_gpus() if gpus_here else None
     hosts = int(os.environ.get(HOSTS_ENV) or 0) or None  # a launched worker: the launcher counted the hosts
     key = json.dumps([config, gpus, hosts], sort_keys=True, default=str)
-    if key in _planned and not (auto and resolve_auto):
-        return _planned[key]
+    if (known := _planned.get(key)) is not None and not (auto and resolve_auto):
+        return known
     name = (config.get("backend") or {}).get("name")
     chosen = Registry().load(name) if isinstance(name, str) else None  # (the plan names a missing one)
     planned = functools.partial(build_plan, visible_gpus=gpus, hosts=hosts, backend_cls=chosen,
@@ -76,7 +78,7 @@ def plan_and_backend(config: dict[str, Any], resolve_auto: bool = False, gpus_he
     return plan, backend_cls
 
 
-def _check_decode(plan: Plan, backend_cls: type) -> None:
+def _check_decode(plan: Plan, backend_cls: type[Backend]) -> None:
     if plan.dataset.options.get("decode", "cpu") != "gpu":
         return
     if not backend_cls.decodes_on_gpu:

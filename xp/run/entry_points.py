@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from importlib import metadata
-from typing import Iterable
+from typing import Any, Iterable
 
 from xp.run.backend import Backend
 from xp.errors import PluginError, one_line
@@ -38,7 +38,7 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._eps)
 
-    def load(self, name: str) -> type:
+    def load(self, name: str) -> type[Any]:  # a subclass of `base`
         ep, kind = self._eps.get(name), self.kind
         if ep is None:
             installed = ", ".join(self.names()) or "none (is xp installed? pip install -e .)"

@@ -207,10 +207,11 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: 
     restore = [checkpoint.Restore(before)] if before is not None else []
     objective = trial.spec.objectives[0] if trial and not trial.spec.multi_objective and not plan.elastic.enabled \
         else None
-    commits = [checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state, lambda: history.epochs, plan.rank,
-                                       plan.checkpoint_every, plan.checkpoint_keep, plan.epochs,
-                                       objective and (objective.metric, objective.direction))
-               ] if plan.checkpoint_dir else []
+    commits: list[Callback] = [
+        checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state, lambda: history.epochs, plan.rank,
+                                plan.checkpoint_every, plan.checkpoint_keep, plan.epochs,
+                                objective and (objective.metric, objective.direction))
+    ] if plan.checkpoint_dir else []
     # test_io times the whole epoch: a reader's start (threads, files, the first decodes) is part of reading the data
     meter = ThroughputMeter(0, IO_THROUGHPUT) if plan.test_io else ThroughputMeter(plan.timing_warmup_batches)
     stop = StopAtMembershipChange(backend.gather, stop_flag, plan.epochs) if stop_flag else None  # elastic rounds

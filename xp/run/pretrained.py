@@ -21,7 +21,7 @@ class PretrainedRequest:
     layer: str | None  # pretrained_layer: a checkpoint is cut at this layer
     freeze_backbone: bool
     backbone_lr_mult: float
-    tracking_uri: str | None = None  # the MLflow store a models:/ or runs:/ URI is looked up in
+    tracking_uri: str = ""  # the MLflow store a models:/ or runs:/ URI is looked up in
 
 
 @dataclass(frozen=True)

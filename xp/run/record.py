@@ -7,6 +7,7 @@ import json
 import logging
 from typing import Any
 
+from xp.run.backend import Backend
 from xp.run.plan import Plan
 from xp.states import TrialState
 from xp.tracking import sweepstate
@@ -31,7 +32,7 @@ def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def params_of(plan: Plan, backend_cls: type, trial: Any = None) -> dict[str, Any]:
+def params_of(plan: Plan, backend_cls: type[Backend], trial: Any = None) -> dict[str, Any]:
     """A run's MLflow parameters: what was asked, what was derived from it, the versions that ran it. A study's
     trial leaves out the study's settings (sweep.*: the same for every trial, on the study's parent run); a run
     that is not elastic, the elastic settings it does not use (elastic.enabled says so). Each such row is written
@@ -43,7 +44,7 @@ def params_of(plan: Plan, backend_cls: type, trial: Any = None) -> dict[str, Any
             **{f"version.{k}": v for k, v in versions(backend_cls.requires).items()}}
 
 
-def open_run(plan: Plan, backend_cls: type, backend: Any, uri: str, job: Any, trial: Any,
+def open_run(plan: Plan, backend_cls: type[Backend], backend: Any, uri: str, job: Any, trial: Any,
              reopen: str | None) -> Tracker:
     """The run's tracker (rank 0's; the other ranks write nothing), to start with its name, tags and parameters
     (a resumed run has its parameters already), and the files it keeps when it ends."""

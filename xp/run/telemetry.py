@@ -169,7 +169,7 @@ class GPUSampler(Callback):
     def on_epoch_begin(self, epoch: int) -> None:
         with self._lock:
             self._samples = []
-        self._gpm: dict[int, dict[str, float]] = {}
+        self._gpm = {}
         if self._thread is not None and self.gpm.handles:
             try:
                 self.gpm.begin()

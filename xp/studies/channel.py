@@ -20,20 +20,25 @@ import queue
 import socket
 import threading
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 from xp.states import TrialState
 
 
+@dataclass
 class Message:
     op: ClassVar[str]
 
 
-def _kind(op: str) -> Any:
-    def mark(cls: Any) -> Any:
+M = TypeVar("M", bound=type[Message])
+
+
+def _kind(op: str) -> Callable[[M], M]:
+    """A message's class, a dataclass, known on the wire as `op`."""
+    def mark(cls: M) -> M:
         cls.op = op
         KINDS[op] = cls
-        return dataclass(cls)
+        return cls
     return mark
 
 
@@ -41,6 +46,7 @@ KINDS: dict[str, type[Message]] = {}
 
 
 @_kind("fork")
+@dataclass
 class Fork(Message):
     """To the zygote (xp.launching.zygote): fork a worker with these variables, without those, in this folder."""
     env: dict[str, str]
@@ -49,6 +55,7 @@ class Fork(Message):
 
 
 @_kind("trial")
+@dataclass
 class Trial(Message):
     """One trial to run: its parameters, the study's config they are set on, where its files and run go."""
     number: int
@@ -64,22 +71,26 @@ class Trial(Message):
 
 
 @_kind("prune")
+@dataclass
 class Prune(Message):
     prune: bool
 
 
 @_kind("exit")
+@dataclass
 class Exit(Message):
     pass
 
 
 @_kind("forked")
+@dataclass
 class Forked(Message):
     """From the zygote (xp.launching.zygote): the worker it forked for the last Fork asked, its process id."""
     pid: int
 
 
 @_kind("exited")
+@dataclass
 class Exited(Message):
     """From the zygote: one of its workers ended, with this exit code (negative: the signal that ended it)."""
     pid: int
@@ -87,38 +98,45 @@ class Exited(Message):
 
 
 @_kind("hello")
+@dataclass
 class Hello(Message):
     token: str
 
 
 @_kind("ready")
+@dataclass
 class Ready(Message):
     pid: int
 
 
 @_kind("error")
+@dataclass
 class Error(Message):
     error: str
 
 
 @_kind("report")
+@dataclass
 class Report(Message):
     value: float
     step: int
 
 
 @_kind("should_prune")
+@dataclass
 class ShouldPrune(Message):
     pass
 
 
 @_kind("attr")
+@dataclass
 class Attr(Message):
     key: str
     value: Any
 
 
 @_kind("done")
+@dataclass
 class Done(Message):
     """How a trial ended: its state (COMPLETE, PRUNED, FAIL), its objectives' values, the failure's line, and
     whether the trial changed the worker's process for good (mixed precision: the worker leaves)."""

@@ -15,7 +15,8 @@ class Composer:
     costs ~0.1 s, a copy ~5 ms. `compose`: hydra.compose, inside an initialized config folder."""
 
     def __init__(self, compose: Any):
-        self.compose, self.composed = compose, {}
+        self.compose = compose
+        self.composed: dict[tuple[str, ...], Any] = {}
 
     def __call__(self, base: list[str], params: dict[str, Any] | None = None) -> Any:
         with self.applied(base, params) as cfg:
@@ -41,7 +42,7 @@ class Composer:
         missing = object()
         before = {k: OmegaConf.select(cfg, k, default=missing) for k in params or {}}
         if any(v is missing or isinstance(v, DictConfig) for v in before.values()):
-            yield self.compose("config", overrides=[*base, *(as_override(k, v) for k, v in params.items())])
+            yield self.compose("config", overrides=[*base, *(as_override(k, v) for k, v in (params or {}).items())])
             return
         if any(_interpolated(cfg, k) for k in before):  # its value is not what to put back: work on a copy
             cfg, before = cfg.copy(), {}

@@ -132,7 +132,7 @@ class BestModel:
                 best = self.study._storage.get_trial(trial._trial_id)  # its run id, set by its worker
                 run_id = best.user_attrs.get("mlflow_run_id")
                 run = client.get_run(run_id) if run_id else None
-                if run is not None and run_model(client, run_id):
+                if run is not None and run_id and self.spec.register_model and run_model(client, run_id):
                     if said := register_best(self.uri, self.spec.register_model, [member(best, self.spec)], False):
                         log.info(f"study {self.spec.study_name}: {said}")
                 elif run is None or run.info.status == RunStatus.RUNNING:

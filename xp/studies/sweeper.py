@@ -9,7 +9,7 @@ import logging
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, cast
 
 from xp.errors import redact
 from xp.states import RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
@@ -35,7 +35,7 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
 
     from xp.tracking.stores import resolve_uri
 
-    node = OmegaConf.to_container(config.sweep, resolve=True)
+    node = cast(dict[str, Any], OmegaConf.to_container(config.sweep, resolve=True))
     space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
     name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
     spec = spec_from(node, name, extra=space)  # checked by the CLI already
@@ -210,12 +210,12 @@ def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> di
 
     parsed = OverridesParser.create().parse_overrides(list(arguments))
     if list(config.hydra.overrides.task) == list(arguments) and not any(o.is_sweep_override() for o in parsed):
-        base = OmegaConf.to_container(config)
+        base = cast(dict[str, Any], OmegaConf.to_container(config))
         base.pop("hydra", None)
         return base
     from hydra import compose
 
-    return OmegaConf.to_container(compose("config", overrides=[*searchpath, *arguments]))
+    return cast(dict[str, Any], OmegaConf.to_container(compose("config", overrides=[*searchpath, *arguments])))
 
 
 def _retry(study: Any, spec: StudySpec, trial_id: int) -> bool:
@@ -266,7 +266,8 @@ def retry_orphans(study: Any, spec: StudySpec) -> list[str]:
 
 def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
     """Up to n new trials to run, and how many asked trials reused an earlier result instead (they count)."""
-    trials, reused, duplicates = [], 0, 0
+    trials: list[Any] = []
+    reused, duplicates = 0, 0
     while len(trials) < n - reused:
         with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
             warnings.simplefilter("ignore", UserWarning)

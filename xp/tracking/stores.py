@@ -196,13 +196,13 @@ def schema_from_template(path: Path, name: str, create: Callable[[str], None]) -
                 os.replace(tmp, template)  # whole or absent: a reader never sees it half-written
             finally:
                 Path(tmp).unlink(missing_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
-        os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o666))  # the mode a new database gets
+        new = path.with_name(f".{path.name}.{os.getpid()}.new")
+        os.close(os.open(new, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o666))  # the mode a new database gets
         try:
-            shutil.copyfile(template, tmp)
-            os.replace(tmp, path)
+            shutil.copyfile(template, new)
+            os.replace(new, path)
         finally:
-            Path(tmp).unlink(missing_ok=True)
+            new.unlink(missing_ok=True)
     except Exception as e:  # noqa: BLE001 - only a shortcut: the library still creates the schema its own way
         logging.getLogger("xp").debug(f"new store {path}: no schema template ({one_line(e)})")
 
