@@ -24,8 +24,6 @@ from xp.errors import ConfigError
 from xp.launching.hosts import (SSH, HostSlots, Transport, check_here, end_together, exit_words, probe, reap, read_hosts,
                                 start_there)
 from xp.launching.slots import Slot
-from xp.launching import slurm
-from xp.launching.slurm import SlurmOptions
 from xp.run.settings import LaunchSettings, number, text
 
 GROUP = "xp.launchers"
@@ -37,29 +35,12 @@ class NoOptions:
     """A launcher without settings of its own."""
 
 
-class Launcher:
-    """Placement and transport for a job's processes; this base class is the local launcher's behaviour."""
+class JobPlacement:
+    """What a job's processes need from their launcher: where they go and how (hosts, address, transport), what
+    is refused or checked before anything starts (check_plan, check), the hosts held and freed (reserve, reap),
+    the variables it gives them (env), and, for a batch system, the run submitted from here (submits,
+    check_submission, submit, submitted_run). The defaults are this machine's."""
     name: ClassVar[str]
-    remote: ClassVar[bool] = False  # processes go to other hosts (through `transport`), not only this machine
-    nodes: ClassVar[str] = "the hosts"  # what messages call the machines a submitted run's processes run on
-    Options: ClassVar[type] = NoOptions  # its settings (config group `launcher`), with their defaults
-    moved: ClassVar[dict[str, str]] = {}  # settings it had under other keys: old KEY (or PREFIX.) -> launcher.KEY
-    sweeps: ClassVar[str] = ""  # a batch launcher: where a sweep's jobs go instead (its refusal says so)
-
-    def __init__(self, settings: LaunchSettings | None = None):
-        self.settings = settings or LaunchSettings(self.name)  # the plan's LaunchSettings
-        self.options = self.read_options(self.settings.options)  # its own, checked
-
-    @classmethod
-    def read_options(cls, raw: dict[str, Any]) -> Any:
-        """The launcher's own settings from its config group, checked: one line (ConfigError) per problem. This
-        default refuses keys its Options lacks; a launcher checks the values' types and ranges itself."""
-        known = [f.name for f in fields(cls.Options)]
-        for key in raw:
-            if key not in known:
-                raise ConfigError(f"launcher.{key}: launcher={cls.name} has no such setting; its settings: "
-                                  f"{', '.join(known) or 'none'}")
-        return cls.Options(**raw)
 
     def check_plan(self, plan: Any) -> None:
         """Refuse, when the run is planned (every job of a sweep before the first starts), what this launcher
@@ -108,7 +89,14 @@ class Launcher:
         """Variables every process of a job of `workers` processes gets from this launcher."""
         return {}
 
-    # --- a study's slots (xp.launching.pool): where its long-lived trial workers run -------------------------
+
+class StudySlots:
+    """What a study's slots need from their launcher (xp.launching.pool: a long-lived trial worker on each): the
+    study checked (check_study), its slots (slots), a worker started elsewhere and how it ended (start_worker,
+    worker_ended, worker_lost), and slots that come and go (grow_every_s, grown). The defaults: this machine's
+    slots, whose workers the pool starts itself."""
+    name: ClassVar[str]
+
     def check_study(self, tracking_uri: str) -> None:
         """Before a study starts its workers: what its slots need (hosts that answer, a tracking store they reach),
         one line each (ConfigError)."""
@@ -144,6 +132,34 @@ class Launcher:
         """Slots it offers now beyond the study's (`have`: a node joined), numbered from `index`. Where slots come
         and go, a slot whose worker cannot be started again (its node lost, no room elsewhere) is dropped."""
         return []
+
+
+class Launcher(JobPlacement, StudySlots):
+    """A launcher: what a job's processes need (JobPlacement) and what a study's slots need (StudySlots), each
+    with this machine's behaviour as its default, and the launcher's own settings. A launcher that sends
+    processes to other hosts writes `hosts`, `transport` and `check_plan` (OnHosts has the rest); one that offers
+    a study slots elsewhere writes `slots` and `start_worker`."""
+    name: ClassVar[str]
+    remote: ClassVar[bool] = False  # processes go to other hosts (through `transport`), not only this machine
+    nodes: ClassVar[str] = "the hosts"  # what messages call the machines a submitted run's processes run on
+    Options: ClassVar[type] = NoOptions  # its settings (config group `launcher`), with their defaults
+    moved: ClassVar[dict[str, str]] = {}  # settings it had under other keys: old KEY (or PREFIX.) -> launcher.KEY
+    sweeps: ClassVar[str] = ""  # a batch launcher: where a sweep's jobs go instead (its refusal says so)
+
+    def __init__(self, settings: LaunchSettings | None = None):
+        self.settings = settings or LaunchSettings(self.name)  # the plan's LaunchSettings
+        self.options = self.read_options(self.settings.options)  # its own, checked
+
+    @classmethod
+    def read_options(cls, raw: dict[str, Any]) -> Any:
+        """The launcher's own settings from its config group, checked: one line (ConfigError) per problem. This
+        default refuses keys its Options lacks; a launcher checks the values' types and ranges itself."""
+        known = [f.name for f in fields(cls.Options)]
+        for key in raw:
+            if key not in known:
+                raise ConfigError(f"launcher.{key}: launcher={cls.name} has no such setting; its settings: "
+                                  f"{', '.join(known) or 'none'}")
+        return cls.Options(**raw)
 
 
 class Local(Launcher):
@@ -243,102 +259,6 @@ class Ssh(OnHosts):
                 raise ConfigError(f"{key}={path}: no such file")
         return SSH(*(str(Path(p).expanduser()) if p else None for p in (o.config, o.identity)),
                    float(o.connect_timeout_s))
-
-
-class Slurm(OnHosts):
-    """A Slurm job: submitted from a login node (sbatch, followed to its end); inside the allocation its nodes
-    are the hosts and srun the transport."""
-    name = "slurm"
-    nodes = "the Slurm job's nodes"
-    Options = SlurmOptions
-    moved = {"slurm.": "launcher."}
-    sweeps = "a sweep's jobs go to Slurm with hydra/launcher=submitit_slurm"
-
-    def __init__(self, settings: Any = None):
-        super().__init__(settings)
-        self._avoid: dict[int, str] = {}  # a study's slot -> the node its last worker job was lost on
-
-    @classmethod
-    def read_options(cls, raw: dict[str, Any]) -> SlurmOptions:
-        super().read_options(raw)
-        return SlurmOptions.read(raw)
-
-    def check_plan(self, plan: Any) -> None:
-        s = self.options
-        if plan.workers != s.nodes * s.tasks_per_node:
-            raise ConfigError(f"workers={plan.workers}: launcher=slurm runs launcher.nodes x launcher.tasks_per_node = "
-                              f"{s.nodes} x {s.tasks_per_node} = {s.nodes * s.tasks_per_node} workers; make them "
-                              "agree")
-
-    def _allocation(self) -> tuple[list[HostSlots], str]:
-        if not hasattr(self, "_nodes"):
-            self._nodes = slurm.allocation(self.options.tasks_per_node)
-        return self._nodes
-
-    def hosts(self) -> list[HostSlots]:
-        return self._allocation()[0]
-
-    def address(self) -> str | None:
-        if self.settings.host_ip:
-            return self.settings.host_ip
-        if self.submits():  # a login node: its address as the partition's nodes reach it
-            return slurm.login_address(self.options)
-        return self._allocation()[1]
-
-    def transport(self) -> Transport:
-        return slurm.Srun()
-
-    def submits(self) -> bool:
-        return not slurm.inside()
-
-    def check_submission(self) -> None:
-        slurm.check(self.options)
-
-    def submit(self, plan: Any, argv: list[str], tracker: Any) -> None:
-        slurm.submit(plan, self.options, argv, tracker)
-
-    def submitted_run(self) -> str | None:
-        from xp.run.worker import RUN_ENV
-
-        return os.environ.get(RUN_ENV) or None
-
-    # From a login node a study's slots are Slurm jobs, each a long-lived worker that takes trial after trial (a
-    # slot frees and is refilled at once: no batches); inside an allocation, its nodes' slots reached by srun.
-    def check_study(self, tracking_uri: str) -> None:
-        if not self.submits():
-            return super().check_study(tracking_uri)
-        from xp.tracking.stores import check_reachable
-
-        self.check_submission()
-        check_reachable(tracking_uri, [self.nodes], self.address())
-
-    def slots(self, gpus_per_trial: int, parallel: int | None, trials_per_gpu: int) -> list[Slot]:
-        if not self.submits():
-            return super().slots(gpus_per_trial, parallel, trials_per_gpu)
-        return slurm.worker_slots(self.options, gpus_per_trial, parallel)
-
-    def start_worker(self, slot: Slot, command: dict[str, Any]) -> Any:
-        if not self.submits():
-            return super().start_worker(slot, command)
-        return slurm.WorkerJob.submit(self.options, slot, command, avoid=self._avoid.get(slot.index))
-
-    def worker_ended(self, handle: Any) -> str:
-        if not self.submits():
-            return super().worker_ended(handle)
-        handle.poll()  # its batch system says how it went (as it stood when the worker was lost), then it is
-        how = str(handle)  # ended (it may live on a lost node)
-        handle.terminate()
-        return how
-
-    def worker_lost(self, slot: Slot, handle: Any) -> None:
-        # the job's worker went while Slurm had it running (or its node failed): the slot's next jobs go elsewhere
-        if self.submits() and handle.node and handle.lost_with_node:
-            self._avoid[slot.index] = handle.node
-
-    def reap(self, hosts: list[str], job: str) -> None:
-        if not self.submits():
-            return super().reap(hosts, job)
-        slurm.cancel_named(job)  # whatever the study's worker jobs left in the queue
 
 
 def launchers() -> Any:
