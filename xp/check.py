@@ -19,11 +19,14 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from xp.errors import ConfigError, XPError
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 STEPS = 20  # steps on one batch that must lower the loss
 RTOL, ATOL = 1e-4, 1e-6
@@ -53,7 +56,7 @@ def exactness(probe: Any, x: np.ndarray, y: np.ndarray, seed: int) -> tuple[bool
                    f"{' ...' if len(differ) > 3 else ''}); from {'; '.join(causes)}")
 
 
-def rows(plan: Any, backend_cls: Any) -> list[tuple[str, bool, str]]:
+def rows(plan: Plan, backend_cls: Any) -> list[tuple[str, bool, str]]:
     probe = backend_cls.probe(plan)
     x, y = probe.batch()
     out: list[tuple[str, bool, str]] = []

@@ -16,6 +16,7 @@ from xp.run.worker import WORKER_ENV
 from xp.states import Ending
 
 if TYPE_CHECKING:
+    from xp.run.plan import Plan
     from xp.launching.placement import InBatches, OnSlots
     from xp.studies.study import StudySpec
 
@@ -40,7 +41,7 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     if engine and multirun and on_slots:
         raise ConfigError(f"a study of {engine.name} jobs launches its trials one after another: set "
                           "sweep.scheduler=hydra (a study's slot workers train in their own process)")
-    if (engine or (launcher and launcher.submits())) and not multirun:
+    if plan is not None and (engine or (launcher and launcher.submits())) and not multirun:
         launch_job(argv, plan, engine, launcher)
         return 0
     if not multirun:
@@ -108,7 +109,7 @@ def launched_job(job: Any, config: dict[str, Any]) -> Any:
     return Outcome(state, float(row.get("val_accuracy") or 0.0), values)
 
 
-def launch_job(argv: list[str], plan: Any, engine_cls: Any, launcher: Any, parent: str | None = None) -> str:
+def launch_job(argv: list[str], plan: Plan, engine_cls: Any, launcher: Any, parent: str | None = None) -> str:
     """A distributed job, or a batch submission: this process owns the MLflow run (under `parent`: a sweep's
     job), and returns its id. It starts the workers, and rank 0 fills the run; or (a batch system, launcher=slurm
     from a login node) it submits the run, follows it and ends it with the job's outcome (the batch system's

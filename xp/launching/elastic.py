@@ -19,13 +19,16 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from xp.errors import ConfigError
 from xp.launching.engine import Spec
 from xp.launching.hosts import HostSlots, discovered_hosts
 from xp.launching.job import LaunchError, Policy
 from xp.run import checkpoint, handoff, spot
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
@@ -60,7 +63,7 @@ class Membership:
     """Who can take workers now: the discovery source's hosts (launcher=local: this machine's slots), less what
     was lost since the source last changed (a remote host whose worker failed, or a local slot)."""
 
-    def __init__(self, spec: Any, plan: Any):
+    def __init__(self, spec: Any, plan: Plan):
         self.spec, self.plan = spec, plan
         self.lost = 0
         self.lost_hosts: set[str] = set()
@@ -71,14 +74,15 @@ class Membership:
 
     def listed(self) -> list[HostSlots]:
         e = self.plan.elastic
+        source = e.discovery or ""  # (a remote elastic job has one: its launcher's check_plan asks for it)
         if self.feed:  # the hosts the spot market offers now: the first of the pool (remote), or slots here
             n, _ = spot.at(self.feed.now(), (time.time() - self.t0) * e.trace_speed)
             if not self.spec.remote:
                 return [HostSlots("127.0.0.1", n)]
-            return [HostSlots(h.name, 1) for h in discovered_hosts(e.discovery)[:n]]  # an instance, a worker
+            return [HostSlots(h.name, 1) for h in discovered_hosts(source)[:n]]  # an instance, a worker
         if not self.spec.remote:
             return [HostSlots("127.0.0.1", read_slots(e.discovery) if e.discovery else self.plan.workers)]
-        return discovered_hosts(e.discovery)
+        return discovered_hosts(source)
 
     def alive(self) -> list[HostSlots]:
         listed = self.listed()
@@ -104,14 +108,15 @@ class Elastic(Policy):
     from the last commit; a membership change ends a round at an epoch's end (the flag file), a lost worker
     rolls the next round back to the last commit without it; the job is done at the plan's last epoch."""
 
-    def __init__(self, plan: Any, log: Callable[[dict[str, float], int], None], hand_plan: bool,
+    def __init__(self, plan: Plan, log: Callable[[dict[str, float], int], None], hand_plan: bool,
                  launched: handoff.Launched):
         """`hand_plan`: the workers get each round's plan (not with batch=auto); `launched`: what the job's
         workers are told (its MLflow run)."""
         self.plan, self.log, self.poll_s = plan, log, plan.elastic.poll_s
         self.hand_plan, self.launched = hand_plan, launched
         self.keep = bool(plan.checkpoint_dir)
-        self.root = Path(plan.checkpoint_dir).expanduser() if self.keep else Path(tempfile.mkdtemp(prefix="xp-elastic-"))
+        self.root = Path(plan.checkpoint_dir).expanduser() if plan.checkpoint_dir else \
+            Path(tempfile.mkdtemp(prefix="xp-elastic-"))
         self.root.mkdir(parents=True, exist_ok=True)  # the stop flag may be needed before rank 0's first commit
         self.flag = self.root / "stop-after-epoch"
         self.restarts, self.rounds = 0, 0

@@ -11,11 +11,14 @@ import socket
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 from xp.errors import ConfigError
 from xp.launching.hosts import HostSlots, Transport, hosts_for
 from xp.launching.launcher import Launcher, Local
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 
 class JobHandle(Protocol):
@@ -109,7 +112,7 @@ class Engine(ABC):
         """One line: what runs where."""
 
     @classmethod
-    def env_for(cls, plan: Any) -> dict[str, str]:
+    def env_for(cls, plan: Plan) -> dict[str, str]:
         """Variables every process of a job of this plan gets."""
         return {}
 
@@ -123,14 +126,14 @@ class Engine(ABC):
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
         """Note in `exits` (rank -> exit code) what a runner's output line says failed."""
 
-    def elastic_policy(self, plan: Any, tracker: Any, launched: Any) -> Any:
+    def elastic_policy(self, plan: Plan, tracker: Any, launched: Any) -> Any:
         """How this engine's job follows elastic membership (elastic.enabled=true), if its runner restarts its
         workers itself (torchrun's elastic agent); None: xp relaunches the processes at epoch boundaries from the
         last commit (xp.launching.elastic.Elastic)."""
         return None
 
 
-def prepared(plan: Any, argv: list[str], engine_cls: type[Engine], launcher: Launcher, env: dict[str, str],
+def prepared(plan: Plan, argv: list[str], engine_cls: type[Engine], launcher: Launcher, env: dict[str, str],
              elastic: bool = False, reached: Callable[[list[str], str | None], None] | None = None) -> Engine:
     """The plan's engine, placed and checked before anything starts. Placement: the launcher's hosts (elastic:
     the discovery source's), transport and address, and enough slots (torchrun starts a process per device and

@@ -22,12 +22,15 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import psutil
 
 from xp.errors import ConfigError
 from xp.run import spot
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 
 NO_CHECKOUT = 97  # exit code of the remote probe command when the checkout or its Python is missing
@@ -222,7 +225,7 @@ if __name__ == "__main__":
     main(sys.argv[1:])
 
 
-def hosts_for(launcher: Any, plan: Any, elastic: bool) -> list[HostSlots]:
+def hosts_for(launcher: Any, plan: Plan, elastic: bool) -> list[HostSlots]:
     """The hosts a job starts on: the launcher's, or (elastic, remote) those the discovery source lists now."""
     if elastic and launcher.remote:
         pool = discovered_hosts(plan.elastic.discovery)

@@ -18,13 +18,16 @@ import os
 import subprocess
 from pathlib import Path
 from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from xp.errors import ConfigError
 from xp.launching.hosts import (SSH, HostSlots, Transport, check_here, end_together, exit_words, probe, reap, read_hosts,
                                 start_there)
 from xp.launching.slots import Slot
 from xp.run.settings import LaunchSettings, number, text
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 GROUP = "xp.launchers"
 SHIPPED = ("local", "ssh", "slurm")  # named first where launchers are listed
@@ -42,7 +45,7 @@ class JobPlacement:
     check_submission, submit, submitted_run). The defaults are this machine's."""
     name: ClassVar[str]
 
-    def check_plan(self, plan: Any) -> None:
+    def check_plan(self, plan: Plan) -> None:
         """Refuse, when the run is planned (every job of a sweep before the first starts), what this launcher
         cannot launch (ConfigError, one line)."""
 
@@ -64,7 +67,7 @@ class JobPlacement:
     def check_submission(self) -> None:
         """Before a run is submitted: the batch system takes it (ConfigError, one line)."""
 
-    def submit(self, plan: Any, argv: list[str], tracker: Any) -> None:
+    def submit(self, plan: Plan, argv: list[str], tracker: Any) -> None:
         """Submit the run (`argv`: the command line) as a batch job, follow it to its end; XPError if it did not
         complete. The job's processes log into `tracker`'s run."""
         raise NotImplementedError
@@ -166,7 +169,7 @@ class Local(Launcher):
     """Every process on this machine, every socket on 127.0.0.1."""
     name = "local"
 
-    def check_plan(self, plan: Any) -> None:
+    def check_plan(self, plan: Plan) -> None:
         if plan.checkpoint_dir:  # on this machine (a remote launcher's is on rank 0's host)
             from xp.run.plan import writable_folder
 
@@ -238,7 +241,7 @@ class Ssh(OnHosts):
         number({"launcher.connect_timeout_s": o.connect_timeout_s}, "launcher.connect_timeout_s", 1, 3600)
         return o
 
-    def check_plan(self, plan: Any) -> None:
+    def check_plan(self, plan: Plan) -> None:
         elastic = plan.elastic.enabled
         if not self.options.hosts_file and not elastic:
             raise ConfigError("launcher=ssh: needs launcher.hosts_file=PATH (HOST or HOST:SLOTS a line)")
@@ -274,7 +277,7 @@ def gpus_here(config: dict[str, Any]) -> bool:
     return name not in registry.names() or not registry.load(name).remote
 
 
-def launcher_for(plan: Any) -> Launcher:
+def launcher_for(plan: Plan) -> Launcher:
     """The plan's launcher, the plan checked against it."""
     registry, name = launchers(), plan.launch.launcher
     if name not in registry.names():  # a setting given wrong, not a broken plugin

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.errors import ConfigError
 from xp.launching.hosts import HostSlots
@@ -34,6 +34,9 @@ from xp.launching.launcher import OnHosts
 from xp.launching.ray_actors import MISSING_RAY, RayActors, refused
 from xp.launching.slots import Slot
 from xp.run.settings import number
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 LOOPBACK = "127.0.0.1"
 
@@ -86,7 +89,7 @@ class Ray(OnHosts):
     def address(self) -> str | None:
         return self.settings.host_ip or (None if self.given() else LOOPBACK)
 
-    def check_plan(self, plan: Any) -> None:
+    def check_plan(self, plan: Plan) -> None:
         if plan.elastic.enabled:
             raise ConfigError("elastic.enabled=true: launcher=ray places a fixed set of processes; "
                               "use launcher=ssh with elastic.discovery for hosts that come and go")

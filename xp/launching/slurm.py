@@ -22,10 +22,13 @@ import time
 from pathlib import Path
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from xp.errors import ConfigError, Terminated, XPError, one_line
 from xp.launching.hosts import HostSlots, Transport
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 
 class SlurmState(StrEnum):
@@ -169,7 +172,7 @@ def check(settings: Any) -> None:
         raise ConfigError(f"launcher.nodes={settings.nodes}: partition {name} has {partitions[name]} nodes")
 
 
-def batch_command(plan: Any, s: SlurmOptions, argv: list[str]) -> list[str]:
+def batch_command(plan: Plan, s: SlurmOptions, argv: list[str]) -> list[str]:
     out = Path(s.output_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     cmd = ["sbatch", "--parsable", f"--nodes={s.nodes}", f"--ntasks-per-node={s.tasks_per_node}",
@@ -181,7 +184,7 @@ def batch_command(plan: Any, s: SlurmOptions, argv: list[str]) -> list[str]:
     return [*cmd, "--wrap", f"exec {shlex.quote(sys.executable)} -m xp {shlex.join(argv)}"]
 
 
-def submit(plan: Any, settings: SlurmOptions, argv: list[str], tracker: Any) -> None:
+def submit(plan: Plan, settings: SlurmOptions, argv: list[str], tracker: Any) -> None:
     """Submit the run as a job, relay its output, follow it to its end; SlurmError if it did not complete."""
     from xp.run.worker import RUN_ENV
 

@@ -7,7 +7,7 @@ ssh. `launcher=slurm` makes whichever fits where the command runs (`Slurm.__new_
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.errors import ConfigError
 from xp.launching import slurm
@@ -15,6 +15,9 @@ from xp.launching.hosts import HostSlots, Transport
 from xp.launching.launcher import OnHosts
 from xp.launching.slots import Slot
 from xp.launching.slurm import SlurmOptions
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 
 class Slurm(OnHosts):
@@ -35,7 +38,7 @@ class Slurm(OnHosts):
         super().read_options(raw)
         return SlurmOptions.read(raw)
 
-    def check_plan(self, plan: Any) -> None:
+    def check_plan(self, plan: Plan) -> None:
         s = self.options
         if plan.workers != s.nodes * s.tasks_per_node:
             raise ConfigError(f"workers={plan.workers}: launcher=slurm runs launcher.nodes x launcher.tasks_per_node = "
@@ -84,7 +87,7 @@ class SlurmSubmitting(Slurm):
     def check_submission(self) -> None:
         slurm.check(self.options)
 
-    def submit(self, plan: Any, argv: list[str], tracker: Any) -> None:
+    def submit(self, plan: Plan, argv: list[str], tracker: Any) -> None:
         slurm.submit(plan, self.options, argv, tracker)
 
     def check_study(self, tracking_uri: str) -> None:

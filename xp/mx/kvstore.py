@@ -5,9 +5,12 @@ the core only carries the kvstore's name."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.errors import ConfigError
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 KVSTORES = ("local", "device", "nccl", "dist_sync", "dist_device_sync", "dist_async")
 ELASTIC = ("dist_sync", "dist_device_sync")  # elastic training relaunches a synchronous parameter-server job
@@ -18,7 +21,7 @@ def distributed(kvstore: str) -> bool:
     return kvstore.startswith("dist_")
 
 
-def check(plan: Any) -> None:
+def check(plan: Plan) -> None:
     """The kvstore exists and fits the plan's devices and elastic settings (ConfigError, one line)."""
     if plan.kvstore not in KVSTORES:
         raise ConfigError(f"kvstore={plan.kvstore!r}: not supported; valid: {', '.join(KVSTORES)}")
@@ -30,7 +33,7 @@ def check(plan: Any) -> None:
                           "xp relaunches the parameter-server job when the workers change")
 
 
-def planned(plan: Any) -> Any:
+def planned(plan: Plan) -> Any:
     """dist_async applies each worker's gradient on its own: an update sees one worker's batch, and the linear
     scaling rule scales the learning rate to it."""
     if plan.kvstore != "dist_async":

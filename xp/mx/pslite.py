@@ -19,6 +19,7 @@ from xp.errors import ConfigError
 from xp.launching.engine import LOOPBACK, Engine, Role, check_port, free_port, python, worker_command
 
 if TYPE_CHECKING:
+    from xp.run.plan import Plan
     from xp.launching.engine import JobHandle
 
 
@@ -52,7 +53,7 @@ class PsLite(Engine):
     not_inherited = ("DMLC_",)  # each role's DMLC_ROLE and addresses are its own
 
     @classmethod
-    def env_for(cls, plan: Any) -> dict[str, str]:
+    def env_for(cls, plan: Plan) -> dict[str, str]:
         # whether MXNet's Module updates on the servers (dist_async; Gluon is told directly)
         return {"MXNET_UPDATE_ON_KVSTORE": "1" if plan.kvstore == "dist_async" else "0"}
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from xp.launching.elastic import Membership, override, usable, wait_for_workers
 from xp.launching.engine import Spec
 from xp.launching.hosts import HostSlots
 from xp.launching.job import Policy
 from xp.run import checkpoint, handoff
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 
 class ElasticAgents(Policy):
@@ -23,9 +26,9 @@ class ElasticAgents(Policy):
     (its peers' collectives fail, their agents restart without it), a host lost on its own noted and gone on
     without while at least min_workers agents are left."""
 
-    def __init__(self, plan: Any, log: Callable[[dict[str, float], int], None], launched: handoff.Launched):
+    def __init__(self, plan: Plan, log: Callable[[dict[str, float], int], None], launched: handoff.Launched):
         self.plan, self.log, self.poll_s, self.launched = plan, log, plan.elastic.poll_s, launched
-        self.root = Path(plan.checkpoint_dir).expanduser()
+        self.root = Path(plan.checkpoint_dir or "").expanduser()  # (torch elastic has one: TorchBackend.check)
         self.root.mkdir(parents=True, exist_ok=True)
         self.restarts = 0
         self.hosts: list[str] = []

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from xp.launching.engine import LOOPBACK, Engine, Role, check_port, free_port, python
 
 if TYPE_CHECKING:
+    from xp.run.plan import Plan
     from xp.launching.engine import JobHandle
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")  # torchrun's failure summary: rank, then exitcode
@@ -74,7 +75,7 @@ class Torchrun(Engine):
                 "--monitor-interval=0.5", "-m", s.module, *s.worker_argv]
         return Role(f"torchrun on {host}", argv, env, host=host, runner=True)
 
-    def elastic_policy(self, plan: Any, tracker: Any, launched: Any) -> Any:
+    def elastic_policy(self, plan: Plan, tracker: Any, launched: Any) -> Any:
         """torchrun's own elastic agent: one per member host, MIN:MAX of them, restarting its workers itself; the
         run's parameters are logged here (the workers of every restart are told the run has them)."""
         from xp.pt.elastic import ElasticAgents

@@ -16,11 +16,14 @@ import logging
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.data.datasets import DatasetSpec
 from xp.run.callbacks import ThroughputMeter
 from xp.run.train import fire, train_epoch
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 log = logging.getLogger("xp")
 
@@ -63,7 +66,7 @@ def judge(real: float, io: float, synthetic: float, threads: int, devices: int =
                      f"{real:.0f} in training): only faster devices, mixed precision or a smaller model help", rates)
 
 
-def measure(plan: Any, backend_cls: type, extra: list | None = None) -> tuple[float, str]:
+def measure(plan: Plan, backend_cls: type, extra: list | None = None) -> tuple[float, str]:
     """samples/s of one short epoch of `plan` (warm-up batches excluded), without evaluation; and how the
     backend made its batches (Backend.input_path)."""
     backend = backend_cls()
@@ -82,7 +85,7 @@ def measure(plan: Any, backend_cls: type, extra: list | None = None) -> tuple[fl
     return metrics["rate"], backend.input_path
 
 
-def diagnose(plan: Any, backend_cls: type, steps: int, cores: int | None = None) -> Diagnosis:
+def diagnose(plan: Plan, backend_cls: type, steps: int, cores: int | None = None) -> Diagnosis:
     short = replace(plan, epochs=1, steps_per_epoch=min(plan.steps_per_epoch, steps))
     d = plan.dataset
     synthetic_data = DatasetSpec("synthetic", d.num_classes, d.image_shape, short.steps_per_epoch * plan.global_batch,
@@ -95,11 +98,11 @@ def diagnose(plan: Any, backend_cls: type, steps: int, cores: int | None = None)
         single = replace(short, dataset=synthetic_data, devices=plan.devices[:1], worker_batch=plan.batch,
                          global_batch=plan.batch * plan.workers)
         one, _ = measure(single, backend_cls)
-    d = judge(real, io, synthetic, plan.data_nthreads, len(plan.devices) * plan.workers, one, cores)
-    return replace(d, pipeline=pipeline, kept_up=io >= synthetic)
+    verdict = judge(real, io, synthetic, plan.data_nthreads, len(plan.devices) * plan.workers, one, cores)
+    return replace(verdict, pipeline=pipeline, kept_up=io >= synthetic)
 
 
-def diagnosed(plan: Any, backend_cls: type) -> tuple[float, dict[str, str], dict[str, str]]:
+def diagnosed(plan: Plan, backend_cls: type) -> tuple[float, dict[str, str], dict[str, str]]:
     """A diagnose=true run: the diagnosis on the console, and what its MLflow run keeps: (the real rate, the
     params, the tags)."""
     log.info(f"diagnosis: {min(plan.steps_per_epoch, plan.diagnose_steps)} batches each with real data, "

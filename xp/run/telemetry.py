@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from xp.run.callbacks import Callback
+
+if TYPE_CHECKING:
+    from xp.run.plan import Plan
 
 log = logging.getLogger("xp")
 
@@ -315,7 +318,7 @@ class SystemMetrics(Callback):
         self._thread = None
 
 
-def telemetry(plan: Any, log_metrics: Callable[[dict[str, float], int], None] | None = None) -> list[Callback]:
+def telemetry(plan: Plan, log_metrics: Callable[[dict[str, float], int], None] | None = None) -> list[Callback]:
     """The run's samplers: NVML on GPUs; MLflow's system metrics into log_metrics (the run's tracker), if any."""
     out: list[Callback] = []
     if plan.device_type == "gpu":
