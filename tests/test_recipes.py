@@ -184,17 +184,18 @@ def test_two_processes_making_the_jpeg_digits_at_once_both_get_one_whole_folder(
 
 @pytest.mark.quiet
 def test_the_input_pipeline_recipe_finds_the_knee_and_says_where_it_stalls(tmp_path, store):
-    """Decode threads 1, 2, 4, 8 on the generated JPEG digits: input-bound at 1 thread; the report's figures, knee
-    and verdicts are the runs' own. How much more throughput the threads buy and the verdict at the knee are speed
+    """Decode threads 1 and 4 on the generated JPEG digits (the recipe's grid is 1, 2, 4, 8; a search space on the
+    command line narrows it, as a user's would): input-bound at 1 thread; the report's figures, knee and verdicts
+    are the runs' own. How much more throughput the threads buy and the verdict at the knee are speed
     figures: measured by benchmarks/input_pipeline.py on a quiet machine (README), not here, where CI's other
     load moves them (the knee was once input-bound under it)."""
     env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db", "XP_CACHE_DIR": str(tmp_path / "cache")}
-    p = run_xp(tmp_path, store, "-m", "sweep=input_pipeline", env=env)
+    p = run_xp(tmp_path, store, "-m", "sweep=input_pipeline", "data_nthreads=choice(1,4)", env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     client, runs = mlflow_runs(store)
     parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")
     trials = {int(r.data.params["data_nthreads"]): r for r in runs if r.data.tags.get("xp.recipe") == "input_pipeline"}
-    assert sorted(trials) == [1, 2, 4, 8]
+    assert sorted(trials) == [1, 4]
     thr = {t: float(r.data.params["summary.throughput_samples_per_s"]) for t, r in trials.items()}
     verdict = {t: r.data.tags["xp.diagnosis"] for t, r in trials.items()}
     one = trials[1].data.params  # one decode worker for 256 px JPEGs against LeNet: training waits on the input
@@ -209,7 +210,7 @@ def test_the_input_pipeline_recipe_finds_the_knee_and_says_where_it_stalls(tmp_p
     claims = (out / "report.md").read_text().split("## Seed claims")[1].split("## Trials")[0]
     best = max(thr, key=thr.get)
     knee = min(t for t in thr if thr[t] >= 0.95 * thr[best])
-    for t in (1, 2, 4, 8):
+    for t in (1, 4):
         assert f"| {t} | {thr[t]:.1f} | {thr[t] / thr[1]:.2f}x | {'knee' if t == knee else ''} | {verdict[t]} |" in claims
     holds = thr[best] > thr[1] and verdict[1] == "input-bound" and verdict[knee] != "input-bound"
     direction = "holds" if holds else "does not hold"
