@@ -57,8 +57,8 @@ def _digits(options: dict[str, Any]) -> DatasetSpec:
     frac = _val_fraction(options)
     keep = options.get("classes")
     if keep is None:
-        val = int(round(DIGITS_TOTAL * frac))
-        return DatasetSpec("digits", 10, (1, 8, 8), DIGITS_TOTAL - val, val, {"val_fraction": frac, "classes": None})
+        held = int(round(DIGITS_TOTAL * frac))
+        return DatasetSpec("digits", 10, (1, 8, 8), DIGITS_TOTAL - held, held, {"val_fraction": frac, "classes": None})
     if (not isinstance(keep, (list, tuple)) or len(keep) < 2 or len(set(keep)) != len(keep)
             or not all(isinstance(c, int) and 0 <= c <= 9 for c in keep)):
         raise ConfigError(f"dataset.classes={keep!r}: must list at least 2 different digits from 0 to 9")

@@ -18,7 +18,7 @@ from xp.mx.pretrained import PARAMS, SYMBOL
 from xp.tracking.models import quiet
 
 
-class Network(mlflow.pyfunc.PythonModel):
+class Network(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined]  # (mlflow.pyfunc's lazy attribute)
     """The exported network on the CPU, in inference mode."""
 
     _skip_type_hint_validation = True  # MLflow's checks of predict's type hints: its signature is the model's

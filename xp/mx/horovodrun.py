@@ -48,6 +48,7 @@ class Horovod(Engine):
             shim = Path(job.folder) / "bin"
             shim.mkdir(exist_ok=True)  # a job's later rounds (elastic) find it there
             # horovodrun reaches the hosts with ssh: the launcher's transport, as ssh (ssh with xp's options, srun...)
+            assert s.transport is not None  # (a remote job's spec has its launcher's transport)
             (shim / "ssh").write_text(f"#!/bin/sh\nexec {s.transport.as_ssh()} \"$@\"\n")
             (shim / "ssh").chmod(0o755)
             env["PATH"] = f"{shim}:{os.environ.get('PATH', '/usr/bin:/bin')}"

@@ -75,4 +75,5 @@ class PlanSchedule:
     def __call__(self, num_update: int) -> float:
         from types import SimpleNamespace
 
-        return learning_rate(SimpleNamespace(**self.fields), max(0, num_update - 1) // self.workers)
+        plan: Any = SimpleNamespace(**self.fields)  # the plan's fields learning_rate reads
+        return learning_rate(plan, max(0, num_update - 1) // self.workers)

@@ -28,10 +28,10 @@ class GpuDecoder:
     def __call__(self, blob: torch.Tensor, sizes: torch.Tensor, numbers: torch.Tensor, epoch: int) -> torch.Tensor:
         import torch.nn.functional as F
 
-        numbers = numbers.tolist()
-        images = self.decode(list(torch.split(blob, sizes.tolist())), numbers)
+        indices: list[int] = numbers.tolist()
+        images = self.decode(list(torch.split(blob, sizes.tolist())), indices)
         boxes, mirrors = [], []
-        for j, (img, i) in enumerate(zip(images, numbers)):
+        for j, (img, i) in enumerate(zip(images, indices)):
             g = self.images.geometry(tuple(img.shape[1:]), i, epoch)
             if g.resize:  # an image not stored at dataset.resize: its shorter side brought there first, on its own
                 x = F.interpolate(img[None].float(), size=g.resize, mode="bilinear", align_corners=False)

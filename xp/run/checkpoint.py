@@ -224,7 +224,7 @@ class Checkpointer(Callback):
         """`study`: a study's trial (its objective's metric and direction): when it ends, keep_best_trial()."""
         self.root, self.save, self.history, self.rank = root, save, history, rank
         self.every, self.keep, self.last, self.study = every, keep, last_epoch, study
-        self.ended: dict[str, float | None] | None = None  # set when training ends: what TRIAL says
+        self.ended: dict[str, float | None] | bool | None = None  # set when training ends: what TRIAL says
         if rank == 0 and Path(root).expanduser().is_dir():
             sweep_stale(root)  # what a process killed mid-commit left: it would fill the disk again
 

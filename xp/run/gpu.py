@@ -45,7 +45,9 @@ def describe_gpus(indices: list[int], nvml=None) -> list[tuple[int, str, tuple[i
     """(NVML index, name, compute capability) of these GPUs; [] without NVML."""
     try:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         nvml.nvmlInit()
     except Exception:
         return []

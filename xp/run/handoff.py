@@ -84,7 +84,8 @@ def _decode(tp: Any, value: Any) -> Any:
         return _decode(next(a for a in typing.get_args(tp) if a is not type(None)), value)
     if dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(tp) if f.name in value})
+        cls: Any = tp  # (a dataclass type)
+        return cls(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(tp) if f.name in value})
     if origin is tuple:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:

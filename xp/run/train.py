@@ -202,7 +202,7 @@ def train_run(plan: Plan, backend: Backend, callbacks: list[Callback], tracker: 
         log.info(f"trial {trial.optuna.number}: {e}")
     except Exception as e:
         log.debug("training failed", exc_info=True)  # into the log file now, while the run is open
-        e.xp_logged = True
+        setattr(e, "xp_logged", True)
         if trial:
             tracker.set_tags({"optuna.trial_state": TrialState.FAIL})
         raise
