@@ -9,6 +9,7 @@ signal is raised at once, wherever the work is."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -21,8 +22,19 @@ when_signalled: list[Callable[[], None]] = []
 
 
 def signalled() -> None:
+    sys.unraisablehook = _after_a_stop
     for hook in when_signalled:
         hook()
+
+
+def _after_a_stop(unraisable: "sys.UnraisableHookArgs") -> None:
+    """Once a stop signal came, an object whose constructor it cut short may fail in its destructor (MXNet's
+    NDArray: "'NDArray' object has no attribute 'handle'"), which Python prints as a traceback on the console:
+    nothing the user did or can mend. Those are dropped; anything else goes to Python's own hook."""
+    if isinstance(unraisable.exc_value, AttributeError) and \
+            getattr(unraisable.object, "__name__", "") == "__del__":
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 class Interrupts:
