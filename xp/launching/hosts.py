@@ -269,14 +269,15 @@ def end_together(procs: list[Any], steps: tuple[tuple[str | None, float], ...]) 
 
 def start_there(transport: Transport, host: str, command: dict[str, Any], output: bool = False,
                 own_session: bool = False) -> subprocess.Popen:
-    """Run command["argv"] with the variables command["env"] on `host`, in this folder, through xp.launching.remote run:
+    """Run command["argv"] with the variables command["env"] on `host`, in this folder, through
+    xp.launching.remote run:
     what to run goes through the session's stdin, never a command line (the variables may hold a password or a
     slot's secret); stdin then stays open, and when it closes (the caller ends it, or this process dies) the
     host ends the process group. `output`: its output comes back on the handle's stdout (text), else it goes
     where this process's does. `own_session`: Ctrl-C at the terminal does not reach it (a job's processes, which
     the job ends itself); else it does, as it reaches this process (a study's workers: their trials end KILLED)."""
-    command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(sys.executable)} -m xp.launching.remote run"
-    proc = subprocess.Popen(transport.argv(host, command + (" 2>&1" if output else "")),
+    shell = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(sys.executable)} -m xp.launching.remote run"
+    proc = subprocess.Popen(transport.argv(host, shell + (" 2>&1" if output else "")),
                             start_new_session=own_session, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE if output else None,
                             stderr=subprocess.STDOUT if output else None, text=True)
