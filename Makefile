@@ -1,5 +1,5 @@
 # Thin aliases for ./dev.sh, which creates and reuses .venv.
-.PHONY: setup run test test-fast bench ui dashboard server
+.PHONY: setup run test test-fast typecheck bench ui dashboard server
 HOST ?= 127.0.0.1
 PORT ?= 5000
 DASHBOARD_PORT ?= 8080
@@ -11,6 +11,8 @@ test:
 	./dev.sh test
 test-fast:
 	./dev.sh test -m "not slow"
+typecheck: setup
+	.venv/bin/python -m mypy
 bench: setup
 	.venv/bin/python benchmarks/pipeline_overhead.py
 	.venv/bin/python benchmarks/loop_overhead.py

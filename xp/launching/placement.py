@@ -3,10 +3,10 @@ slots (this machine's, an ssh host list's, a Slurm cluster's allocations, a Ray 
 worker each (xp.launching.pool), or `InBatches`, a Hydra launcher's jobs (hydra/launcher=submitit_*, or
 sweep.scheduler=hydra), so many at a time.
 
-The command line makes the placement (`with_zygote`: before anything is composed, its zygote starts importing what every
-trial needs), the composed command chooses it (`decide`: the launcher known, its slots checked by the launcher,
-their workers started while the study opens its stores), and the study's sweeper, which Hydra instantiates, takes
-it from there (`current`) and asks it for its pool (`pool`)."""
+The command line makes the placement (`with_zygote`: before anything is composed, its zygote starts importing
+what every trial needs), the composed command chooses it (`decide`: the launcher known, its slots checked by the
+launcher, their workers started while the study opens its stores), and the study's sweeper, which Hydra
+instantiates, takes it from there (`current`, `chosen`) and asks it for its pool (`pool`)."""
 
 from __future__ import annotations
 
