@@ -142,7 +142,6 @@ class Launcher(JobPlacement, StudySlots):
     with this machine's behaviour as its default, and the launcher's own settings. A launcher that sends
     processes to other hosts writes `hosts`, `transport` and `check_plan` (OnHosts has the rest); one that offers
     a study slots elsewhere writes `slots` and `start_worker`."""
-    name: ClassVar[str]
     remote: ClassVar[bool] = False  # processes go to other hosts (through `transport`), not only this machine
     nodes: ClassVar[str] = "the hosts"  # what messages call the machines a submitted run's processes run on
     Options: ClassVar[type] = NoOptions  # its settings (config group `launcher`), with their defaults
