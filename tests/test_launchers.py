@@ -94,7 +94,7 @@ def test_a_third_partys_launcher_brings_its_own_config_group(third_party, monkey
     offer_options()
     try:
         configs = preflight.preflight(["kvstore=dist_sync", "workers=2", "launcher=nsenter",
-                                       "launcher.hosts_file=/the/hosts", "launcher.connect_timeout_s=3"])
+                                       "launcher.hosts_file=/the/hosts", "launcher.connect_timeout_s=3"]).configs
         assert configs[0]["launcher"] == {"name": "nsenter", "hosts_file": "/the/hosts", "connect_timeout_s": 3}
         for args, message in [
             (["launcher.identity=/k"], "launcher.identity=/k: unknown key 'launcher.identity'; the chosen launcher "

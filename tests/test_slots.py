@@ -117,7 +117,7 @@ def test_where_a_studys_trials_run_is_one_choice_from_its_scheduler_its_hydra_la
         assert choose(spec(parallel=3, trials_per_gpu=2), hydra, ssh, 1) == OnSlots(ssh, 1, 3, 2)
     assert choose(spec(), "submitit_slurm", None, 0) == InBatches(None)  # a cluster's Hydra launcher: its jobs
     assert choose(spec(scheduler="hydra", parallel=2), "", None, 0) == InBatches(2)
-    assert choose(spec(scheduler="hydra"), "joblib", ssh, 0).on_slots is False
+    assert isinstance(choose(spec(scheduler="hydra"), "joblib", ssh, 0), InBatches)
 
 
 def test_sweep_parallel_and_the_scheduler_are_read_only_where_the_spec_is_made_and_the_placement_chosen():
@@ -143,3 +143,37 @@ def test_sweep_parallel_and_the_scheduler_are_read_only_where_the_spec_is_made_a
     assert found == ["launching/placement.py", "studies/sweeper.py"], found  # (study.py reads its fields by name)
     sweeper = ast.parse((xp / "studies" / "sweeper.py").read_text())
     assert [ast.unparse(n) for n in reads(sweeper)] == ["where.parallel"]  # InBatches': so many jobs at a time
+
+
+def test_a_studys_spec_is_read_once_by_the_preflight_and_its_slots_asked_once(tmp_path, monkeypatch):
+    """The command line's preflight reads the study (its file, sweep.* settings, the search space given on the
+    command line) into one spec; the placement keeps it with the choice, and the launcher is asked for its slots
+    once: the sweeper's pool is made from what `decide` was offered."""
+    from xp import preflight
+    from xp.launching.launcher import Local
+    from xp.launching.placement import OnSlots, Placement, choose
+    from xp.studies import study
+    from xp.studies.study import StudySpec
+
+    study.register(typed=["lr_batch"])
+    checked = preflight.preflight(["-m", "sweep=lr_batch", "sweep.parallel=2", "lr=interval(0.01,0.1)",
+                                   f"tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
+    spec = checked.study
+    assert isinstance(spec, StudySpec) and spec.parallel == 2
+    assert [p.name for p in spec.params if p.name == "lr"] == ["lr"] and spec.params[-1].name == "lr"
+    assert preflight.preflight(["epochs=1"]).study is None  # no study, no spec
+
+    asked = []
+
+    class Counted(Local):
+        def slots(self, *args):
+            asked.append(args)
+            return super().slots(*args)
+
+    monkeypatch.setattr("xp.launching.placement.Placement._pool", lambda self, config, slots, uri: slots)
+    choice = choose(spec, "", Counted(), 0)
+    assert isinstance(choice, OnSlots)
+    placement = Placement()
+    placement.decide(checked.configs[0], choice, spec, "postgresql://nowhere/db")  # (no workers started ahead)
+    assert placement.spec is spec and len(asked) == 1
+    assert len(placement.pool(checked.configs[0], 5)) == 2 and len(asked) == 1

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         study.register()
         offer_options()
         plugins.offer_options()
-        configs = preflight.preflight([*argv, "workers=1"])
+        configs = preflight.preflight([*argv, "workers=1"]).configs
         if len(configs) != 1:
             raise ConfigError("python -m xp.check checks one network on one data set: give one value per setting")
         plan, backend_cls = plan_and_backend(configs[0])

@@ -16,24 +16,28 @@ from xp.run.worker import WORKER_ENV
 from xp.states import Ending
 
 if TYPE_CHECKING:
+    from xp.launching.launcher import Launcher
+    from xp.launching.placement import InBatches, OnSlots, Placement
+    from xp.preflight import Checked
     from xp.run.plan import Plan
-    from xp.launching.placement import InBatches, OnSlots
     from xp.studies.study import StudySpec
 
 log = logging.getLogger("xp")
 
 
-def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[list[str]], int],
-          placement: Any = None) -> int:
-    """What the command line asks, started: a distributed job or a batch submission (one at a time), a sweep
-    under one MLflow parent run, or one run (Hydra's job, `hydra_main`). A study's trials go where `placement`
-    (xp.launching.placement, made by the command line) decides, once the composed command says."""
+def start(argv: list[str], checked: Checked, hydra_main: Callable[[list[str]], int],
+          placement: Placement | None = None) -> int:
+    """What the command line asks (`checked` by xp.preflight), started: a distributed job or a batch submission
+    (one at a time), a sweep under one MLflow parent run, or one run (Hydra's job, `hydra_main`). A study's trials
+    go where `placement` (xp.launching.placement, made by the command line) decides, once the composed command
+    says."""
     multirun = "-m" in argv or "--multirun" in argv
-    first = configs[0] if configs else {}
-    launching = configs and not os.environ.get(WORKER_ENV)  # (a launched worker: its launcher did this)
+    first = checked.configs[0] if checked.configs else {}
+    launching = checked.configs and not os.environ.get(WORKER_ENV)  # (a launched worker: its launcher did this)
     plan, engine, launcher = plan_engine_launcher(first) if launching else (None, None, None)
-    spec, choice = study_placement(first, argv, launcher) if multirun else (None, None)
-    on_slots = choice is not None and choice.on_slots  # the launcher offers the study slots
+    spec = checked.study if multirun else None
+    choice = study_placement(spec, first, argv, launcher) if spec is not None else None
+    on_slots = _on_slots(choice)  # the launcher offers the study slots
     if launcher and launcher.submits() and multirun and not on_slots:
         raise ConfigError(f"launcher={launcher.name} submits one run at a time, or a study's workers (-m sweep=NAME); "
                           "run each configuration as its own command" + (f" ({launcher.sweeps})" if launcher.sweeps
@@ -54,23 +58,24 @@ def start(argv: list[str], configs: list[dict[str, Any]], hydra_main: Callable[[
     uri = plan.tracking_uri if plan is not None else resolve_uri(None)
     with placement or Placement() as where:  # the study's sweeper, which Hydra makes, takes it from there
         if spec is not None and choice is not None:
-            where.decide(first, choice, spec.n_trials, uri)
+            where.decide(first, choice, spec, uri)
         return sweeps.sweep(argv, first, uri, hydra_main)
 
 
-def study_placement(config: dict[str, Any], argv: list[str],
-                    launcher: Any) -> tuple[StudySpec | None, OnSlots | InBatches | None]:
-    """A study's spec (sweep.* read, once) and where its trials run (xp.launching.placement.choose: slots or
-    Hydra's batches); (None, None) for a command that is no study."""
-    node = config.get("sweep")
-    if not node:
-        return None, None
+def study_placement(spec: StudySpec, config: dict[str, Any], argv: list[str],
+                    launcher: Launcher | None) -> OnSlots | InBatches:
+    """Where a study's trials run (xp.launching.placement.choose: slots or Hydra's batches), from its spec (its
+    sweep.* settings, read once by the preflight), its Hydra launcher and xp's launcher."""
     from xp.launching.hydra_launchers import chosen
     from xp.launching.placement import choose
-    from xp.studies.study import spec_from
 
-    spec = spec_from(node, node.get("name") or "study", search=False)  # (checked in preflight)
-    return spec, choose(spec, chosen(argv), launcher, int(config.get("gpus") or 0))
+    return choose(spec, chosen(argv), launcher, int(config.get("gpus") or 0))
+
+
+def _on_slots(choice: OnSlots | InBatches | None) -> bool:
+    from xp.launching.placement import OnSlots
+
+    return isinstance(choice, OnSlots)
 
 
 def plan_engine_launcher(config: dict[str, Any]) -> tuple[Any, Any, Any]:

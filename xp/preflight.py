@@ -8,13 +8,25 @@ import difflib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp import shipped
 from xp.errors import ConfigError, one_line
 
+if TYPE_CHECKING:
+    from xp.studies.study import StudySpec
+
 CONF_DIR = shipped("conf")
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the command line asks, composed and checked: each job's resolved config, and the study's spec (its
+    settings and search space, read once here) where the command is a study."""
+    configs: list[dict[str, Any]]
+    study: StudySpec | None = None
 
 
 def study_fields() -> tuple[str, ...]:
@@ -116,9 +128,9 @@ def _moved(override: str) -> ConfigError | None:
     return ConfigError(f"{override}: now a setting of launcher={name}: write launcher={name} {now}={value}")
 
 
-def preflight(argv: list[str]) -> list[dict[str, Any]]:
-    """Compose and validate every job of the command line; return their resolved configs (none in a launched
-    worker, or for another config tree, whose jobs validate as they start)."""
+def preflight(argv: list[str]) -> Checked:
+    """Compose and validate every job of the command line; return their resolved configs and the study's spec
+    (no config in a launched worker, or for another config tree, whose jobs validate as they start)."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -131,10 +143,10 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
     from xp.studies.compose import Composer, as_override
 
     if os.environ.get(WORKER_ENV):
-        return []  # a launched worker: its launching process composed and checked this job
+        return Checked([])  # a launched worker: its launching process composed and checked this job
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name:
-        return []  # another config tree: Hydra composes it; each job still validates as it starts
+        return Checked([])  # another config tree: Hydra composes it; each job still validates as it starts
     try:
         parsed = OverridesParser.create().parse_overrides(args.overrides)
     except Exception as e:
@@ -156,8 +168,8 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
         hydra_overrides = [o.input_line for o in parsed
                            if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
         composer = Composer(lambda name, overrides: compose(name, overrides=[*hydra_overrides, *overrides]))
-        jobs = _study_jobs(jobs, args.multirun, known, composer, space, here) or [(job, {}) for job in jobs]
-        for job, params in jobs:
+        corners, spec = _study_jobs(jobs, args.multirun, known, composer, space, here)
+        for job, params in corners or [(job, {}) for job in jobs]:
             try:
                 config = OmegaConf.to_container(composer(job, params), resolve=True)
             except Exception as e:
@@ -165,7 +177,7 @@ def preflight(argv: list[str]) -> list[dict[str, Any]]:
                                          known) from e
             launcher_for(plan_and_backend(config, gpus_here=gpus_here(config))[0])  # its launcher, made and checked
             configs.append(config)
-    return configs
+    return Checked(configs, spec)
 
 
 def _check_options(parsed: list[Any], groups: dict[str, list[str]]) -> None:
@@ -294,11 +306,14 @@ def no_study(override: str) -> ConfigError:
                        f"(studies: {', '.join(names())})")
 
 
+Corners = list[tuple[list[str], dict[str, Any]]]  # a study's jobs: each one's overrides and its corner's parameter
+
+
 def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], composer: Any,
-                space: tuple[Any, ...], here: bool = True) -> list[tuple[list[str], dict[str, Any]]]:
+                space: tuple[Any, ...], here: bool = True) -> tuple[Corners, StudySpec | None]:
     """With sweep=NAME: check the study (its file, sweep.* overrides, a search space given on the command line)
-    and return one job per corner of its search space (each choice, each bound: the command line's overrides
-    and the corner's parameter), so a value the plan refuses fails now, not in trial 17. `here`: the trials run
+    and return its spec and one job per corner of its search space (each choice, each bound: the command line's
+    overrides and the corner's parameter), so a value the plan refuses fails now, not in trial 17. `here`: the trials run
     on this machine or xp's launcher's hosts (not a cluster's Hydra launcher), which its budget prices. (Whether
     the launcher can place them is the placement's to check: xp.launching.placement.)"""
     from omegaconf import OmegaConf
@@ -311,14 +326,14 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
     try:
         config = OmegaConf.to_container(composer(base), resolve=True)
     except Exception:
-        return []  # composition errors are reported by the caller
+        return [], None  # composition errors are reported by the caller
     node = config.get("sweep")
     if not node:
-        return []
+        return [], None
     name = node.get("name") or next(o.split("=", 1)[1] for o in base if o.lstrip("+").startswith("sweep="))
     if not multirun:
         if (config.get("optuna") or {}).get("trial_id") is not None:
-            return []  # a trial's launched process (sweep.scheduler=hydra): its sweeper checked the study
+            return [], None  # a trial's launched process (sweep.scheduler=hydra): its sweeper checked the study
         raise ConfigError(f"sweep={name}: a study runs many experiments; add -m")
     for p in space:
         if p.name not in known:
@@ -328,7 +343,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
     check_storage(spec.storage)
     check_budget(spec, config, here)
     return [(base, {p.name: int(v) if p.kind == "int" else v}) for p in spec.params
-            for v in (p.choices if p.kind == "categorical" else (p.low, p.high))]
+            for v in (p.choices if p.kind == "categorical" else (p.low, p.high))], spec
 
 
 def sweeper_spelling(argv: list[str]) -> list[str]:

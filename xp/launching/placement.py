@@ -14,12 +14,17 @@ import contextvars
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.launching import hydra_launchers
 from xp.launching.pool import Pool
 from xp.launching.zygote import Zygote
 from xp.launching.trialworker import SLOT_ENV
+
+if TYPE_CHECKING:
+    from xp.launching.launcher import Launcher
+    from xp.launching.slots import Slot
+    from xp.studies.study import StudySpec
 
 log = logging.getLogger("xp")
 
@@ -30,13 +35,12 @@ _current: contextvars.ContextVar[Placement | None] = contextvars.ContextVar("xp_
 class OnSlots:
     """A study's trials kept in flight on its launcher's slots (None: this machine's), a worker each: `parallel`
     of them (None: one per slot the launcher offers), trials of `gpus` GPUs, `trials_per_gpu` to a GPU."""
-    launcher: Any
+    launcher: Launcher | None
     gpus: int
     parallel: int | None
     trials_per_gpu: int
-    on_slots = True
 
-    def slots(self) -> list[Any]:
+    def slots(self) -> list[Slot]:
         """The slots the launcher offers (one line, ConfigError, when it cannot place them)."""
         from xp.launching.launcher import Local
 
@@ -47,10 +51,9 @@ class OnSlots:
 class InBatches:
     """A study's trials as a Hydra launcher's jobs, `parallel` at a time (None: one)."""
     parallel: int | None
-    on_slots = False
 
 
-def choose(spec: Any, hydra_launcher: str, launcher: Any, gpus: int) -> OnSlots | InBatches:
+def choose(spec: StudySpec, hydra_launcher: str, launcher: Launcher | None, gpus: int) -> OnSlots | InBatches:
     """The one decision where a study's trials run, from its spec (xp.studies.study.StudySpec: sweep.scheduler,
     sweep.parallel, sweep.trials_per_gpu), the Hydra launcher's name ("": Hydra's default) and xp's launcher: on
     slots unless the study asks for Hydra's batches or its Hydra launcher runs its jobs elsewhere (a cluster's)."""
@@ -62,6 +65,8 @@ def choose(spec: Any, hydra_launcher: str, launcher: Any, gpus: int) -> OnSlots 
 class Placement:
     def __init__(self, zygote: Zygote | None = None):
         self.choice: OnSlots | InBatches | None = None  # where the study's trials run (None: not chosen yet)
+        self.spec: StudySpec | None = None  # the study's, as the command line's preflight read it (decide)
+        self.offered: list[Slot] | None = None  # the slots the launcher offered (decide), asked once
         self.zygote = zygote  # forks this machine's workers (xp.launching.zygote), started before any slot is known
         self.started: Pool | None = None  # the workers started for the slots `decide` saw
 
@@ -71,25 +76,26 @@ class Placement:
         follows (Hydra's own import among it). A study placed elsewhere ends it in `decide`."""
         return cls(Zygote.start({k: v for k, v in os.environ.items() if k != SLOT_ENV}))
 
-    def decide(self, config: dict[str, Any], choice: OnSlots | InBatches, n_trials: int, uri: str) -> None:
-        """The composed command's placement, `choice` (`choose`); on slots, the launcher's checked (launcher=ssh:
-        every host answers, the tracking store `uri` is one they reach; this machine's: it can place them), then
-        workers started for the first `n_trials` of them, to import their frameworks while this process opens its
-        stores and its study."""
-        self.choice = choice
-        remote = isinstance(choice, OnSlots) and choice.launcher is not None and choice.launcher.remote
+    def decide(self, config: dict[str, Any], choice: OnSlots | InBatches, spec: StudySpec, uri: str) -> None:
+        """The composed command's placement, `choice` (`choose`) for the study `spec`; on slots, the launcher's
+        checked (launcher=ssh: every host answers, the tracking store `uri` is one they reach; this machine's: it
+        can place them), then workers started for the first of them (no more than the study's trials), to import
+        their frameworks while this process opens its stores and its study."""
+        self.choice, self.spec = choice, spec
+        launcher = choice.launcher if isinstance(choice, OnSlots) else None
+        remote = launcher is not None and launcher.remote
         if self.zygote is not None and (remote or not isinstance(choice, OnSlots)):
             self.zygote.close()  # no slot of this machine will have a worker
             self.zygote = None
         if not isinstance(choice, OnSlots):
             return
-        if remote:
-            choice.launcher.check_study(uri)
-        slots = choice.slots()
+        if launcher is not None and remote:
+            launcher.check_study(uri)
+        self.offered = slots = choice.slots()
         if not uri.startswith(("sqlite:", "http:", "https:")):
             return  # a new database's schema (PostgreSQL) has no creation lock: the workers open it after this process
         # no more workers than the study can have trials (pool() trims to those left)
-        self.started = self._pool(config, slots[:max(1, n_trials)], uri).spawn()
+        self.started = self._pool(config, slots[:max(1, spec.n_trials)], uri).spawn()
 
     def chosen(self, config: Any, spec: Any) -> OnSlots | InBatches:
         """Where the study's trials run: as `decide` chose, or (a command whose config tree xp did not compose:
@@ -107,7 +113,7 @@ class Placement:
 
         if not isinstance(self.choice, OnSlots):
             return None
-        offered = self.choice.slots()
+        offered = self.offered if self.offered is not None else self.choice.slots()
         slots = offered[:max(1, trials)]
         log.info(f"study: {len(slots)} slot{'s' if len(slots) > 1 else ''}, a worker each"
                  + (f" (of {len(offered)}: {trials} trials to run)" if len(slots) < len(offered) else "") + ": "

@@ -38,7 +38,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
     node = cast(dict[str, Any], OmegaConf.to_container(config.sweep, resolve=True))
     space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
     name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
-    spec = spec_from(node, name, extra=space)  # checked by the CLI already
+    # read once, by the command line's preflight (a command whose config tree xp did not compose: read here)
+    spec = placement.spec or spec_from(node, name, extra=space)
     study = open_study(spec)
     for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec)]:
         log.warning(line)
