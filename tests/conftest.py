@@ -287,3 +287,26 @@ def metric_by_step(client, run_id: str, key: str) -> list[float]:
         by_step[m.step] = m.value
     return [by_step[s] for s in sorted(by_step)]
 
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With XP_TEST_CPU_LOG=FILE: each test's CPU seconds (this process's and its reaped processes', the module's
+    shared fixtures counted with the test that made them) and wall, a JSON line each, to see where the suite's
+    CPU goes (it is CPU-bound on 2 cores: docs/development.md)."""
+    path = os.environ.get("XP_TEST_CPU_LOG")
+    if not path:
+        yield
+        return
+    import json
+    import resource
+
+    def cpu() -> float:
+        return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                      resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    before, start = cpu(), time.monotonic()
+    yield
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - before, 2),
+                            "wall_s": round(time.monotonic() - start, 2)}) + "\n")
