@@ -53,6 +53,19 @@ class Spec:
         return self.launcher.remote
 
     @property
+    def to_hosts(self) -> Transport:
+        """The transport of a job on other hosts (xp.launching.job.prepared gives every remote launcher's job its
+        launcher's)."""
+        if self.transport is None:
+            raise RuntimeError("a job on other hosts was prepared without its transport")
+        return self.transport
+
+    @property
+    def via(self) -> str:
+        """How a command reaches the hosts: the transport's name (ssh, srun, ...; "local": this machine)."""
+        return self.transport.name if self.transport is not None else "local"
+
+    @property
     def bind(self) -> str:
         """The address this machine's servers (scheduler, rendezvous, progress) listen on."""
         return self.host_ip if self.remote and self.host_ip else LOOPBACK

@@ -141,7 +141,7 @@ class Job:
             forwarded = {k: v for k, v in os.environ.items() if k.startswith(prefixes) and k not in env}
             command = {"argv": role.argv, "env": {**forwarded, **env}, "slot": role.worker or role.runner}  # (a
             # launcher that gives each process a share of its host gives a server none)
-            proc = start_there(self.spec.transport, role.host, command, output=True, own_session=True)
+            proc = start_there(self.spec.to_hosts, role.host, command, output=True, own_session=True)
         s = Started(role, proc)
         if piped:
             s.relay = threading.Thread(target=self._relay, args=(s,), daemon=True)
@@ -155,7 +155,8 @@ class Job:
         watched, and its host reaped with the others when the job ends. (Not reaped now: emulated hosts share
         one process table, where a host's reap would end the whole job.)"""
         self.started.remove(s)
-        self.retired.append(s.role.host)
+        if s.role.host is not None:  # (a remote role's)
+            self.retired.append(s.role.host)
         if s.proc.stdin is not None:
             try:
                 s.proc.stdin.close()
@@ -169,7 +170,7 @@ class Job:
     def _relay(self, s: Started) -> None:
         """The process's output to ours (prefixed with its host when remote), noting what a runner reports."""
         prefix = f"[{s.role.host}] " if s.role.host else ""
-        for line in s.proc.stdout:
+        for line in s.proc.stdout or ():  # (piped)
             sys.stdout.write(prefix + line)
             if s.role.runner:
                 self.engine.failed(line, self.exits, self.runner_state)
@@ -298,7 +299,8 @@ class Job:
             return stopped, []
         unreachable = []
         py = shlex.quote(python())
-        answers = on_hosts(self.spec.transport, sorted(remote), "", self.spec.transport.connect_timeout_s + 5, command_for=lambda h: (
+        to_hosts = self.spec.to_hosts
+        answers = on_hosts(to_hosts, sorted(remote), "", to_hosts.connect_timeout_s + 5, command_for=lambda h: (
             f"{py} -m xp.launching.remote state " + " ".join(str(b.pid) for b in self.beats.values() if b.host == h)))
         for host, r in answers.items():
             ranks = [rank for rank, b in self.beats.items() if b.host == host]

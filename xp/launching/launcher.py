@@ -186,6 +186,9 @@ class OnHosts(Launcher):
     reaped after it. Subclasses say which hosts and which transport."""
     remote = True
 
+    def transport(self) -> Transport:
+        raise NotImplementedError(f"{type(self).__name__}: a launcher on hosts says how a command reaches them")
+
     def address(self) -> str | None:
         return self.settings.host_ip
 
@@ -259,8 +262,8 @@ class Ssh(OnHosts):
         for key, path in (("launcher.config", o.config), ("launcher.identity", o.identity)):
             if path and not Path(path).expanduser().is_file():
                 raise ConfigError(f"{key}={path}: no such file")
-        return SSH(*(str(Path(p).expanduser()) if p else None for p in (o.config, o.identity)),
-                   float(o.connect_timeout_s))
+        config, identity = (str(Path(p).expanduser()) if p else None for p in (o.config, o.identity))
+        return SSH(config, identity, float(o.connect_timeout_s))
 
 
 def launchers() -> Any:

@@ -192,7 +192,8 @@ class Pool:
         ended, or READY_S passed)."""
         deadline = time.monotonic() + READY_S
         while slot not in self.arrived:
-            if proc.poll() is not None or time.monotonic() > deadline or self.closing.is_set():
+            if proc.poll() is not None or time.monotonic() > deadline or self.closing.is_set() or \
+                    self.listener is None:
                 return None
             try:
                 conn, _ = self.listener.accept()
@@ -218,7 +219,7 @@ class Pool:
             msg = channel.recv(timeout=READY_S) if channel is not None else None
         except (TimeoutError, ValueError):
             msg = None
-        if not isinstance(msg, Ready):
+        if channel is None or not isinstance(msg, Ready):
             _end([proc])
             why = getattr(msg, "error", None) or (f"exit code {proc.returncode}" if proc.poll() is not None
                                                   else "no answer")

@@ -14,6 +14,7 @@ connects to Ray).
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import queue
@@ -25,7 +26,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from xp.errors import one_line
 from xp.launching.hosts import Transport
@@ -62,7 +63,7 @@ def _settings(text: str) -> str:
     fd, path = tempfile.mkstemp(prefix="xp-ray-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    atexit.register(lambda: os.path.exists(path) and os.remove(path))
+    atexit.register(lambda: os.remove(path) if os.path.exists(path) else None)
     return path
 
 
@@ -124,6 +125,8 @@ class Process:
                  "xp.ray.log": f"{ray.util.get_node_ip_address()}:{log}"}
         self.proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env={**os.environ, PLACED_ENV: json.dumps(where)})
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # (pipes, as asked)
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.out: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -131,7 +134,7 @@ class Process:
         return self.label
 
     def _pump(self) -> None:
-        while chunk := os.read(self.proc.stdout.fileno(), 65536):
+        while chunk := os.read(self.stdout.fileno(), 65536):
             self.out.put(chunk)
             try:
                 os.write(1, chunk)  # the actor's log too
@@ -147,17 +150,18 @@ class Process:
     def write(self, data: bytes | None) -> None:
         try:
             if data is None:
-                self.proc.stdin.close()
+                self.stdin.close()
             else:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
+                self.stdin.write(data)
+                self.stdin.flush()
         except (OSError, ValueError):
             pass  # it ended: its exit code says how
 
     def read(self, wait_s: float) -> tuple[bytes, int | None]:
         """What it wrote since the last call (waiting up to wait_s for something), and its exit code once it
         has ended and said everything."""
-        chunks, deadline = [], time.monotonic() + wait_s
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + wait_s
         while True:
             try:
                 chunk = self.out.get(timeout=max(0.0, deadline - time.monotonic()) if not chunks else 0)
@@ -279,7 +283,7 @@ def _follow(ray: Any, actor: Any, host: str) -> int:
 
     def feed() -> None:
         try:
-            while data := sys.stdin.buffer.read1(65536):
+            while data := cast(io.BufferedReader, sys.stdin.buffer).read1(65536):  # (what readline left first)
                 actor.write.remote(data)
         except (OSError, ValueError):
             pass

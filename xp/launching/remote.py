@@ -16,6 +16,7 @@ Imports only the standard library: it runs before anything else is known to work
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import cast
 
 JOB_ENV = "XP_JOB"
 GRACE_S = 5.0  # what argv gets between SIGTERM and SIGKILL when the job ends
@@ -82,7 +84,7 @@ def run(spec_file: str | None = None) -> None:
 
     def watch_stdin() -> None:
         try:
-            while sys.stdin.buffer.read1(1024):
+            while cast(io.BufferedReader, sys.stdin.buffer).read1(1024):
                 pass
         except (OSError, ValueError):
             pass

@@ -204,7 +204,8 @@ def submit(plan: Plan, settings: SlurmOptions, argv: list[str], tracker: Any) ->
 def follow(job: str, settings: Any) -> tuple[str, str]:
     """Relay the job's output until it ends; (JobState, Reason). Ctrl-C or SIGTERM cancel it (scancel)."""
     out = Path(settings.output_dir).expanduser().resolve() / f"slurm-{job}.out"
-    offset, state, reason, heard = 0, SlurmState.PENDING, "", time.monotonic()
+    offset, reason, heard = 0, "", time.monotonic()
+    state: str = SlurmState.PENDING  # (as scontrol says it: maybe a state xp does not name)
     try:
         while True:  # as long as the job pends and runs; bounded by Slurm knowing it (UNKNOWN_AFTER_S)
             record = _show("job", job)
@@ -272,9 +273,11 @@ class WorkerJob:
     the job's record)."""
 
     def __init__(self, job: str, settings: Any, spec: Path | None = None):
-        self.job, self.settings, self.returncode = job, settings, None
+        self.job, self.settings = job, settings
+        self.returncode: int | None = None
         self.spec = spec  # its spec file, until the job has read it (a job cancelled while it pends never does)
-        self.state, self.reason, self.node = SlurmState.PENDING, "", ""
+        self.state: str = SlurmState.PENDING  # (as scontrol says it: maybe a state xp does not name)
+        self.reason, self.node = "", ""
         self.heard = time.monotonic()  # when Slurm last showed the job
         self.ended_in = ""  # its state when xp first ended it
 
@@ -323,11 +326,11 @@ class WorkerJob:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"Slurm job {self.job}", timeout)
+                raise subprocess.TimeoutExpired(f"Slurm job {self.job}", timeout or 0.0)
             time.sleep(min(self.settings.poll_s, 0.5))
-        return self.returncode
+        return code
 
     @property
     def lost_with_node(self) -> bool:

@@ -115,7 +115,8 @@ class ForkedWorker:
     exit code once it said that (or was gone: its workers die with it)."""
 
     def __init__(self, zygote: Zygote):
-        self.zygote, self.pid, self.returncode = zygote, 0, None
+        self.zygote, self.pid = zygote, 0
+        self.returncode: int | None = None
 
     def poll(self) -> int | None:
         self.returncode = self.zygote.returncode(self)
@@ -155,9 +156,11 @@ def serve(channel: Channel) -> None:
         signal.signal(s, signal.SIG_IGN)
     gc.freeze()  # the imports' objects stay shared with the workers: no collection writes to their pages
     children: set[int] = set()
-    leave_by = None
+    leave_by: float | None = None
     while leave_by is None or (children and time.monotonic() < leave_by):
-        msg = _next(channel) if leave_by is None else time.sleep(0.2)
+        msg = _next(channel) if leave_by is None else None
+        if leave_by is not None:
+            time.sleep(0.2)  # the last workers' ends, awaited
         if isinstance(msg, Fork):
             pid = os.fork()
             if pid == 0:
@@ -181,7 +184,7 @@ def _next(channel: Channel) -> Any:
     return Exit() if msg is None else msg
 
 
-def _become_worker(channel: Channel, slot: Fork, handlers: dict[int, Any]) -> None:
+def _become_worker(channel: Channel, slot: Fork, handlers: dict[signal.Signals, Any]) -> None:
     from xp.run.worker import die_with_parent
 
     channel.sock.close()
@@ -195,7 +198,7 @@ def _become_worker(channel: Channel, slot: Fork, handlers: dict[int, Any]) -> No
 
 
 def _reap(channel: Channel) -> set[int]:
-    ended = set()
+    ended: set[int] = set()
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

@@ -29,8 +29,8 @@ CONNECT_ENV = "XP_CONNECT_TIMEOUT_S"  # how long a worker tries to reach the sch
 def check_scheduler() -> None:
     """In a ps-lite worker: fail with a clear error when the scheduler cannot be reached (MXNet would wait forever)."""
     role = os.environ.get("DMLC_ROLE")
-    host, port = os.environ.get("DMLC_PS_ROOT_URI"), os.environ.get("DMLC_PS_ROOT_PORT")
-    if role != "worker" or not host or not (port or "").isdigit():
+    host, port = os.environ.get("DMLC_PS_ROOT_URI"), os.environ.get("DMLC_PS_ROOT_PORT") or ""
+    if role != "worker" or not host or not port.isdigit():
         raise ConfigError("kvstore=dist_*: this process is not a parameter-server worker (DMLC_ROLE=worker, "
                           "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT are set by the launcher); "
                           "run it through python -m xp, which launches the roles")
@@ -102,5 +102,5 @@ class PsLite(Engine):
         s = self.spec
         if not s.remote:
             return f"{s.workers} workers and {s.servers} servers on {LOOPBACK}"
-        return (f"{s.workers} workers and {s.servers} servers on {', '.join(self.hosts())} over {s.transport.name} "
+        return (f"{s.workers} workers and {s.servers} servers on {', '.join(self.hosts())} over {s.via} "
                 f"(scheduler here on {s.bind})")

@@ -96,7 +96,7 @@ def plugin_batches(plan: Plan, shards: int, shard: int) -> tuple[Any, Any]:
     from xp.run.entry_points import Registry
 
     data, norm, parts = plugins.parts(plan.dataset, Registry().load(plan.backend))
-    made = []
+    made: list[ArrayBatches | DatasetBatches] = []
     for p in parts:
         batch, steps = (plan.global_batch, plan.steps_per_epoch) if p.train else (plan.batch, 0)
         shards_here, shard_here = (shards, shard) if p.train else (1, 0)
@@ -315,7 +315,8 @@ class RecordBatches:
                                                   num_workers=plan.data_nthreads, pin_memory=pin and gpu is None,
                                                   worker_init_fn=_one_decode_thread,
                                                   persistent_workers=plan.data_nthreads > 0)
-        self.decode = (f"gpu (nvJPEG on {self.decoder.device}, {plan.data_nthreads} record readers)" if gpu is not None
+        self.decode = (f"gpu (nvJPEG on {self.decoder.device}, {plan.data_nthreads} record readers)"
+                       if self.decoder is not None
                        else f"cpu ({plan.data_nthreads} decode workers)")
 
     def epoch(self, epoch: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -103,7 +103,7 @@ class Torchrun(Engine):
 
     def describe(self) -> str:
         if self.spec.remote:
-            return (f"{self.spec.workers} PyTorch DDP processes (one torchrun per host, over {self.spec.transport.name}) on "
+            return (f"{self.spec.workers} PyTorch DDP processes (one torchrun per host, over {self.spec.via}) on "
                     f"{', '.join(self.hosts())}, rendezvous here on {self.spec.bind}")
         return f"{self.spec.workers} PyTorch DDP processes (torchrun) on {LOOPBACK}"
 

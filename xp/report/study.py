@@ -76,8 +76,10 @@ def space(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: list
         if d and d.get("type") == "categorical" or not d and not all(_is_number(v) for v in seen):
             out[name] = CategoricalDistribution(d["choices"] if d else sorted(set(seen), key=str))
         elif d:
-            kind = IntDistribution if d.get("type") == "int" else FloatDistribution
-            out[name] = kind(d["low"], d["high"], log=bool(d.get("log")), step=d.get("step"))
+            if d.get("type") == "int":  # (an int's step is 1 unless given; a float's none)
+                out[name] = IntDistribution(d["low"], d["high"], log=bool(d.get("log")), step=d.get("step") or 1)
+            else:
+                out[name] = FloatDistribution(d["low"], d["high"], log=bool(d.get("log")), step=d.get("step"))
         else:
             low, high = min(float(v) for v in seen), max(float(v) for v in seen)
             out[name] = FloatDistribution(low, high if high > low else low + 1, log=low > 0 and high / low >= 100)
@@ -133,7 +135,7 @@ def rebuild(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: li
             study.add_trial(create_trial(state=TrialState.PRUNED if r else TrialState.FAIL))
             continue
         params = {k: _cast(dists[k], r["settings"].get(k)) for k in dists}
-        study.add_trial(create_trial(params=params, distributions=dists, values=values))
+        study.add_trial(create_trial(params=params, distributions=dists, values=[float(v) for v in values if v is not None]))
     return study
 
 

@@ -171,7 +171,7 @@ def save_random_state(folder: Path) -> None:
     version, words, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     (folder / RANDOM_STATE).write_text(json.dumps({"python": [version, list(words), gauss],
-                                                   "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}))
+                                                   "numpy": [kind, np.asarray(keys).tolist(), pos, has_gauss, cached]}))
 
 
 def restore_random_state(folder: Path) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ def _epochs(plan: Plan, backend: Backend, callbacks: list[Callback], start_epoch
     for epoch in range(start_epoch + 1, plan.epochs + 1):
         held.check()  # an epoch boundary: the last epoch is complete (and committed)
         fire(callbacks, "on_epoch_begin", epoch)
-        metrics = dict(train_epoch(plan, backend, epoch, lambda step, n, e=epoch: on_batch(e, step, n), state))
+        metrics = dict(train_epoch(plan, backend, epoch, functools.partial(on_batch, epoch), state))
         fire(callbacks, "on_train_epoch_end", epoch)
         if not plan.test_io:
             metrics.update(backend.evaluate())

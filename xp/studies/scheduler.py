@@ -144,7 +144,8 @@ class Scheduler:
         self._last_words(stopped)
         for worker in stopped:
             if worker.previous is not None:
-                self.unsettled(*worker.previous, why)
+                trial, state = worker.previous
+                self.unsettled(trial, state, why)
         trials = [f.trial for f in [*self.flights.values(), *self.ready]]
         self.flights.clear()
         self.ready.clear()
@@ -222,12 +223,14 @@ class Scheduler:
     def _serve(self, worker: Any, msg: Message) -> list[Any]:
         """Answer a worker's message; returns it when it is free again (or its replacement)."""
         flight = self.flights.get(worker)
-        if isinstance(msg, Report):
-            flight.trial.report(msg.value, msg.step)
-        elif isinstance(msg, ShouldPrune):
-            worker.send(Prune(bool(flight.trial.should_prune())))
-        elif isinstance(msg, Attr):
-            flight.trial.set_user_attr(msg.key, msg.value)
+        if isinstance(msg, (Report, ShouldPrune, Attr)):  # (of the trial in flight on it)
+            trial = self.flights[worker].trial
+            if isinstance(msg, Report):
+                trial.report(msg.value, msg.step)
+            elif isinstance(msg, ShouldPrune):
+                worker.send(Prune(bool(trial.should_prune())))
+            else:
+                trial.set_user_attr(msg.key, msg.value)
         elif isinstance(msg, Ready):  # a worker on a slot the site added (xp.launching.pool: the cluster grew)
             self.slots = max(self.slots, len(self.pool.workers))
             return self._died(worker) if worker.gone() else [worker]
@@ -255,7 +258,8 @@ class Scheduler:
             self.lost(flight.trial, why)
             self.tally.states[TrialState.FAIL] += 1
         if worker.previous is not None:
-            self.unsettled(*worker.previous, why)
+            trial, state = worker.previous
+            self.unsettled(trial, state, why)
         fresh = self.pool.replace(worker)
         return [fresh] if fresh is not None else []  # (None: its slot was dropped)
 

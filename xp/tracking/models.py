@@ -95,7 +95,7 @@ def register_best(uri: str, name: str, front: list[dict[str, Any]], multi_object
         for member in front:
             run_id = member.get("mlflow_run_id")
             source = run_model(client, run_id) if run_id else None
-            if source is None:
+            if source is None or run_id is None:
                 continue
             tags = {"trial": str(member["trial"]), "run_id": run_id,
                     **{f"param.{k}": str(v) for k, v in member["params"].items()},

@@ -105,7 +105,8 @@ class Spool:
         import mlflow.entities  # noqa: F401  imported here, not first on the drain thread (a concurrent import fails)
 
         self.folder, self.uri, self.run_id, self.client = Path(folder), uri, run_id, client
-        self.artifact_uri, self._artifacts = artifact_uri, None
+        self.artifact_uri = artifact_uri
+        self._artifacts: Any = None  # the run's artifact repository, made at its first artifact
         self.folder.mkdir(parents=True, exist_ok=True)
         if own:  # this process writes the spool (a reopened run's may hold what a killed process left)
             (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
@@ -318,7 +319,8 @@ def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The oldest records that go in one call: consecutive batches within MLflow's limits, or one other record."""
     if not queue or queue[0]["op"] != "batch":
         return queue[:1]
-    out, counts = [], dict.fromkeys(LIMITS, 0)
+    out: list[dict[str, Any]] = []
+    counts = dict.fromkeys(LIMITS, 0)
     for r in queue:
         if r["op"] != "batch" or any(counts[k] + len(r.get(k, [])) > n for k, n in LIMITS.items()) and out:
             break

@@ -177,6 +177,7 @@ class Tracker:
 
         # one spool per process: a distributed run's launcher and its rank 0 both write to the run
         base = Path(self.spool_dir) if self.spool_dir else state_dir() / "spools"
+        assert self.run_id is not None  # (started, or attached)
         self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
         self._spool = Spool(base / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id, lambda: self.client,
                             artifact_uri=self.artifact_uri)
@@ -269,7 +270,7 @@ class Tracker:
         from xp.tracking.spool import pending
         from xp.tracking.sync import deliver_left
 
-        host, ended = socket.gethostname(), []
+        host, ended = socket.gethostname(), list[str]()
         try:
             runs = self.client.search_runs([self.experiment_id], f"attributes.status = '{RunStatus.RUNNING}'",
                                            max_results=1000)
@@ -379,7 +380,7 @@ class Tracker:
     def child_runs(self) -> list[Any]:
         from xp.tracking.stores import search_all
 
-        return search_all(self.client, [self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
+        return search_all(self.client, [str(self.experiment_id)], f"tags.mlflow.parentRunId = '{self.run_id}'",
                           order_by=["attributes.start_time ASC"])
 
 
