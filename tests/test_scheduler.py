@@ -235,7 +235,7 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
     import optuna
     from sqlalchemy import event
 
-    from xp.studies.channel import Done, Exit, Inbox, Trial
+    from xp.studies.channel import Done, Exit, Inbox, RunTrial
     from xp.studies.scheduler import Scheduler
     from xp.studies.sweeper import _Unended
 
@@ -252,7 +252,7 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
             self.thread.start()
 
         def run(self) -> None:
-            while isinstance(msg := self.mail.get(timeout=30), Trial):
+            while isinstance(msg := self.mail.get(timeout=30), RunTrial):
                 inbox.put(self, Done("COMPLETE", [float(msg.number)]))
 
         def send(self, msg) -> None:
@@ -280,7 +280,7 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
 
     event.listen(study._storage._backend.engine, "commit", on_commit)
     scheduler = Scheduler(pool, ask=study.ask, remaining=lambda: 20 - scheduler.jobs,
-                          trial_message=lambda t, job: Trial(t.number, {}, "s", "s", [], [], "", None), tell=tell,
+                          trial_message=lambda t, job: RunTrial(t.number, {}, "s", "s", [], [], "", None), tell=tell,
                           lost=lambda t, why: None, heartbeat_s=60.0,
                           give_back=_Unended(study, None, None, None).give_back)
     with pytest.raises(KeyboardInterrupt):
@@ -302,7 +302,7 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     import threading
     from types import SimpleNamespace
 
-    from xp.studies.channel import Done, Exit, Inbox, Trial
+    from xp.studies.channel import Done, Exit, Inbox, RunTrial
     from xp.studies.scheduler import Scheduler
 
     started: list[tuple[int, int]] = []  # (slot, trial number), in the order the trials were sent
@@ -316,13 +316,13 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
             self.thread.start()
 
         def run(self) -> None:
-            while isinstance(msg := self.mail.get(timeout=30), Trial):
+            while isinstance(msg := self.mail.get(timeout=30), RunTrial):
                 if msg.number == 0:
                     assert ninth.wait(timeout=30)
                 inbox.put(self, Done("COMPLETE", [float(msg.number)]))
 
         def send(self, msg) -> None:
-            if isinstance(msg, Trial):
+            if isinstance(msg, RunTrial):
                 started.append((self.slot, msg.number))
                 if msg.number == 9:
                     ninth.set()
@@ -338,7 +338,7 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     scheduler = Scheduler(pool, ask=lambda: SimpleNamespace(number=next(numbers),
                                                             study=SimpleNamespace(_storage=storage)),
                           remaining=lambda: 12 - scheduler.jobs,
-                          trial_message=lambda t, job: Trial(t.number, {}, "s", "s", [], [], "", None),
+                          trial_message=lambda t, job: RunTrial(t.number, {}, "s", "s", [], [], "", None),
                           tell=lambda t, msg: told.append(t.number) or "COMPLETE", lost=lambda t, why: None,
                           heartbeat_s=60.0)
     tally = scheduler.run()

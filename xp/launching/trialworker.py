@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xp.studies.channel import Attr, Channel, Done, Error, Hello, Prune, Ready, Report, ShouldPrune, Trial
+from xp.studies.channel import Attr, Channel, Done, Error, Hello, Prune, Ready, Report, ShouldPrune, RunTrial
 from xp.run.worker import die_with_parent
 
 # what the pool (xp.launching.pool) tells a worker, in its environment
@@ -96,7 +96,7 @@ def _trials(channel: Any, compose: Any, slot: Any) -> int:
     try:
         while True:
             msg = channel.recv()
-            if not isinstance(msg, Trial):  # exit, or the scheduler is gone: nothing of a trial is left to finish
+            if not isinstance(msg, RunTrial):  # exit, or the scheduler is gone: nothing of a trial is left to finish
                 settle(SETTLE_S)  # but its records
                 logging.shutdown()
                 sys.stdout.flush()
@@ -113,8 +113,8 @@ def _trials(channel: Any, compose: Any, slot: Any) -> int:
         settle(SETTLE_S)
 
 
-def run_trial(msg: Trial, channel: Channel, compose: Any, slot: Any) -> Done:
-    """One trial, as the scheduler's Trial message describes it; returns how it ended (Done)."""
+def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:
+    """One trial, as the scheduler's RunTrial message describes it; returns how it ended (Done)."""
     from omegaconf import OmegaConf
 
     from xp.errors import XPError, one_line

@@ -3,7 +3,7 @@ a TCP connection a worker elsewhere makes back): the messages they exchange, typ
 for them (`Inbox`: every worker's messages in the order they came, not file descriptors, so a carrier without one
 fits too).
 
-    scheduler -> worker:  Fork (to the zygote: a worker to fork for a slot), Trial, Prune (the answer to
+    scheduler -> worker:  Fork (to the zygote: a worker to fork for a slot), RunTrial, Prune (the answer to
                           ShouldPrune), Exit
     zygote -> scheduler:  Forked (the forked worker's process id), Exited (a forked worker's exit code)
     worker -> scheduler:  Hello (a worker elsewhere calling back, with its slot's secret), Ready, Error,
@@ -56,7 +56,7 @@ class Fork(Message):
 
 @_kind("trial")
 @dataclass
-class Trial(Message):
+class RunTrial(Message):
     """One trial to run: its parameters, the study's config they are set on, where its files and run go."""
     number: int
     params: dict[str, Any]

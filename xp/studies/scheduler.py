@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from xp.interrupts import held_interrupts
 from xp.states import TRIAL_ENDS, TrialState
-from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, Trial
+from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, RunTrial
 
 log = logging.getLogger("xp")
 
@@ -34,7 +34,7 @@ class Flight:
     trial: Any  # the Optuna trial (the scheduler's)
     started: float  # when it was sent to its worker (0.0 while the scheduler holds it ready)
     job: int
-    message: Trial  # what its worker was sent
+    message: RunTrial  # what its worker was sent
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Scheduler:
     slot is free. The sampler proposes each without the results of the trials in flight when it was asked."""
 
     def __init__(self, pool: Any, ask: Callable[[], Any], remaining: Callable[[], int],
-                 trial_message: Callable[[Any, int], Trial], tell: Callable[[Any, Done], str],
+                 trial_message: Callable[[Any, int], RunTrial], tell: Callable[[Any, Done], str],
                  lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None,
                  mark: Callable[[Any], None] = lambda trial: None,
                  give_back: Callable[[list[Any], str], None] = lambda trials, why: None,

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from xp.errors import redact
 from xp.states import RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
-from xp.studies.channel import Done, Trial
+from xp.studies.channel import Done, RunTrial
 from xp.studies.budget import Budget
 from xp.studies.compose import as_override
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
@@ -140,9 +140,9 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         done, running = _counts(study)
         return spec.n_trials - done - running
 
-    def trial_message(trial: Any, job: int) -> Trial:
+    def trial_message(trial: Any, job: int) -> RunTrial:
         params = [as_override(k, v) for k, v in trial.params.items()]
-        return Trial(trial.number, trial.params, spec.study_name, spec.name, [*searchpath, *arguments],
+        return RunTrial(trial.number, trial.params, spec.study_name, spec.name, [*searchpath, *arguments],
                      [*arguments, *params], str(sweep_dir / str(job)), os.environ.get("XP_PARENT_RUN_ID"), base)
 
     def tell(trial: Any, msg: Done) -> str:
