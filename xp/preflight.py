@@ -313,8 +313,8 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
                 space: tuple[Any, ...], here: bool = True) -> tuple[Corners, StudySpec | None]:
     """With sweep=NAME: check the study (its file, sweep.* overrides, a search space given on the command line)
     and return its spec and one job per corner of its search space (each choice, each bound: the command line's
-    overrides and the corner's parameter), so a value the plan refuses fails now, not in trial 17. `here`: the trials run
-    on this machine or xp's launcher's hosts (not a cluster's Hydra launcher), which its budget prices. (Whether
+    overrides and the corner's parameter), so a value the plan refuses fails now, not in trial 17. `here`: the
+    trials run on this machine or xp's launcher's hosts (not a cluster's Hydra launcher), which its budget prices. (Whether
     the launcher can place them is the placement's to check: xp.launching.placement.)"""
     from omegaconf import OmegaConf
 

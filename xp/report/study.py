@@ -135,7 +135,8 @@ def rebuild(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: li
             study.add_trial(create_trial(state=TrialState.PRUNED if r else TrialState.FAIL))
             continue
         params = {k: _cast(dists[k], r["settings"].get(k)) for k in dists}
-        study.add_trial(create_trial(params=params, distributions=dists, values=[float(v) for v in values if v is not None]))
+        study.add_trial(create_trial(params=params, distributions=dists,
+                                     values=[float(v) for v in values if v is not None]))
     return study
 
 
