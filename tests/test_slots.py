@@ -177,3 +177,19 @@ def test_a_studys_spec_is_read_once_by_the_preflight_and_its_slots_asked_once(tm
     placement.decide(checked.configs[0], choice, spec, "postgresql://nowhere/db")  # (no workers started ahead)
     assert placement.spec is spec and len(asked) == 1
     assert len(placement.pool(checked.configs[0], 5)) == 2 and len(asked) == 1
+
+
+def test_a_study_no_preflight_read_is_read_from_its_composed_config():
+    """A command whose config tree xp did not compose (--config-path) has no preflight: its sweeper reads the spec
+    from the composed config, with the search space on the command line winning over the file's."""
+    from omegaconf import OmegaConf
+
+    from xp.studies.study import Param
+    from xp.studies.sweeper import _spec_here
+
+    config = OmegaConf.create({"sweep": {"n_trials": 3, "parallel": 2, "params": {"lr": {"type": "float", "low": 0.01,
+                                                                                         "high": 0.1}}},
+                               "hydra": {"runtime": {"choices": {"sweep": "mine"}}}})
+    spec = _spec_here(config, (Param("lr", "float", 0.001, 0.002, False),))
+    assert (spec.name, spec.n_trials, spec.parallel) == ("mine", 3, 2)
+    assert [(p.name, p.low, p.high) for p in spec.params] == [("lr", 0.001, 0.002)]

@@ -31,15 +31,11 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
     otherwise (a cluster's Hydra launcher, submitit) trials go to Hydra's `launcher` in batches of sweep.parallel
     (or `at_once`, the jobs a parallel Hydra launcher runs at once, if more)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
 
     from xp.tracking.stores import resolve_uri
 
-    node = cast(dict[str, Any], OmegaConf.to_container(config.sweep, resolve=True))
     space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
-    name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
-    # read once, by the command line's preflight (a command whose config tree xp did not compose: read here)
-    spec = placement.spec or spec_from(node, name, extra=space)
+    spec = placement.spec or _spec_here(config, space)  # read once, by the command line's preflight
     study = open_study(spec)
     for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec)]:
         log.warning(line)
@@ -114,6 +110,16 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
         done, elsewhere = _counts(study)
         remaining = spec.n_trials - done - elsewhere
     return returns
+
+
+def _spec_here(config: Any, space: tuple[Any, ...]) -> StudySpec:
+    """The study's spec from its composed config and the search space on its command line: for a command whose
+    config tree xp did not compose (--config-path), which no preflight read."""
+    from omegaconf import OmegaConf
+
+    node = cast(dict[str, Any], OmegaConf.to_container(config.sweep, resolve=True))
+    name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
+    return spec_from(node, name, extra=space)
 
 
 def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None,
