@@ -17,7 +17,7 @@ import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 from xp import dispatch, preflight
 from xp.errors import ConfigError, Terminated, XPError, one_line
@@ -154,7 +154,8 @@ def leave(code: int) -> None:
     import atexit
     import threading
 
-    threading._shutdown()  # as the interpreter: threading's exit hooks (joblib's workers end), then the joins
+    # as the interpreter: threading's exit hooks (joblib's workers end), then the joins
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -170,7 +171,7 @@ def _hydra(argv: list[str]) -> int:
     import hydra
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-    def task(cfg: Any) -> float:
+    def task(cfg: Any) -> float | dict[str, Any]:
         return _task(cfg)
 
     saved = sys.argv
@@ -196,11 +197,12 @@ def _mode_from_flags(argv: list[str]) -> Iterator[None]:
         yield
         return
     original = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: None  # _run_app: RUN, or MULTIRUN with -m
+    # _run_app: RUN, or MULTIRUN with -m
+    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Hydra.get_mode = original
+        Hydra.get_mode = original  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -219,14 +221,14 @@ def _one_repository() -> Iterator[None]:
             made[key] = original(self, config_name, overrides)
         return made[key]
 
-    ConfigLoaderImpl._parse_overrides_and_create_caching_repo = once
+    ConfigLoaderImpl._parse_overrides_and_create_caching_repo = once  # type: ignore[method-assign]
     try:
         yield
     finally:
-        ConfigLoaderImpl._parse_overrides_and_create_caching_repo = original
+        ConfigLoaderImpl._parse_overrides_and_create_caching_repo = original  # type: ignore[method-assign]
 
 
-def _task(cfg: Any) -> float:
+def _task(cfg: Any) -> float | dict[str, Any]:
     """One Hydra job: the raw DictConfig stops here; run() gets a plain dict."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -250,7 +252,7 @@ def _task(cfg: Any) -> float:
         resumed=launch.resumed,
         swept=tuple(k for k in os.environ.get(multirun.SWEPT_ENV, "").split(",") if k),
     )
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     in_study = (config.get("optuna") or {}).get("trial_id") is not None
     try:
         outcome = None

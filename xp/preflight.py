@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from xp import shipped
 from xp.errors import ConfigError, one_line
@@ -165,13 +165,13 @@ def preflight(argv: list[str]) -> Checked:
         here = not runs_elsewhere(chosen(argv))
         # Hydra's own settings go into every composition (they leave the job's config as it is): checked now, or a
         # sweep fails after its parent run began
-        hydra_overrides = [o.input_line for o in parsed
-                           if o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
+        hydra_overrides = [o.input_line for o in parsed if o.input_line
+                           and o.key_or_group.startswith("hydra") and o.key_or_group != "hydra.searchpath"]
         composer = Composer(lambda name, overrides: compose(name, overrides=[*hydra_overrides, *overrides]))
         corners, spec = _study_jobs(jobs, args.multirun, known, composer, space, here)
         for job, params in corners or [(job, {}) for job in jobs]:
             try:
-                config = OmegaConf.to_container(composer(job, params), resolve=True)
+                config = cast(dict[str, Any], OmegaConf.to_container(composer(job, params), resolve=True))
             except Exception as e:
                 raise _composition_error(e, [*job, *(as_override(k, v) for k, v in params.items()), *hydra_overrides],
                                          known) from e
@@ -237,7 +237,7 @@ def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) ->
 
     from xp.launching.launcher import launchers
 
-    known = set(flatten(OmegaConf.to_container(compose("config"), resolve=True)))
+    known = set(flatten(cast(dict[str, Any], OmegaConf.to_container(compose("config"), resolve=True))))
     known.update(f"launcher.{f.name}" for name in launchers().names() for f in fields(launchers().load(name).Options))
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # only the top keys: libyaml's parser, 15x OmegaConf's
     for group in groups:
@@ -251,7 +251,8 @@ class _KnownKeys(Sequence):
     no study and no error never needs it."""
 
     def __init__(self, make: Callable[[], list[str]]):
-        self._make, self._keys = make, None
+        self._make = make
+        self._keys: list[str] | None = None
 
     def _all(self) -> list[str]:
         if self._keys is None:
@@ -324,7 +325,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
 
     base = jobs[0]
     try:
-        config = OmegaConf.to_container(composer(base), resolve=True)
+        config = cast(dict[str, Any], OmegaConf.to_container(composer(base), resolve=True))
     except Exception:
         return [], None  # composition errors are reported by the caller
     node = config.get("sweep")

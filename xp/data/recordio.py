@@ -25,7 +25,7 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from xp.data.datasets import FolderListing
 from xp.errors import XPError
@@ -115,7 +115,7 @@ class RecordFile:
         self.idx_path, self.rec_path, self.mode = str(idx), str(rec), mode
         self.offsets: dict[int, int] = {}
         self.keys: list[int] = []
-        self._f = None
+        self._f: BinaryIO | None = None
         if mode == "r":
             with open(self.idx_path) as f:
                 for n, line in enumerate(f, 1):
@@ -135,6 +135,8 @@ class RecordFile:
             raise ValueError(f"mode {mode!r}: r or w")
 
     def write(self, key: int, record: bytes) -> None:
+        if self._f is None or self.mode != "w":
+            raise ValueError(f"{self.rec_path}: opened to read, not to write")
         self.offsets[key] = self._f.tell()
         self._fidx.write(f"{key}\t{self.offsets[key]}\n")
         self.keys.append(key)
@@ -220,7 +222,8 @@ def _write_part(listing: FolderListing, items, prefix: Path, part: str, resize: 
     rec, idx, lst = (Path(f"{prefix}_{part}{ext}") for ext in (".rec", ".idx", ".lst"))
     tmp = {p: p.with_name(p.name + ".tmp") for p in (rec, idx, lst)}
     writer = RecordFile(tmp[idx], tmp[rec], "w")
-    kept, skipped = [], []
+    kept: list[tuple[str, Any]] = []
+    skipped: list[tuple[str, str]] = []
     try:
         paths = [os.path.join(listing.root, rel) for rel, _ in items]
         # cv2 releases the GIL while decoding and encoding: threads run in parallel.

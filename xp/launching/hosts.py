@@ -97,7 +97,7 @@ class Transport(ABC):
         this transport: what runners that start remote processes themselves with ssh (horovodrun) are given."""
         cls = type(self)
         return shlex.join([sys.executable, "-m", "xp.launching.hosts", "as-ssh", f"{cls.__module__}:{cls.__qualname__}",
-                           json.dumps(asdict(self))])
+                           json.dumps(asdict(self))])  # type: ignore[call-overload]  # a dataclass
 
 
 def ssh_arguments(args: list[str]) -> tuple[str, str]:
@@ -228,6 +228,8 @@ if __name__ == "__main__":
 def hosts_for(launcher: Any, plan: Plan, elastic: bool) -> list[HostSlots]:
     """The hosts a job starts on: the launcher's, or (elastic, remote) those the discovery source lists now."""
     if elastic and launcher.remote:
+        if plan.elastic.discovery is None:  # checked with the plan (Launcher.check_plan)
+            raise ConfigError("elastic.enabled=true on remote hosts: needs elastic.discovery=FILE|SCRIPT")
         pool = discovered_hosts(plan.elastic.discovery)
         trace = plan.elastic.trace
         if trace and spot.peak(trace) > len(pool):
@@ -256,8 +258,9 @@ def end_together(procs: list[Any], steps: tuple[tuple[str | None, float], ...]) 
         alive = [p for p in procs if p.poll() is None]
         if not alive:
             return []
-        for p in alive if step else []:
-            getattr(p, step)()
+        if step:
+            for p in alive:
+                getattr(p, step)()
         deadline = time.monotonic() + grace_s
         for p in alive:
             try:
@@ -281,6 +284,7 @@ def start_there(transport: Transport, host: str, command: dict[str, Any], output
                             start_new_session=own_session, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE if output else None,
                             stderr=subprocess.STDOUT if output else None, text=True)
+    assert proc.stdin is not None  # a pipe: asked for above
     try:
         proc.stdin.write(json.dumps(command) + "\n")
         proc.stdin.flush()

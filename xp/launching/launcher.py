@@ -129,7 +129,10 @@ class StudySlots:
         """The worker `start_worker` started for `slot` (`handle`) was lost (ended already); its replacement is
         started next."""
 
-    grow_every_s: float = 0.0  # a site whose slots come and go (a cluster's nodes): how often the pool asks `grown`
+    @property
+    def grow_every_s(self) -> float:
+        """A site whose slots come and go (a cluster's nodes): how often the pool asks `grown` (0: never)."""
+        return 0.0
 
     def grown(self, have: list[Slot], index: int) -> list[Slot]:
         """Slots it offers now beyond the study's (`have`: a node joined), numbered from `index`. Where slots come

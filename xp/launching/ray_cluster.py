@@ -122,6 +122,7 @@ class Ray(OnHosts):
         GPUs, on that node), held by a driver until `reap` (or this process's end) lets go."""
         holder = subprocess.Popen(self.transport().driver("reserve", json.dumps(placement)), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stderr is not None  # pipes: asked for above
         if holder.stdout.readline().strip() != "ready":  # (the driver waits connect_timeout_s at most)
             said = [ln for ln in holder.stderr.read().splitlines() if ln.strip()]
             holder.wait(timeout=30)
@@ -131,7 +132,7 @@ class Ray(OnHosts):
 
     def reap(self, hosts: list[str], job: str) -> None:
         super().reap(hosts, job)
-        if self._holder is not None:  # the placement group goes with its driver
+        if self._holder is not None and self._holder.stdin is not None:  # the placement group goes with its driver
             self._holder.stdin.close()
             try:
                 self._holder.wait(timeout=30)
@@ -160,7 +161,7 @@ class Ray(OnHosts):
         except ConfigError:  # no node with room now
             return []
         room = min(len(offered), parallel or len(offered)) - len(have)
-        held, new = collections.Counter(s.host for s in have), []
+        held, new = collections.Counter(s.host for s in have), list[Slot]()
         for s in offered:
             if held[s.host]:
                 held[s.host] -= 1
@@ -204,11 +205,13 @@ def local_cluster(timeout_s: float) -> str:
     log = tempfile.TemporaryFile()  # what ray start says: the line of its failure
     holder = subprocess.Popen([sys.executable, "-m", "xp.launching.remote", "run"], stdin=subprocess.PIPE,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    holder.stdin.write(json.dumps({"argv": argv, "env": {"RAY_USAGE_STATS_ENABLED": "0"}}).encode() + b"\n")
-    holder.stdin.flush()
+    stdin = holder.stdin
+    assert stdin is not None  # a pipe: asked for above
+    stdin.write(json.dumps({"argv": argv, "env": {"RAY_USAGE_STATS_ENABLED": "0"}}).encode() + b"\n")
+    stdin.flush()
 
     def stop() -> None:
-        holder.stdin.close()  # the holder ends the head's process group: SIGTERM, SIGKILL after a grace
+        stdin.close()  # the holder ends the head's process group: SIGTERM, SIGKILL after a grace
         try:
             holder.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -273,7 +276,8 @@ def _ask(address: str, timeout_s: float) -> tuple[int, str, str]:
 
     proc = subprocess.Popen([sys.executable, "-m", "xp.launching.ray_actors", "nodes", address, str(timeout_s)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, err = time.monotonic() + timeout_s + 30, []
+    assert proc.stdout is not None and proc.stderr is not None  # pipes: asked for above
+    deadline, err = time.monotonic() + timeout_s + 30, list[str]()
     try:
         while True:
             if time.monotonic() > deadline:

@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from xp.studies.channel import Attr, Channel, Done, Error, Hello, Prune, Ready, Report, ShouldPrune, RunTrial
 from xp.run.worker import die_with_parent
@@ -60,7 +60,9 @@ def main(argv: list[str]) -> int:
             compose = None
         serve(zygote)  # returns in a forked worker, its slot's variables set: it calls back as a remote one does
         argv = ["connect"]
-    slot = Slot(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(os.environ[SLOT_ENV]).items()})
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                             for k, v in json.loads(os.environ[SLOT_ENV]).items()}
+    slot = Slot(**given)
     slot.pin()  # before the frameworks start their threads: those inherit it (the ones already there are moved)
     try:
         if argv[0] == "connect":  # forked, or on another host: it calls the scheduler back, with its slot's token
@@ -191,12 +193,12 @@ def _resolved(cfg: Any) -> dict[str, Any]:
     from omegaconf.errors import UnsupportedInterpolationType
 
     try:
-        return OmegaConf.to_container(cfg, resolve=True)
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     except UnsupportedInterpolationType:
         from hydra.core.utils import setup_globals
 
         setup_globals()
-        return OmegaConf.to_container(cfg, resolve=True)
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
 
 
 def _save_yaml(data: Any, path: Path) -> None:

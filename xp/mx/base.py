@@ -198,7 +198,7 @@ class MXNetBackend(Backend):
 
         from xp.run.worker import report_progress
 
-        self.kv = None
+        self.kv: Any = None  # mx.kv's store of a dist_* job
         plan = self.connect(plan)
         report_progress(plan.rank)  # a launched worker tells its launcher its rank as soon as it knows it
         self.plan = plan
@@ -216,7 +216,7 @@ class MXNetBackend(Backend):
             self.net = build_net(plan.model, plan.dataset.num_classes, plan.dataset.image_shape, plan.backend)
         initialize(self.net, self.contexts, plan.seed, plan.dataset.image_shape)
         self.draws = '"Dropout"' in self.net(mx.sym.var("data")).tojson()  # random layers in the graph
-        if self.backbone is not None:
+        if self.backbone is not None and plan.pretrained is not None:
             for p in self.backbone.collect_params().values():
                 if plan.pretrained.freeze_backbone:
                     p.grad_req = "null"  # gradients are neither computed nor applied
@@ -379,6 +379,8 @@ class MXNetBackend(Backend):
         from xp.run.metrics import Scores
 
         scores = Scores(self.plan.dataset.num_classes)
+        if self.val_iter is None:
+            raise RuntimeError("a test_io run has no validation data to evaluate")
         self.val_iter.reset()
         for batch in self.val_iter:
             logits = self.predict(batch)

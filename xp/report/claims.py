@@ -64,7 +64,7 @@ def scaling(rows: list[dict[str, Any]], claim: dict[str, Any],
     by_n: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_n[int(r["devices"])].append(r)
-    points = []
+    points: list[dict[str, Any]] = []
     for n in sorted(by_n):
         points.append({"devices": n, "throughput": _median(by_n[n], "throughput"),
                        "val_accuracy": _median(by_n[n], "val_accuracy"), "runs": len(by_n[n])})
@@ -101,7 +101,7 @@ def input_pipeline(rows: list[dict[str, Any]], claim: dict[str, Any], history: C
         threads = r["settings"].get("data_nthreads")
         if str(threads).isdigit():
             by_t[int(threads)].append(r)
-    points = [{"threads": t, "throughput": _median(by_t[t], "throughput"), "runs": len(by_t[t]),
+    points: list[dict[str, Any]] = [{"threads": t, "throughput": _median(by_t[t], "throughput"), "runs": len(by_t[t]),
                "diagnosis": statistics.mode([r.get("diagnosis") or "-" for r in by_t[t]])} for t in sorted(by_t)]
     points = [p for p in points if p["throughput"]]
     if len(points) < 2:
@@ -129,7 +129,7 @@ def dynamic(rows: list[dict[str, Any]], claim: dict[str, Any],
     its own metrics at each epoch: elapsed_s (the job's wall clock from its start: start-up and, elastic, every
     relaunch included) and cost_usd (xp's one cost: that time billed for every instance, the elastic run's at the
     trace's spot prices of each moment, the fixed run's at the on-demand price)."""
-    points = []
+    points: list[dict[str, Any]] = []
     for r in sorted(rows, key=lambda r: str(r["settings"].get("elastic.enabled")) != "True"):
         elastic = str(r["settings"].get("elastic.enabled")) == "True"
 
@@ -177,7 +177,7 @@ def batch(rows: list[dict[str, Any]], claim: dict[str, Any],
     for r in rows:
         if r.get("batch"):
             by_b[int(r["batch"])].append(r)
-    points = [{"batch": b, "throughput": _median(by_b[b], "throughput"), "lr": _median(by_b[b], "lr"),
+    points: list[dict[str, Any]] = [{"batch": b, "throughput": _median(by_b[b], "throughput"), "lr": _median(by_b[b], "lr"),
                "val_accuracy": _median(by_b[b], "val_accuracy"), "runs": len(by_b[b])} for b in sorted(by_b)]
     points = [p for p in points if p["throughput"]]
     if len(points) < 2:
@@ -207,7 +207,7 @@ def finetune(rows: list[dict[str, Any]], claim: dict[str, Any],
     """The fine-tuned trial (pretrained=weights) against the one from scratch (pretrained=none): val accuracy after
     each epoch (the runs' logged history). The direction (pretrained weights buy accuracy at equal epochs) holds
     when the fine-tuned run is ahead after the first epoch and after the last."""
-    points = []
+    points: list[dict[str, Any]] = []
     for r in sorted(rows, key=lambda r: str(r["settings"].get("pretrained")) not in ("none", "None", "")):
         weights = str(r["settings"].get("pretrained") or "none")
         per_epoch = {m.step: m.value for m in history(r["run_id"], "val_accuracy")} if history else {}

@@ -58,7 +58,9 @@ class HardwareSpec:
 
     @property
     def hourly(self) -> float:
-        return self.spot_price_per_hour if self.pricing == "spot" else self.price_per_hour
+        if self.pricing == "spot" and self.spot_price_per_hour is not None:  # the plan requires it with spot
+            return self.spot_price_per_hour
+        return self.price_per_hour
 
 
 @dataclass(frozen=True)
@@ -280,7 +282,7 @@ def _devices(cfg: dict, hardware: HardwareSpec, visible_gpus: int | None) -> tup
     return "cpu", tuple(f"cpu({i})" for i in range(integer(cfg, "cpu_devices", 1, MAX_DEVICES)))
 
 
-def _batch(cfg: dict, dataset: DatasetSpec, devices: int, workers: int) -> dict[str, int]:
+def _batch(cfg: dict, dataset: DatasetSpec, devices: int, workers: int) -> dict[str, Any]:
     batch = integer(cfg, "batch", 1, 65536)
     worker_batch = batch * devices
     global_batch = worker_batch * workers

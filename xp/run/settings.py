@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from xp.errors import ConfigError
 
@@ -48,7 +48,7 @@ class StudySettings:
 
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -63,10 +63,8 @@ def integer(cfg: dict, key: str, lo: int, hi: int | None = None) -> int:
 def number(cfg: dict, key: str, lo: float, hi: float | None = None, *, lo_open: bool = False,
            hi_open: bool = False) -> float:
     v = cfg.get(key)
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if ok:
-        ok = (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))
-    if not ok:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not (
+            (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))):
         left = f"> {lo}" if lo_open else f">= {lo}"
         right = "" if hi is None else (f" and < {hi}" if hi_open else f" and <= {hi}")
         raise ConfigError(f"{key}={v!r}: must be a number {left}{right}")
@@ -133,7 +131,8 @@ def elastic_settings(e: dict) -> ElasticSettings:
             raise ConfigError(f"elastic.{key}={v!r}: must be a number of seconds in [0.05, {top}]")
     if not is_int(e.get("max_restarts")) or e["max_restarts"] < 0:
         raise ConfigError(f"elastic.max_restarts={e.get('max_restarts')!r}: must be an integer >= 0")
-    trace, speed = (), e.get("trace_speed", 1.0)
+    trace: tuple[tuple[float, int, float], ...] = ()
+    speed = e.get("trace_speed", 1.0)
     if e.get("trace"):
         from xp.run import spot
 

@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeGuard
 
 import yaml
 
@@ -59,11 +59,18 @@ class Param:
     log: bool = False
     choices: tuple[Any, ...] = ()
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """A numeric parameter's low and high (a categorical one has none)."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.name}: a {self.kind} parameter has no bounds")
+        return self.low, self.high
+
 
 @dataclass(frozen=True)
 class Objective:
     metric: str
-    direction: str  # maximize | minimize
+    direction: Literal["maximize", "minimize"]
 
 
 @dataclass(frozen=True)
@@ -307,6 +314,8 @@ def space_from_overrides(overrides: list[Any]) -> tuple[tuple[Param, ...], list[
         key, at, sweep = o.key_or_group, o.input_line, o.value()  # keys are checked with the plan's (xp.cli)
         tags = set(getattr(sweep, "tags", ()) or ())
         if isinstance(sweep, IntervalSweep):
+            if sweep.start is None or sweep.end is None:  # Hydra's grammar gives both
+                raise ConfigError(f"{at}: an interval needs a low and a high")
             low, high, log_scale = float(sweep.start), float(sweep.end), "log" in tags
             if low > high:
                 raise ConfigError(f"{at}: low {low:g} > high {high:g}")
@@ -341,6 +350,10 @@ def _objectives(given: Any, where: str, sampler: str, pruner: str) -> list[Objec
     return objectives
 
 
+def _finite(v: Any) -> TypeGuard[float]:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _search_space(space: Any, where: str, known_keys: set[str] | None) -> list[Param]:
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{where}: params: give at least one parameter to search")
@@ -359,7 +372,7 @@ def _search_space(space: Any, where: str, known_keys: set[str] | None) -> list[P
             params.append(Param(pname, "categorical", choices=tuple(choices)))
             continue
         low, high, log_scale = p.get("low"), p.get("high"), bool(p.get("log", False))
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+        if not (_finite(low) and _finite(high)):
             raise ConfigError(f"{at}: low and high must be numbers")
         if low > high:
             raise ConfigError(f"{at}: low={low} > high={high}")

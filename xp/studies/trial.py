@@ -29,14 +29,14 @@ class TrialPruned(Exception):
 def distributions(spec: StudySpec) -> dict[str, Any]:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    out = {}
+    out: dict[str, Any] = {}
     for p in spec.params:
         if p.kind == "categorical":
             out[p.name] = CategoricalDistribution(list(p.choices))
         elif p.kind == "int":
-            out[p.name] = IntDistribution(int(p.low), int(p.high), log=p.log)
+            out[p.name] = IntDistribution(int(p.bounds[0]), int(p.bounds[1]), log=p.log)
         else:
-            out[p.name] = FloatDistribution(float(p.low), float(p.high), log=p.log)
+            out[p.name] = FloatDistribution(*p.bounds, log=p.log)
     return out
 
 
