@@ -7,7 +7,7 @@ from typing import Any
 
 import mxnet as mx
 
-from xp.run.plan import learning_rate
+from xp.run.plan import Plan, learning_rate
 
 
 class ServerOptimizer(mx.optimizer.Optimizer):
@@ -67,7 +67,7 @@ class PlanSchedule:
 
     FIELDS = ("steps_per_epoch", "warmup_epochs", "effective_lr", "lr_schedule", "lr_decay", "lr_steps", "epochs")
 
-    def __init__(self, plan: Any):
+    def __init__(self, plan: Plan):
         self.fields = {k: getattr(plan, k) for k in self.FIELDS}
         self.workers = plan.workers
         self.base_lr = plan.effective_lr  # MXNet's optimizer reads (and sets) it
