@@ -36,7 +36,7 @@ def distributions(spec: StudySpec) -> dict[str, Any]:
         elif p.kind == "int":
             out[p.name] = IntDistribution(int(p.bounds[0]), int(p.bounds[1]), log=p.log)
         else:
-            out[p.name] = FloatDistribution(*p.bounds, log=p.log)
+            out[p.name] = FloatDistribution(float(p.bounds[0]), float(p.bounds[1]), log=p.log)
     return out
 
 
