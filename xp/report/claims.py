@@ -101,8 +101,9 @@ def input_pipeline(rows: list[dict[str, Any]], claim: dict[str, Any], history: C
         threads = r["settings"].get("data_nthreads")
         if str(threads).isdigit():
             by_t[int(threads)].append(r)
-    points: list[dict[str, Any]] = [{"threads": t, "throughput": _median(by_t[t], "throughput"), "runs": len(by_t[t]),
-               "diagnosis": statistics.mode([r.get("diagnosis") or "-" for r in by_t[t]])} for t in sorted(by_t)]
+    points: list[dict[str, Any]] = [
+        {"threads": t, "throughput": _median(by_t[t], "throughput"), "runs": len(by_t[t]),
+         "diagnosis": statistics.mode([r.get("diagnosis") or "-" for r in by_t[t]])} for t in sorted(by_t)]
     points = [p for p in points if p["throughput"]]
     if len(points) < 2:
         return points, {"holds": None, "measured": "-", "why": "needs runs at two decode-thread counts at least"}
@@ -177,8 +178,9 @@ def batch(rows: list[dict[str, Any]], claim: dict[str, Any],
     for r in rows:
         if r.get("batch"):
             by_b[int(r["batch"])].append(r)
-    points: list[dict[str, Any]] = [{"batch": b, "throughput": _median(by_b[b], "throughput"), "lr": _median(by_b[b], "lr"),
-               "val_accuracy": _median(by_b[b], "val_accuracy"), "runs": len(by_b[b])} for b in sorted(by_b)]
+    points: list[dict[str, Any]] = [
+        {"batch": b, "throughput": _median(by_b[b], "throughput"), "lr": _median(by_b[b], "lr"),
+         "val_accuracy": _median(by_b[b], "val_accuracy"), "runs": len(by_b[b])} for b in sorted(by_b)]
     points = [p for p in points if p["throughput"]]
     if len(points) < 2:
         return points, {"holds": None, "measured": "-", "why": "needs runs at two batches at least"}
