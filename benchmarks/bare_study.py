@@ -65,7 +65,7 @@ def train(plan, arrays: tuple, lr: float, batch: int, momentum: float, epochs: i
 
     xs, ys, vxs, vy, n = arrays
     mx.random.seed(plan.seed)
-    net = build_net(plan.model, plan.dataset.num_classes)
+    net = build_net(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
     net.hybridize(static_alloc=True, static_shape=True)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr * batch / 32,

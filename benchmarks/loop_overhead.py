@@ -99,7 +99,7 @@ def synthetic(args) -> int:
 
     def hand(kind: str):
         def measure() -> float:
-            net = build_net(model, classes)
+            net = build_net(model, classes, shape)
             loop = (mx_gluon_loop(net, batches, 0.02, args.batch) if kind == "gluon"
                     else mx_module_loop(net, batches, 0.02, args.batch, shape))
             return timed_epochs(loop, args.epochs, args.batch, mx.nd.waitall)
@@ -139,7 +139,7 @@ def digits(args) -> int:
 
     def hand_mx(kind: str):
         def measure() -> float:
-            net = build_net(plan.model, plan.dataset.num_classes)
+            net = build_net(plan.model, plan.dataset.num_classes, plan.dataset.image_shape)
             loop = (mx_gluon_loop(net, mx_batches, lr, b) if kind == "gluon"
                     else mx_module_loop(net, mx_batches, lr, b, plan.dataset.image_shape))
             return timed_epochs(loop, args.epochs, b, mx.nd.waitall)

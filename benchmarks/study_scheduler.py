@@ -73,7 +73,7 @@ def cost(trials: list[int], reps: int) -> dict:
         x, b = statistics.median(xs), statistics.median(bs)
         out[n] = {"xp_s": xs, "bare_s": bs, "ratio": x / b, "per_trial_extra_s": (x - b) / n}
         print(f"{n} trials: xp {x:.2f} s, bare Optuna + Gluon {b:.2f} s (medians of {reps}): {x / b:.2f}x "
-              f"(target <= 1.3)", flush=True)
+              f"(target <= 1.1, issue 58)", flush=True)
     if len(trials) > 1:  # what one more trial costs: the slope between the smallest and the largest budget
         lo, hi = min(trials), max(trials)
         slope = {k: (statistics.median(out[hi][k]) - statistics.median(out[lo][k])) / (hi - lo)
