@@ -15,6 +15,7 @@ delivers it later (the next xp start on that store offers it too). A folder of a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -49,30 +50,6 @@ def pending_index() -> Path:
     return state_dir() / "pending"
 
 
-def pending(uri: str | None = None) -> list[Path]:
-    """Spool folders left undelivered (to `uri`, or to any store)."""
-    out = []
-    for entry in sorted(pending_index().glob("*")) if pending_index().is_dir() else []:
-        try:
-            folder = Path(entry.read_text().strip())
-        except OSError:  # its run's process delivered it and took the entry away since the listing
-            continue
-        try:
-            meta = json.loads((folder / RUN).read_text())
-        except (OSError, ValueError):
-            entry.unlink(missing_ok=True)  # delivered, or removed by its user
-            continue
-        if same_process(meta.get("pid", 0), meta.get("started", -1)):
-            continue  # its run is still going: its own process delivers it
-        if not waiting(folder):
-            shutil.rmtree(folder, ignore_errors=True)  # a killed process's spool, all of it delivered
-            entry.unlink(missing_ok=True)
-            continue
-        if uri is None or meta["uri"] == uri:
-            out.append(folder)
-    return out
-
-
 def waiting(folder: Path) -> int:
     """How many records of the spool in `folder` the store has not taken."""
     delivered = _read_int(folder / DELIVERED)
@@ -81,6 +58,17 @@ def waiting(folder: Path) -> int:
 
 def started(pid: int) -> float:
     """When process `pid` started (seconds since the epoch, to 0.01 s), or 0.0 if there is none."""
+    return _own_start(pid) if pid and pid == os.getpid() else _start_of(pid)
+
+
+@functools.lru_cache(maxsize=2)
+def _own_start(pid: int) -> float:
+    """This process's start (read once: a study's worker tags and spools a run a trial with it; a forked worker
+    is another pid)."""
+    return _start_of(pid)
+
+
+def _start_of(pid: int) -> float:
     import psutil
 
     try:

@@ -10,18 +10,59 @@ Exit 0 when everything was delivered, 1 when a store is still away (its spool is
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from xp.errors import one_line, redact
 from xp.states import RunStatus
-from xp.tracking.spool import RUN, Spool, pending, same_process, waiting
+from xp.tracking.spool import RUN, Spool, pending_index, same_process, waiting
 
 log = logging.getLogger("xp")
 
 WAIT_S = 30.0  # how long one spool's store may stay away before sync gives up on it
+
+
+def pending(uri: str | None = None) -> list[Path]:
+    """Spool folders left undelivered (to `uri`, or to any store)."""
+    out = []
+    for entry in sorted(pending_index().glob("*")) if pending_index().is_dir() else []:
+        try:
+            folder = Path(entry.read_text().strip())
+        except OSError:  # its run's process delivered it and took the entry away since the listing
+            continue
+        try:
+            meta = json.loads((folder / RUN).read_text())
+        except (OSError, ValueError):
+            entry.unlink(missing_ok=True)  # delivered, or removed by its user
+            continue
+        if same_process(meta.get("pid", 0), meta.get("started", -1)):
+            continue  # its run is still going: its own process delivers it
+        if not waiting(folder):
+            shutil.rmtree(folder, ignore_errors=True)  # a killed process's spool, all of it delivered
+            entry.unlink(missing_ok=True)
+            continue
+        if uri is None or meta["uri"] == uri:
+            out.append(folder)
+    return out
+
+
+_offered: set[str] = set()  # the stores this process has looked for waiting records of
+
+
+def offer_pending(uri: str) -> None:
+    """Runs that ended while this store was away left their records in spools: say how to deliver them. Once a
+    process and store: a study's worker starts a run a trial, and the listing reads every running run's spool."""
+    if uri in _offered:
+        return
+    _offered.add(uri)
+    left = pending(uri)
+    if left:
+        log.warning("%d earlier run(s) have records waiting for %s (it was away when they ended); deliver them "
+                    "with: python -m xp.sync", len(left), redact(uri))
 
 
 def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
@@ -29,8 +70,6 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[bool, str]:
     import functools
 
     from xp.tracking.stores import open_client
-
-    import json
 
     meta = json.loads((folder / RUN).read_text())
     if same_process(meta.get("pid", 0), meta.get("started", -1)):

@@ -20,6 +20,7 @@ from xp.errors import ConfigError, Terminated, one_line, redact
 from xp.states import RunStatus
 from xp.tracking.provenance import source_tags
 from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, away, away_reason, same_process, settle, started
+from xp.tracking.sync import offer_pending
 from xp.tracking.stores import _artifact_root, check_database, check_server, open_client
 
 log = logging.getLogger("xp")
@@ -41,16 +42,6 @@ def end_state(error: BaseException | None = None, failed: bool = False) -> RunSt
     if isinstance(error, (KeyboardInterrupt, Terminated)):
         return RunStatus.KILLED
     return RunStatus.FAILED if error is not None or failed else RunStatus.FINISHED
-
-
-def _offer_pending(uri: str) -> None:
-    """Runs that ended while this store was away left their records in spools: say how to deliver them."""
-    from xp.tracking.spool import pending
-
-    left = pending(uri)
-    if left:
-        log.warning("%d earlier run(s) have records waiting for %s (it was away when they ended); deliver them "
-                    "with: python -m xp.sync", len(left), redact(uri))
 
 
 def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: RunStatus = RunStatus.FAILED) -> list[str]:
@@ -208,7 +199,7 @@ class Tracker:
         self._open_spool()
         if self.params:
             self.log(params=self.params)
-        _offer_pending(self.uri)
+        offer_pending(self.uri)
         return self.run_id
 
     def _created(self) -> Any:
@@ -267,8 +258,7 @@ class Tracker:
         """End FAILED the runs of this experiment left RUNNING by a process of this host that is gone
         (SIGKILL, out of memory), after delivering what it left in their spools (a run that had ended keeps its
         end). A run whose process still lives, or of another host, is not touched."""
-        from xp.tracking.spool import pending
-        from xp.tracking.sync import deliver_left
+        from xp.tracking.sync import deliver_left, pending
 
         host, ended = socket.gethostname(), list[str]()
         try:
