@@ -32,7 +32,8 @@ def main() -> int:
     from images import make_folder
     from xp.data.datasets import list_folder
     from xp.data.recordio import prepare
-    from xp.pt.gpu_decode import EncodedRecords, GpuDecoder, crop_resize
+    from xp.pt.data import EncodedRecords
+    from xp.pt.gpu_decode import GpuDecoder, crop_resize
     from xp.run.plan import build_plan
 
     work = Path(tempfile.mkdtemp(prefix="xp-bench-gpu-decode-"))
@@ -70,7 +71,7 @@ def main() -> int:
     draws = [[images.geometry(tuple(img.shape[1:]), i, 1) for img, i in zip(dec, nums)]
              for dec, nums in zip(decoded, numbers)]
     print(f"{n} JPEGs stored at {STORED} px -> {args.size}, batch {args.batch}, {torch.cuda.get_device_name(0)}")
-    timed("whole batch (GpuDecoder.__call__)", lambda b: decoder(*batches[b][:2], batches[b][3], 1))
+    timed("whole batch (GpuDecoder.__call__)", lambda b: decoder(batches[b][0], batches[b][1], batches[b][3], 1))
     timed("decode: the batch in one call", lambda b: decoder.decode(parts[b], numbers[b]))
     for k in (2, 4, 8):
         timed(f"decode: {k} chunks from {k} threads", lambda b, k=k: chunked(b, k))
