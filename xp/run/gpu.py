@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-_NO_NVML: list[bool] = []  # [True] once NVML's library was not found in this process
-
 
 def visible_gpus() -> int:
     """Number of GPUs this process may use: NVML's count, narrowed by CUDA_VISIBLE_DEVICES.
@@ -18,15 +16,11 @@ def visible_gpus() -> int:
 def visible_gpu_ids() -> list[int]:
     """The NVML indices of the GPUs this process may use, in CUDA_VISIBLE_DEVICES order (indices or GPU-UUIDs);
     [] without a driver."""
-    if _NO_NVML:
-        return []
     try:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception as e:
-        if isinstance(e, ImportError) or type(e).__name__ == "NVMLError_LibraryNotFound":
-            _NO_NVML.append(True)  # no driver on this machine: not looked for again (a study's worker asks a trial)
+    except Exception:
         return []
     try:
         count = pynvml.nvmlDeviceGetCount()

@@ -231,9 +231,6 @@ class GPUSampler(Callback):
 START_S = 0.25  # the first system sample: the start of training (CPU % needs a window to average over)
 
 
-_NO_GPU: set[str] = set()  # the GPU monitors that found no GPU in this process
-
-
 class _Monitors:
     """MLflow's system-metrics monitors (CPU, disk, network; a GPU's where NVML or ROCm answers), without its
     SystemMetricsMonitor: that one's logger opens the default tracking store ($MLFLOW_TRACKING_URI), creating
@@ -247,15 +244,13 @@ class _Monitors:
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         self.monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
         for gpu in ("gpu_monitor.GPUMonitor", "rocm_monitor.ROCMMonitor"):
-            if gpu in _NO_GPU:
-                continue
             module, name = gpu.split(".")
             try:
                 self.monitors.append(getattr(__import__(f"mlflow.system_metrics.metrics.{module}",
                                                         fromlist=[name]), name)())
                 break
-            except Exception:  # no such GPU here: not asked again in this process (a study's worker: a trial each)
-                _NO_GPU.add(gpu)
+            except Exception:  # no such GPU here
+                continue
 
     def collect_metrics(self) -> None:
         for m in self.monitors:
