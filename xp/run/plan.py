@@ -21,7 +21,7 @@ from xp.run.pretrained import PretrainedRequest, PretrainedSpec
 from xp.tracking.models import fits
 from xp.tracking.stores import resolve_uri
 from xp.run.settings import (ElasticSettings, LaunchSettings, StudySettings, choice, elastic_settings, flag,
-                             flatten, group, integer, is_int, launch_settings, number, study_settings, text)
+                             flatten, group, integer, is_int, is_number, launch_settings, number, study_settings, text)
 
 # a backend's resolve_pretrained(request, model): pretrained= weights found on disk
 PretrainedResolver = Callable[[PretrainedRequest, "ModelSpec"], PretrainedSpec]
@@ -256,7 +256,7 @@ def _hardware(cfg: dict) -> HardwareSpec:
     if hw_gpus is not None and (not is_int(hw_gpus) or hw_gpus < 0):
         raise ConfigError(f"hardware.gpus={hw_gpus!r}: must be an integer >= 0, or null to count visible GPUs")
     price = hw_cfg.get("price_per_hour", 0.0)
-    if not isinstance(price, (int, float)) or isinstance(price, bool) or not math.isfinite(price) or price < 0:
+    if not is_number(price) or price < 0:
         raise ConfigError(f"hardware.price_per_hour={price!r}: must be a number >= 0 (USD per hour)")
     pricing = choice(cfg.get("pricing", "on_demand"), "pricing", ("on_demand", "spot"))
     spot = hw_cfg.get("spot_price_per_hour")

@@ -52,6 +52,11 @@ def is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def is_number(v: Any) -> TypeGuard[float]:
+    """A finite int or float (a bool is neither here)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def integer(cfg: dict, key: str, lo: int, hi: int | None = None) -> int:
     v = cfg.get(key)
     if not is_int(v) or v < lo or (hi is not None and v > hi):
@@ -63,8 +68,7 @@ def integer(cfg: dict, key: str, lo: int, hi: int | None = None) -> int:
 def number(cfg: dict, key: str, lo: float, hi: float | None = None, *, lo_open: bool = False,
            hi_open: bool = False) -> float:
     v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not (
-            (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))):
+    if not is_number(v) or not ((v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))):
         left = f"> {lo}" if lo_open else f">= {lo}"
         right = "" if hi is None else (f" and < {hi}" if hi_open else f" and <= {hi}")
         raise ConfigError(f"{key}={v!r}: must be a number {left}{right}")
@@ -127,7 +131,7 @@ def elastic_settings(e: dict) -> ElasticSettings:
                           "1 <= min_workers <= max_workers")
     for key, top in (("poll_s", 3600), ("wait_s", 86400)):
         v = e.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.05 <= v <= top:
+        if not is_number(v) or not 0.05 <= v <= top:
             raise ConfigError(f"elastic.{key}={v!r}: must be a number of seconds in [0.05, {top}]")
     if not is_int(e.get("max_restarts")) or e["max_restarts"] < 0:
         raise ConfigError(f"elastic.max_restarts={e.get('max_restarts')!r}: must be an integer >= 0")
@@ -137,7 +141,7 @@ def elastic_settings(e: dict) -> ElasticSettings:
         from xp.run import spot
 
         trace = spot.load(str(e["trace"]))
-        if not isinstance(speed, (int, float)) or isinstance(speed, bool) or not 0 < speed <= 1e6:
+        if not is_number(speed) or not 0 < speed <= 1e6:
             raise ConfigError(f"elastic.trace_speed={speed!r}: must be a number > 0 (trace seconds per second)")
         if spot.peak(trace) > hi:
             raise ConfigError(f"elastic.trace={e['trace']}: offers up to {spot.peak(trace)} hosts, more than "
