@@ -34,9 +34,11 @@ def distributions(spec: StudySpec) -> dict[str, Any]:
         if p.kind == "categorical":
             out[p.name] = CategoricalDistribution(list(p.choices))
         elif p.kind == "int":
-            out[p.name] = IntDistribution(int(p.bounds[0]), int(p.bounds[1]), log=p.log)
+            low, high = p.bounds
+            out[p.name] = IntDistribution(int(low), int(high), log=p.log)
         else:
-            out[p.name] = FloatDistribution(float(p.bounds[0]), float(p.bounds[1]), log=p.log)
+            low, high = p.bounds
+            out[p.name] = FloatDistribution(float(low), float(high), log=p.log)
     return out
 
 
