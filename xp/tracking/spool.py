@@ -15,7 +15,6 @@ delivers it later (the next xp start on that store offers it too). A folder of a
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -58,17 +57,6 @@ def waiting(folder: Path) -> int:
 
 def started(pid: int) -> float:
     """When process `pid` started (seconds since the epoch, to 0.01 s), or 0.0 if there is none."""
-    return _own_start(pid) if pid and pid == os.getpid() else _start_of(pid)
-
-
-@functools.lru_cache(maxsize=2)
-def _own_start(pid: int) -> float:
-    """This process's start (read once: a study's worker tags and spools a run a trial with it; a forked worker
-    is another pid)."""
-    return _start_of(pid)
-
-
-def _start_of(pid: int) -> float:
     import psutil
 
     try:
