@@ -17,7 +17,7 @@ import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, cast
+from typing import Any, Iterator
 
 from xp import dispatch, preflight
 from xp.errors import ConfigError, Terminated, XPError, one_line
@@ -231,11 +231,11 @@ def _one_repository() -> Iterator[None]:
 def _task(cfg: Any) -> float | dict[str, Any]:
     """One Hydra job: the raw DictConfig stops here; run() gets a plain dict."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     from xp import multirun
     from xp.run.experiment import JobInfo, run
     from xp.run.handoff import Launched, launched
+    from xp.studies.compose import plain
 
     hc = HydraConfig.get()
     launch = launched() or Launched(run_id=os.environ.get(RUN_ENV))  # launched, or a batch job's submitted run
@@ -252,7 +252,7 @@ def _task(cfg: Any) -> float | dict[str, Any]:
         resumed=launch.resumed,
         swept=tuple(k for k in os.environ.get(multirun.SWEPT_ENV, "").split(",") if k),
     )
-    config = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+    config = plain(cfg)
     in_study = (config.get("optuna") or {}).get("trial_id") is not None
     try:
         outcome = None

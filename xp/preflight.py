@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from xp import shipped
 from xp.errors import ConfigError, one_line
@@ -134,13 +134,11 @@ def preflight(argv: list[str]) -> Checked:
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
     from xp.launching.hydra_launchers import chosen, runs_elsewhere
     from xp.launching.launcher import gpus_here, launcher_for
     from xp.run.backend_plan import plan_and_backend
     from xp.run.worker import WORKER_ENV
-    from xp.studies.compose import Composer, as_override
+    from xp.studies.compose import Composer, as_override, plain
 
     if os.environ.get(WORKER_ENV):
         return Checked([])  # a launched worker: its launching process composed and checked this job
@@ -171,7 +169,7 @@ def preflight(argv: list[str]) -> Checked:
         corners, spec = _study_jobs(jobs, args.multirun, known, composer, space, here)
         for job, params in corners or [(job, {}) for job in jobs]:
             try:
-                config = cast(dict[str, Any], OmegaConf.to_container(composer(job, params), resolve=True))
+                config = plain(composer(job, params))
             except Exception as e:
                 raise _composition_error(e, [*job, *(as_override(k, v) for k, v in params.items()), *hydra_overrides],
                                          known) from e
@@ -229,15 +227,15 @@ def _jobs(user: list[Any], multirun: bool) -> tuple[list[list[str]], tuple[Any, 
 def _known_keys(compose: Any, groups: dict[str, list[str]], dirs: list[Path]) -> list[str]:
     """Every key a config can have: the defaults', and those of every option (dataset.root lives in folder.yaml)."""
     import yaml
-    from omegaconf import OmegaConf
 
     from xp.run.plan import flatten
+    from xp.studies.compose import plain
 
     from dataclasses import fields
 
     from xp.launching.launcher import launchers
 
-    known = set(flatten(cast(dict[str, Any], OmegaConf.to_container(compose("config"), resolve=True))))
+    known = set(flatten(plain(compose("config"))))
     known.update(f"launcher.{f.name}" for name in launchers().names() for f in fields(launchers().load(name).Options))
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # only the top keys: libyaml's parser, 15x OmegaConf's
     for group in groups:
@@ -317,15 +315,14 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
     overrides and the corner's parameter), so a value the plan refuses fails now, not in trial 17. `here`: the
     trials run on this machine or xp's launcher's hosts (not a cluster's Hydra launcher), which its budget prices. (Whether
     the launcher can place them is the placement's to check: xp.launching.placement.)"""
-    from omegaconf import OmegaConf
-
     from xp.studies import study
+    from xp.studies.compose import plain
     from xp.studies.budget import check_budget
     from xp.studies.trial import check_storage
 
     base = jobs[0]
     try:
-        config = cast(dict[str, Any], OmegaConf.to_container(composer(base), resolve=True))
+        config = plain(composer(base))
     except Exception:
         return [], None  # composition errors are reported by the caller
     node = config.get("sweep")

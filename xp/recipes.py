@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Sequence
 
 from xp import shipped
 from xp.errors import ConfigError, XPError
@@ -66,16 +66,15 @@ def batch_ladder(argv: list[str], start: int, dirs: list[Path]) -> list[int]:
     for this command's experiment (found once, here, as batch=auto finds it), then that largest. Empty when the
     command does not compose: the preflight then says why."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from xp.run.backend_plan import plan_and_backend
+    from xp.studies.compose import plain
 
     try:
         fixed = [*_fixed(argv), *(a for a in argv if a.lstrip("+").startswith("sweep="))]
         searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
         with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name="xp"):
-            config = cast(dict[str, Any], OmegaConf.to_container(
-                compose("config", overrides=[*searchpath, *fixed, "batch=auto"]), resolve=True))
+            config = plain(compose("config", overrides=[*searchpath, *fixed, "batch=auto"]))
     except Exception:
         return []
     plan, _ = plan_and_backend(config, resolve_auto=True)

@@ -19,9 +19,10 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from xp.studies.channel import Attr, Channel, Done, Error, Hello, Prune, Ready, Report, ShouldPrune, RunTrial
+from xp.studies.compose import plain
 from xp.run.worker import die_with_parent
 
 # what the pool (xp.launching.pool) tells a worker, in its environment
@@ -117,8 +118,6 @@ def _trials(channel: Any, compose: Any, slot: Any) -> int:
 
 def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:
     """One trial, as the scheduler's RunTrial message describes it; returns how it ended (Done)."""
-    from omegaconf import OmegaConf
-
     from xp.errors import XPError, one_line
     from xp.run.experiment import JobInfo, run
     from xp.studies.study import spec_from
@@ -139,7 +138,7 @@ def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:
         if msg.config:
             compose.seed(msg.base, msg.config)
         with compose.applied(msg.base, msg.params) as cfg:
-            _save_yaml(OmegaConf.to_container(cfg), out / ".hydra" / "config.yaml")
+            _save_yaml(plain(cfg, resolve=False), out / ".hydra" / "config.yaml")
             config = _resolved(cfg)
         _save_yaml(msg.task, out / ".hydra" / "overrides.yaml")
         result.recycle = (config.get("dtype") or {}).get("name", "float32") != "float32"  # AMP patches the process
@@ -189,16 +188,15 @@ class SlotTrial:
 def _resolved(cfg: Any) -> dict[str, Any]:
     """The trial's config resolved. A worker that brought up no Hydra of its own has none of Hydra's resolvers
     (${now:...}, ${python_version:}) until a config uses one: then they are registered, as Hydra does."""
-    from omegaconf import OmegaConf
     from omegaconf.errors import UnsupportedInterpolationType
 
     try:
-        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+        return plain(cfg)
     except UnsupportedInterpolationType:
         from hydra.core.utils import setup_globals
 
         setup_globals()
-        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+        return plain(cfg)
 
 
 def _save_yaml(data: Any, path: Path) -> None:

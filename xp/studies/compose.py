@@ -1,10 +1,18 @@
 """A study's trial configs: its base (the command line's overrides) composed once, each trial's parameters set
-on it (`Composer`), and a parameter written back as an override Hydra reads to the same value (`as_override`)."""
+on it (`Composer`), a parameter written back as an override Hydra reads to the same value (`as_override`), and
+a composed config as the plain dict xp reads (`plain`)."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
+
+
+def plain(cfg: Any, resolve: bool = True) -> dict[str, Any]:
+    """A composed config (an OmegaConf node) as a plain dict, its interpolations resolved unless told not to."""
+    from omegaconf import OmegaConf
+
+    return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=resolve))
 
 
 class Composer:

@@ -9,13 +9,13 @@ import logging
 import os
 import time
 import warnings
-from typing import Any, cast
+from typing import Any
 
 from xp.errors import redact
 from xp.states import RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
 from xp.studies.channel import Done, RunTrial
 from xp.studies.budget import Budget
-from xp.studies.compose import as_override
+from xp.studies.compose import as_override, plain
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
 from xp.studies.study import StudySpec, space_from_overrides, spec_from
 from xp.studies.summary import BestModel, summarize
@@ -115,9 +115,7 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
 def _spec_here(config: Any, space: tuple[Any, ...]) -> StudySpec:
     """The study's spec from its composed config and the search space on its command line: for a command whose
     config tree xp did not compose (--config-path), which no preflight read."""
-    from omegaconf import OmegaConf
-
-    node = cast(dict[str, Any], OmegaConf.to_container(config.sweep, resolve=True))
+    node = plain(config.sweep)
     name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
     return spec_from(node, name, extra=space)
 
@@ -213,16 +211,15 @@ def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> di
     line held no search space, Hydra composed exactly that for the sweep (less its own node): taken from there, not
     composed again (0.25 s before the first trial)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
 
     parsed = OverridesParser.create().parse_overrides(list(arguments))
     if list(config.hydra.overrides.task) == list(arguments) and not any(o.is_sweep_override() for o in parsed):
-        base = cast(dict[str, Any], OmegaConf.to_container(config))
+        base = plain(config, resolve=False)
         base.pop("hydra", None)
         return base
     from hydra import compose
 
-    return cast(dict[str, Any], OmegaConf.to_container(compose("config", overrides=[*searchpath, *arguments])))
+    return plain(compose("config", overrides=[*searchpath, *arguments]), resolve=False)
 
 
 def _retry(study: Any, spec: StudySpec, trial_id: int) -> bool:
