@@ -75,6 +75,8 @@ CASES = [
      "no-key: no such file"),
     ("kvstore=dist_sync elastic.enabled=true launcher=ssh elastic.discovery={tmp}/d",
      "elastic.enabled=true launcher=ssh: needs checkpoint_dir=PATH on storage every host"),
+    ("kvstore=dist_sync elastic.enabled=true launcher=ssh checkpoint_dir={tmp}/ck",
+     "elastic.enabled=true launcher=ssh: needs elastic.discovery=FILE|SCRIPT listing the hosts"),
     ("elastic.enabled=true", "elastic.enabled=true: needs kvstore=dist_sync"),
     ("kvstore=dist_sync elastic.enabled=true elastic.min_workers=3 elastic.max_workers=2",
      "need integers with 1 <= min_workers <= max_workers"),

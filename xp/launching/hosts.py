@@ -228,8 +228,7 @@ if __name__ == "__main__":
 def hosts_for(launcher: Any, plan: Plan, elastic: bool) -> list[HostSlots]:
     """The hosts a job starts on: the launcher's, or (elastic, remote) those the discovery source lists now."""
     if elastic and launcher.remote:
-        if plan.elastic.discovery is None:  # checked with the plan (Launcher.check_plan)
-            raise ConfigError("elastic.enabled=true on remote hosts: needs elastic.discovery=FILE|SCRIPT")
+        assert plan.elastic.discovery is not None  # required with the plan (launcher_for)
         pool = discovered_hosts(plan.elastic.discovery)
         trace = plan.elastic.trace
         if trace and spot.peak(trace) > len(pool):

@@ -250,9 +250,6 @@ class Ssh(OnHosts):
         elastic = plan.elastic.enabled
         if not self.options.hosts_file and not elastic:
             raise ConfigError("launcher=ssh: needs launcher.hosts_file=PATH (HOST or HOST:SLOTS a line)")
-        if elastic and not plan.elastic.discovery:
-            raise ConfigError("elastic.enabled=true launcher=ssh: needs elastic.discovery=FILE|SCRIPT listing the "
-                              "hosts (HOST:SLOTS a line)")
         if elastic and not plan.checkpoint_dir:
             raise ConfigError("elastic.enabled=true launcher=ssh: needs checkpoint_dir=PATH on storage every host "
                               "and this machine share (rank 0 commits there; a relaunch resumes from it)")
@@ -291,6 +288,9 @@ def launcher_for(plan: Plan) -> Launcher:
         raise ConfigError(f"launcher={name!r}: not supported; valid: {', '.join(valid)}")
     launcher = registry.load(name)(plan.launch)
     launcher.check_plan(plan)
+    if plan.elastic.enabled and launcher.remote and not plan.elastic.discovery:  # (xp.launching.hosts.hosts_for)
+        raise ConfigError(f"elastic.enabled=true launcher={name}: needs elastic.discovery=FILE|SCRIPT listing the "
+                          "hosts (HOST:SLOTS a line)")
     return launcher
 
 
