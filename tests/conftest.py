@@ -22,6 +22,7 @@ CONF = ROOT / "conf"
 # xp's state folder (the index of runs' spools waiting for a store, xp.spool): each test process's own (under
 # pytest-xdist too, whose workers would otherwise inherit the controller's)
 os.environ["XP_STATE_DIR"] = tempfile.mkdtemp(prefix="xp-test-state-")
+os.environ["XP_SERVICE_IDLE_S"] = "60"  # a tracking service a test's runs started (xp.tracking.service) ends soon
 # nothing from the home folder or the user's environment: the data and weights caches are each test process's own
 # (a test that wants one sets its own), and Ray's authentication and address are what a test gives (tests/test_ray.py)
 _OWN = tempfile.mkdtemp(prefix="xp-test-home-")
@@ -136,6 +137,10 @@ def _release_held() -> None:
 
 def pytest_sessionfinish(session):
     _release_held()  # the last test was quiet: the others' wait ends with it
+    from xp.tracking import service
+
+    service.stop()  # the tracking service this test process's runs started (those of tests' own state folders end
+    # when their folders go, or after XP_SERVICE_IDLE_S)
 
 
 def _lock(f, how: int, timeout_s: float = 1800) -> None:

@@ -137,9 +137,10 @@ def test_an_ended_run_whose_records_a_killed_process_left_is_delivered_not_faile
     assert "xp.ended_by" not in run.data.tags and not folder.exists()
 
 
-def test_a_long_lived_process_looks_its_experiment_up_once_and_again_where_it_is_gone(store):
-    """A study's worker runs trial after trial: the experiment's id is remembered after the first, and a run in an
-    experiment deleted and made again meanwhile still lands in the live one."""
+def test_a_long_lived_process_looks_its_experiment_up_once_and_again_where_it_is_gone(store, monkeypatch):
+    """A study's worker (or the tracking service) runs trial after trial: the experiment's id is remembered after
+    the first, and a run in an experiment deleted and made again meanwhile still lands in the live one."""
+    monkeypatch.setenv("XP_TRACKING_SERVICE", "0")  # (this process's own Tracker, watched)
     first = Tracker(store, "xp", "first")  # tidy, as a worker's first trial: looked up
     first.start()
     first.end("FINISHED")

@@ -339,7 +339,7 @@ class MXNetBackend(Backend):
         return {name: to_numpy(p.data(self.contexts[0])) for name, p in self.net.collect_params().items()}
 
     def export_model(self, folder: Any, example: Any, extra: dict[str, str], params: dict[str, Any]) -> None:
-        from xp.mx.export import save
+        from xp.mx.saved import save
 
         save(self.net, params, folder, example, extra)
 

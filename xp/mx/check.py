@@ -100,10 +100,12 @@ class Probe:
         """Predictions of the network saved as xp logs it (an MLflow pyfunc of its symbol) and loaded back."""
         import mlflow.pyfunc
 
-        from xp.mx.export import save
+        from xp.mx.saved import save
+        from xp.tracking.models import built
 
         self._reset()
         save(self.net, {n: v.asnumpy() for n, v in self.start.items()}, folder, x, {})
+        built(folder)
         return np.asarray(mlflow.pyfunc.load_model(str(folder)).predict(x))
 
     def framework_version(self) -> str:

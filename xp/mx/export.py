@@ -7,15 +7,15 @@ normalised) and answers the classes' scores (N, classes), as a PyTorch run's mod
 
 from __future__ import annotations
 
-import warnings
+import json
 from pathlib import Path
-from typing import Any
 
 import mlflow.pyfunc
 import numpy as np
 
+from xp.mx.saved import ANSWER, EXAMPLE
 from xp.mx.pretrained import PARAMS, SYMBOL
-from xp.tracking.models import quiet
+from xp.tracking.models import BUILD, quiet
 
 
 class Network(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined]  # (mlflow.pyfunc's lazy attribute)
@@ -24,42 +24,27 @@ class Network(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined]  # (mlfl
     _skip_type_hint_validation = True  # MLflow's checks of predict's type hints: its signature is the model's
 
     def load_context(self, context):  # (no type hints: MLflow would read a signature from them)
-        import mxnet as mx
+        from xp.mx.saved import load
 
-        with warnings.catch_warnings():  # "cannot decide type for data": it is float32, as predict feeds it
-            warnings.simplefilter("ignore")
-            self.net = mx.gluon.SymbolBlock.imports(context.artifacts["symbol"], ["data"],
-                                                    context.artifacts["params"], ctx=mx.cpu())
+        self.net = load(context.artifacts["symbol"], context.artifacts["params"])
 
     def predict(self, context, model_input, params=None):
-        import mxnet as mx
+        from xp.mx.saved import predict
 
-        return self.net(mx.nd.array(np.asarray(model_input, dtype=np.float32))).asnumpy()
+        return predict(self.net, model_input)
 
 
-def save(block: Any, params: dict[str, np.ndarray], folder: Path, example: np.ndarray, extra: dict[str, str]) -> None:
-    """Write the network (`block`: its Gluon block, traced from a "data" input to the logits; `params`: its
-    parameters by name, in whichever process holds them) as an MLflow model into `folder`, with its signature and
-    input example, and `extra` files (name: text)."""
-    import mxnet as mx
+def build(parts: Path, folder: Path) -> None:
+    """The MLflow model (a Python-function model around the network) in `folder`, of the parts `save` wrote into
+    `parts`."""
     from mlflow.models import infer_signature
 
-    symbol = block(mx.sym.var("data"))
-    work = folder.with_name(folder.name + ".parts")
-    work.mkdir(parents=True, exist_ok=True)
-    symbol.save(str(work / SYMBOL))
-    aux = set(symbol.list_auxiliary_states())
-    mx.nd.save(str(work / PARAMS), {f"{'aux' if n in aux else 'arg'}:{n}": mx.nd.array(v, dtype="float32")
-                                    for n, v in params.items() if n in aux or n in symbol.list_arguments()})
-    artifacts = {"symbol": str(work / SYMBOL), "params": str(work / PARAMS)}
+    about = json.loads((parts / BUILD).read_text())
+    example = np.load(parts / EXAMPLE)
+    artifacts = {"symbol": str(parts / SYMBOL), "params": str(parts / PARAMS)}
     with quiet():
-        net = Network()
-        net.load_context(type("Context", (), {"artifacts": artifacts})())
         mlflow.pyfunc.save_model(str(folder), python_model=Network(), artifacts=artifacts,
-                                 signature=infer_signature(example, net.predict(None, example)),
-                                 input_example=example, pip_requirements=[f"mxnet=={mx.__version__}", "numpy<1.24"])
-    for name, text in extra.items():
-        (folder / name).write_text(text)
-    for part in work.iterdir():
-        part.unlink()
-    work.rmdir()
+                                 signature=infer_signature(example, np.load(parts / ANSWER)),
+                                 input_example=example, pip_requirements=about["pip"])
+    for name in about["extra"]:
+        (folder / name).write_bytes((parts / name).read_bytes())

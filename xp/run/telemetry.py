@@ -232,17 +232,21 @@ START_S = 0.25  # the first system sample: the start of training (CPU % needs a 
 
 
 class _Monitors:
-    """MLflow's system-metrics monitors (CPU, disk, network; a GPU's where NVML or ROCm answers), without its
-    SystemMetricsMonitor: that one's logger opens the default tracking store ($MLFLOW_TRACKING_URI), creating
-    its schema there, unlocked, whatever store the run uses."""
+    """MLflow's system metrics, by its names (system/...): CPU, memory, disk and network measured here with psutil
+    as MLflow's monitors measure them (importing MLflow for them costs a run 2 s), and a GPU's by MLflow's own
+    monitor where the run has GPUs and NVML or ROCm answers. Not MLflow's SystemMetricsMonitor: that one's logger
+    opens the default tracking store ($MLFLOW_TRACKING_URI), creating its schema there, unlocked, whatever store
+    the run uses."""
 
-    def __init__(self):
-        from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
-        from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
-        from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+    def __init__(self, gpus: bool = False):
+        import psutil
 
+        self.psutil, self.monitors, self._points = psutil, list[Any](), list[dict[str, float]]()
+        sent = psutil.net_io_counters()
+        self._net0 = (sent.bytes_recv / 1e6, sent.bytes_sent / 1e6)  # (since the run's start, as MLflow's)
+        if not gpus:
+            return
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-        self.monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
         for gpu in ("gpu_monitor.GPUMonitor", "rocm_monitor.ROCMMonitor"):
             module, name = gpu.split(".")
             try:
@@ -253,14 +257,30 @@ class _Monitors:
                 continue
 
     def collect_metrics(self) -> None:
+        ps = self.psutil
+        memory, disk = ps.virtual_memory(), ps.disk_usage(os.sep)
+        self._points.append({"cpu_utilization_percentage": ps.cpu_percent(),
+                             "system_memory_usage_megabytes": memory.used / 1e6,
+                             "system_memory_usage_percentage": memory.used / memory.total * 100,
+                             "disk_usage_percentage": disk.percent, "disk_usage_megabytes": disk.used / 1e6,
+                             "disk_available_megabytes": disk.free / 1e6})
         for m in self.monitors:
             m.collect_metrics()
 
     def aggregate_metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+        out = {k: round(sum(p[k] for p in self._points) / len(self._points), 1) for k in self._points[0]} \
+            if self._points else {}
+        sent = self.psutil.net_io_counters()
+        out.update(network_receive_megabytes=sent.bytes_recv / 1e6 - self._net0[0],
+                   network_transmit_megabytes=sent.bytes_sent / 1e6 - self._net0[1])
         for m in self.monitors:
             out.update(m.aggregate_metrics())
         return out
+
+    def clear(self) -> None:
+        self._points.clear()
+        for monitor in self.monitors:
+            monitor.clear_metrics()
 
 
 class SystemMetrics(Callback):
@@ -269,8 +289,9 @@ class SystemMetrics(Callback):
     and once more at the end: a run of seconds gets a few points, one of hours one every interval_s, and every
     run its start and its end. CPU % is the average since the previous sample (psutil)."""
 
-    def __init__(self, log_metrics: Callable[[dict[str, float], int], None], interval_s: float):
-        self.log_metrics, self.interval = log_metrics, interval_s  # the run's tracker: its spool, no wait on MLflow
+    def __init__(self, log_metrics: Callable[[dict[str, float], int], None], interval_s: float, gpus: bool = False):
+        self.log_metrics = log_metrics  # the run's tracker: its spool, no wait on MLflow
+        self.interval, self.gpus = interval_s, gpus
         self._step = 0
         self.monitor: Any = None
         self._stop = threading.Event()
@@ -278,7 +299,7 @@ class SystemMetrics(Callback):
 
     def on_train_begin(self) -> None:
         try:
-            self.monitor = _Monitors()
+            self.monitor = _Monitors(self.gpus)
         except Exception as e:  # a missing psutil must not stop training
             log.warning("MLflow system metrics are off: %s", e)
             return
@@ -290,8 +311,7 @@ class SystemMetrics(Callback):
         self.monitor.collect_metrics()
         self.log_metrics({f"system/{k}": v for k, v in self.monitor.aggregate_metrics().items()}, self._step)
         self._step += 1
-        for monitor in self.monitor.monitors:
-            monitor.clear_metrics()
+        self.monitor.clear()
 
     def _loop(self) -> None:
         import psutil
@@ -324,5 +344,5 @@ def telemetry(plan: Plan, log_metrics: Callable[[dict[str, float], int], None] |
     if plan.device_type == "gpu":
         out.append(GPUSampler(nvml_indices(len(plan.devices)), plan.telemetry_interval_s))
     if log_metrics and plan.system_metrics_interval_s:
-        out.append(SystemMetrics(log_metrics, plan.system_metrics_interval_s))
+        out.append(SystemMetrics(log_metrics, plan.system_metrics_interval_s, plan.device_type == "gpu"))
     return out

@@ -22,6 +22,8 @@ log = logging.getLogger("xp")
 MODEL_ID = "model_id"  # the spool's file: the LoggedModel made for the run, reused if the send is tried again
 RUN_TAG = "xp.logged_model"  # the run's tag: its model's URI (models:/ID)
 INPUT = "xp_input.json"  # beside a model xp logged: what its input is (shape, classes' names, pixel transform)
+BUILD = "xp_build.json"  # in a folder a backend saved a model into: it holds the model's parts, and names the
+# function that makes the MLflow model of them ("module:function"), where MLflow is imported (models.built)
 
 
 @contextlib.contextmanager
@@ -49,12 +51,33 @@ def quiet() -> Iterator[None]:
                 requirements._MODULES_TO_PACKAGES = None
 
 
+def built(folder: Path) -> None:
+    """The MLflow model in `folder`, made (in place) from the parts a backend saved there, if it holds parts
+    (BUILD). A build cut short by a kill is made again: the parts stay beside it until the model is whole."""
+    import importlib
+    import json
+    import shutil
+
+    parts = folder.with_name(folder.name + ".parts")
+    if (folder / BUILD).exists():
+        shutil.rmtree(parts, ignore_errors=True)
+        folder.rename(parts)
+    elif not parts.exists():
+        return  # a whole MLflow model
+    else:
+        shutil.rmtree(folder, ignore_errors=True)  # a build cut short
+    module, name = json.loads((parts / BUILD).read_text())["build"].split(":")
+    getattr(importlib.import_module(module), name)(parts, folder)
+    shutil.rmtree(parts)
+
+
 def send_model(client: Any, run_id: str, spool_folder: Path, record: dict[str, Any]) -> None:
     """Log the model the run wrote into its spool (`record`: its folder, name, epoch and that epoch's metrics as
     they were logged: the run's store takes a point it has once): a LoggedModel of the run with the model's
     files, READY, and the epoch's metrics linked to it."""
     from mlflow.entities import LoggedModelOutput, Metric, RunTag
 
+    built(spool_folder / record["dir"])
     kept = spool_folder / MODEL_ID
     model_id = kept.read_text().strip() if kept.exists() else ""
     if not model_id:

@@ -75,25 +75,24 @@ class Spool:
     """The records of one MLflow run; `client()` makes the MlflowClient the drain sends through."""
 
     def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any], own: bool = True,
-                 artifact_uri: str | None = None):
+                 artifact_uri: str | None = None, mirror: bool = False):
         """`artifact_uri`: the run's, where the caller knows it (MlflowClient.log_artifact reads the whole run to
-        find it: with many params, as much as a batch of them costs)."""
+        find it: with many params, as much as a batch of them costs). `mirror`: another process (the run's own,
+        xp.tracking.service) appends the records to the file and hands them over (`take`); this one delivers."""
         import mlflow.entities  # noqa: F401  imported here, not first on the drain thread (a concurrent import fails)
 
         self.folder, self.uri, self.run_id, self.client = Path(folder), uri, run_id, client
         self.artifact_uri = artifact_uri
         self._artifacts: Any = None  # the run's artifact repository, made at its first artifact
-        self.folder.mkdir(parents=True, exist_ok=True)
         if own:  # this process writes the spool (a reopened run's may hold what a killed process left)
-            (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
-                                                       "started": started(os.getpid())}))
-            entry = pending_index() / self.folder.name  # listed at once: a killed process's spool is found too
-            entry.parent.mkdir(parents=True, exist_ok=True)
-            entry.write_text(str(self.folder.resolve()))
+            claim(self.folder, uri, run_id)
+        self.folder.mkdir(parents=True, exist_ok=True)
         self._delivered = _read_int(self.folder / DELIVERED)
         self._queue = [r for r in _read_records(self.folder / RECORDS) if r["seq"] > self._delivered]
         self._seq = max([self._delivered, *(r["seq"] for r in self._queue)])
-        self._file = open(self.folder / RECORDS, "a")
+        self._file: Any = None if mirror else open(self.folder / RECORDS, "a")
+        self.log: Any = log  # where its lines go (the tracking service's: to the run's process)
+        self.on_drain: Callable[[], None] | None = None  # called on the drain's thread as it starts
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
@@ -115,8 +114,20 @@ class Spool:
             record = {"seq": self._seq, "op": op, **data}
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        self.take(record)
+
+    def take(self, record: dict[str, Any]) -> None:
+        """Deliver `record`, which is in the spool's file already."""
+        with self._lock:
+            if record["seq"] <= max(self._delivered, self._queue[-1]["seq"] if self._queue else 0):
+                return  # (read from the file already)
             self._queue.append(record)
-            if self._thread is None:
+        self.resume()
+
+    def resume(self) -> None:
+        """Start the drain, if it has not started and there is something to deliver."""
+        with self._lock:
+            if self._thread is None and self._queue:
                 self._thread = threading.Thread(target=self._loop, name="xp-tracking-spool", daemon=True)
                 self._thread.start()
         self._wake.set()
@@ -157,13 +168,14 @@ class Spool:
         return thread
 
     def _settled(self, timeout_s: float) -> None:
-        if self.close(bounded(timeout_s)):
-            return
-        if _stop_by is not None:  # stopping: what is left is delivered by the command that started this process
-            log.info("run %s stopped: %d records wait in %s for delivery", self.run_id, self.left(), self.folder)
-            return
-        log.warning("tracking store %s did not answer: %d records of run %s wait in %s; deliver them with: "
-                    "python -m xp.sync", redact(self.uri), self.left(), self.run_id, self.folder)
+        if not self.close(bounded(timeout_s)):
+            said_left(self.uri, self.run_id, self.left(), self.folder)
+
+    def drop(self) -> None:
+        """Deliver no more: the records left stay in the spool's folder (its process was killed: the next start on
+        the store, or xp.sync, delivers them as that of any killed process)."""
+        self._abandoned.set()
+        self._last()
 
     def close(self, timeout_s: float = FLUSH_S) -> bool:
         """Wait (at most timeout_s) for the store to take every record; True if it did. The spool folder goes
@@ -174,7 +186,8 @@ class Spool:
         self._abandoned.set()
         with self._lock:
             done = not self._queue
-            self._file.close()
+            if self._file is not None:
+                self._file.close()
         if done:
             shutil.rmtree(self.folder, ignore_errors=True)
             (pending_index() / self.folder.name).unlink(missing_ok=True)
@@ -186,8 +199,10 @@ class Spool:
 
     # --- the drain ---------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.on_drain is not None:
+            self.on_drain()
         wait = BACKOFF_S[0]
-        while True:
+        while not self._abandoned.is_set():
             with self._lock:
                 if not self._queue:
                     if self._closing:
@@ -217,16 +232,16 @@ class Spool:
             self._send(records)
         except Exception as e:
             if _refused(e):
-                log.warning("MLflow refused %s of run %s (%s): left out", _what(records), self.run_id,
+                self.log.warning("MLflow refused %s of run %s (%s): left out", _what(records), self.run_id,
                             one_line(e)[:200])
             else:
                 if self.away_since is None:
                     self.away_since = time.monotonic()
-                    log.warning("tracking store %s is away (%s): training goes on; its records wait in %s",
+                    self.log.warning("tracking store %s is away (%s): training goes on; its records wait in %s",
                                 redact(self.uri), away_reason(e), self.folder)
                 return False
         if self.away_since is not None:
-            log.warning("tracking store %s is back after %.0f s: delivering what waited", redact(self.uri),
+            self.log.warning("tracking store %s is back after %.0f s: delivering what waited", redact(self.uri),
                         time.monotonic() - self.away_since)
             self.away_since = None
         self._sent = time.monotonic()
@@ -263,7 +278,27 @@ class Spool:
             client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
 
 
-_unsettled: list[Spool] = []  # runs ended with end(later=True), in order: their drains may still be delivering
+def claim(folder: Path, uri: str, run_id: str) -> None:
+    """This process writes the spool in `folder` (run.json says which process: while it lives, it delivers the
+    spool itself), listed at once in the pending index: a killed process's spool is found too."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
+                                          "started": started(os.getpid())}))
+    entry = pending_index() / folder.name
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.write_text(str(folder.resolve()))
+
+
+def said_left(uri: str, run_id: str, left: int, folder: Path) -> None:
+    """One line: a run's end did not see the store take `left` records, which wait in `folder`."""
+    if _stop_by is not None:  # stopping: what is left is delivered by the command that started this process
+        log.info("run %s stopped: %d records wait in %s for delivery", run_id, left, folder)
+        return
+    log.warning("tracking store %s did not answer: %d records of run %s wait in %s; deliver them with: "
+                "python -m xp.sync", redact(uri), left, run_id, folder)
+
+
+_unsettled: list[Any] = []  # runs ended with end(later=True), in order: their drains may still be delivering
 _stop_by: float | None = None  # the process stops (stopping()): no wait for a store goes past this moment
 
 

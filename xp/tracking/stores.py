@@ -4,6 +4,7 @@ its first-use lock). mlflow and sqlalchemy are imported inside the functions."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -125,12 +126,17 @@ def check_database(url: str, what: str) -> None:
 
 
 _clients: dict[str, object] = {}  # one client (and one store: engine, checked schema) per URI and process
+_opened: dict[str, tuple] = {}  # a SQLite store's file as its client found it (stamp)
 
 
-def open_client(uri: str):
+def open_client(uri: str, recheck: bool = False):
     """An MlflowClient on `uri`, opened once per process (a study's worker opens it before its first trial).
     Opening a SQLite store creates or migrates its schema: that happens under the store's first-use lock
-    (xp.storefile), so processes starting together never race through the migrations."""
+    (xp.storefile), so processes starting together never race through the migrations. `recheck` (a process
+    that lives long: the tracking service, at each run): opened again, with MLflow's checks, if the file is no
+    longer the one it opened, or its schema's version changed (removed, replaced, migrated or broken since)."""
+    if recheck and uri in _clients and _stamp(uri) != _opened.get(uri):
+        _forget(uri)
     if uri in _clients:
         return _clients[uri]
     from mlflow.tracking import MlflowClient
@@ -144,8 +150,41 @@ def open_client(uri: str):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     with first_use(uri, "tracking_uri", seed=_mlflow_schema):
-        client = _clients[uri] = MlflowClient(tracking_uri=uri)
+        client = _clients[uri] = MlflowClient(tracking_uri=uri)  # (it opens the store)
+        _opened[uri] = _stamp(uri)
     return client
+
+
+def _forget(uri: str) -> None:
+    """The store of `uri` closed, and forgotten by MLflow too (it keeps one per URI): opened again at next use."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    client: Any = _clients.pop(uri)
+    _reached.discard(uri)
+    try:
+        client._tracking_client.store.engine.dispose()
+    except Exception:  # noqa: BLE001 - (a store without an engine, or one gone)
+        pass
+    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+
+
+def _stamp(uri: str) -> tuple:
+    """A SQLite store's file (device, inode) and its schema's version, as they are now; () for other stores."""
+    import sqlite3
+
+    from xp.tracking.storefile import sqlite_path
+
+    path = sqlite_path(uri)
+    if path is None:
+        return ()
+    try:
+        where = path.stat()
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            tables = db.execute("select count(*) from sqlite_master where type='table'").fetchone()
+            version = db.execute("select version_num from alembic_version").fetchone()
+        return where.st_dev, where.st_ino, version, tables
+    except (OSError, sqlite3.Error) as e:
+        return ("unreadable", str(e))
 
 
 def _mlflow_schema(path: Path) -> None:

@@ -111,8 +111,9 @@ class Tracker:
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
                  reopen_run_id: str | None = None, spool_dir: str | Path | None = None,
                  params: dict[str, Any] | None = None, tidy: bool = True, start_ms: int | None = None,
-                 settle_later: bool = False):
+                 settle_later: bool = False, stamped: bool = False):
         self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
+        self.stamped = stamped  # `tags` say already which process the run is (xp.tracking.serve: the run's own)
         self.tidy = tidy  # end the runs that gone processes of this host left RUNNING (end_orphans) as it starts
         self.start_ms = start_ms  # when the run began, if before it is created (a trial: when its worker took it)
         self.settle_later = settle_later  # its end does not wait for the store to take its records (Spool.end)
@@ -164,14 +165,8 @@ class Tracker:
             return exp.experiment_id
 
     def _open_spool(self) -> None:
-        from xp.tracking.spool import Spool, state_dir
-
         # one spool per process: a distributed run's launcher and its rank 0 both write to the run
-        base = Path(self.spool_dir) if self.spool_dir else state_dir() / "spools"
-        assert self.run_id is not None  # (started, or attached)
-        self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
-        self._spool = Spool(base / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id, lambda: self.client,
-                            artifact_uri=self.artifact_uri)
+        self._spool = self._local_spool()
 
     def start(self) -> str:
         from xp.tracking.sync import deliver_left
@@ -194,13 +189,63 @@ class Tracker:
         # a run before it in this process whose store went away: its end waits first (a study's trial waits for the
         # store, see _created, rather than fail for its absence; its records go on to the store meanwhile)
         settle(STORE_WAIT_S if self.settle_later else FLUSH_S, away_only=True)
-        run = self._created()
-        self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
-        self._open_spool()
+        if not self._served():
+            run = self._created()
+            self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
+            self._open_spool()
         if self.params:
             self.log(params=self.params)
         offer_pending(self.uri)
+        assert self.run_id is not None
         return self.run_id
+
+    def _served(self) -> bool:
+        """The run created, and its records delivered, by the tracking service (xp.tracking.service); False where
+        the store is not one it serves, or it is not there (this process does it)."""
+        from xp.tracking import service
+
+        if not service.usable(self.uri):
+            return False
+        request = {"uri": self.uri, "experiment": self.experiment, "run_name": self.run_name, "tidy": self.tidy,
+                   "parent": self.parent_run_id, "tags": self._run_tags(), "start_ms": self.start_ms,
+                   "settle_later": self.settle_later, "wait_s": STORE_WAIT_S if self.settle_later else 0.0}
+        try:
+            channel, answer = service.create_run(request)
+        except service.Unavailable as e:
+            log.info("%s: this process does its MLflow work itself", e)
+            return False
+        if "error" in answer:
+            channel.close()
+            raise ConfigError(answer["error"])
+        self.run_id, self.artifact_uri = answer["run_id"], answer["artifact_uri"]
+        self.experiment_id, self.start_ms = answer["experiment_id"], answer["start_ms"]
+        folder = self._spool_base() / f"{self.run_id}-{os.getpid()}"
+        self._spool = service.RemoteSpool(folder, self.uri, self.run_id, channel, self._local_spool,
+                                          self.artifact_uri)
+        return True
+
+    def _local_spool(self) -> Any:
+        """The run's spool, delivered by this process (the tracking service went away)."""
+        from xp.tracking.spool import Spool
+
+        self.client  # (mlflow imported on this thread)
+        assert self.run_id is not None
+        return Spool(self._spool_base() / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id,
+                     lambda: self.client, artifact_uri=self.artifact_uri)
+
+    def _spool_base(self) -> Path:
+        from xp.tracking.spool import state_dir
+
+        return Path(self.spool_dir) if self.spool_dir else state_dir() / "spools"
+
+    def _run_tags(self) -> dict[str, str]:
+        """The tags a run is created with: which process of which host made it (unless `stamped`), its own."""
+        tags = dict(self.tags) if self.stamped else \
+            {**source_tags(), "xp.host": socket.gethostname(), "xp.pid": str(os.getpid()),
+             "xp.pid_started": f"{started(os.getpid()):.2f}", **self.tags}
+        if self.parent_run_id:
+            tags["mlflow.parentRunId"] = self.parent_run_id
+        return tags
 
     def _created(self) -> Any:
         """The run, created in the store. A study's trial (settle_later) whose store is away waits for it (at most
@@ -231,10 +276,7 @@ class Tracker:
             self.experiment_id = _experiment_ids[key] if remembered else self._experiment_id()
             if self.tidy:
                 self.end_orphans()
-            tags = {**source_tags(), "xp.host": socket.gethostname(), "xp.pid": str(os.getpid()),
-                    "xp.pid_started": f"{started(os.getpid()):.2f}", **self.tags}
-            if self.parent_run_id:
-                tags["mlflow.parentRunId"] = self.parent_run_id
+            tags = self._run_tags()
             try:
                 run = self._create_run(tags)
             except Exception:

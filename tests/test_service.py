@@ -1,0 +1,141 @@
+"""The tracking service (xp.tracking.service): a run's MLflow work done by a long-lived process, with nothing lost
+when the service or the run is killed, one service for runs that start at once, and none of MLflow in a run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from conftest import ROOT, mlflow_runs, run_xp, wait_for_line
+from xp.tracking import service
+from xp.tracking.tracker import Tracker
+
+
+def _service_pids(state) -> list[int]:
+    return [int(p.read_text()) for p in (state / "service").glob("*.pid")]
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    """A state folder of the test's own: its service is the test's, ended after it."""
+    folder = tmp_path / "state"
+    monkeypatch.setenv("XP_STATE_DIR", str(folder))
+    yield folder
+    service.stop(folder)
+
+
+def test_a_run_imports_no_mlflow_and_its_model_and_records_arrive(tmp_path, store, state, monkeypatch):
+    r = run_xp(tmp_path, store, "epochs=2", env={"XP_STATE_DIR": str(state), "PYTHONPROFILEIMPORTTIME": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert "mxnet" in imported and not [m for m in imported if m.startswith(("mlflow", "sqlalchemy"))]
+    assert len(_service_pids(state)) == 1
+    client, runs = mlflow_runs(store)
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.data.tags["xp.pid"] != str(_service_pids(state)[0])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [1, 2]
+    assert "system/cpu_utilization_percentage" in run.data.metrics and run.data.params["epochs"] == "2"
+    import mlflow.pyfunc
+    import numpy as np
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # (where models:/ID is)
+    model = mlflow.pyfunc.load_model(run.data.tags["xp.logged_model"])
+    shape = model.metadata.get_input_schema().inputs[0].shape
+    assert model.predict(np.zeros((2, *shape[1:]), dtype=np.float32)).shape[0] == 2
+    assert not list(state.glob("pending/*"))  # (delivered: its spool is gone)
+
+
+def test_a_service_killed_mid_run_loses_nothing_and_sends_nothing_twice(store, state, caplog):
+    run = Tracker(store, "xp", "through", params={"lr": 0.1})
+    run.start()
+    assert isinstance(run._spool, service.RemoteSpool)
+    for step in range(3):
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    [pid] = _service_pids(state)
+    os.kill(pid, signal.SIGKILL)
+    psutil.Process(pid).wait(10) if psutil.pid_exists(pid) else None
+    with caplog.at_level(logging.INFO, logger="xp"):
+        for step in range(3, 6):
+            run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        run.end("FINISHED")
+    assert "this process delivers run" in caplog.text
+    client, [stored] = mlflow_runs(store)
+    history = client.get_metric_history(stored.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(6)) and stored.info.status == "FINISHED"
+    assert stored.data.params == {"lr": "0.1"}
+
+
+def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
+    script = textwrap.dedent(f"""
+        from xp.tracking.tracker import Tracker
+        t = Tracker({store!r}, "xp", "together")
+        t.start()
+        t.log_metrics({{"x": 1.0}}, step=0)
+        t.end("FINISHED")
+    """)
+    env = dict(os.environ, XP_STATE_DIR=str(state))
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env) for _ in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    assert len(_service_pids(state)) == 1
+    services = [p for p in psutil.process_iter(["cmdline"]) if "xp.tracking.serve" in (p.info["cmdline"] or [])
+                and str(state) in " ".join(p.info["cmdline"])]
+    assert len(services) == 1
+    _, runs = mlflow_runs(store)
+    assert [r.info.status for r in runs] == ["FINISHED"] * 3 and all(r.data.metrics == {"x": 1.0} for r in runs)
+
+
+def test_a_killed_runs_records_wait_in_its_spool_and_the_next_start_ends_it(tmp_path, store, state):
+    script = textwrap.dedent(f"""
+        from xp.tracking.tracker import Tracker
+        t = Tracker({store!r}, "xp", "killed")
+        t.start()
+        for step in range(4):
+            t.log_metrics({{"loss": float(step)}}, step=step)
+        print("logged", flush=True)
+        import time
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=dict(os.environ, XP_STATE_DIR=str(state)),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "logged", 120)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    nxt = Tracker(store, "xp", "next")
+    nxt.start()
+    nxt.end("FINISHED")
+    client, runs = mlflow_runs(store)
+    killed = next(r for r in runs if r.info.run_name == "killed")
+    assert killed.info.status == "FAILED" and killed.data.tags["xp.ended_by"].startswith(f"xp: process {proc.pid}")
+    assert [m.step for m in client.get_metric_history(killed.info.run_id, "loss")] == [0, 1, 2, 3]
+
+
+def test_the_stores_refusals_reach_the_runs_console(store, state, caplog):
+    """The service's lines about a run (here MLflow refusing a param's name) are said by the run's process."""
+    run = Tracker(store, "xp", "refused")
+    run.start()
+    run.log(params={"bad!name": 1})
+    with caplog.at_level(logging.WARNING, logger="xp"):
+        run.end("FINISHED")
+    assert "MLflow refused batch of run " + str(run.run_id) in caplog.text
+    assert mlflow_runs(store)[1][0].info.status == "FINISHED"
+
+
+def test_a_service_left_idle_goes_and_removes_its_socket(store, state, monkeypatch):
+    monkeypatch.setenv("XP_SERVICE_IDLE_S", "1")
+    run = Tracker(store, "xp", "short")
+    run.start()
+    run.end("FINISHED")
+    [pid] = _service_pids(state)
+    psutil.Process(pid).wait(30)  # (bounded: it fails the test if the service stays)
+    assert not list((state / "service").glob("*.sock")) and not _service_pids(state)
+    assert json.dumps(mlflow_runs(store)[1][0].info.status) == '"FINISHED"'

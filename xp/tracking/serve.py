@@ -1,0 +1,186 @@
+"""The tracking service's own process (xp.tracking.service says what it is for): `python -m xp.tracking.serve
+SOCKET`, started by the first run that needs it.
+
+It listens on the Unix socket SOCKET, imports MLflow once, and serves each run's connection on a thread: it
+creates the run (Tracker, as the run's process would, with the tags that process gave), then delivers the
+records the run hands it through a Spool over the run's own spool folder (the run's process appends them to the
+file first). What the store says (away, back, refused) goes back to the run's console. A connection that closes
+before its run's end (its process killed) leaves the records not yet delivered in the spool, as a killed process
+always has: the next start on the store delivers them and ends the run. It exits after XP_SERVICE_IDLE_S
+without a connection, or when its socket is removed or taken by another service.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from xp.errors import ConfigError, one_line, redact
+
+log = logging.getLogger("xp")
+
+IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 600))
+_owners: dict[int, Connection] = {}  # thread -> the connection whose run it works for (its lines go there)
+_live: set[Connection] = set()
+_lock = threading.Lock()
+
+
+class Forward(logging.Handler):
+    """xp's lines said on a run's behalf go to that run's process, which says them on its console."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        owner = _owners.get(threading.get_ident())
+        if owner is None:
+            return
+        try:
+            owner.send({"log": record.levelno, "msg": record.getMessage()})
+        except Exception:  # noqa: BLE001 - a line that cannot go is not worth failing the run's delivery for
+            pass
+
+
+class Connection:
+    """One run: its creation, then its records, until its end."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.ended = sock, False
+        self.tracker: Any = None  # (xp.tracking.tracker.Tracker, once the run is asked for)
+        self.spool: Any = None  # (xp.tracking.spool.Spool, once the run's process opened its spool)
+        self._send_lock = threading.Lock()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def serve(self) -> None:
+        _owners[threading.get_ident()] = self
+        try:
+            with self.sock.makefile("rb") as f:
+                for line in f:
+                    self.handle(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        finally:
+            _owners.pop(threading.get_ident(), None)
+            if self.spool is not None and not self.ended:
+                self.spool.drop()  # its process is gone (or went on by itself): what is left stays in the spool
+            self.sock.close()
+            with _lock:
+                _live.discard(self)
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "start":
+            self.send(self.start(msg))
+        elif op == "spool":
+            self.open_spool(Path(msg["folder"]), msg.get("artifact_uri"))
+        elif op == "put":
+            self.spool.take(msg["record"])
+        elif op == "last":
+            self.spool._last()
+        elif op == "status":
+            self.send({"away": self.spool.away_since is not None})
+        elif op == "close":
+            done = self.spool.close(float(msg["wait"]))
+            self.ended = True
+            self.send({"done": done, "left": self.spool.left()})
+
+    def start(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from xp.tracking.stores import open_client
+        from xp.tracking.tracker import Tracker
+
+        self.tracker = tracker = Tracker(msg["uri"], msg["experiment"], msg["run_name"],
+                                         parent_run_id=msg.get("parent"), tags=msg["tags"], tidy=msg["tidy"],
+                                         start_ms=msg.get("start_ms"), settle_later=msg["settle_later"],
+                                         stamped=True)
+        try:
+            open_client(tracker.uri, recheck=True)  # (the store may have been replaced or broken since the last run)
+            run = tracker._created()
+        except ConfigError as e:
+            return {"error": str(e)}
+        except Exception as e:  # noqa: BLE001 - the run's process says it, as it would have
+            return {"error": f"MLflow store {redact(tracker.uri)} is not usable: {type(e).__name__}: "
+                             f"{one_line(e)[:300]}"}
+        return {"run_id": run.info.run_id, "artifact_uri": run.info.artifact_uri,
+                "experiment_id": tracker.experiment_id, "start_ms": tracker.start_ms}
+
+    def open_spool(self, folder: Path, artifact_uri: str | None) -> None:
+        from xp.tracking.spool import Spool
+
+        tracker = self.tracker
+        assert tracker is not None and tracker.run_id is None
+        run_id = folder.name.rsplit("-", 1)[0]
+        self.spool = spool = Spool(folder, tracker.uri, run_id, lambda: tracker.client, own=False,
+                                   artifact_uri=artifact_uri, mirror=True)
+        spool.on_drain = lambda: _owners.__setitem__(threading.get_ident(), self)
+        spool.resume()  # (records the file had before the spool was opened here)
+
+
+def _warm() -> None:
+    """MLflow imported (once, on this thread: concurrent imports of it fail) and its SQLite store's modules."""
+    import mlflow.entities  # noqa: F401
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    import mlflow.tracking  # noqa: F401
+
+    for name in ("mlflow.store.db.utils", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _still_ours(path: Path, inode: int) -> bool:
+    try:
+        return path.stat().st_ino == inode
+    except OSError:
+        return False
+
+
+def main(argv: list[str]) -> int:
+    path = Path(argv[0])
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))  # (the starting run holds the lock and removed a dead service's socket)
+    server.listen(64)
+    inode = path.stat().st_ino
+    path.with_suffix(".pid").write_text(str(os.getpid()))  # (who serves: `service.stop`)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
+    log.setLevel(logging.INFO)
+    log.addHandler(Forward())
+    log.propagate = True
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # (its runs go on without it: service.RemoteSpool)
+    log.info("xp tracking service %d on %s", os.getpid(), path)
+    _warm()
+    server.settimeout(1.0)
+    idle_since = time.monotonic()
+    while _still_ours(path, inode):
+        try:
+            sock, _ = server.accept()
+        except socket.timeout:
+            with _lock:
+                busy = bool(_live)
+            if busy:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_S:
+                break
+            continue
+        sock.settimeout(None)
+        connection = Connection(sock)
+        with _lock:
+            _live.add(connection)
+        idle_since = time.monotonic()
+        threading.Thread(target=connection.serve, name=f"run-{sock.fileno()}", daemon=True).start()
+    if _still_ours(path, inode):
+        path.unlink()  # new runs start a new service from now on
+        path.with_suffix(".pid").unlink(missing_ok=True)
+    server.close()
+    log.info("xp tracking service %d: idle %.0f s, gone", os.getpid(), IDLE_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
