@@ -11,7 +11,8 @@ import pytest
 
 from conftest import ROOT, mlflow_runs, run_xp
 from xp.errors import RedactFilter, one_line, redact
-from xp.tracking.tracker import Tracker, run_label, run_name
+from xp.tracking.tracker import Tracker
+from xp.tracking.naming import run_label, run_name
 
 
 def test_passwords_in_urls_are_hidden():

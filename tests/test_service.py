@@ -137,5 +137,5 @@ def test_a_service_left_idle_goes_and_removes_its_socket(store, state, monkeypat
     run.end("FINISHED")
     [pid] = _service_pids(state)
     psutil.Process(pid).wait(30)  # (bounded: it fails the test if the service stays)
-    assert not list((state / "service").glob("*.sock")) and not _service_pids(state)
+    assert not service.socket_path().exists() and not _service_pids(state)
     assert json.dumps(mlflow_runs(store)[1][0].info.status) == '"FINISHED"'

@@ -127,7 +127,8 @@ def launch_job(argv: list[str], plan: Plan, engine_cls: Any, launcher: Any, pare
     from xp.run import handoff
     from xp.run.worker import HOSTS_ENV
     from xp.tracking.stores import check_reachable
-    from xp.tracking.tracker import Tracker, run_name
+    from xp.tracking.tracker import Tracker
+    from xp.tracking.naming import run_name
 
     uri, elastic_on, engine = plan.tracking_uri, plan.elastic.enabled, None
     tags = {"xp.launcher": launcher.name, "xp.engine": engine_cls.name if engine_cls else "none",

@@ -26,7 +26,8 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
         argv = [*argv, "hydra/sweeper=xp_optuna"]
     from xp.tracking import summary
     from xp.tracking import sweepstate
-    from xp.tracking.tracker import Tracker, end_state, run_name
+    from xp.tracking.tracker import Tracker, end_state
+    from xp.tracking.naming import run_name
 
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
     chosen = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")

@@ -114,7 +114,7 @@ class Process:
     def __init__(self, command: str, label: str):
         import ray
 
-        from xp.tracking.tracker import PLACED_ENV
+        from xp.tracking.naming import PLACED_ENV
 
         self.label, ctx = label, ray.get_runtime_context()
         try:

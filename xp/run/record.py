@@ -12,7 +12,8 @@ from xp.run.plan import Plan
 from xp.states import TrialState
 from xp.tracking import sweepstate
 from xp.tracking.provenance import run_url_hint, versions
-from xp.tracking.tracker import NullTracker, Tracker, run_name
+from xp.tracking.tracker import NullTracker, Tracker
+from xp.tracking.naming import run_name
 
 log = logging.getLogger("xp")
 

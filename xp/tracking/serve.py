@@ -1,5 +1,5 @@
 """The tracking service's own process (xp.tracking.service says what it is for): `python -m xp.tracking.serve
-SOCKET`, started by the first run that needs it.
+SOCKET PIDFILE`, started by the first run that needs it.
 
 It listens on the Unix socket SOCKET, imports MLflow once, and serves each run's connection on a thread: it
 creates the run (Tracker, as the run's process would, with the tags that process gave), then delivers the
@@ -142,12 +142,12 @@ def _still_ours(path: Path, inode: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0])
+    path, pid_file = Path(argv[0]), Path(argv[1])
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))  # (the starting run holds the lock and removed a dead service's socket)
     server.listen(64)
     inode = path.stat().st_ino
-    path.with_suffix(".pid").write_text(str(os.getpid()))  # (who serves: `service.stop`)
+    pid_file.write_text(str(os.getpid()))  # (who serves: `service.stop`)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     log.setLevel(logging.INFO)
     log.addHandler(Forward())
@@ -176,7 +176,7 @@ def main(argv: list[str]) -> int:
         threading.Thread(target=connection.serve, name=f"run-{sock.fileno()}", daemon=True).start()
     if _still_ours(path, inode):
         path.unlink()  # new runs start a new service from now on
-        path.with_suffix(".pid").unlink(missing_ok=True)
+        pid_file.unlink(missing_ok=True)
     server.close()
     log.info("xp tracking service %d: idle %.0f s, gone", os.getpid(), IDLE_S)
     return 0

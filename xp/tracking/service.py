@@ -51,7 +51,8 @@ def usable(uri: str) -> bool:
 
 def socket_path() -> Path:
     """The service's address: in xp's state folder, named by this machine, this Python and this xp's code (a
-    changed xp starts its own service), or in the temporary folder where that path is too long for a socket."""
+    changed xp starts its own service), or in the temporary folder where that path is too long for a socket.
+    Beside it in the state folder, whatever the socket's place: its .pid, .lock and .log files (`beside`)."""
     import xp
 
     code = Path(xp.__file__).parent
@@ -62,6 +63,11 @@ def socket_path() -> Path:
     if len(str(path)) > 100:  # (sun_path: 108 bytes)
         path = Path(tempfile.gettempdir()) / f"xp-{os.getuid()}" / name
     return path
+
+
+def beside(sock: Path, suffix: str) -> Path:
+    """The service's file `suffix` (.pid, .lock, .log), in the state folder."""
+    return state_dir() / "service" / (sock.stem + suffix)
 
 
 class Channel:
@@ -127,7 +133,8 @@ def connect() -> Channel:
     except OSError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
+    beside(path, ".lock").parent.mkdir(parents=True, exist_ok=True)
+    with open(beside(path, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # (two runs starting at once: the second finds the first's service)
         try:
             return Channel(_connected(path))
@@ -141,7 +148,7 @@ def connect() -> Channel:
                 return Channel(_connected(path))
             except OSError:
                 time.sleep(0.02)
-    raise Unavailable(f"the tracking service did not start (its log: {path.with_suffix('.log')})")
+    raise Unavailable(f"the tracking service did not start (its log: {beside(path, '.log')})")
 
 
 def _connected(path: Path) -> socket.socket:
@@ -158,8 +165,9 @@ def _spawn(path: Path) -> subprocess.Popen:
     """The service, in its own session (a run's Ctrl-C is not its), with nothing of the run's console or
     environment that says where a run is (it is told per run)."""
     env = {k: v for k, v in os.environ.items() if k not in ("XP_PLACED_TAGS", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
-    with open(path.with_suffix(".log"), "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "xp.tracking.serve", str(path)], cwd="/", env=env,
+    with open(beside(path, ".log"), "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "xp.tracking.serve", str(path), str(beside(path, ".pid"))],
+                                cwd="/", env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                 close_fds=True)
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 from xp.errors import ConfigError, Terminated, one_line, redact
 from xp.states import RunStatus
+from xp.tracking.naming import placed_tags, run_label
 from xp.tracking.provenance import source_tags
 from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, away, away_reason, same_process, settle, started
 from xp.tracking.sync import offer_pending
@@ -26,7 +27,6 @@ from xp.tracking.stores import _artifact_root, check_database, check_server, ope
 log = logging.getLogger("xp")
 
 MAX_PARAM_LEN = 6000  # MLflow 3's limit on a param value
-PLACED_ENV = "XP_PLACED_TAGS"  # tags (JSON) a launcher gives the runs of the processes it placed: where their logs are
 # MLflow's UI (3.x) opens an experiment without this tag in its GenAI mode (Traces, Evaluations): xp's are training
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 MODEL_TAGS = ("xp.model", "xp.dataset", "xp.backend", "xp.dtype")  # a logged model's tags: the run's, which say what it is
@@ -70,34 +70,6 @@ def _end_for(client: Any, run_id: str, why: str, state: RunStatus) -> None:
     """End a run its own process could not, saying why (tag xp.ended_by)."""
     client.set_tag(run_id, "xp.ended_by", f"xp: {why}")
     client.set_terminated(run_id, state)
-
-
-MAX_RUN_NAME = 250  # MLflow's column; PostgreSQL enforces it, SQLite does not
-# overrides that say nothing of the run: where it is tracked, and how its processes reach the hosts
-UNNAMING = ("tracking_uri=", "experiment=", "run_name=", "optuna.", "hydra.", "launcher.", "host_ip=",
-            "network_interface=", "port=", "dist_timeout_s=")
-
-
-def run_name(overrides: list[str] | tuple[str, ...]) -> str:
-    """A run's default name: its overrides, less those that say where it is tracked or how it was launched."""
-    return " ".join(o for o in overrides if not o.lstrip("+~").startswith(UNNAMING))
-
-
-def run_label(name: str) -> str:
-    """`name` as MLflow can store it: passwords hidden, at most 250 characters."""
-    name = redact(name)
-    return name if len(name) <= MAX_RUN_NAME else name[:MAX_RUN_NAME - 3] + "..."
-
-
-def placed_tags() -> dict[str, str]:
-    """What the launcher that placed this process says of its place (PLACED_ENV), as run tags."""
-    import json
-
-    try:
-        found = json.loads(os.environ.get(PLACED_ENV) or "{}")
-    except ValueError:
-        return {}
-    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 class Tracker:
@@ -164,24 +136,20 @@ class Tracker:
                 raise
             return exp.experiment_id
 
-    def _open_spool(self) -> None:
-        # one spool per process: a distributed run's launcher and its rank 0 both write to the run
-        self._spool = self._local_spool()
-
     def start(self) -> str:
         from xp.tracking.sync import deliver_left
 
         if self.attach_run_id:
             self.run_id = self.attach_run_id
             deliver_left(self.uri, self.run_id)  # what a killed process left of it goes first
-            self._open_spool()
+            self._spool = self._local_spool()
             self.log(params=self.params, tags=self.tags)
             return self.run_id
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status=RunStatus.RUNNING)
             deliver_left(self.uri, self.run_id)  # what a killed process left of it goes first
-            self._open_spool()
+            self._spool = self._local_spool()
             self.log(params=self.params, tags={**self.tags, "xp.pid": str(os.getpid()), "xp.resumed": "true",
                                                "xp.pid_started": f"{started(os.getpid()):.2f}",
                                                "xp.host": socket.gethostname()})
@@ -192,7 +160,7 @@ class Tracker:
         if not self._served():
             run = self._created()
             self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
-            self._open_spool()
+            self._spool = self._local_spool()
         if self.params:
             self.log(params=self.params)
         offer_pending(self.uri)
@@ -219,24 +187,23 @@ class Tracker:
             raise ConfigError(answer["error"])
         self.run_id, self.artifact_uri = answer["run_id"], answer["artifact_uri"]
         self.experiment_id, self.start_ms = answer["experiment_id"], answer["start_ms"]
-        folder = self._spool_base() / f"{self.run_id}-{os.getpid()}"
-        self._spool = service.RemoteSpool(folder, self.uri, self.run_id, channel, self._local_spool,
+        self._spool = service.RemoteSpool(self._spool_folder(), self.uri, self.run_id, channel, self._local_spool,
                                           self.artifact_uri)
         return True
 
     def _local_spool(self) -> Any:
-        """The run's spool, delivered by this process (the tracking service went away)."""
+        """The run's spool, delivered by this process (as it has no tracking service, or that went away)."""
         from xp.tracking.spool import Spool
 
-        self.client  # (mlflow imported on this thread)
-        assert self.run_id is not None
-        return Spool(self._spool_base() / f"{self.run_id}-{os.getpid()}", self.uri, self.run_id,
-                     lambda: self.client, artifact_uri=self.artifact_uri)
+        self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
+        return Spool(self._spool_folder(), self.uri, str(self.run_id), lambda: self.client,
+                     artifact_uri=self.artifact_uri)
 
-    def _spool_base(self) -> Path:
+    def _spool_folder(self) -> Path:
+        """One spool per process: a distributed run's launcher and its rank 0 both write to the run."""
         from xp.tracking.spool import state_dir
 
-        return Path(self.spool_dir) if self.spool_dir else state_dir() / "spools"
+        return (Path(self.spool_dir) if self.spool_dir else state_dir() / "spools") / f"{self.run_id}-{os.getpid()}"
 
     def _run_tags(self) -> dict[str, str]:
         """The tags a run is created with: which process of which host made it (unless `stamped`), its own."""
