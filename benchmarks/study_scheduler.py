@@ -45,9 +45,14 @@ def timed(cmd: list[str], env: dict[str, str], out: list | None = None) -> float
     return time.perf_counter() - t0
 
 
+# one state folder for the whole benchmark, as a user's: its tracking service (xp.tracking.service) is started by
+# the first study and serves the next ones; stopped at the end
+STATE = Path(tempfile.mkdtemp(prefix="xp-bench-state-"))
+
+
 def fresh() -> tuple[Path, dict[str, str]]:
     work = Path(tempfile.mkdtemp(prefix="xp-bench-study-"))
-    return work, dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{work}/mlflow.db",
+    return work, dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{work}/mlflow.db", XP_STATE_DIR=str(STATE),
                       XP_OPTUNA_STORAGE=f"sqlite:///{work}/optuna.db", PYTHONPATH=str(ROOT / "benchmarks"))
 
 
@@ -177,6 +182,16 @@ def main() -> int:
     ap.add_argument("--busy-trials", type=int, default=40, help="the busy study's budget (its last trial runs "
                     "alone: with 16 short trials, that tail is 4%% of the slot time)")
     args = ap.parse_args()
+    try:
+        return _main(args)
+    finally:
+        sys.path.insert(0, str(ROOT))
+        from xp.tracking.service import stop
+
+        stop(STATE)
+
+
+def _main(args: argparse.Namespace) -> int:
     result = {}
     if not args.skip_cost:
         result["cost"] = cost(args.trials, args.reps)

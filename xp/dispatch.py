@@ -34,6 +34,11 @@ def start(argv: list[str], checked: Checked, hydra_main: Callable[[list[str]], i
     multirun = "-m" in argv or "--multirun" in argv
     first = checked.configs[0] if checked.configs else {}
     launching = checked.configs and not os.environ.get(WORKER_ENV)  # (a launched worker: its launcher did this)
+    if launching:
+        from xp.tracking import service
+        from xp.tracking.stores import resolve_uri
+
+        service.ahead(resolve_uri(first.get("tracking_uri")))  # (its MLflow import overlaps this process's work)
     plan, engine, launcher = plan_engine_launcher(first) if launching else (None, None, None)
     spec = checked.study if multirun else None
     choice = study_placement(spec, first, argv, launcher) if spec is not None else None

@@ -27,7 +27,7 @@ from xp.errors import ConfigError, one_line, redact
 
 log = logging.getLogger("xp")
 
-IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 600))
+IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 1800))
 _owners: dict[int, Connection] = {}  # thread -> the connection whose run it works for (its lines go there)
 _live: set[Connection] = set()
 _lock = threading.Lock()

@@ -9,7 +9,7 @@ its spool, where the service left off: nothing is lost or sent twice. A killed r
 as they always did. XP_TRACKING_SERVICE=0 turns the service off.
 
 One service per xp install, user, machine and state folder ($XP_STATE_DIR), started by the first run that needs
-it (under a lock: two runs starting at once share one) and gone after XP_SERVICE_IDLE_S (600) without runs.
+it (under a lock: two runs starting at once share one) and gone after XP_SERVICE_IDLE_S (1800) without runs.
 """
 
 from __future__ import annotations
@@ -132,12 +132,30 @@ def connect() -> Channel:
         return Channel(_connected(path))
     except OSError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _started(path)
+    try:
+        return Channel(_connected(path))
+    except OSError:
+        raise Unavailable(f"the tracking service did not start (its log: {beside(path, '.log')})") from None
+
+
+def ahead(uri: str) -> None:
+    """A command whose runs the service will serve starts it now, if it is not there, on a thread of its own:
+    the service imports MLflow on another core while the command composes its runs and imports its framework."""
+    if usable(uri) and not socket_path().exists():
+        threading.Thread(target=_started, args=(socket_path(),), name="xp-tracking-service-start", daemon=True).start()
+
+
+def _started(path: Path) -> None:
+    """A service listens at `path`: one was, or one is started, under a lock (two runs starting at once: the
+    second finds the first's service), which is held until it listens (START_S at most)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # (the user's alone)
     beside(path, ".lock").parent.mkdir(parents=True, exist_ok=True)
     with open(beside(path, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # (two runs starting at once: the second finds the first's service)
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return Channel(_connected(path))
+            _connected(path).close()
+            return
         except OSError:
             pass
         path.unlink(missing_ok=True)  # a dead service's socket
@@ -145,10 +163,10 @@ def connect() -> Channel:
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline and process.poll() is None:
             try:
-                return Channel(_connected(path))
+                _connected(path).close()
+                return
             except OSError:
                 time.sleep(0.02)
-    raise Unavailable(f"the tracking service did not start (its log: {beside(path, '.log')})")
 
 
 def _connected(path: Path) -> socket.socket:
