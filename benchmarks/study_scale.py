@@ -95,7 +95,7 @@ def one(args: argparse.Namespace) -> dict:
     tracking = f"sqlite:///{work}/mlflow.db" if args.tracking == "sqlite" else args.tracking
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
                XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=storage_url(args.storage, work),
-               XP_SLEEP_EPOCH_S=str(args.trial_s / args.epochs))
+               XP_SLEEP_EPOCH_S=str(args.trial_s / args.epochs), XP_STATE_DIR=str(work / "state"))
     profiler = ["-m", "cProfile", "-o", str(work / "scheduler.prof")] if args.cprofile else []
     argv = [sys.executable, *profiler, "-m", "xp", "-m", "sweep=scale", f"sweep.parallel={args.slots}",
             "backend.name=sleep", f"epochs={args.epochs}", "batch=512", f"tracking_uri={tracking}",
@@ -116,6 +116,7 @@ def one(args: argparse.Namespace) -> dict:
             time.sleep(0.5)
     wall = time.monotonic() - t0
     cpu1 = psutil.cpu_times()
+    service = served_cpu(work / "state")  # the study's tracking service (its own state folder: started by it)
     if spy is not None:
         spy.wait(timeout=120)
     said = (work / "out.txt").read_text()
@@ -145,12 +146,29 @@ def one(args: argparse.Namespace) -> dict:
     workers_cpu = sum(seen.get("worker_cpu", {}).values())
     busy = sum(getattr(cpu1, k) - getattr(cpu0, k) for k in ("user", "system", "nice", "irq", "softirq"))
     result.update(workers_cpu_s=workers_cpu, workers_cpu_ms_per_trial=1000 * workers_cpu / args.trials,
-                  cores_busy=busy / (wall * psutil.cpu_count()))
+                  cores_busy=busy / (wall * psutil.cpu_count()), service_cpu_s=service,
+                  service_cpu_ms_per_trial=1000 * service / args.trials)
     if args.profile:
         result.update(shares(work / "spy.txt"))
     if args.resume_more:
         result.update(afterwards(args, argv, env, work, client, exp))
     return result
+
+
+def served_cpu(state: Path) -> float:
+    """The CPU s of the tracking service of state folder `state` (xp.tracking.service), which is then stopped."""
+    sys.path.insert(0, str(ROOT))
+    from xp.tracking.service import stop
+
+    total = 0.0
+    for pid_file in state.glob("service/*.pid"):
+        try:
+            t = psutil.Process(int(pid_file.read_text())).cpu_times()
+            total += t.user + t.system
+        except (OSError, ValueError, psutil.Error):
+            pass
+    stop(state)
+    return total
 
 
 def afterwards(args: argparse.Namespace, argv: list[str], env: dict, work: Path, client, exp: str) -> dict:
@@ -409,6 +427,8 @@ def say(r: dict) -> None:
           f"RSS) each, forked from a zygote of {r.get('zygote_uss_mb', 0):.0f} MB USS; their CPU (the zygote's "
           f"with it) {r['workers_cpu_s']:.0f} s: {r['workers_cpu_ms_per_trial']:.0f} ms a trial; the "
           f"machine's cores busy {r['cores_busy']:.0%}")
+    print(f"  the tracking service (the trials' runs: created, their records and their ends delivered): CPU "
+          f"{r['service_cpu_s']:.0f} s: {r['service_cpu_ms_per_trial']:.0f} ms a trial")
     if "samples" in r:
         print(f"  the scheduler's working time ({r['samples']} samples): "
               + ", ".join(f"{part} {r[f'{part}_share']:.0%}" for part in PARTS))

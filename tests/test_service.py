@@ -139,3 +139,36 @@ def test_a_service_left_idle_goes_and_removes_its_socket(store, state, monkeypat
     psutil.Process(pid).wait(30)  # (bounded: it fails the test if the service stays)
     assert not service.socket_path().exists() and not _service_pids(state)
     assert json.dumps(mlflow_runs(store)[1][0].info.status) == '"FINISHED"'
+
+
+def test_a_model_saved_as_parts_is_built_once_and_again_after_a_build_cut_short(tmp_path):
+    """An MXNet run saves its model's parts (no MLflow in its process); `built` makes the MLflow model of them
+    where the model is logged, leaves a whole model as it is, and makes again one whose build a kill cut short."""
+    import mlflow.pyfunc
+    import mxnet as mx
+    import numpy as np
+
+    from xp.mx.saved import save
+    from xp.tracking.models import BUILD, built
+
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(3, in_units=4))
+    net.initialize()
+    params = {name: p.data().asnumpy() for name, p in net.collect_params().items()}
+    x = np.random.RandomState(0).rand(2, 4).astype(np.float32)
+    folder = tmp_path / "model"
+    save(net, params, folder, x, {"xp_input.json": "{}"})
+    assert (folder / BUILD).exists() and not (folder / "MLmodel").exists()
+    built(folder)
+    expected = net(mx.nd.array(x)).asnumpy()
+    assert np.allclose(mlflow.pyfunc.load_model(str(folder)).predict(x), expected, atol=1e-5)
+    assert (folder / "xp_input.json").read_text() == "{}" and not folder.with_name("model.parts").exists()
+    made = (folder / "MLmodel").stat().st_mtime_ns
+    built(folder)  # whole: left as it is
+    assert (folder / "MLmodel").stat().st_mtime_ns == made
+    save(net, params, tmp_path / "cut", x, {})
+    (tmp_path / "cut").rename(tmp_path / "cut.parts")  # killed mid-build: the parts aside, the model half-written
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "python_model.pkl").write_bytes(b"half")
+    built(tmp_path / "cut")
+    assert np.allclose(mlflow.pyfunc.load_model(str(tmp_path / "cut")).predict(x), expected, atol=1e-5)

@@ -1,7 +1,7 @@
 """The launching side of a run: what the command line asks, started (`start`): a distributed job's processes
 through its engine and launcher, a batch submission followed, a sweep's jobs under one MLflow parent
 (xp/multirun.py), or one run. This process owns the MLflow runs of jobs and submissions and ends them
-(Tracker.owned: xp.tracking.tracker.end_state decides how)."""
+(Tracker.owned: xp.tracking.ending.end_state decides how)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
         argv = [*argv, "hydra/sweeper=xp_optuna"]
     from xp.tracking import summary
     from xp.tracking import sweepstate
-    from xp.tracking.tracker import Tracker, end_state
+    from xp.tracking.ending import end_state
+    from xp.tracking.tracker import Tracker
     from xp.tracking.naming import run_name
 
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
@@ -36,9 +37,8 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
     skey = sweepstate.key("sweep", experiment, overrides)
     recipe = set((config.get("sweep") or {}).get("settings") or ())  # a recipe's own: in its params, not its name
     parent = Tracker(uri, experiment, f"{kind}: " + run_name([o for o in overrides if o not in recipe]),
-                     tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey})
-    parent.reopen_run_id = sweepstate.interrupted_parent(parent, skey)  # a killed sweep goes on where it was
-    parent.start()
+                     tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey}, resumes=skey)  # (a killed sweep goes
+    parent.start()  # on where it was: its parent run is reopened)
     if parent.reopen_run_id:
         os.environ[sweepstate.RESUMED_ENV] = "1"
         log.info(f"sweep: resuming the interrupted sweep of MLflow parent run {parent.run_id}: its finished jobs "

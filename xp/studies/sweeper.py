@@ -177,7 +177,7 @@ class _Unended:
         self.study, self.spec, self.uri, self.parent = study, spec, uri, parent
 
     def _end_runs(self, trials: list[Any], why: str, state: RunStatus) -> None:
-        from xp.tracking.tracker import end_lost
+        from xp.tracking.ending import end_lost
 
         if self.parent and self.uri and trials:
             end_lost(self.uri, self.parent, [t.number for t in trials], why, state)

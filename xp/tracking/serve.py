@@ -28,6 +28,7 @@ from xp.errors import ConfigError, one_line, redact
 log = logging.getLogger("xp")
 
 IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 1800))
+STORES = 16  # stores kept open (each holds its connections): the service of a user who meets many closes the rest
 _owners: dict[int, Connection] = {}  # thread -> the connection whose run it works for (its lines go there)
 _live: set[Connection] = set()
 _lock = threading.Lock()
@@ -94,7 +95,8 @@ class Connection:
             self.send({"done": done, "left": self.spool.left()})
 
     def start(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from xp.tracking.stores import open_client
+        from xp.tracking.stores import open_client, trim
+        from xp.tracking.sweepstate import interrupted_parent
         from xp.tracking.tracker import Tracker
 
         self.tracker = tracker = Tracker(msg["uri"], msg["experiment"], msg["run_name"],
@@ -102,7 +104,10 @@ class Connection:
                                          start_ms=msg.get("start_ms"), settle_later=msg["settle_later"],
                                          stamped=True)
         try:
+            trim(STORES)
             open_client(tracker.uri, recheck=True)  # (the store may have been replaced or broken since the last run)
+            if msg.get("resumes") and (reopen := interrupted_parent(tracker, msg["resumes"])):
+                return {"reopen": reopen, "experiment_id": tracker.experiment_id}
             run = tracker._created()
         except ConfigError as e:
             return {"error": str(e)}

@@ -233,16 +233,16 @@ class Spool:
         except Exception as e:
             if _refused(e):
                 self.log.warning("MLflow refused %s of run %s (%s): left out", _what(records), self.run_id,
-                            one_line(e)[:200])
+                                 one_line(e)[:200])
             else:
                 if self.away_since is None:
                     self.away_since = time.monotonic()
                     self.log.warning("tracking store %s is away (%s): training goes on; its records wait in %s",
-                                redact(self.uri), away_reason(e), self.folder)
+                                     redact(self.uri), away_reason(e), self.folder)
                 return False
         if self.away_since is not None:
             self.log.warning("tracking store %s is back after %.0f s: delivering what waited", redact(self.uri),
-                        time.monotonic() - self.away_since)
+                             time.monotonic() - self.away_since)
             self.away_since = None
         self._sent = time.monotonic()
         with self._lock:

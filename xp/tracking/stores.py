@@ -138,6 +138,7 @@ def open_client(uri: str, recheck: bool = False):
     if recheck and uri in _clients and _stamp(uri) != _opened.get(uri):
         _forget(uri)
     if uri in _clients:
+        _clients[uri] = _clients.pop(uri)  # (the last used last: trim keeps those)
         return _clients[uri]
     from mlflow.tracking import MlflowClient
 
@@ -153,6 +154,18 @@ def open_client(uri: str, recheck: bool = False):
         client = _clients[uri] = MlflowClient(tracking_uri=uri)  # (it opens the store)
         _opened[uri] = _stamp(uri)
     return client
+
+
+def trim(keep: int) -> None:
+    """Close the stores of all but the `keep` URIs opened last (a process that lives long and meets many stores:
+    the tracking service). Their clients still work: their connections open again when used."""
+    for uri in list(_clients)[:-keep] if keep else list(_clients):
+        client: Any = _clients.pop(uri)
+        _opened.pop(uri, None)
+        try:
+            client._tracking_client.store.engine.dispose()
+        except Exception:  # noqa: BLE001 - (a store without an engine)
+            pass
 
 
 def _forget(uri: str) -> None:

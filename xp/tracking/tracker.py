@@ -16,8 +16,9 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from xp.errors import ConfigError, Terminated, one_line, redact
+from xp.errors import ConfigError, one_line, redact
 from xp.states import RunStatus
+from xp.tracking.ending import end_for, end_state
 from xp.tracking.naming import placed_tags, run_label
 from xp.tracking.provenance import source_tags
 from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, away, away_reason, same_process, settle, started
@@ -35,43 +36,6 @@ MODEL_TAGS = ("xp.model", "xp.dataset", "xp.backend", "xp.dtype")  # a logged mo
 _experiment_ids: dict[tuple[str, str], str] = {}
 
 
-def end_state(error: BaseException | None = None, failed: bool = False) -> RunStatus:
-    """The state a run ends in, decided here for every caller (a run, a launched job, a Slurm submission, a
-    sweep's parent, a report): KILLED for Ctrl-C and SIGTERM, FAILED for any other error or a failed outcome,
-    FINISHED otherwise."""
-    if isinstance(error, (KeyboardInterrupt, Terminated)):
-        return RunStatus.KILLED
-    return RunStatus.FAILED if error is not None or failed else RunStatus.FINISHED
-
-
-def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: RunStatus = RunStatus.FAILED) -> list[str]:
-    """End the runs of a study's trials (under the study's `parent` run) still RUNNING though their process was
-    lost (a study's worker killed, or gone with its host or node: FAILED; stopped with its study and killed before
-    it ended its run: KILLED). The scheduler knows the process is gone, and no process on that host may ever start
-    again to say so (end_orphans); the runs are found by their tags, which they carry from their creation (a worker
-    may be gone before it said which run it made), in one search. A store that does not answer leaves them to
-    end_orphans or xp.sync. Returns the runs ended."""
-    try:
-        client = open_client(uri)
-        experiment = client.get_run(parent).info.experiment_id
-        running = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
-                                                   f"attributes.status = '{RunStatus.RUNNING}'", max_results=1000)
-        numbers = {str(int(n)) for n in trial_numbers}
-        runs = [r.info.run_id for r in running if r.data.tags.get("optuna.trial_number") in numbers]
-        for run_id in runs:
-            _end_for(client, run_id, why, state)
-        return runs
-    except Exception as e:
-        log.debug("could not end the runs of lost trials %s: %s", trial_numbers, one_line(e))
-        return []
-
-
-def _end_for(client: Any, run_id: str, why: str, state: RunStatus) -> None:
-    """End a run its own process could not, saying why (tag xp.ended_by)."""
-    client.set_tag(run_id, "xp.ended_by", f"xp: {why}")
-    client.set_terminated(run_id, state)
-
-
 class Tracker:
     """One MLflow run. As a context manager it ends the run FINISHED, FAILED or KILLED.
 
@@ -83,8 +47,9 @@ class Tracker:
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
                  reopen_run_id: str | None = None, spool_dir: str | Path | None = None,
                  params: dict[str, Any] | None = None, tidy: bool = True, start_ms: int | None = None,
-                 settle_later: bool = False, stamped: bool = False):
+                 settle_later: bool = False, stamped: bool = False, resumes: str | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
+        self.resumes = resumes  # a sweep's key: the latest interrupted parent run of that sweep is reopened, if any
         self.stamped = stamped  # `tags` say already which process the run is (xp.tracking.serve: the run's own)
         self.tidy = tidy  # end the runs that gone processes of this host left RUNNING (end_orphans) as it starts
         self.start_ms = start_ms  # when the run began, if before it is created (a trial: when its worker took it)
@@ -145,6 +110,16 @@ class Tracker:
             self._spool = self._local_spool()
             self.log(params=self.params, tags=self.tags)
             return self.run_id
+        if not self.reopen_run_id:
+            # a run before it in this process whose store went away: its end waits first (a study's trial waits for
+            # the store, see _created, rather than fail for its absence; its records go on to it meanwhile)
+            settle(STORE_WAIT_S if self.settle_later else FLUSH_S, away_only=True)
+            if self._served():
+                return self._started()
+            if self.resumes and self.reopen_run_id is None:
+                from xp.tracking.sweepstate import interrupted_parent
+
+                self.reopen_run_id = interrupted_parent(self, self.resumes)
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status=RunStatus.RUNNING)
@@ -154,13 +129,12 @@ class Tracker:
                                                "xp.pid_started": f"{started(os.getpid()):.2f}",
                                                "xp.host": socket.gethostname()})
             return self.run_id
-        # a run before it in this process whose store went away: its end waits first (a study's trial waits for the
-        # store, see _created, rather than fail for its absence; its records go on to the store meanwhile)
-        settle(STORE_WAIT_S if self.settle_later else FLUSH_S, away_only=True)
-        if not self._served():
-            run = self._created()
-            self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
-            self._spool = self._local_spool()
+        run = self._created()
+        self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
+        self._spool = self._local_spool()
+        return self._started()
+
+    def _started(self) -> str:
         if self.params:
             self.log(params=self.params)
         offer_pending(self.uri)
@@ -176,15 +150,19 @@ class Tracker:
             return False
         request = {"uri": self.uri, "experiment": self.experiment, "run_name": self.run_name, "tidy": self.tidy,
                    "parent": self.parent_run_id, "tags": self._run_tags(), "start_ms": self.start_ms,
-                   "settle_later": self.settle_later, "wait_s": STORE_WAIT_S if self.settle_later else 0.0}
+                   "settle_later": self.settle_later, "wait_s": STORE_WAIT_S if self.settle_later else 0.0,
+                   "resumes": self.resumes}
         try:
             channel, answer = service.create_run(request)
         except service.Unavailable as e:
             log.info("%s: this process does its MLflow work itself", e)
             return False
-        if "error" in answer:
+        if "error" in answer or "reopen" in answer:  # (an interrupted sweep's parent: this process reopens it)
             channel.close()
-            raise ConfigError(answer["error"])
+            if "error" in answer:
+                raise ConfigError(answer["error"])
+            self.reopen_run_id, self.experiment_id = answer["reopen"], answer["experiment_id"]
+            return False
         self.run_id, self.artifact_uri = answer["run_id"], answer["artifact_uri"]
         self.experiment_id, self.start_ms = answer["experiment_id"], answer["start_ms"]
         self._spool = service.RemoteSpool(self._spool_folder(), self.uri, self.run_id, channel, self._local_spool,
@@ -287,7 +265,7 @@ class Tracker:
             if deliver_left(self.uri, run.info.run_id, 5.0, left) and \
                     self.client.get_run(run.info.run_id).info.status != RunStatus.RUNNING:
                 continue  # it had ended: its end waited in its spool (a worker killed while its last trial's went)
-            _end_for(self.client, run.info.run_id, f"process {pid} on {host} was gone", RunStatus.FAILED)
+            end_for(self.client, run.info.run_id, f"process {pid} on {host} was gone", RunStatus.FAILED)
             log.warning("ended MLflow run %s FAILED: it was left RUNNING by process %d, which is gone",
                         run.info.run_id, pid)
             ended.append(run.info.run_id)
