@@ -34,11 +34,6 @@ def start(argv: list[str], checked: Checked, hydra_main: Callable[[list[str]], i
     multirun = "-m" in argv or "--multirun" in argv
     first = checked.configs[0] if checked.configs else {}
     launching = checked.configs and not os.environ.get(WORKER_ENV)  # (a launched worker: its launcher did this)
-    if launching:
-        from xp.tracking import service
-        from xp.tracking.stores import resolve_uri
-
-        service.ahead(resolve_uri(first.get("tracking_uri")))  # (its MLflow import overlaps this process's work)
     plan, engine, launcher = plan_engine_launcher(first) if launching else (None, None, None)
     spec = checked.study if multirun else None
     choice = study_placement(spec, first, argv, launcher) if spec is not None else None
@@ -53,6 +48,11 @@ def start(argv: list[str], checked: Checked, hydra_main: Callable[[list[str]], i
     if plan is not None and (engine or (launcher and launcher.submits())) and not multirun:
         launch_job(argv, plan, engine, launcher)
         return 0
+    if launching and not (launcher and launcher.remote):  # runs of this machine: its tracking service started now
+        from xp.tracking import service  # (its MLflow import overlaps this process's work)
+        from xp.tracking.stores import resolve_uri
+
+        service.ahead(resolve_uri(first.get("tracking_uri")))
     if not multirun:
         return hydra_main(argv)
     from xp import multirun as sweeps
