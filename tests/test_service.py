@@ -28,6 +28,7 @@ def state(tmp_path, monkeypatch):
     """A state folder of the test's own: its service is the test's, ended after it."""
     folder = tmp_path / "state"
     monkeypatch.setenv("XP_STATE_DIR", str(folder))
+    monkeypatch.setattr(service, "starts", True)  # (as a command's process: xp.cli)
     yield folder
     service.stop(folder)
 
@@ -75,7 +76,9 @@ def test_a_service_killed_mid_run_loses_nothing_and_sends_nothing_twice(store, s
 
 def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     script = textwrap.dedent(f"""
+        from xp.tracking import service
         from xp.tracking.tracker import Tracker
+        service.starts = True
         t = Tracker({store!r}, "xp", "together")
         t.start()
         t.log_metrics({{"x": 1.0}}, step=0)
@@ -94,7 +97,9 @@ def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
 
 def test_a_killed_runs_records_wait_in_its_spool_and_the_next_start_ends_it(tmp_path, store, state):
     script = textwrap.dedent(f"""
+        from xp.tracking import service
         from xp.tracking.tracker import Tracker
+        service.starts = True
         t = Tracker({store!r}, "xp", "killed")
         t.start()
         for step in range(4):
@@ -172,3 +177,16 @@ def test_a_model_saved_as_parts_is_built_once_and_again_after_a_build_cut_short(
     (tmp_path / "cut" / "python_model.pkl").write_bytes(b"half")
     built(tmp_path / "cut")
     assert np.allclose(mlflow.pyfunc.load_model(str(tmp_path / "cut")).predict(x), expected, atol=1e-5)
+
+
+def test_a_process_a_launcher_placed_starts_no_service_and_tracks_by_itself(store, tmp_path, monkeypatch):
+    """Only a command starts the service (xp.cli): a study's worker, a job's rank or a Ray actor uses the one that
+    is there, and without one does its MLflow work itself: none outlives a command on a host it was sent to."""
+    monkeypatch.setenv("XP_STATE_DIR", str(tmp_path / "state"))
+    assert service.starts is False
+    run = Tracker(store, "xp", "placed")
+    run.start()
+    run.log_metrics({"x": 1.0}, step=0)
+    run.end("FINISHED")
+    assert not isinstance(run._spool, service.RemoteSpool) and not _service_pids(tmp_path / "state")
+    assert mlflow_runs(store)[1][0].info.status == "FINISHED"

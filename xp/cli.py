@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         with _one_repository():
             return _hydra(argv)
     study_here = ("-m" in argv or "--multirun" in argv) and any(a.startswith("sweep=") for a in argv)
+    if not os.environ.get(WORKER_ENV):  # a command (not a launched job's rank): its runs may start the service
+        from xp.tracking import service
+
+        service.starts = True
     placement = None
     try:
         if study_here and not os.environ.get(WORKER_ENV):

@@ -35,6 +35,9 @@ from xp.tracking.spool import (FLUSH_S, RECORDS, _read_int, _read_records, _unse
 log = logging.getLogger("xp")
 
 ENV = "XP_TRACKING_SERVICE"  # 0: every run's process does its MLflow work itself
+# whether this process may start the service: a command's (xp.cli). The processes launchers place (a study's
+# workers, a job's ranks, Ray's actors) use one that is there: none outlives a command on a host it was sent to.
+starts = False
 START_S = 30.0  # how long a run waits for a new service to answer before doing its MLflow work itself
 ASK_S = 60.0  # how long a request other than a run's creation or end may go unanswered (the service is stuck)
 
@@ -131,7 +134,8 @@ def connect() -> Channel:
     try:
         return Channel(_connected(path))
     except OSError:
-        pass
+        if not starts:
+            raise Unavailable("no tracking service here") from None
     _started(path)
     try:
         return Channel(_connected(path))
