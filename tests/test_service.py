@@ -190,3 +190,19 @@ def test_a_process_a_launcher_placed_starts_no_service_and_tracks_by_itself(stor
     run.end("FINISHED")
     assert not isinstance(run._spool, service.RemoteSpool) and not _service_pids(tmp_path / "state")
     assert mlflow_runs(store)[1][0].info.status == "FINISHED"
+
+
+def test_a_run_whose_spool_is_a_relative_folder_is_delivered_from_the_services_own_folder(store, state, tmp_path,
+                                                                                         monkeypatch):
+    """A run names its output folder relative to where it runs (Hydra's outputs/...); the service runs elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    run = Tracker(store, "xp", "relative", spool_dir="outputs/run/mlflow-spool")
+    run.start()
+    run.log_metrics({"x": 1.0}, step=0)
+    run.add_artifact_on_exit(tmp_path / "log.txt")
+    (tmp_path / "log.txt").write_text("a line\n")
+    run.end("FINISHED")
+    client, [stored] = mlflow_runs(store)
+    assert stored.info.status == "FINISHED" and stored.data.metrics == {"x": 1.0}
+    assert [a.path for a in client.list_artifacts(stored.info.run_id)] == ["log.txt"]
+    assert not (tmp_path / "outputs" / "run" / "mlflow-spool").exists()  # delivered: gone

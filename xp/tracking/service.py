@@ -209,6 +209,7 @@ class RemoteSpool:
 
     def __init__(self, folder: Path, uri: str, run_id: str, channel: Channel, local: Callable[[], Any],
                  artifact_uri: str | None):
+        folder = folder.absolute()  # (the service's working folder is not the run's)
         self.folder, self.uri, self.run_id, self.channel, self._make_local = folder, uri, run_id, channel, local
         claim(folder, uri, run_id)
         self._seq = max([_read_int(folder / DELIVERED), *(r["seq"] for r in _read_records(folder / RECORDS))])
