@@ -206,3 +206,25 @@ def test_a_run_whose_spool_is_a_relative_folder_is_delivered_from_the_services_o
     assert stored.info.status == "FINISHED" and stored.data.metrics == {"x": 1.0}
     assert [a.path for a in client.list_artifacts(stored.info.run_id)] == ["log.txt"]
     assert not (tmp_path / "outputs" / "run" / "mlflow-spool").exists()  # delivered: gone
+
+
+def test_a_studys_trials_track_in_their_workers_and_a_busy_store_is_retried_not_left_out(store, state):
+    """A study's trial (settle_later) does its own MLflow work (16 workers' runs in one service exhausted its
+    store's connections); and a store too busy to answer (SQLAlchemy's pool exhausted, which MLflow reports as
+    INVALID_STATE) is away for now: its records are sent again, never left out as refused."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, INVALID_STATE
+
+    from xp.tracking.spool import _refused, away
+
+    trial = Tracker(store, "xp", "trial", settle_later=True)
+    trial.start()
+    trial.end("FINISHED")
+    from xp.tracking.spool import settle
+
+    settle()
+    assert not isinstance(trial._spool, service.RemoteSpool) and mlflow_runs(store)[1][0].info.status == "FINISHED"
+    busy = MlflowException("(sqlite3) QueuePool limit of size 5 overflow 10 reached, connection timed out, timeout "
+                           "30.00", error_code=INVALID_STATE)
+    assert not _refused(busy) and away(busy)
+    assert _refused(MlflowException("Changing param values is not allowed", error_code=INVALID_PARAMETER_VALUE))

@@ -227,30 +227,24 @@ def _before_slot() -> Any:
     """The zygote's work, which does not depend on a slot, done while the study is composed: no framework
     (their thread pools and devices follow the slot's cores, thread counts and CUDA_VISIBLE_DEVICES). What every
     trial runs through imported, MLflow's database store too unless the store is a server (opening a SQLite
-    store later takes milliseconds) or the tracking service's (the trials' runs are its work), and the study's
-    Composer."""
+    store later takes milliseconds), and the study's Composer."""
+    import mlflow.tracking  # noqa: F401
+
     import xp.run.experiment  # noqa: F401
-    from xp.tracking import service
 
-    uri = os.environ.get(TRACKING_ENV) or os.environ.get("MLFLOW_TRACKING_URI", "")
-    if not service.usable(uri):
-        import mlflow.tracking  # noqa: F401
-
-        if not uri.startswith(("http:", "https:")):
-            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    if not os.environ.get("MLFLOW_TRACKING_URI", "").startswith(("http:", "https:")):
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     return _composer()
 
 
 def _warm(backend: str | None, tracking_uri: str | None) -> None:
     """What every trial needs, done once before the first: the backend's frameworks imported, the tracking store
-    opened (mlflow imported, the store's schema checked) unless the tracking service opens it."""
-    from xp.tracking import service
-
+    opened (mlflow imported, the store's schema checked)."""
     if backend:
         from xp.run.entry_points import Registry
 
         Registry().load(backend).warm()
-    if tracking_uri and not service.usable(tracking_uri):
+    if tracking_uri:
         from xp.tracking.stores import open_client
 
         open_client(tracking_uri)

@@ -342,11 +342,14 @@ def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _refused(e: Exception) -> bool:
-    return getattr(e, "error_code", None) in REFUSED and "active" not in str(e)
+    return getattr(e, "error_code", None) in REFUSED and "active" not in str(e) and \
+        not any(marker in str(e) for marker in BUSY)
 
 
 AWAY = ("Connection refused", "Max retries exceeded", "timed out", "database is locked", "Name or service not known",
         "503", "502")  # what a store that does not answer (now) says, as an error's text has it
+BUSY = ("QueuePool limit", "timed out", "database is locked")  # a store too busy to answer now, whatever the error's
+# code says (SQLAlchemy's pool exhausted comes as INVALID_STATE): sent again, never left out
 
 
 def away(e: Exception) -> bool:
