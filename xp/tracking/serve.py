@@ -96,17 +96,16 @@ class Connection:
 
     def start(self, msg: dict[str, Any]) -> dict[str, Any]:
         from xp.tracking.stores import open_client, trim
-        from xp.tracking.sweepstate import interrupted_parent
         from xp.tracking.tracker import Tracker
 
         self.tracker = tracker = Tracker(msg["uri"], msg["experiment"], msg["run_name"],
                                          parent_run_id=msg.get("parent"), tags=msg["tags"], tidy=msg["tidy"],
                                          start_ms=msg.get("start_ms"), settle_later=msg["settle_later"],
-                                         stamped=True)
+                                         stamped=True, resumes=tuple(msg["resumes"]) if msg.get("resumes") else None)
         try:
             trim(STORES)
             open_client(tracker.uri, recheck=True)  # (the store may have been replaced or broken since the last run)
-            if msg.get("resumes") and (reopen := interrupted_parent(tracker, msg["resumes"])):
+            if tracker.resumes and (reopen := tracker.interrupted()):
                 return {"reopen": reopen, "experiment_id": tracker.experiment_id}
             run = tracker._created()
         except ConfigError as e:

@@ -59,19 +59,6 @@ def job_key(overrides: list[str]) -> str:
     return key("job", sorted(o for o in overrides if not o.lstrip("+~").startswith("hydra")))
 
 
-def interrupted_parent(tracker: Any, sweep_key: str) -> str | None:
-    """The latest parent run of this sweep if it was interrupted (after ending the runs of dead processes)."""
-    tracker.experiment_id = tracker._experiment_id()
-    tracker.end_orphans()
-    runs = tracker.client.search_runs([tracker.experiment_id], f"tags.`{SWEEP_KEY}` = '{sweep_key}'",
-                                      order_by=["attributes.start_time DESC"], max_results=1)
-    # interrupted: ended by the orphan reaper or a signal before its summary was logged (a sweep that ran to its
-    # end with a failed job has its summary, which MLflow would not let a second pass overwrite: a new sweep)
-    if runs and runs[0].info.status in (RunStatus.FAILED, RunStatus.KILLED) and "summary.runs" not in runs[0].data.params:
-        return runs[0].info.run_id
-    return None
-
-
 def finished_job(uri: str, parent_run_id: str, job: str) -> Any:
     """The FINISHED run of job key `job` under the parent, or None."""
     from xp.tracking.stores import open_client

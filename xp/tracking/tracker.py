@@ -47,9 +47,9 @@ class Tracker:
                  tags: dict[str, str] | None = None, attach_run_id: str | None = None,
                  reopen_run_id: str | None = None, spool_dir: str | Path | None = None,
                  params: dict[str, Any] | None = None, tidy: bool = True, start_ms: int | None = None,
-                 settle_later: bool = False, stamped: bool = False, resumes: str | None = None):
+                 settle_later: bool = False, stamped: bool = False, resumes: tuple[str, str] | None = None):
         self.uri, self.experiment, self.run_name = uri, experiment, run_label(run_name)
-        self.resumes = resumes  # a sweep's key: the latest interrupted parent run of that sweep is reopened, if any
+        self.resumes = resumes  # (tag, value): the latest interrupted run with that tag is reopened (a killed sweep's)
         self.stamped = stamped  # `tags` say already which process the run is (xp.tracking.serve: the run's own)
         self.tidy = tidy  # end the runs that gone processes of this host left RUNNING (end_orphans) as it starts
         self.start_ms = start_ms  # when the run began, if before it is created (a trial: when its worker took it)
@@ -117,9 +117,7 @@ class Tracker:
             if self._served():
                 return self._started()
             if self.resumes and self.reopen_run_id is None:
-                from xp.tracking.sweepstate import interrupted_parent
-
-                self.reopen_run_id = interrupted_parent(self, self.resumes)
+                self.reopen_run_id = self.interrupted()
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status=RunStatus.RUNNING)
@@ -243,6 +241,20 @@ class Tracker:
         self.start_ms = self.start_ms or int(time.time() * 1000)  # the job's start, the clock of its bill (CostMeter)
         return self.client.create_run(self.experiment_id, run_name=self.run_name, start_time=self.start_ms,
                                       tags={k: redact(str(v)) for k, v in tags.items()})
+
+    def interrupted(self) -> str | None:
+        """The latest run with the tag `resumes` names if it was interrupted (after ending the runs of dead
+        processes): ended by the orphan reaper or a signal before its summary was logged (a sweep that ran to its
+        end with a failed job has its summary, which MLflow would not let a second pass overwrite: a new sweep)."""
+        assert self.resumes is not None
+        self.experiment_id = self._experiment_id()
+        self.end_orphans()
+        runs = self.client.search_runs([self.experiment_id], f"tags.`{self.resumes[0]}` = '{self.resumes[1]}'",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+        if runs and runs[0].info.status in (RunStatus.FAILED, RunStatus.KILLED) and \
+                "summary.runs" not in runs[0].data.params:
+            return runs[0].info.run_id
+        return None
 
     def end_orphans(self) -> list[str]:
         """End FAILED the runs of this experiment left RUNNING by a process of this host that is gone
