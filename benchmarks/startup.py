@@ -89,21 +89,23 @@ def main() -> int:
                     bare[way].append(b)
             stop_services(here / "state")
         stop_services(shared)
-    ratio = {w: {k: statistics.median(x[j] / b[j] for x, b in zip(rows[w], bare[w])) for j, k in ((0, "wall"), (1, "cpu"))}
-             for w in ways}
-    med = {w: {k: statistics.median(r[j] for r in rows[w]) for j, k in ((0, "wall"), (1, "cpu"))} for w in ways}
-    med["bare"] = {k: statistics.median(r[j] for r in bare[ways[0]] + bare[ways[1]]) for j, k in ((0, "wall"), (1, "cpu"))}
+    kinds = ((0, "wall"), (1, "cpu"))
+    ratio = {w: {k: statistics.median(x[j] / b[j] for x, b in zip(rows[w], bare[w])) for j, k in kinds} for w in ways}
+    med = {w: {k: statistics.median(r[j] for r in rows[w]) for j, k in kinds} for w in ways}
+    med["bare"] = {k: statistics.median(r[j] for r in bare[ways[0]] + bare[ways[1]]) for j, k in kinds}
     print(f"start-up, {args.reps} paired runs, medians: {' '.join(xp_cmd[1:])} against {Path(bare_cmd[1]).name}")
     print("| way | wall s | CPU s | / bare, wall | / bare, CPU |\n|---|---|---|---|---|")
     for w in ways:
-        print(f"| {w} | {med[w]['wall']:.2f} | {med[w]['cpu']:.2f} | {ratio[w]['wall']:.2f}x | {ratio[w]['cpu']:.2f}x |")
+        print(f"| {w} | {med[w]['wall']:.2f} | {med[w]['cpu']:.2f} | {ratio[w]['wall']:.2f}x | "
+              f"{ratio[w]['cpu']:.2f}x |")
     print(f"| bare | {med['bare']['wall']:.2f} | {med['bare']['cpu']:.2f} | | |")
     ratios = ratio[ways[0]]
     ok = ratios["wall"] <= 1.5 and ratios["cpu"] <= 1.5
     print(f"target 1.5x: {'met' if ok else 'NOT met'}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"command": xp_cmd[1:], "runs": rows, "bare": bare, "medians": med, "ratios": ratio,
-                                          "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}, indent=1))
+    Path(args.out).write_text(json.dumps({"command": xp_cmd[1:], "runs": rows, "bare": bare, "medians": med,
+                                          "ratios": ratio, "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d")},
+                                         indent=1))
     return 0 if ok else 1
 
 

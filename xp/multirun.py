@@ -36,10 +36,9 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
     experiment = config.get("experiment") or "xp"
     skey = sweepstate.key("sweep", experiment, overrides)
     recipe = set((config.get("sweep") or {}).get("settings") or ())  # a recipe's own: in its params, not its name
-    parent = Tracker(uri, experiment, f"{kind}: " + run_name([o for o in overrides if o not in recipe]),
-                     tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey},
-                     resumes=(sweepstate.SWEEP_KEY, skey))  # a killed sweep goes on where it was: its parent reopened
-    parent.start()
+    parent = Tracker(uri, experiment, f"{kind}: " + run_name([o for o in overrides if o not in recipe]),  # (a killed
+                     tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey}, resumes=(sweepstate.SWEEP_KEY, skey))
+    parent.start()  # sweep goes on where it was: its parent run is reopened)
     if parent.reopen_run_id:
         os.environ[sweepstate.RESUMED_ENV] = "1"
         log.info(f"sweep: resuming the interrupted sweep of MLflow parent run {parent.run_id}: its finished jobs "
