@@ -28,20 +28,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+sys.path.insert(0, str(ROOT))
 
 
 def service_cpu(state: Path | None) -> float:
     """CPU s the tracking services of state folder `state` have spent so far."""
-    import psutil
+    from xp.tracking.service import running
 
-    total = 0.0
-    for pid_file in state.glob("service/*.pid") if state else []:
-        try:
-            t = psutil.Process(int(pid_file.read_text())).cpu_times()
-            total += t.user + t.system
-        except (OSError, ValueError, psutil.Error):
-            pass
-    return total
+    return sum(t.user + t.system for t in (p.cpu_times() for p in running(state))) if state else 0.0
 
 
 def timed(cmd: list[str], cwd: str, env: dict[str, str], state: Path | None = None) -> tuple[float, float]:
@@ -57,7 +51,6 @@ def timed(cmd: list[str], cwd: str, env: dict[str, str], state: Path | None = No
 
 
 def stop_services(state: Path) -> None:
-    sys.path.insert(0, str(ROOT))
     from xp.tracking.service import stop
 
     stop(state)

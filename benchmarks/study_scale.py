@@ -158,15 +158,9 @@ def one(args: argparse.Namespace) -> dict:
 def served_cpu(state: Path) -> float:
     """The CPU s of the tracking service of state folder `state` (xp.tracking.service), which is then stopped."""
     sys.path.insert(0, str(ROOT))
-    from xp.tracking.service import stop
+    from xp.tracking.service import running, stop
 
-    total = 0.0
-    for pid_file in state.glob("service/*.pid"):
-        try:
-            t = psutil.Process(int(pid_file.read_text())).cpu_times()
-            total += t.user + t.system
-        except (OSError, ValueError, psutil.Error):
-            pass
+    total = sum(t.user + t.system for t in (p.cpu_times() for p in running(state)))
     stop(state)
     return total
 

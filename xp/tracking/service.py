@@ -15,6 +15,7 @@ it (under a lock: two runs starting at once share one) and gone after XP_SERVICE
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -56,16 +57,21 @@ def socket_path() -> Path:
     """The service's address: in xp's state folder, named by this machine, this Python and this xp's code (a
     changed xp starts its own service), or in the temporary folder where that path is too long for a socket.
     Beside it in the state folder, whatever the socket's place: its .pid, .lock and .log files (`beside`)."""
-    import xp
-
-    code = Path(xp.__file__).parent
-    stamp = max(p.stat().st_mtime_ns for p in code.rglob("*.py"))
-    key = hashlib.sha1(f"{sys.executable}|{code}|{stamp}|{state_dir()}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{_code()}|{state_dir()}".encode()).hexdigest()[:12]
     name = f"{socket.gethostname()}-{key}.sock"
     path = state_dir() / "service" / name
     if len(str(path)) > 100:  # (sun_path: 108 bytes)
         path = Path(tempfile.gettempdir()) / f"xp-{os.getuid()}" / name
     return path
+
+
+@functools.lru_cache(maxsize=1)
+def _code() -> str:
+    """This Python and this xp's code (its folder, its files' latest change): read once a process."""
+    import xp
+
+    code = Path(xp.__file__).parent
+    return f"{sys.executable}|{code}|{max(p.stat().st_mtime_ns for p in code.rglob('*.py'))}"
 
 
 def beside(sock: Path, suffix: str) -> Path:
@@ -146,8 +152,9 @@ def connect() -> Channel:
 def ahead(uri: str) -> None:
     """A command whose runs the service will serve starts it now, if it is not there, on a thread of its own:
     the service imports MLflow on another core while the command composes its runs and imports its framework."""
-    if usable(uri) and not socket_path().exists():
-        threading.Thread(target=_started, args=(socket_path(),), name="xp-tracking-service-start", daemon=True).start()
+    path = socket_path() if usable(uri) else None
+    if path is not None and not path.exists():
+        threading.Thread(target=_started, args=(path,), name="xp-tracking-service-start", daemon=True).start()
 
 
 def _started(path: Path) -> None:
@@ -306,22 +313,36 @@ class RemoteSpool:
         self.local._settled(timeout_s)
 
 
+def running(folder: Path | None = None) -> list[Any]:
+    """The services that serve xp's state folder `folder` (or this process's), as psutil processes."""
+    import psutil
+
+    found = []
+    for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
+        try:
+            process = psutil.Process(int(pid_file.read_text()))
+            if "xp.tracking.serve" in process.cmdline():
+                found.append(process)
+        except (OSError, ValueError, psutil.Error):
+            pass
+    return found
+
+
 def stop(folder: Path | None = None) -> list[int]:
-    """End the services that serve xp's state folder (`folder`, or this process's), by their process ids;
+    """End the services that serve xp's state folder `folder` (or this process's), by their process ids;
     returns those ids. Their runs go on, each delivering its own records (RemoteSpool)."""
     import signal
 
     import psutil
 
     ended = []
-    for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
+    for process in running(folder):
         try:
-            process = psutil.Process(int(pid_file.read_text()))
-            if "xp.tracking.serve" in process.cmdline():
-                process.send_signal(signal.SIGTERM)
-                process.wait(10)
-                ended.append(process.pid)
-        except (OSError, ValueError, psutil.Error):
+            process.send_signal(signal.SIGTERM)
+            process.wait(10)
+            ended.append(process.pid)
+        except psutil.Error:
             pass
+    for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
         pid_file.unlink(missing_ok=True)
     return ended

@@ -160,25 +160,26 @@ def trim(keep: int) -> None:
     """Close the stores of all but the `keep` URIs opened last (a process that lives long and meets many stores:
     the tracking service). Their clients still work: their connections open again when used."""
     for uri in list(_clients)[:-keep] if keep else list(_clients):
-        client: Any = _clients.pop(uri)
-        _opened.pop(uri, None)
-        try:
-            client._tracking_client.store.engine.dispose()
-        except Exception:  # noqa: BLE001 - (a store without an engine)
-            pass
+        _close(uri)
 
 
 def _forget(uri: str) -> None:
     """The store of `uri` closed, and forgotten by MLflow too (it keeps one per URI): opened again at next use."""
     from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
-    client: Any = _clients.pop(uri)
+    _close(uri)
     _reached.discard(uri)
+    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+
+
+def _close(uri: str) -> None:
+    """This process's client of `uri` let go, its store's connections closed."""
+    client: Any = _clients.pop(uri)
+    _opened.pop(uri, None)
     try:
         client._tracking_client.store.engine.dispose()
     except Exception:  # noqa: BLE001 - (a store without an engine, or one gone)
         pass
-    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
 
 
 def _stamp(uri: str) -> tuple:
