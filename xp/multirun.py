@@ -24,7 +24,6 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
     if config.get("sweep"):
         _register_study_sweeper()
         argv = [*argv, "hydra/sweeper=xp_optuna"]
-    from xp.tracking import summary
     from xp.tracking import sweepstate
     from xp.tracking.ending import end_state
     from xp.tracking.tracker import Tracker
@@ -64,11 +63,10 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
         rows, view = None, None  # (what stopped workers left in spools first: the table shows how runs ended)
         deliver_left_over(uri, STOPPED_DELIVER_S if status == RunStatus.KILLED else DELIVER_S)
         try:
-            children = sweepstate.latest_per_job(parent.child_runs())
-            rows = [summary.row_from_mlflow(r) for r in children]
-            parent.log_params(summary.parent_params(rows, children))
-            parent.set_tags(summary.parent_tags(children))
-            view = _share_view(parent, config, swept, kind)
+            result = _result(parent, config, swept, kind)
+            rows, view = result["rows"], result["view"]
+            parent.log_params(result["params"])
+            parent.set_tags(result["tags"])
         except Exception as e:  # the store is away: the jobs' records wait in spools; the sweep still ends
             from xp.errors import one_line
 
@@ -79,15 +77,17 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
             _say_table(parent, rows, status, view)
 
 
-def _share_view(parent: Any, config: dict[str, Any], swept: str, kind: str) -> str | None:
-    """The UI's view of this sweep's runs (xp.tracking.view): a study's searched parameters, a sweep's varied
-    keys, against the objective(s)."""
-    from xp.tracking import view
+def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[str, Any]:
+    """The sweep's children read back (xp.tracking.served.sweep_result, by the tracking service where there is
+    one), and the UI's view of its runs written: a study's searched parameters, a sweep's varied keys, against
+    the objective(s)."""
+    from xp.tracking import service
 
     study = config.get("sweep") or {}
     params = list(study.get("params") or {}) or [k for k in swept.split(",") if k]
     metrics = [o["metric"] for o in study.get("objectives") or []] or ["val_accuracy"]
-    return view.share(parent.client, parent.experiment_id, parent.run_id, kind, params, metrics)
+    return service.call(parent.uri, "sweep_result", experiment_id=str(parent.experiment_id), parent=parent.run_id,
+                        kind=kind, params=params, metrics=metrics)
 
 
 def _say_table(parent: Any, rows: list[dict[str, Any]], status: str, view: str | None = None) -> None:

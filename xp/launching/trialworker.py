@@ -226,14 +226,18 @@ def _ignored(signum: int, frame: Any) -> None:
 def _before_slot() -> Any:
     """The zygote's work, which does not depend on a slot, done while the study is composed: no framework
     (their thread pools and devices follow the slot's cores, thread counts and CUDA_VISIBLE_DEVICES). What every
-    trial runs through imported, MLflow's database store too unless the store is a server (opening a SQLite
-    store later takes milliseconds), and the study's Composer."""
-    import mlflow.tracking  # noqa: F401
-
+    trial runs through imported, and the study's Composer. MLflow only where the trials' runs are not the tracking
+    service's (xp.tracking.service: a SQLite store's are): its database store too unless the store is a server."""
     import xp.run.experiment  # noqa: F401
 
-    if not os.environ.get("MLFLOW_TRACKING_URI", "").startswith(("http:", "https:")):
-        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    from xp.tracking.stores import resolve_uri
+
+    uri = resolve_uri()  # (before the study is composed: a tracking_uri given on its command line is not known)
+    if not served(uri, there=False):
+        import mlflow.tracking  # noqa: F401
+
+        if not uri.startswith(("http:", "https:")):
+            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     return _composer()
 
 
@@ -244,11 +248,20 @@ def _warm(backend: str | None, tracking_uri: str | None) -> None:
         from xp.run.entry_points import Registry
 
         Registry().load(backend).warm()
-    if tracking_uri:
+    if tracking_uri and not served(tracking_uri):
         from xp.tracking.stores import open_client
 
         open_client(tracking_uri)
     gc.freeze()  # what the imports left is not traversed by the trials' collections (collecting it first: 0.15 s)
+
+
+def served(uri: str, there: bool = True) -> bool:
+    """Whether this process's trials' runs on `uri` will be the tracking service's (`there`: and it listens; the
+    zygote asks before the command started it): then the worker does not import MLflow (it would, should the
+    service go away). A worker on another host finds none (only commands start one) and imports it."""
+    from xp.tracking import service
+
+    return service.usable(uri) and (not there or service.socket_path().exists())
 
 
 def _quiet() -> bool:

@@ -4,14 +4,12 @@ final best registered at the study's end (summarize)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from typing import Any
 
 from xp.errors import redact
-from xp.states import RunStatus
 from xp.studies.study import FINISHED, StudySpec
 from xp.studies.trial import DUPLICATE, INTERRUPTED
 
@@ -39,42 +37,15 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
                  + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
     summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
     parent = os.environ.get("XP_PARENT_RUN_ID")
-    if parent and tracking_uri:
-        _on_parent(tracking_uri, parent, spec, front, summary)
-    if tracking_uri and spec.register_model:  # the best trial's model, in the Model Registry
-        from xp.tracking.models import register_best
+    if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
+        from xp.tracking import service
 
-        if said := register_best(tracking_uri, spec.register_model, front, spec.multi_objective):
+        said = service.call(tracking_uri, "study_result", parent=parent, study=spec.study_name,
+                            register_model=spec.register_model or "", metric=spec.objectives[0].metric,
+                            multi_objective=spec.multi_objective, front=front, summary=summary)
+        if said:
             log.info(f"  {said}")
     return summary
-
-
-def _on_parent(uri: str, parent: str, spec: StudySpec, front: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    """The study's result on its MLflow parent run, through a spool of its own (a store that is away takes it
-    when it is back, or xp.sync delivers it): the study never ends in a traceback for its store."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from xp.tracking.spool import state_dir
-    from xp.tracking.tracker import Tracker
-
-    tracker = Tracker(uri, "", "", attach_run_id=parent, spool_dir=state_dir() / "summaries")
-    tracker.start()
-    folder = Path(tempfile.mkdtemp(prefix="xp-study-"))
-    try:
-        params = front[0]["params"] if front and not spec.multi_objective else {}
-        tags = {"optuna.study": spec.study_name, "xp.register_model": spec.register_model or ""}
-        tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags=tags)
-        if params:
-            metric = spec.objectives[0].metric
-            tracker.log_metrics({f"best_{metric}": front[0]["values"][metric]})
-        name = folder / ("pareto_front.json" if spec.multi_objective else "best_trial.json")
-        name.write_text(json.dumps(summary, indent=1, default=str))
-        tracker.add_artifact_on_exit(name)
-    finally:
-        tracker.end(RunStatus.FINISHED)  # attached: its records only; the parent's own end is the sweep's
-        shutil.rmtree(folder, ignore_errors=True)  # the spool keeps its own copy
 
 
 class BestModel:
@@ -117,10 +88,8 @@ class BestModel:
         self._thread.join(timeout=timeout_s)
 
     def _loop(self) -> None:
-        from xp.tracking.models import register_best, run_model
-        from xp.tracking.stores import open_client
+        from xp.tracking import service
 
-        client = None
         while not self._closing:
             self._wake.wait(timeout=self.POLL_S if self._waiting is not None else None)
             self._wake.clear()
@@ -128,15 +97,14 @@ class BestModel:
             if trial is None or self._closing:
                 continue
             try:
-                client = client or open_client(self.uri)
                 best = self.study._storage.get_trial(trial._trial_id)  # its run id, set by its worker
-                run_id = best.user_attrs.get("mlflow_run_id")
-                run = client.get_run(run_id) if run_id else None
-                if run is not None and run_id and self.spec.register_model and run_model(client, run_id):
-                    if said := register_best(self.uri, self.spec.register_model, [member(best, self.spec)], False):
-                        log.info(f"study {self.spec.study_name}: {said}")
-                elif run is None or run.info.status == RunStatus.RUNNING:
-                    continue  # its records are on their way
+                if best.user_attrs.get("mlflow_run_id"):  # (by the tracking service, where there is one)
+                    answer = service.call(self.uri, "best_model", name=self.spec.register_model or "",
+                                          member=member(best, self.spec))
+                    if answer["said"]:
+                        log.info(f"study {self.spec.study_name}: {answer['said']}")
+                    elif answer["waiting"]:
+                        continue  # its records are on their way
                 if self._waiting is trial:  # (a newer best may have come meanwhile)
                     self._waiting = None
             except Exception as e:  # the store away, say: the study goes on; its end registers its best

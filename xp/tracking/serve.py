@@ -12,6 +12,7 @@ without a connection, or when its socket is removed or taken by another service.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from xp.errors import ConfigError, one_line, redact
+from xp.tracking.spool import Spool
 
 log = logging.getLogger("xp")
 
@@ -32,6 +34,16 @@ STORES = 16  # stores kept open (each holds its connections): the service of a u
 _owners: dict[int, Connection] = {}  # thread -> the connection whose run it works for (its lines go there)
 _live: set[Connection] = set()
 _lock = threading.Lock()
+_calls = threading.Lock()
+_gates: dict[str, threading.Lock] = {}  # store -> its writer's turn (gate)
+
+
+def gate(uri: str) -> threading.Lock:
+    """One writer at a time on a store: SQLite takes one write at once anyway, and a study's 16 runs delivering
+    side by side on 16 threads would each hold one of its SQLAlchemy pool's 15 connections (the 16th times out)
+    and wait on the file's lock. Each run's records wait their turn and go in one batch."""
+    with _lock:
+        return _gates.setdefault(uri, threading.Lock())
 
 
 class Forward(logging.Handler):
@@ -89,6 +101,8 @@ class Connection:
             self.spool._last()
         elif op == "status":
             self.send({"away": self.spool.away_since is not None})
+        elif op == "call":
+            self.send(self.call(msg["work"], msg["args"]))
         elif op == "close":
             done = self.spool.close(float(msg["wait"]))
             self.ended = True
@@ -103,11 +117,12 @@ class Connection:
                                          start_ms=msg.get("start_ms"), settle_later=msg["settle_later"],
                                          stamped=True, resumes=tuple(msg["resumes"]) if msg.get("resumes") else None)
         try:
-            trim(STORES)
-            open_client(tracker.uri, recheck=True)  # (the store may have been replaced or broken since the last run)
-            if tracker.resumes and (reopen := tracker.interrupted()):
-                return {"reopen": reopen, "experiment_id": tracker.experiment_id}
-            run = tracker._created()
+            with gate(tracker.uri):
+                trim(STORES)
+                open_client(tracker.uri, recheck=True)  # (the store may be replaced or broken since the last run)
+                if tracker.resumes and (reopen := tracker.interrupted()):
+                    return {"reopen": reopen, "experiment_id": tracker.experiment_id}
+                run = tracker._created()
         except ConfigError as e:
             return {"error": str(e)}
         except Exception as e:  # noqa: BLE001 - the run's process says it, as it would have
@@ -116,16 +131,34 @@ class Connection:
         return {"run_id": run.info.run_id, "artifact_uri": run.info.artifact_uri,
                 "experiment_id": tracker.experiment_id, "start_ms": tracker.start_ms}
 
-    def open_spool(self, folder: Path, artifact_uri: str | None) -> None:
-        from xp.tracking.spool import Spool
+    def call(self, work: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A command's MLflow work (xp.tracking.served), one at a time (MLflow's registry reads its tracking store
+        from a global: two at once could cross)."""
+        from xp.tracking.served import CALLS
 
+        try:
+            with _calls:
+                return {"result": CALLS[work](**args)}
+        except Exception as e:  # noqa: BLE001 - the command meets it as it would have
+            return {"error": f"{type(e).__name__}: {one_line(e)[:300]}"}
+
+    def open_spool(self, folder: Path, artifact_uri: str | None) -> None:
         tracker = self.tracker
         assert tracker is not None and tracker.run_id is None
         run_id = folder.name.rsplit("-", 1)[0]
-        self.spool = spool = Spool(folder, tracker.uri, run_id, lambda: tracker.client, own=False,
+        self.spool = spool = GatedSpool(folder, tracker.uri, run_id, lambda: tracker.client, own=False,
                                    artifact_uri=artifact_uri, mirror=True)
         spool.on_drain = lambda: _owners.__setitem__(threading.get_ident(), self)
         spool.resume()  # (records the file had before the spool was opened here)
+
+
+class GatedSpool(Spool):
+    """A run's spool whose records wait for the store's turn (gate). Its model and artifacts do not (their files
+    are most of their work: the next run's creation does not wait for them)."""
+
+    def _send(self, records: list[dict[str, Any]]) -> None:
+        with gate(self.uri) if records[0]["op"] not in ("model", "artifact") else contextlib.nullcontext():
+            super()._send(records)
 
 
 def _warm() -> None:

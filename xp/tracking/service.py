@@ -41,6 +41,7 @@ ENV = "XP_TRACKING_SERVICE"  # 0: every run's process does its MLflow work itsel
 starts = False
 START_S = 30.0  # how long a run waits for a new service to answer before doing its MLflow work itself
 ASK_S = 60.0  # how long a request other than a run's creation or end may go unanswered (the service is stuck)
+CALL_S = 600.0  # ... and the command's MLflow work (xp.tracking.served: a study's end waits for its store)
 
 
 class Unavailable(Exception):
@@ -207,6 +208,31 @@ def create_run(request: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
     channel = connect()
     wait = float(request.get("wait_s", 0.0)) + 180.0  # (a new store's first-use lock, an outage's wait)
     return channel, channel.ask({"op": "start", **request}, wait)
+
+
+class CallFailed(Exception):
+    """What the service said when the command's MLflow work it did for it failed (the store away, say)."""
+
+
+def call(uri: str, work: str, **args: Any) -> Any:
+    """The command's MLflow work `work` (xp.tracking.served.CALLS) on the store `uri`, done by the service; by
+    this process where the service does not serve that store or cannot be reached. CallFailed: the service's
+    one line for an exception it met, which the caller takes as it would the exception."""
+    from xp.tracking.served import CALLS
+
+    if usable(uri):
+        try:
+            channel = connect()
+            try:
+                answer = channel.ask({"op": "call", "work": work, "args": {"uri": uri, **args}}, CALL_S)
+            finally:
+                channel.close()
+            if "error" in answer:
+                raise CallFailed(answer["error"])
+            return answer["result"]
+        except Unavailable as e:
+            log.info("%s: this process does its MLflow work itself", e)
+    return CALLS[work](uri=uri, **args)
 
 
 class RemoteSpool:

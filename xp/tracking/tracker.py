@@ -144,10 +144,7 @@ class Tracker:
         the store is not one it serves, or it is not there (this process does it)."""
         from xp.tracking import service
 
-        # a study's trials (settle_later) track in their workers: at scale, 16 workers' runs in one process would
-        # contend for its store's connections (measured: SQLAlchemy's pool of 15 timed out); a worker opens its
-        # store once and keeps it
-        if self.settle_later or not service.usable(self.uri):
+        if not service.usable(self.uri):
             return False
         request = {"uri": self.uri, "experiment": self.experiment, "run_name": self.run_name, "tidy": self.tidy,
                    "parent": self.parent_run_id, "tags": self._run_tags(), "start_ms": self.start_ms,

@@ -1,0 +1,87 @@
+"""The MLflow work a sweep's or a study's command does besides its runs, each a function of JSON in and JSON out
+(CALLS) that the tracking service runs for the command (`service.call`), so that the command never imports MLflow
+on a SQLite store (2-3 s of CPU beside its trials on a 2-core machine); without a service the command runs it.
+
+- `sweep_result`: the sweep's children read back (its table's rows), the parent's summary params and tags, the UI's
+  view of its runs;
+- `study_result`: the study's best trial (or Pareto front) on its parent run, its model registered;
+- `best_model`: the registry's alias `best` moved to a trial's model once the run has it (a study's BestModel).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from xp.states import RunStatus
+
+
+def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: list[str],
+                 metrics: list[str]) -> dict[str, Any]:
+    """The sweep's children as its table's rows (one per job: a resumed sweep's latest), the parent's summary
+    params and tags from them (the caller logs them on the parent, through its spool), and the key of the UI's
+    view of its runs (None: not written)."""
+    from xp.tracking import summary, view
+    from xp.tracking.stores import open_client, search_all
+    from xp.tracking.sweepstate import latest_per_job
+
+    client = open_client(uri)
+    children = latest_per_job(search_all(client, [str(experiment_id)], f"tags.mlflow.parentRunId = '{parent}'",
+                                         order_by=["attributes.start_time ASC"]))
+    rows = [summary.row_from_mlflow(r) for r in children]
+    return {"rows": rows, "params": summary.parent_params(rows, children), "tags": summary.parent_tags(children),
+            "view": view.share(client, experiment_id, parent, kind, params, metrics)}
+
+
+def study_result(uri: str, parent: str | None, study: str, register_model: str, metric: str,
+                 multi_objective: bool, front: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+    """The study's result on its parent MLflow run (`parent`; through a spool of its own: a store that is away
+    takes it when it is back, or xp.sync delivers it), and (`register_model`) its best trial's model, or every
+    Pareto member's, in the Model Registry; returns the line that says where, or None."""
+    if parent:
+        _on_parent(uri, parent, study, register_model, metric, multi_objective, front, summary)
+    if not register_model:
+        return None
+    from xp.tracking.models import register_best
+
+    return register_best(uri, register_model, front, multi_objective)
+
+
+def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: str, multi_objective: bool,
+               front: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    from xp.tracking.spool import state_dir
+    from xp.tracking.tracker import Tracker
+
+    tracker = Tracker(uri, "", "", attach_run_id=parent, spool_dir=state_dir() / "summaries")
+    tracker.start()
+    folder = Path(tempfile.mkdtemp(prefix="xp-study-"))
+    try:
+        params = front[0]["params"] if front and not multi_objective else {}
+        tracker.log(params={f"best.{k}": v for k, v in params.items()},
+                    tags={"optuna.study": study, "xp.register_model": register_model})
+        if params:
+            tracker.log_metrics({f"best_{metric}": front[0]["values"][metric]})
+        name = folder / ("pareto_front.json" if multi_objective else "best_trial.json")
+        name.write_text(json.dumps(summary, indent=1, default=str))
+        tracker.add_artifact_on_exit(name)
+    finally:
+        tracker.end(RunStatus.FINISHED)  # attached: its records only; the parent's own end is the sweep's
+        shutil.rmtree(folder, ignore_errors=True)  # the spool keeps its own copy
+
+
+def best_model(uri: str, name: str, member: dict[str, Any]) -> dict[str, Any]:
+    """The registry's alias `best` on trial `member`'s model, if its run has logged one: {"said": the line, or
+    None; "waiting": its run is not in the store yet, or still RUNNING (its records are on their way)}."""
+    from xp.tracking.models import RUN_TAG, register_best
+    from xp.tracking.stores import open_client
+
+    run = open_client(uri).get_run(member["mlflow_run_id"])
+    if run.data.tags.get(RUN_TAG):
+        return {"said": register_best(uri, name, [member], False), "waiting": False}
+    return {"said": None, "waiting": run.info.status == RunStatus.RUNNING}
+
+
+CALLS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (sweep_result, study_result, best_model)}
