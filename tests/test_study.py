@@ -180,8 +180,12 @@ def load_trials(tmp_path, name="small"):
 def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
     d = sweeps("small", SMALL.format(n=8, sampler="random", pruner="median", objectives=ONE))
     env = study_env(tmp_path, d)
-    proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=5", env=env, timeout=600)
+    proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=5", env={**env, "PYTHONPROFILEIMPORTTIME": "1"},
+                  timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # neither the command nor its workers import MLflow: the tracking service does their MLflow work
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert "mxnet" in imported and "optuna" in imported and not [m for m in imported if m.startswith("mlflow")]
     trials = load_trials(tmp_path)
     states = [t.state.name for t in trials]
     assert len(trials) == 8 and "PRUNED" in states and "COMPLETE" in states
