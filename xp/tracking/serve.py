@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from xp.errors import ConfigError, one_line, redact
 from xp.tracking.spool import Spool
@@ -35,15 +35,38 @@ _owners: dict[int, Connection] = {}  # thread -> the connection whose run it wor
 _live: set[Connection] = set()
 _lock = threading.Lock()
 _calls = threading.Lock()
-_gates: dict[str, threading.Lock] = {}  # store -> its writer's turn (gate)
+_gates: dict[str, Gate] = {}  # store -> its writers' turns
 
 
-def gate(uri: str) -> threading.Lock:
+class Gate:
     """One writer at a time on a store: SQLite takes one write at once anyway, and a study's 16 runs delivering
-    side by side on 16 threads would each hold one of its SQLAlchemy pool's 15 connections (the 16th times out)
-    and wait on the file's lock. Each run's records wait their turn and go in one batch."""
+    side by side on 16 threads each held one of its SQLAlchemy pool's 15 connections (the 16th timed out) and
+    waited on the file's lock. A run's creation, which a trial waits for, goes before records, which can wait
+    (what comes meanwhile joins their run's next batch)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._busy = False
+        self._urgent = 0  # creations waiting
+
+    @contextlib.contextmanager
+    def turn(self, urgent: bool = False) -> Iterator[None]:
+        with self._changed:
+            self._urgent += urgent
+            self._changed.wait_for(lambda: not self._busy and (urgent or not self._urgent))
+            self._urgent -= urgent
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._busy = False
+                self._changed.notify_all()
+
+
+def gate(uri: str) -> Gate:
     with _lock:
-        return _gates.setdefault(uri, threading.Lock())
+        return _gates.setdefault(uri, Gate())
 
 
 class Forward(logging.Handler):
@@ -73,6 +96,13 @@ class Connection:
         with self._send_lock:
             self.sock.sendall(data)
 
+    def tell(self, msg: dict[str, Any]) -> None:
+        """`send`, to a run's process that may have gone meanwhile."""
+        try:
+            self.send(msg)
+        except OSError:
+            pass
+
     def serve(self) -> None:
         _owners[threading.get_ident()] = self
         try:
@@ -99,8 +129,6 @@ class Connection:
             self.spool.take(msg["record"])
         elif op == "last":
             self.spool._last()
-        elif op == "status":
-            self.send({"away": self.spool.away_since is not None})
         elif op == "call":
             self.send(self.call(msg["work"], msg["args"]))
         elif op == "close":
@@ -117,7 +145,7 @@ class Connection:
                                          start_ms=msg.get("start_ms"), settle_later=msg["settle_later"],
                                          stamped=True, resumes=tuple(msg["resumes"]) if msg.get("resumes") else None)
         try:
-            with gate(tracker.uri):
+            with gate(tracker.uri).turn(urgent=True):
                 trim(STORES)
                 open_client(tracker.uri, recheck=True)  # (the store may be replaced or broken since the last run)
                 if tracker.resumes and (reopen := tracker.interrupted()):
@@ -148,17 +176,35 @@ class Connection:
         run_id = folder.name.rsplit("-", 1)[0]
         self.spool = spool = GatedSpool(folder, tracker.uri, run_id, lambda: tracker.client, own=False,
                                    artifact_uri=artifact_uri, mirror=True)
+        spool.owner = self
         spool.on_drain = lambda: _owners.__setitem__(threading.get_ident(), self)
         spool.resume()  # (records the file had before the spool was opened here)
 
 
 class GatedSpool(Spool):
-    """A run's spool whose records wait for the store's turn (gate). Its model and artifacts do not (their files
-    are most of their work: the next run's creation does not wait for them)."""
+    """A run's spool delivered here: its records wait for the store's turn (Gate; its model and artifacts do not:
+    their files are most of their work). The run's process is told when the store goes away and comes back, and
+    when its run, ended, is all delivered (its spool folder gone): events, which it reads without asking."""
+
+    owner: Connection
 
     def _send(self, records: list[dict[str, Any]]) -> None:
-        with gate(self.uri) if records[0]["op"] not in ("model", "artifact") else contextlib.nullcontext():
+        with gate(self.uri).turn() if records[0]["op"] not in ("model", "artifact") else contextlib.nullcontext():
             super()._send(records)
+
+    def deliver_some(self) -> bool:
+        was = self.away_since
+        delivered = super().deliver_some()
+        if (was is None) != (self.away_since is None):
+            self.owner.tell({"event": "away" if self.away_since is not None else "back"})
+        return delivered
+
+    def _loop(self) -> None:
+        super()._loop()
+        if self.closed and not self._abandoned.is_set() and not self.left():
+            self.close(0)  # (its folder goes)
+            self.owner.ended = True
+            self.owner.tell({"event": "done"})
 
 
 def _warm() -> None:

@@ -89,6 +89,7 @@ class Channel:
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._send_lock = threading.Lock()
         self.gone = False
+        self.on_event: Callable[[str], None] = lambda event: None  # what the service tells unasked (RemoteSpool)
         threading.Thread(target=self._read, name="xp-tracking-service", daemon=True).start()
 
     def _read(self) -> None:
@@ -98,6 +99,8 @@ class Channel:
                     msg = json.loads(line)
                     if "log" in msg:
                         log.log(int(msg["log"]), "%s", msg["msg"])
+                    elif "event" in msg:
+                        self.on_event(msg["event"])
                     else:
                         self._answers.put(msg)
         except (OSError, ValueError):
@@ -251,7 +254,18 @@ class RemoteSpool:
         self._closing = False
         self._left = 0  # records the service had not delivered when the run ended
         self.local: Any = None
+        self._away: float | None = None  # when the service said the store went away
+        self._done = threading.Event()  # the service said the ended run is all delivered
+        channel.on_event = self._event
         self._tell({"op": "spool", "folder": str(folder), "artifact_uri": artifact_uri})
+
+    def _event(self, event: str) -> None:
+        if event == "away":
+            self._away = time.monotonic()
+        elif event == "back":
+            self._away = None
+        elif event == "done":
+            self._done.set()
 
     def _tell(self, msg: dict[str, Any]) -> None:
         try:
@@ -290,15 +304,13 @@ class RemoteSpool:
         return self._closing
 
     @property
+    def delivered(self) -> bool:
+        return self._done.is_set()
+
+    @property
     def away_since(self) -> float | None:
-        """When the store went away, as the service sees it (None: it answers)."""
-        if self.local is not None:
-            return self.local.away_since
-        try:
-            return time.monotonic() if self.channel.ask({"op": "status"}, 10.0).get("away") else None
-        except Unavailable as e:
-            self._go_local(e)
-            return None  # (its own drain finds out)
+        """When the store went away, as the service said (None: it answers)."""
+        return self.local.away_since if self.local is not None else self._away
 
     def left(self) -> int:
         return self.local.left() if self.local is not None else self._left
@@ -324,6 +336,9 @@ class RemoteSpool:
             self._settled(FLUSH_S)
 
     def _settled(self, timeout_s: float) -> None:
+        if self._done.is_set():  # (ended with end(later=True), and delivered since)
+            self.channel.close()
+            return
         if self.local is None:
             wait = bounded(timeout_s)
             try:

@@ -35,8 +35,7 @@ STORE_WAIT_S = float(os.environ.get("XP_STORE_WAIT_S", 900))  # how long a study
 BACKOFF_S = (0.5, 5.0)  # the drain's wait after a failed send: first, and at most (doubling)
 LINGER_S = 1.0  # while a run goes on, its records reach the store at most this often (what comes meanwhile goes
 # in the same call: a study's 1-s trial sends its epochs' metrics in one call, not one each; docs/benchmarks.md)
-# MLflow's log_batch limits
-LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
+LIMITS = {"metrics": 1000, "params": 100, "tags": 100}  # MLflow's log_batch limits
 # the store answered and refused the record (a changed param value, a deleted run): sending it again cannot help
 REFUSED = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST", "INVALID_STATE")
 
@@ -73,6 +72,8 @@ def same_process(pid: int, started_at: float | str | None) -> bool:
 
 class Spool:
     """The records of one MLflow run; `client()` makes the MlflowClient the drain sends through."""
+
+    delivered = False  # ended, and known to be all delivered: a tracking service says so (service.RemoteSpool)
 
     def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any], own: bool = True,
                  artifact_uri: str | None = None, mirror: bool = False):
@@ -319,6 +320,8 @@ def bounded(timeout_s: float) -> float:
 def settle(timeout_s: float = FLUSH_S, away_only: bool = False) -> None:
     """Wait (timeout_s at most, in all) for the stores to take the records of the runs ended with end(later=True);
     away_only: only if one of those stores is away (the next run would not start either)."""
+    for done in [s for s in _unsettled if s.delivered]:  # (their channels to the service closed: a study's 1,000)
+        _unsettled.remove(done), done._settled(0.0)
     if away_only and all(s.away_since is None for s in _unsettled):
         return
     deadline = time.monotonic() + bounded(timeout_s)
