@@ -8,9 +8,8 @@ backoff; one line says the store went away, one that it is back. Each record car
 MLflow's stores take a metric (key, value, timestamp, step) once, so a batch sent again after a lost reply is
 not counted twice: every record is delivered in order, exactly once.
 
-A run that ends while the store is still away says so in one line and keeps its spool; `python -m xp.sync`
-delivers it later (the next xp start on that store offers it too). A folder of an index (xp's state folder,
-`$XP_STATE_DIR` or `~/.local/state/xp`) lists the spools left undelivered.
+A run that ends while the store is still away says so in one line and keeps its spool, listed in an index in
+xp's state folder (`$XP_STATE_DIR` or `~/.local/state/xp`); `python -m xp.sync` delivers it (the next start offers).
 """
 
 from __future__ import annotations
@@ -321,7 +320,8 @@ def settle(timeout_s: float = FLUSH_S, away_only: bool = False) -> None:
     """Wait (timeout_s at most, in all) for the stores to take the records of the runs ended with end(later=True);
     away_only: only if one of those stores is away (the next run would not start either)."""
     for done in [s for s in _unsettled if s.delivered]:  # (their channels to the service closed: a study's 1,000)
-        _unsettled.remove(done), done._settled(0.0)
+        _unsettled.remove(done)
+        done._settled(0.0)
     if away_only and all(s.away_since is None for s in _unsettled):
         return
     deadline = time.monotonic() + bounded(timeout_s)
