@@ -222,10 +222,13 @@ def test_many_trials_at_once_through_one_service_all_arrive_and_a_busy_store_is_
 
     from xp.tracking.spool import _refused, away, settle
 
+    spools = []
+
     def trial(i: int) -> None:
         run = Tracker(store, "xp", f"trial {i}", settle_later=True, params={f"p{k}": k for k in range(40)})
         run.start()
         assert isinstance(run._spool, service.RemoteSpool)
+        spools.append(run._spool)
         for step in range(5):
             run.log_metrics({"val_accuracy": step / 10, "loss": 1.0 / (step + 1)}, step=step)
         run.end("FINISHED")
@@ -234,6 +237,9 @@ def test_many_trials_at_once_through_one_service_all_arrive_and_a_busy_store_is_
         threads = [threading.Thread(target=trial, args=(i,)) for i in range(16)]
         [t.start() for t in threads]
         [t.join(120) for t in threads]
+        # the service says, unasked, when each ended run is all delivered (its spool folder gone)
+        assert len(spools) == 16 and all(s._done.wait(60) for s in spools)
+        assert not [s.folder for s in spools if s.folder.exists()]
         settle()
     client, runs = mlflow_runs(store)
     assert len(runs) == 16 and {r.info.status for r in runs} == {"FINISHED"}
