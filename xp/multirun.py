@@ -82,11 +82,12 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
     one), and the UI's view of its runs written: a study's searched parameters, a sweep's varied keys, against
     the objective(s)."""
     from xp.tracking import service
+    from xp.tracking.served import sweep_result
 
     study = config.get("sweep") or {}
     params = list(study.get("params") or {}) or [k for k in swept.split(",") if k]
     metrics = [o["metric"] for o in study.get("objectives") or []] or ["val_accuracy"]
-    return service.call(parent.uri, "sweep_result", experiment_id=str(parent.experiment_id), parent=parent.run_id,
+    return service.call(parent.uri, sweep_result, experiment_id=str(parent.experiment_id), parent=parent.run_id,
                         kind=kind, params=params, metrics=metrics)
 
 

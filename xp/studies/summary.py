@@ -39,8 +39,9 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
         from xp.tracking import service
+        from xp.tracking.served import study_result
 
-        said = service.call(tracking_uri, "study_result", parent=parent, study=spec.study_name,
+        said = service.call(tracking_uri, study_result, parent=parent, study=spec.study_name,
                             register_model=spec.register_model or "", metric=spec.objectives[0].metric,
                             multi_objective=spec.multi_objective, front=front, summary=summary)
         if said:
@@ -89,6 +90,7 @@ class BestModel:
 
     def _loop(self) -> None:
         from xp.tracking import service
+        from xp.tracking.served import best_model
 
         while not self._closing:
             self._wake.wait(timeout=self.POLL_S if self._waiting is not None else None)
@@ -99,7 +101,7 @@ class BestModel:
             try:
                 best = self.study._storage.get_trial(trial._trial_id)  # its run id, set by its worker
                 if best.user_attrs.get("mlflow_run_id"):  # (by the tracking service, where there is one)
-                    answer = service.call(self.uri, "best_model", name=self.spec.register_model or "",
+                    answer = service.call(self.uri, best_model, name=self.spec.register_model or "",
                                           member=member(best, self.spec))
                     if answer["said"]:
                         log.info(f"study {self.spec.study_name}: {answer['said']}")

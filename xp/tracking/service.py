@@ -217,17 +217,15 @@ class CallFailed(Exception):
     """What the service said when the command's MLflow work it did for it failed (the store away, say)."""
 
 
-def call(uri: str, work: str, **args: Any) -> Any:
-    """The command's MLflow work `work` (xp.tracking.served.CALLS) on the store `uri`, done by the service; by
-    this process where the service does not serve that store or cannot be reached. CallFailed: the service's
-    one line for an exception it met, which the caller takes as it would the exception."""
-    from xp.tracking.served import CALLS
-
+def call(uri: str, work: Callable[..., Any], **args: Any) -> Any:
+    """`work(uri=uri, **args)`, the command's MLflow work (one of xp.tracking.served.CALLS) on the store `uri`,
+    done by the service; by this process where the service does not serve that store or cannot be reached.
+    CallFailed: the service's one line for an exception it met, which the caller takes as it would the exception."""
     if usable(uri):
         try:
             channel = connect()
             try:
-                answer = channel.ask({"op": "call", "work": work, "args": {"uri": uri, **args}}, CALL_S)
+                answer = channel.ask({"op": "call", "work": work.__name__, "args": {"uri": uri, **args}}, CALL_S)
             finally:
                 channel.close()
             if "error" in answer:
@@ -235,7 +233,7 @@ def call(uri: str, work: str, **args: Any) -> Any:
             return answer["result"]
         except Unavailable as e:
             log.info("%s: this process does its MLflow work itself", e)
-    return CALLS[work](uri=uri, **args)
+    return work(uri=uri, **args)
 
 
 class RemoteSpool:
