@@ -83,11 +83,15 @@ def test_runs_left_running_by_a_dead_process_are_ended_failed(store):
         t.end("FINISHED")
 
 
-def test_a_run_ended_without_waiting_reaches_the_store_when_settled(store, tmp_path):
-    """A study's worker ends a trial's run and starts the next while the store takes the first one's records."""
+def test_a_run_ended_without_waiting_reaches_the_store_when_settled(store, tmp_path, monkeypatch):
+    """A study's worker ends a trial's run and starts the next while the store takes the first one's records
+    (its own process's spool: a store the tracking service does not serve, or without one; the service's:
+    tests/test_service.py)."""
     import threading
 
     from xp.tracking.spool import settle
+
+    monkeypatch.setenv("XP_TRACKING_SERVICE", "0")  # (one a test before started may still be up)
 
     t = Tracker(store, "xp", "trial", spool_dir=tmp_path / "spool", settle_later=True)
     t.start()
@@ -104,12 +108,15 @@ def test_a_run_ended_without_waiting_reaches_the_store_when_settled(store, tmp_p
     assert not (tmp_path / "spool").exists()
 
 
-def test_an_ended_run_whose_records_a_killed_process_left_is_delivered_not_failed(store, tmp_path):
+def test_an_ended_run_whose_records_a_killed_process_left_is_delivered_not_failed(store, tmp_path, monkeypatch):
     """A worker killed while its last trial's records were on their way: the next start on the store delivers
-    them (the run ends as it ended, with its metrics) instead of ending it FAILED."""
+    them (the run ends as it ended, with its metrics) instead of ending it FAILED (its own process's spool, as
+    above; a killed run the service delivered for: tests/test_service.py)."""
     import json
 
     from xp.tracking.spool import RUN, settle
+
+    monkeypatch.setenv("XP_TRACKING_SERVICE", "0")
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(timeout=30)
