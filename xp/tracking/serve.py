@@ -184,7 +184,7 @@ class Connection:
         assert tracker is not None and tracker.run_id is None
         run_id = folder.name.rsplit("-", 1)[0]
         self.spool = spool = GatedSpool(folder, tracker.uri, run_id, lambda: tracker.client, own=False,
-                                   artifact_uri=artifact_uri, mirror=True)
+                                        artifact_uri=artifact_uri, mirror=True)
         spool.owner = self
         spool.on_drain = lambda: _owners.__setitem__(threading.get_ident(), self)
         spool.resume()  # (records the file had before the spool was opened here)
