@@ -211,8 +211,6 @@ class GatedSpool(Spool):
     def _loop(self) -> None:
         super()._loop()
         if self.closed and not self._abandoned.is_set() and not self.left():
-            with self._lock:
-                self._thread = None  # (this thread: close would join it)
             self.close(0)  # (its folder goes)
             self.owner.ended = True
             self.owner.tell({"event": "done"})

@@ -181,7 +181,7 @@ class Spool:
         """Wait (at most timeout_s) for the store to take every record; True if it did. The spool folder goes
         when it is delivered; otherwise it stays, listed in the pending index, for xp.sync."""
         thread = self._last()
-        if thread is not None:
+        if thread is not None and thread is not threading.current_thread():  # (the drain may close its own spool)
             thread.join(timeout=timeout_s)
         self._abandoned.set()
         with self._lock:
