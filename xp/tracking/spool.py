@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.errors import one_line, redact
+from xp.tracking import rows
 
 log = logging.getLogger("xp")
 
@@ -252,16 +253,14 @@ class Spool:
         return True
 
     def _send(self, records: list[dict[str, Any]]) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
         client = self.client()
         first = records[0]
         if first["op"] == "artifact":
             if self._artifacts is None:
                 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-                where = self.artifact_uri or client.get_run(self.run_id).info.artifact_uri
-                self._artifacts = get_artifact_repository(where, tracking_uri=self.uri)
+                self._artifacts = get_artifact_repository(self.artifact_uri or client.get_run(
+                    self.run_id).info.artifact_uri, tracking_uri=self.uri)
             self._artifacts.log_artifact(str(self.folder / first["file"]), first.get("dest"))
         elif first["op"] == "model":
             from xp.tracking.models import send_model
@@ -272,10 +271,7 @@ class Spool:
         elif first["op"] == "status":
             client.update_run(self.run_id, status=first["status"])
         else:
-            metrics = [Metric(k, v, t, s) for r in records for k, v, t, s in r.get("metrics", [])]
-            params = [Param(k, v) for r in records for k, v in r.get("params", [])]
-            tags = [RunTag(k, v) for r in records for k, v in r.get("tags", [])]
-            client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
+            rows.log_batch(client, self.run_id, records)
 
 
 def claim(folder: Path, uri: str, run_id: str) -> None:

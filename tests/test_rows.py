@@ -1,0 +1,106 @@
+"""A run's batches written as rows (xp.tracking.rows) leave the store as MLflow's own log_batch leaves it."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from xp.tracking import rows
+
+NAN, INF = math.nan, math.inf
+
+# a study's records, then what a store meets: the same batch sent again (its answer lost), metrics older than, equal
+# to and later than the latest, NaN and infinities, a tag changed, one key twice in a batch
+BATCHES = [
+    {"params": [["lr", "0.1"], ["batch", "32"]], "tags": [["xp.state", "training"]],
+     "metrics": [["loss", 2.0, 1000, 0], ["acc", 0.1, 1000, 0]]},
+    {"params": [["lr", "0.1"], ["batch", "32"]], "tags": [["xp.state", "training"]],
+     "metrics": [["loss", 2.0, 1000, 0], ["acc", 0.1, 1000, 0]]},
+    {"metrics": [["loss", 1.5, 2000, 1], ["loss", 1.7, 1500, 1], ["acc", NAN, 2000, 1], ["acc", NAN, 2000, 1],
+                 ["z", NAN, 4000, 3], ["z", 0.0, 4000, 3]]},  # (equal to MLflow's eyes but for is_nan: the first kept)
+    {"metrics": [["loss", 9.0, 500, 0], ["acc", 0.5, 2000, 1], ["grad", INF, 3000, 2], ["grad", -INF, 3000, 2]]},
+    {"metrics": [["loss", 1.5, 2000, 1], ["loss", 1.6, 2000, 1]], "tags": [["xp.state", "done"],
+                                                                            ["note", "a"], ["note", "b"]]},
+    {"params": [["momentum", "0.9"]] + [[f"p{i}", str(i)] for i in range(60)], "tags": [["xp.state", "done"]]},
+]
+
+
+def _table(db: str, run_id: str, table: str, columns: str) -> list[tuple]:
+    with sqlite3.connect(db) as con:
+        return sorted(con.execute(f"SELECT {columns} FROM {table} WHERE run_uuid = ?", (run_id,)).fetchall(),
+                      key=repr)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    where = tmp_path_factory.mktemp("rows")
+    client = MlflowClient(f"sqlite:///{where / 'mlflow.db'}")
+    return str(where / "mlflow.db"), client, client.create_experiment("rows", artifact_location=str(where / "a"))
+
+
+@pytest.fixture
+def two_runs(store):
+    """The store, a client, a run MLflow's log_batch writes and one xp.tracking.rows writes."""
+    db, client, experiment = store
+    return db, client, client.create_run(experiment).info.run_id, client.create_run(experiment).info.run_id
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("MLflow's log_batch was called")
+
+
+def _theirs(client, run_id, batch):
+    from mlflow.entities import Metric, Param, RunTag
+
+    client.log_batch(run_id, metrics=[Metric(*m) for m in batch.get("metrics", [])],
+                     params=[Param(*p) for p in batch.get("params", [])],
+                     tags=[RunTag(*t) for t in batch.get("tags", [])], synchronous=True)
+
+
+def test_batches_leave_the_same_rows_as_mlflows_log_batch(two_runs):
+    db, client, mlflows, ours = two_runs
+    own = MlflowClient(client.tracking_uri)
+    own.log_batch = _never  # (rows writes them itself)
+    for batch in BATCHES:
+        _theirs(client, mlflows, batch)
+        rows.log_batch(own, ours, [dict(batch, op="batch")])
+    for table, columns in (("metrics", "key, value, timestamp, step, is_nan"),
+                           ("latest_metrics", "key, value, timestamp, step, is_nan"),
+                           ("params", "key, value"), ("tags", "key, value")):
+        theirs, mine = _table(db, mlflows, table, columns), _table(db, ours, table, columns)
+        if table == "tags":  # (the runs' own names)
+            theirs, mine = [t for t in theirs if t[0] != "mlflow.runName"], [t for t in mine if t[0] != "mlflow.runName"]
+        assert mine == theirs, table
+        assert mine
+    assert repr(sorted(client.get_run(ours).data.metrics.items())) == \
+        repr(sorted(client.get_run(mlflows).data.metrics.items()))  # (NaN: repr)
+    assert client.get_run(ours).data.metrics["loss"] == 1.6  # (a later timestamp at the same step)
+    assert client.get_run(ours).data.metrics["acc"] == 0.5  # (NaN's stored 0 at the same step and time: less)
+
+
+@pytest.mark.parametrize("case", ["a changed parameter", "a deleted run", "no such run"])
+def test_what_mlflow_refuses_is_refused_the_same_way_and_nothing_of_the_batch_is_written(two_runs, case):
+    db, client, mlflows, ours = two_runs
+    first = {"params": [["lr", "0.1"]]}
+    bad = {"params": [["lr", "0.2"]], "metrics": [["loss", 1.0, 1000, 0]], "tags": [["t", "v"]]}
+    for run_id in (mlflows, ours):
+        _theirs(client, run_id, first)
+        if case == "a deleted run":
+            client.delete_run(run_id)
+    errors = []
+    for run_id, log in ((mlflows, _theirs), (ours, lambda c, r, b: rows.log_batch(c, r, [dict(b, op="batch")]))):
+        with pytest.raises(MlflowException) as raised:
+            log(client, "f" * 32 if case == "no such run" else run_id, bad)
+        errors.append((raised.value.error_code, str(raised.value).replace(run_id, "RUN")))
+    assert errors[0] == errors[1]
+    assert _table(db, ours, "metrics", "key") == [] and _table(db, ours, "tags", "key, value").count(("t", "v")) == 0
+
+
+def test_a_batch_with_the_runs_name_goes_through_mlflow(two_runs):
+    db, client, _, ours = two_runs
+    rows.log_batch(client, ours, [{"op": "batch", "tags": [["mlflow.runName", "renamed"]]}])
+    assert client.get_run(ours).info.run_name == "renamed"
