@@ -104,3 +104,35 @@ def test_a_batch_with_the_runs_name_goes_through_mlflow(two_runs):
     db, client, _, ours = two_runs
     rows.log_batch(client, ours, [{"op": "batch", "tags": [["mlflow.runName", "renamed"]]}])
     assert client.get_run(ours).info.run_name == "renamed"
+
+
+RUN_COLUMNS = ("name, source_type, source_name, entry_point_name, user_id, status, start_time, end_time, deleted_time, "
+               "source_version, lifecycle_stage, artifact_uri, experiment_id")
+
+
+def test_a_run_created_as_rows_is_the_run_mlflow_creates(store):
+    db, client, experiment = store
+    tags = {"xp.host": "h", "mlflow.user": "ann", "mlflow.parentRunId": "p" * 32}
+    theirs = client.create_run(experiment, start_time=1234, tags=tags, run_name="trial-3")
+    own = MlflowClient(client.tracking_uri)
+    own.create_run = _never
+    mine, artifact_uri = rows.create_run(own, experiment, "trial-3", 1234, tags)
+    assert artifact_uri == theirs.info.artifact_uri.replace(theirs.info.run_id, mine)
+    with sqlite3.connect(db) as con:
+        runs = [con.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_uuid = ?", (r,)).fetchone()
+                for r in (theirs.info.run_id, mine)]
+    assert runs[1] == tuple(str(v).replace(theirs.info.run_id, mine) if isinstance(v, str) else v for v in runs[0])
+    assert _table(db, mine, "tags", "key, value") == _table(db, theirs.info.run_id, "tags", "key, value")
+    assert client.get_run(mine).info.run_name == "trial-3" and client.get_run(mine).info.user_id == "ann"
+
+
+def test_a_run_in_a_deleted_or_missing_experiment_is_refused_as_mlflow_refuses_it(store):
+    db, client, _ = store
+    gone = client.create_experiment("gone")
+    client.delete_experiment(gone)
+    for experiment in (gone, "987654"):
+        with pytest.raises(MlflowException) as theirs:
+            client.create_run(experiment, start_time=1, tags={}, run_name="r")
+        with pytest.raises(MlflowException) as mine:
+            rows.create_run(client, experiment, "r", 1, {})
+        assert (mine.value.error_code, str(mine.value)) == (theirs.value.error_code, str(theirs.value))

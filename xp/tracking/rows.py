@@ -1,19 +1,57 @@
-"""A run's batch of records written to an SQLite store as rows, in one transaction.
+"""A run's creation and its batches of records written to an SQLite store as rows, each in one transaction.
 
 MLflow's `SqlAlchemyStore.log_batch` opens a session (and re-reads the run) for the batch, then again for its
 parameters, its metrics and its tags, each committed on its own, each row an ORM object: about 25 ms of CPU for
 one trial's epoch, most of what the tracking service spends on a study's trial (benchmarks/README.md, stop 68).
-`log_batch` here does what it does, with MLflow's own validation, tables and errors, in one session, one commit
-and a few plain statements; `tests/test_rows.py` holds the two to the same rows. Only on SQLite (xp's own store,
+`log_batch` here does what it does (and `create_run` what MLflow's does), with MLflow's own validation, tables and errors, in one session, one commit
+and a few plain statements; `tests/test_rows.py` holds them to the same rows as MLflow's. Only on SQLite (xp's own store,
 the one the service writes), and only for what xp logs: a batch with a model's metrics or the run's name as a
 tag goes through MLflow's.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 RUN_NAME = "mlflow.runName"
+
+
+def _sqlite(client: Any) -> Any:
+    """The client's store if it is an SQLite SqlAlchemyStore (whose rows are written here), else None."""
+    store = client._tracking_client.store
+    return store if getattr(store, "db_type", None) == "sqlite" else None
+
+
+def create_run(client: Any, experiment_id: str, run_name: str, start_time: int, tags: dict[str, str]) -> tuple[str,
+                                                                                                               str]:
+    """`client.create_run(experiment_id, start_time, tags, run_name)`'s run id and artifact URI, on SQLite in one
+    session (MLflow's reads the experiment, its tags and the new run back, in two)."""
+    from mlflow.entities import LifecycleStage, RunStatus, SourceType, ViewType
+    from mlflow.store.tracking.dbmodels.models import SqlRun, SqlTag
+    from mlflow.utils.mlflow_tags import MLFLOW_USER
+    from mlflow.utils.name_utils import _generate_random_name
+    from mlflow.utils.uri import append_to_uri_path
+    from sqlalchemy import insert
+
+    store = _sqlite(client)
+    if store is None or RUN_NAME in tags:
+        run = client.create_run(experiment_id, start_time=start_time, tags=tags, run_name=run_name)
+        return run.info.run_id, run.info.artifact_uri
+    with store.ManagedSessionMaker(read_only=False) as session:
+        experiment = store._get_experiment(session, experiment_id, ViewType.ALL)
+        store._check_experiment_is_active(experiment)
+        run_id, name = uuid.uuid4().hex, run_name or _generate_random_name()
+        artifact_uri = append_to_uri_path(experiment.artifact_location, run_id, store.ARTIFACTS_FOLDER_NAME)
+        session.execute(insert(SqlRun.__table__), [{
+            "run_uuid": run_id, "name": name, "artifact_uri": artifact_uri, "experiment_id": experiment.experiment_id,
+            "source_type": SourceType.to_string(SourceType.UNKNOWN), "source_name": "", "entry_point_name": "",
+            "user_id": tags.get(MLFLOW_USER, "unknown"), "status": RunStatus.to_string(RunStatus.RUNNING),
+            "start_time": start_time, "end_time": None, "deleted_time": None, "source_version": "",
+            "lifecycle_stage": LifecycleStage.ACTIVE}])
+        session.execute(insert(SqlTag.__table__), [{"run_uuid": run_id, "key": k, "value": v}
+                                                   for k, v in {**tags, RUN_NAME: name}.items()])
+    return run_id, artifact_uri
 
 
 def log_batch(client: Any, run_id: str, records: list[dict[str, Any]]) -> None:
@@ -25,8 +63,8 @@ def log_batch(client: Any, run_id: str, records: list[dict[str, Any]]) -> None:
     metrics = [Metric(k, v, t, s) for r in records for k, v, t, s in r.get("metrics", [])]
     params = [Param(k, v) for r in records for k, v in r.get("params", [])]
     tags = [RunTag(k, v) for r in records for k, v in r.get("tags", [])]
-    store = client._tracking_client.store
-    if getattr(store, "db_type", None) != "sqlite" or any(m.model_id is not None for m in metrics) or \
+    store = _sqlite(client)
+    if store is None or any(m.model_id is not None for m in metrics) or \
             any(t.key == RUN_NAME for t in tags):
         client.log_batch(run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
         return

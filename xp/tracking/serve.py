@@ -159,13 +159,13 @@ class Connection:
                 open_client(tracker.uri, recheck=True)  # (the store may be replaced or broken since the last run)
                 if tracker.resumes and (reopen := tracker.interrupted()):
                     return {"reopen": reopen, "experiment_id": tracker.experiment_id}
-                run = tracker._created()
+                run_id, artifact_uri = tracker._created()
         except ConfigError as e:
             return {"error": str(e)}
         except Exception as e:  # noqa: BLE001 - the run's process says it, as it would have
             return {"error": f"MLflow store {redact(tracker.uri)} is not usable: {type(e).__name__}: "
                              f"{one_line(e)[:300]}"}
-        return {"run_id": run.info.run_id, "artifact_uri": run.info.artifact_uri,
+        return {"run_id": run_id, "artifact_uri": artifact_uri,
                 "experiment_id": tracker.experiment_id, "start_ms": tracker.start_ms}
 
     def call(self, work: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -127,8 +127,7 @@ class Tracker:
                                                "xp.pid_started": f"{started(os.getpid()):.2f}",
                                                "xp.host": socket.gethostname()})
             return self.run_id
-        run = self._created()
-        self.run_id, self.artifact_uri = run.info.run_id, run.info.artifact_uri
+        self.run_id, self.artifact_uri = self._created()
         self._spool = self._local_spool()
         return self._started()
 
@@ -190,8 +189,8 @@ class Tracker:
             tags["mlflow.parentRunId"] = self.parent_run_id
         return tags
 
-    def _created(self) -> Any:
-        """The run, created in the store. A study's trial (settle_later) whose store is away waits for it (at most
+    def _created(self) -> tuple[str, str]:
+        """The run, created in the store: its id and artifact URI. A study's trial (settle_later) whose store is away waits for it (at most
         STORE_WAIT_S), with a line when it goes and one when it is back: its trial is not failed for an outage."""
         deadline, pause, since = time.monotonic() + (STORE_WAIT_S if self.settle_later else 0.0), 0.5, None
         while True:
@@ -212,7 +211,7 @@ class Tracker:
                 time.sleep(pause)
                 pause = min(2 * pause, 5.0)
 
-    def _create(self) -> Any:
+    def _create(self) -> tuple[str, str]:
         try:
             key = (self.uri, self.experiment)
             remembered = not self.tidy and key in _experiment_ids
@@ -234,10 +233,12 @@ class Tracker:
             raise ConfigError(f"MLflow store {redact(self.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
         return run
 
-    def _create_run(self, tags: dict[str, Any]) -> Any:
+    def _create_run(self, tags: dict[str, Any]) -> tuple[str, str]:
+        from xp.tracking import rows
+
         self.start_ms = self.start_ms or int(time.time() * 1000)  # the job's start, the clock of its bill (CostMeter)
-        return self.client.create_run(self.experiment_id, run_name=self.run_name, start_time=self.start_ms,
-                                      tags={k: redact(str(v)) for k, v in tags.items()})
+        return rows.create_run(self.client, self.experiment_id, self.run_name, self.start_ms,
+                               {k: redact(str(v)) for k, v in tags.items()})
 
     def interrupted(self) -> str | None:
         """The latest run with the tag `resumes` names if it was interrupted (after ending the runs of dead
