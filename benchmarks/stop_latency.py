@@ -60,6 +60,11 @@ def main() -> int:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         took.append(time.monotonic() - t0)
+        if took[-1] > args.target_s:  # what a slow stop printed, to see where it waited
+            slow = ROOT / "benchmarks" / "results" / f"stop_latency_slow_{i + 1}.txt"
+            slow.parent.mkdir(parents=True, exist_ok=True)
+            slow.write_text(out)
+            print(f"  (its output: {slow})")
         running = still_running(env)
         left.append(running)
         print(f"  stop {i + 1:2}/{args.stops}: after {seen} trial lines + {extra:.2f} s: exit {proc.returncode} in "
@@ -69,7 +74,10 @@ def main() -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name="lr_batch", storage=env["XP_OPTUNA_STORAGE"])
-    finished = sum(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials)
+    # (as the study's budget counts them: a trial that failed on its own, a diverged one, is done; one a stop
+    # interrupted and queued again is not)
+    finished = sum(t.state.name in ("COMPLETE", "PRUNED") or t.state.name == "FAIL" and
+                   not t.user_attrs.get("xp.interrupted") for t in study.trials)
     met = max(took) <= args.target_s and not any(left) and final.returncode == 0 and finished >= args.trials
     print(f"\n{args.stops} stops: exit latency median {statistics.median(took):.2f} s, max {max(took):.2f} s "
           f"(target <= {args.target_s} s); stops that left anything RUNNING: {sum(bool(x) for x in left)}; "

@@ -73,7 +73,7 @@ def test_batches_leave_the_same_rows_as_mlflows_log_batch(two_runs):
                            ("params", "key, value"), ("tags", "key, value")):
         theirs, mine = _table(db, mlflows, table, columns), _table(db, ours, table, columns)
         if table == "tags":  # (the runs' own names)
-            theirs, mine = [t for t in theirs if t[0] != "mlflow.runName"], [t for t in mine if t[0] != "mlflow.runName"]
+            theirs, mine = ([t for t in rows_ if t[0] != "mlflow.runName"] for rows_ in (theirs, mine))
         assert mine == theirs, table
         assert mine
     assert repr(sorted(client.get_run(ours).data.metrics.items())) == \

@@ -140,9 +140,13 @@ STOPPED_DELIVER_S = 3.0  # ... when it was stopped (Ctrl-C): the records then wa
 def deliver_left_over(uri: str, wait_s: float = DELIVER_S) -> int:
     """What the sweep's processes left in spools for `uri` (a study's workers that ended while the store was away)
     delivered, within wait_s in all; one line says how many records still wait. Returns that number."""
-    from xp.tracking.sync import deliver_pending
+    from xp.tracking import service
+    from xp.tracking.sync import deliver_pending, pending
 
-    left = deliver_pending(uri, wait_s)
+    if not pending(uri):
+        return 0
+    left = service.call(uri, deliver_pending, wait_s=wait_s)  # (by the tracking service: this process imports no
+    # MLflow; delivered by this one if the service does not serve the store)
     if left:
         from xp.errors import redact
 

@@ -177,10 +177,12 @@ class _Unended:
         self.study, self.spec, self.uri, self.parent = study, spec, uri, parent
 
     def _end_runs(self, trials: list[Any], why: str, state: RunStatus) -> None:
+        from xp.tracking import service
         from xp.tracking.ending import end_lost
 
-        if self.parent and self.uri and trials:
-            end_lost(self.uri, self.parent, [t.number for t in trials], why, state)
+        if self.parent and self.uri and trials:  # (by the tracking service: this process imports no MLflow)
+            service.call(self.uri, end_lost, parent=self.parent, trial_numbers=[t.number for t in trials], why=why,
+                         state=state)
 
     def lost(self, trial: Any, why: str) -> None:
         from optuna.trial import TrialState

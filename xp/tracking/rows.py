@@ -3,10 +3,10 @@
 MLflow's `SqlAlchemyStore.log_batch` opens a session (and re-reads the run) for the batch, then again for its
 parameters, its metrics and its tags, each committed on its own, each row an ORM object: about 25 ms of CPU for
 one trial's epoch, most of what the tracking service spends on a study's trial (benchmarks/README.md, stop 68).
-`log_batch` here does what it does (and `create_run` what MLflow's does), with MLflow's own validation, tables and errors, in one session, one commit
-and a few plain statements; `tests/test_rows.py` holds them to the same rows as MLflow's. Only on SQLite (xp's own store,
-the one the service writes), and only for what xp logs: a batch with a model's metrics or the run's name as a
-tag goes through MLflow's.
+`log_batch` here does what it does (and `create_run` what MLflow's does) with MLflow's own validation, tables
+and errors, in one session, one commit and a few plain statements; `tests/test_rows.py` holds them to MLflow's
+rows. Only on SQLite (xp's own store, the one the service writes), and only for what xp logs: a batch with a
+model's metrics or the run's name as a tag goes through MLflow's.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def _sqlite(client: Any) -> Any:
     return store if getattr(store, "db_type", None) == "sqlite" else None
 
 
-def create_run(client: Any, experiment_id: str, run_name: str, start_time: int, tags: dict[str, str]) -> tuple[str,
-                                                                                                               str]:
+def create_run(client: Any, experiment_id: str | None, run_name: str, start_time: int,
+               tags: dict[str, str]) -> tuple[str, str]:
     """`client.create_run(experiment_id, start_time, tags, run_name)`'s run id and artifact URI, on SQLite in one
     session (MLflow's reads the experiment, its tags and the new run back, in two)."""
     from mlflow.entities import LifecycleStage, RunStatus, SourceType, ViewType
@@ -64,8 +64,7 @@ def log_batch(client: Any, run_id: str, records: list[dict[str, Any]]) -> None:
     params = [Param(k, v) for r in records for k, v in r.get("params", [])]
     tags = [RunTag(k, v) for r in records for k, v in r.get("tags", [])]
     store = _sqlite(client)
-    if store is None or any(m.model_id is not None for m in metrics) or \
-            any(t.key == RUN_NAME for t in tags):
+    if store is None or any(m.model_id is not None for m in metrics) or any(t.key == RUN_NAME for t in tags):
         client.log_batch(run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
         return
     validation._validate_run_id(run_id)

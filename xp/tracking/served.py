@@ -5,7 +5,9 @@ on a SQLite store (2-3 s of CPU beside its trials on a 2-core machine); without 
 - `sweep_result`: the sweep's children read back (its table's rows), the parent's summary params and tags, the UI's
   view of its runs;
 - `study_result`: the study's best trial (or Pareto front) on its parent run, its model registered;
-- `best_model`: the registry's alias `best` moved to a trial's model once the run has it (a study's BestModel).
+- `best_model`: the registry's alias `best` moved to a trial's model once the run has it (a study's BestModel);
+- `end_lost` (xp.tracking.ending): the runs of a study's trials whose workers were lost or stopped, ended;
+- `deliver_pending` (xp.tracking.sync): what a sweep's stopped workers left in their spools, delivered.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.states import RunStatus
+from xp.tracking.ending import end_lost
+from xp.tracking.sync import deliver_pending
 
 
 def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: list[str],
@@ -84,4 +88,5 @@ def best_model(uri: str, name: str, member: dict[str, Any]) -> dict[str, Any]:
     return {"said": None, "waiting": run.info.status == RunStatus.RUNNING}
 
 
-CALLS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (sweep_result, study_result, best_model)}
+CALLS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (sweep_result, study_result, best_model, end_lost,
+                                                                 deliver_pending)}

@@ -190,8 +190,9 @@ class Tracker:
         return tags
 
     def _created(self) -> tuple[str, str]:
-        """The run, created in the store: its id and artifact URI. A study's trial (settle_later) whose store is away waits for it (at most
-        STORE_WAIT_S), with a line when it goes and one when it is back: its trial is not failed for an outage."""
+        """The run, created in the store: its id and artifact URI. A study's trial (settle_later) whose store is
+        away waits for it (at most STORE_WAIT_S), with a line when it goes and one when it is back: its trial is not
+        failed for an outage."""
         deadline, pause, since = time.monotonic() + (STORE_WAIT_S if self.settle_later else 0.0), 0.5, None
         while True:
             try:
