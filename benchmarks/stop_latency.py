@@ -74,10 +74,10 @@ def main() -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name="lr_batch", storage=env["XP_OPTUNA_STORAGE"])
-    # (as the study's budget counts them: a trial that failed on its own, a diverged one, is done; one a stop
+    from xp.studies.trial import _counts
+
+    finished, _ = _counts(study)  # (as the study's budget counts them: a trial that diverged is done, one a stop
     # interrupted and queued again is not)
-    finished = sum(t.state.name in ("COMPLETE", "PRUNED") or t.state.name == "FAIL" and
-                   not t.user_attrs.get("xp.interrupted") for t in study.trials)
     met = max(took) <= args.target_s and not any(left) and final.returncode == 0 and finished >= args.trials
     print(f"\n{args.stops} stops: exit latency median {statistics.median(took):.2f} s, max {max(took):.2f} s "
           f"(target <= {args.target_s} s); stops that left anything RUNNING: {sum(bool(x) for x in left)}; "

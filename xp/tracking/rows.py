@@ -14,8 +14,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-RUN_NAME = "mlflow.runName"
-
 
 def _sqlite(client: Any) -> Any:
     """The client's store if it is an SQLite SqlAlchemyStore (whose rows are written here), else None."""
@@ -29,13 +27,13 @@ def create_run(client: Any, experiment_id: str | None, run_name: str, start_time
     session (MLflow's reads the experiment, its tags and the new run back, in two)."""
     from mlflow.entities import LifecycleStage, RunStatus, SourceType, ViewType
     from mlflow.store.tracking.dbmodels.models import SqlRun, SqlTag
-    from mlflow.utils.mlflow_tags import MLFLOW_USER
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME, MLFLOW_USER
     from mlflow.utils.name_utils import _generate_random_name
     from mlflow.utils.uri import append_to_uri_path
     from sqlalchemy import insert
 
     store = _sqlite(client)
-    if store is None or RUN_NAME in tags:
+    if store is None or MLFLOW_RUN_NAME in tags:
         run = client.create_run(experiment_id, start_time=start_time, tags=tags, run_name=run_name)
         return run.info.run_id, run.info.artifact_uri
     with store.ManagedSessionMaker(read_only=False) as session:
@@ -50,7 +48,7 @@ def create_run(client: Any, experiment_id: str | None, run_name: str, start_time
             "start_time": start_time, "end_time": None, "deleted_time": None, "source_version": "",
             "lifecycle_stage": LifecycleStage.ACTIVE}])
         session.execute(insert(SqlTag.__table__), [{"run_uuid": run_id, "key": k, "value": v}
-                                                   for k, v in {**tags, RUN_NAME: name}.items()])
+                                                   for k, v in {**tags, MLFLOW_RUN_NAME: name}.items()])
     return run_id, artifact_uri
 
 
@@ -59,12 +57,13 @@ def log_batch(client: Any, run_id: str, records: list[dict[str, Any]]) -> None:
     transaction on SQLite."""
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.utils import validation
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
     metrics = [Metric(k, v, t, s) for r in records for k, v, t, s in r.get("metrics", [])]
     params = [Param(k, v) for r in records for k, v in r.get("params", [])]
     tags = [RunTag(k, v) for r in records for k, v in r.get("tags", [])]
     store = _sqlite(client)
-    if store is None or any(m.model_id is not None for m in metrics) or any(t.key == RUN_NAME for t in tags):
+    if store is None or any(m.model_id is not None for m in metrics) or any(t.key == MLFLOW_RUN_NAME for t in tags):
         client.log_batch(run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
         return
     validation._validate_run_id(run_id)

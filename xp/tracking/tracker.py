@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 from xp.errors import ConfigError, one_line, redact
 from xp.states import RunStatus
+from xp.tracking import rows
 from xp.tracking.ending import end_for, end_state
 from xp.tracking.naming import placed_tags, run_label
 from xp.tracking.provenance import source_tags
@@ -235,8 +236,6 @@ class Tracker:
         return run
 
     def _create_run(self, tags: dict[str, Any]) -> tuple[str, str]:
-        from xp.tracking import rows
-
         self.start_ms = self.start_ms or int(time.time() * 1000)  # the job's start, the clock of its bill (CostMeter)
         return rows.create_run(self.client, self.experiment_id, self.run_name, self.start_ms,
                                {k: redact(str(v)) for k, v in tags.items()})
