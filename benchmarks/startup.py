@@ -5,10 +5,12 @@ Target (issue 58): at most 1.5x the wall and the CPU.
 
     .venv/bin/python benchmarks/startup.py [--reps 5] [-- EXTRA XP OVERRIDES]
 
-Two ways of xp, each paired with the bare script:
+Three ways of xp, each paired with the bare script:
 - "xp": a user's next command. The runs share one project folder (its store ./mlruns/mlflow.db) and one state
   folder, whose tracking service (xp.tracking.service) the first, uncounted pair started. The CPU the service
   spends while a run lasts (its runs' creation, records, model) is counted as the run's.
+- "xp, a new store": each run in a new project folder (a fresh SQLite store, as issue 58 measured), the service of
+  the shared state folder already up.
 - "xp, first command": each run in a new folder with a new state folder: its service starts with it (importing
   MLflow, 2-3 s of CPU on another core), all of whose CPU is counted as the run's.
 """
@@ -65,7 +67,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "XP_"))}
     xp_cmd = [PYTHON, "-m", "xp", "epochs=1", *args.overrides]
     bare_cmd = [PYTHON, str(ROOT / "benchmarks" / "startup_bare.py")]
-    ways = ("xp", "xp, first command")
+    ways = ("xp", "xp, a new store", "xp, first command")
     rows: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
     bare: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
     with tempfile.TemporaryDirectory(prefix="xp-startup-") as top:
@@ -74,7 +76,10 @@ def main() -> int:
         for i in range(args.reps + 1):  # the first pair warms the file cache (and starts the service): not counted
             here = Path(top) / f"run{i}"
             here.mkdir()
-            for way, cwd, state in ((ways[0], project, shared), (ways[1], here, here / "state")):
+            fresh = here / "new-store"
+            fresh.mkdir()
+            for way, cwd, state in ((ways[0], project, shared), (ways[1], fresh, shared),
+                                    (ways[2], here, here / "state")):
                 x = timed(xp_cmd, str(cwd), {**env, "XP_STATE_DIR": str(state)}, state)
                 b = timed(bare_cmd, str(here), env)
                 if i:
@@ -85,16 +90,17 @@ def main() -> int:
     kinds = ((0, "wall"), (1, "cpu"))
     ratio = {w: {k: statistics.median(x[j] / b[j] for x, b in zip(rows[w], bare[w])) for j, k in kinds} for w in ways}
     med = {w: {k: statistics.median(r[j] for r in rows[w]) for j, k in kinds} for w in ways}
-    med["bare"] = {k: statistics.median(r[j] for r in bare[ways[0]] + bare[ways[1]]) for j, k in kinds}
+    med["bare"] = {k: statistics.median(r[j] for w in ways for r in bare[w]) for j, k in kinds}
     print(f"start-up, {args.reps} paired runs, medians: {' '.join(xp_cmd[1:])} against {Path(bare_cmd[1]).name}")
     print("| way | wall s | CPU s | / bare, wall | / bare, CPU |\n|---|---|---|---|---|")
     for w in ways:
         print(f"| {w} | {med[w]['wall']:.2f} | {med[w]['cpu']:.2f} | {ratio[w]['wall']:.2f}x | "
               f"{ratio[w]['cpu']:.2f}x |")
     print(f"| bare | {med['bare']['wall']:.2f} | {med['bare']['cpu']:.2f} | | |")
-    ratios = ratio[ways[0]]
-    ok = ratios["wall"] <= 1.5 and ratios["cpu"] <= 1.5
-    print(f"target 1.5x: {'met' if ok else 'NOT met'}")
+    ok = all(ratio[w][k] <= 1.5 for w in ways[:2] for _, k in kinds)
+    print(f"target 1.5x (a command while the service is up, on the project's store and on a new one): "
+          f"{'met' if ok else 'NOT met'}; a first command: "
+          f"{'met' if all(ratio[ways[2]][k] <= 1.5 for _, k in kinds) else 'NOT met'}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": xp_cmd[1:], "runs": rows, "bare": bare, "medians": med,
                                           "ratios": ratio, "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d")},
