@@ -15,12 +15,14 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from common import ROOT
 
@@ -83,6 +85,10 @@ def main() -> int:
           f"(target <= {args.target_s} s); stops that left anything RUNNING: {sum(bool(x) for x in left)}; "
           f"the same command then: exit {final.returncode}, {finished} of {args.trials} trials finished: "
           f"{'met' if met else 'NOT met'}")
+    from xp.tracking.service import stop
+
+    stop(Path(folder) / "state")  # the tracking service the commands started (it would idle 30 minutes)
+    shutil.rmtree(folder, ignore_errors=True)
     out = ROOT / "benchmarks" / "results" / "stop_latency.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "took_s": took,
