@@ -12,6 +12,7 @@ uninterrupted and must finish the study's budget. Target: every exit within 2 s 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -37,6 +38,7 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     folder = tempfile.mkdtemp(prefix="xp-bench-stop-")
+    atexit.register(tidy, folder)
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{folder}/mlflow.db", PYTHONUNBUFFERED="1",
                XP_OPTUNA_STORAGE=f"sqlite:///{folder}/optuna.db", XP_STATE_DIR=f"{folder}/state")
     command = [sys.executable, "-m", "xp", "-m", "sweep=lr_batch", f"sweep.n_trials={args.trials}",
@@ -85,16 +87,20 @@ def main() -> int:
           f"(target <= {args.target_s} s); stops that left anything RUNNING: {sum(bool(x) for x in left)}; "
           f"the same command then: exit {final.returncode}, {finished} of {args.trials} trials finished: "
           f"{'met' if met else 'NOT met'}")
-    from xp.tracking.service import stop
-
-    stop(Path(folder) / "state")  # the tracking service the commands started (it would idle 30 minutes)
-    shutil.rmtree(folder, ignore_errors=True)
     out = ROOT / "benchmarks" / "results" / "stop_latency.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "took_s": took,
                                "left_running": left, "final_rc": final.returncode, "finished": finished,
                                "met": met}, indent=1))
     return 0 if met else 1
+
+
+def tidy(folder: str) -> None:
+    """The tracking service the commands started ended (it would idle 30 minutes), and the folder removed."""
+    from xp.tracking.service import stop
+
+    stop(Path(folder) / "state")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def still_running(env: dict[str, str]) -> list[str]:

@@ -143,7 +143,7 @@ def deliver_left_over(uri: str, wait_s: float = DELIVER_S) -> int:
     from xp.tracking import service
     from xp.tracking.sync import deliver_pending, pending
 
-    if not pending(uri):
+    if not pending(uri):  # (the common case: nothing left, no call to the service)
         return 0
     left = service.call(uri, deliver_pending, wait_s=wait_s)  # (by the tracking service: this process imports no
     # MLflow; delivered by this one if the service does not serve the store)

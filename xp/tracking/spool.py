@@ -259,8 +259,8 @@ class Spool:
             if self._artifacts is None:
                 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-                self._artifacts = get_artifact_repository(self.artifact_uri or client.get_run(
-                    self.run_id).info.artifact_uri, tracking_uri=self.uri)
+                where = self.artifact_uri or client.get_run(self.run_id).info.artifact_uri
+                self._artifacts = get_artifact_repository(where, tracking_uri=self.uri)
             self._artifacts.log_artifact(str(self.folder / first["file"]), first.get("dest"))
         elif first["op"] == "model":
             from xp.tracking.models import send_model
