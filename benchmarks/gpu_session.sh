@@ -21,6 +21,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site
 fi
+# the backends and the models (steps 1 to 4) are found through xp's entry points: xp must be installed (on the
+# device's Python 3.12 too)
+python3 -c "import importlib.metadata as m; m.distribution('xp')" 2>/dev/null \
+    || python3 -m pip install -q --no-deps --no-index --no-build-isolation --ignore-requires-python -e . 2>&1 | tail -2
 STEPS=${STEPS:-60}
 [[ ${1:-} == --quick ]] && STEPS=20
 if [[ ${1:-} != --studies-only ]]; then
@@ -64,9 +68,6 @@ fi
 
 echo "== 4. studies on GPU slots (LeNet on digits, backend=torch, gpus=1 per trial)"
 gs=$(mktemp -d)
-# the backends are found through xp's entry points: xp must be installed (on the device's Python 3.12 too)
-python3 -c "import importlib.metadata as m; m.distribution('xp')" 2>/dev/null \
-    || python3 -m pip install -q --no-deps --no-index --no-build-isolation --ignore-requires-python -e . 2>&1 | tail -2
 export MLFLOW_TRACKING_URI=sqlite:///$gs/mlflow.db XP_OPTUNA_STORAGE=sqlite:///$gs/optuna.db
 nvidia-smi --query-compute-apps=timestamp,pid,used_memory --format=csv,noheader -lms 250 > "$OUT/smi_study_apps.csv" &
 smi=$!

@@ -282,10 +282,17 @@ def test_bad_dynamic_setups_fail_before_anything_starts(tmp_path, store):
 
 
 def test_dynamic_training_on_a_spot_trace_agrees_with_a_fixed_cluster_and_costs_less(tmp_path, store):
-    """The elastic run follows the shipped trace (2, then 3 workers, ...), the fixed one runs 3 workers
-    on-demand: same accuracy (same global batch, same steps), lower cost; the report's figures are the runs'."""
+    """The elastic run follows a spot trace (2, then 3 workers), the fixed one runs 3 workers on-demand: same
+    accuracy (same global batch, same steps), lower cost; the report's figures are the runs'. The trace offers its
+    third host 0.5 s into the job and keeps it: the first round (2 workers) is launched at once, and its first
+    epoch cannot end before that (its processes are still starting), so there is one relaunch however slow the
+    machine. (The shipped trace moves 2-3-2-3 within 11 s: on a loaded machine the epochs' ends fall anywhere
+    among those changes, from no relaunch to three.)"""
     env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
-    p = run_xp(tmp_path, store, "-m", "sweep=dynamic", "epochs=4", env=env, timeout=600)  # half the recipe's epochs
+    trace = tmp_path / "spot.csv"
+    trace.write_text("t_s,hosts,spot_price_per_hour\n0,2,0.918\n500,3,0.935\n")  # replayed 1000x: 0.5 s
+    p = run_xp(tmp_path, store, "-m", "sweep=dynamic", "epochs=4", f"elastic.trace={trace}", env=env,
+               timeout=600)  # half the recipe's epochs
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     client, runs = mlflow_runs(store)
     parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")
@@ -293,7 +300,7 @@ def test_dynamic_training_on_a_spot_trace_agrees_with_a_fixed_cluster_and_costs_
     el, fx = trials["True"], trials["False"]
     assert el.data.tags["mlflow.parentRunId"] == fx.data.tags["mlflow.parentRunId"] == parent.info.run_id
     launched = [m.value for m in client.get_metric_history(el.info.run_id, "elastic.launch_workers")]
-    assert launched[0] == 2 and 3 in launched, launched  # the trace's 2 hosts, then its 3
+    assert launched == [2, 3], launched  # the trace's 2 hosts, then its 3
     acc = {k: r.data.metrics["val_accuracy"] for k, r in trials.items()}
     assert abs(acc["True"] - acc["False"]) <= 0.01, acc
 

@@ -351,6 +351,22 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     assert [s for s, n in started if 0 < n < 10] == [1] * 9  # slot 0 held nothing while its long trial ran
 
 
+def test_a_channel_whose_other_end_closed_with_our_message_unread_ends_as_a_closed_one():
+    """A study stopped while an idle worker waited for its next trial: the scheduler closed its end with the
+    worker's last message unread, so the worker's read got "Connection reset by peer", and its traceback reached
+    the study's console (seen once on Ray, in CI). That is the end of the channel, as a plain close is."""
+    import socket
+
+    from xp.studies.channel import Channel, Ready, encode
+
+    ours, theirs = socket.socketpair()
+    ours.sendall(encode(Ready(1)))  # never read by theirs
+    theirs.close()
+    channel = Channel(ours)
+    assert channel.recv(timeout=10) is None
+    channel.close()
+
+
 def test_a_hung_up_channel_still_delivers_what_came_then_ends_and_strangers_bytes_are_no_message():
     """The scheduler hangs up the channel of a worker whose process is gone while its connection is not (a lost
     node's): what the worker said before is still read, in order, then the channel's end. Bytes that are not one

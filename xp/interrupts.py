@@ -8,9 +8,11 @@ signal is raised at once, wherever the work is."""
 
 from __future__ import annotations
 
+import _thread
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -30,11 +32,50 @@ def signalled() -> None:
 def _after_a_stop(unraisable: "sys.UnraisableHookArgs") -> None:
     """Once a stop signal came, an object whose constructor it cut short may fail in its destructor (MXNet's
     NDArray: "'NDArray' object has no attribute 'handle'"), which Python prints as a traceback on the console:
-    nothing the user did or can mend. Those are dropped; anything else goes to Python's own hook."""
-    if isinstance(unraisable.exc_value, AttributeError) and \
-            getattr(unraisable.object, "__name__", "") == "__del__":
-        return
-    sys.__unraisablehook__(unraisable)
+    nothing the user did or can mend. Those are dropped. The stop itself may have been raised where Python cannot
+    raise (a destructor, a weakref's callback such as the import system's module locks): Python would print it and
+    go on, the stop lost. It is raised again in the main thread once this hook has returned. Anything else goes to
+    Python's own hook."""
+    global _hooking
+    _hooking += 1
+    try:
+        error = unraisable.exc_value
+        if isinstance(error, AttributeError) and getattr(unraisable.object, "__name__", "") == "__del__":
+            return
+        if isinstance(error, (KeyboardInterrupt, Terminated)) and threading.current_thread() is threading.main_thread():
+            _raise_again(error)
+            return
+        sys.__unraisablehook__(unraisable)
+    finally:
+        _hooking -= 1
+
+
+_hooking = 0  # _after_a_stop is running (where a stop raised would be lost again)
+
+
+def _raise_again(error: BaseException) -> None:
+    """`error` raised in the main thread as its signal's handler would raise it, but outside _after_a_stop: a
+    thread trips the signal once the hook is done, and a handler raises the error once, then gives the signal back
+    to the handler it had."""
+    signum = signal.SIGINT if isinstance(error, KeyboardInterrupt) else signal.SIGTERM
+    before = signal.getsignal(signum) or signal.SIG_DFL  # (None: a handler set outside Python)
+
+    def trip() -> None:
+        deadline = time.monotonic() + 10
+        while _hooking and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if signal.getsignal(signum) is again:  # (not when a signal that came meanwhile raised it)
+            _thread.interrupt_main(signum)
+
+    def again(_signum: int, _frame: object) -> None:
+        if _hooking:  # it came while a hook runs, where it would be lost again: raised once the hook is done
+            threading.Thread(target=trip, daemon=True).start()
+            return
+        signal.signal(signum, before)
+        raise error
+
+    signal.signal(signum, again)
+    threading.Thread(target=trip, daemon=True).start()
 
 
 class Interrupts:

@@ -193,6 +193,8 @@ class Channel:
                 if not data:
                     return None
                 self.buf += data
+        except ConnectionResetError:  # closed too, with our last message unread (a stopped study's scheduler)
+            return None
         finally:
             self.sock.settimeout(None)
         line, self.buf = self.buf.split(b"\n", 1)
