@@ -35,9 +35,14 @@ echo "== 1+2. ResNet-50 bf16, batch 256, channels-last; nvidia-smi sampled every
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv,noheader,nounits -lms 200 \
     > "$OUT/smi_during_resnet50.csv" &
 smi=$!
+rm -f "$OUT/torch_resnet50.json"
 python3 benchmarks/torch_resnet50.py --steps "$STEPS" --epochs 3 --out "$OUT/torch_resnet50.json" 2>&1 \
     | tee "$OUT/torch_resnet50.log"
 kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+if [[ ! -s "$OUT/torch_resnet50.json" ]]; then  # the rest would fail the same way: the lease is not spent on it
+    echo "gpu_session: step 1 gave no result (see $OUT/torch_resnet50.log above); stopping here"
+    exit 1
+fi
 python3 - "$OUT" <<'EOF'
 import csv, json, statistics, sys
 out = sys.argv[1]
