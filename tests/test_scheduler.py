@@ -351,6 +351,38 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     assert [s for s, n in started if 0 < n < 10] == [1] * 9  # slot 0 held nothing while its long trial ran
 
 
+PARENT_THEN_CTRL_C = r'''
+import runpy, signal, sys
+from xp.tracking.tracker import Tracker
+
+start = Tracker.start
+
+def made_then_ctrl_c(self):
+    run_id = start(self)
+    if self.tags.get("xp.sweep"):  # the sweep's parent run is made: Ctrl-C comes now
+        signal.raise_signal(signal.SIGINT)
+    return run_id
+
+Tracker.start = made_then_ctrl_c
+runpy.run_module("xp", run_name="__main__", alter_sys=True)
+'''
+
+
+def test_ctrl_c_as_the_sweeps_parent_run_is_made_ends_it_killed(tmp_path, store):
+    """Ctrl-C 1.24 s into a study (the stop benchmark, 1 stop of 20) left its parent run RUNNING: the signal came
+    between the parent run's making and the block that ends it. It is held while the run is made, then raised where
+    the parent ends KILLED. Nothing else runs: the sweep's jobs are not started."""
+    from conftest import xp_args, xp_env
+
+    argv = xp_args(tmp_path, "-m", "epochs=1", "batch=16,32")[2:]  # (after python -m)
+    r = subprocess.run([sys.executable, "-c", PARENT_THEN_CTRL_C, *argv[1:]], cwd=ROOT, env=xp_env(store),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 130 and r.stderr.strip().splitlines()[-1] == "xp: error: interrupted (Ctrl-C)", r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    _, runs = mlflow_runs(store)
+    assert [(r.data.tags.get("xp.sweep"), r.info.status) for r in runs] == [("true", "KILLED")], runs
+
+
 def test_a_channel_whose_other_end_closed_with_our_message_unread_ends_as_a_closed_one():
     """A study stopped while an idle worker waited for its next trial: the scheduler closed its end with the
     worker's last message unread, so the worker's read got "Connection reset by peer", and its traceback reached

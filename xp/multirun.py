@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from xp.interrupts import held_interrupts
 from xp.launching import hydra_launchers
 from xp.states import RunStatus
 
@@ -37,44 +38,52 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
     recipe = set((config.get("sweep") or {}).get("settings") or ())  # a recipe's own: in its params, not its name
     parent = Tracker(uri, experiment, f"{kind}: " + run_name([o for o in overrides if o not in recipe]),  # (a killed
                      tags={"xp.sweep": "true", sweepstate.SWEEP_KEY: skey}, resumes=(sweepstate.SWEEP_KEY, skey))
-    parent.start()  # sweep goes on where it was: its parent run is reopened)
-    if parent.reopen_run_id:
-        os.environ[sweepstate.RESUMED_ENV] = "1"
-        log.info(f"sweep: resuming the interrupted sweep of MLflow parent run {parent.run_id}: its finished jobs "
-                 "are reused")
-    else:
-        parent.log_params({"sweep.overrides": " ".join(overrides), **_study_settings(config)})
-    os.environ[PARENT_ENV] = parent.run_id or ""
-    from hydra._internal.utils import get_args_parser
-
-    os.environ[SWEPT_ENV] = ",".join(swept_keys(get_args_parser().parse_args(argv).overrides))
     error: BaseException | None = None
     rc = 1
     try:
+        with held_interrupts() as held:  # Ctrl-C while the parent run is made: it is made, then ended KILLED below
+            parent.start()  # sweep goes on where it was: its parent run is reopened)
+            if parent.reopen_run_id:
+                os.environ[sweepstate.RESUMED_ENV] = "1"
+                log.info(f"sweep: resuming the interrupted sweep of MLflow parent run {parent.run_id}: its finished "
+                         "jobs are reused")
+            else:
+                parent.log_params({"sweep.overrides": " ".join(overrides), **_study_settings(config)})
+            os.environ[PARENT_ENV] = parent.run_id or ""
+            from hydra._internal.utils import get_args_parser
+
+            os.environ[SWEPT_ENV] = ",".join(swept_keys(get_args_parser().parse_args(argv).overrides))
+        held.check()
         rc = hydra_main(argv)
         return rc
     except BaseException as e:
         error = e
         raise
     finally:
-        status = end_state(error, failed=rc != 0)
         swept = os.environ.pop(SWEPT_ENV, "")
         os.environ.pop(PARENT_ENV, None), os.environ.pop(sweepstate.RESUMED_ENV, None)
-        rows, view = None, None  # (what stopped workers left in spools first: the table shows how runs ended)
-        deliver_left_over(uri, STOPPED_DELIVER_S if status == RunStatus.KILLED else DELIVER_S)
-        try:
-            result = _result(parent, config, swept, kind)
-            rows, view = result["rows"], result["view"]
-            parent.log_params(result["params"])
-            parent.set_tags(result["tags"])
-        except Exception as e:  # the store is away: the jobs' records wait in spools; the sweep still ends
-            from xp.errors import one_line
+        if parent.run_id is not None:  # (None: the store never made it; its error is on its way)
+            _end(parent, uri, config, swept, kind, end_state(error, failed=rc != 0))
 
-            log.warning(f"sweep: no table: the tracking store did not answer ({one_line(e)[:200]})")
-        finally:
-            parent.end(status)
-        if rows is not None:
-            _say_table(parent, rows, status, view)
+
+def _end(parent: Any, uri: str, config: dict[str, Any], swept: str, kind: str, status: RunStatus) -> None:
+    """The sweep's parent run ended `status`, its table printed: after what stopped workers left in spools is
+    delivered (the table shows how the runs ended)."""
+    rows, view = None, None
+    deliver_left_over(uri, STOPPED_DELIVER_S if status == RunStatus.KILLED else DELIVER_S)
+    try:
+        result = _result(parent, config, swept, kind)
+        rows, view = result["rows"], result["view"]
+        parent.log_params(result["params"])
+        parent.set_tags(result["tags"])
+    except Exception as e:  # the store is away: the jobs' records wait in spools; the sweep still ends
+        from xp.errors import one_line
+
+        log.warning(f"sweep: no table: the tracking store did not answer ({one_line(e)[:200]})")
+    finally:
+        parent.end(status)
+    if rows is not None:
+        _say_table(parent, rows, status, view)
 
 
 def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[str, Any]:
