@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from conformance import conformance
-from conftest import ROOT, mlflow_runs, run_xp, wait_for_line, xp_process
+from conftest import ROOT, mlflow_runs, run_xp, wait_for_line, xp_args, xp_env, xp_process
 
 TINY = """\
 study_name: tiny
@@ -372,10 +372,8 @@ def test_ctrl_c_as_the_sweeps_parent_run_is_made_ends_it_killed(tmp_path, store)
     """Ctrl-C 1.24 s into a study (the stop benchmark, 1 stop of 20) left its parent run RUNNING: the signal came
     between the parent run's making and the block that ends it. It is held while the run is made, then raised where
     the parent ends KILLED. Nothing else runs: the sweep's jobs are not started."""
-    from conftest import xp_args, xp_env
-
-    argv = xp_args(tmp_path, "-m", "epochs=1", "batch=16,32")[2:]  # (after python -m)
-    r = subprocess.run([sys.executable, "-c", PARENT_THEN_CTRL_C, *argv[1:]], cwd=ROOT, env=xp_env(store),
+    args = xp_args(tmp_path, "-m", "epochs=1", "batch=16,32")[3:]  # (after python -m xp)
+    r = subprocess.run([sys.executable, "-c", PARENT_THEN_CTRL_C, *args], cwd=ROOT, env=xp_env(store),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 130 and r.stderr.strip().splitlines()[-1] == "xp: error: interrupted (Ctrl-C)", r.stderr
     assert "Traceback" not in r.stderr, r.stderr
