@@ -4,9 +4,11 @@ real data (the full pipeline and training), IO only (the pipeline alone), synthe
 data (training alone, on a batch already in memory); with several devices also
 synthetic on one device. The verdict compares the rates:
 
-- input-bound: real well below synthetic and the pipeline alone no faster than real
-  training: the decoder cannot keep up; more decode threads (data_nthreads) help;
+- input-bound: real well below synthetic and the pipeline alone well below synthetic too:
+  the decoder cannot keep up even with the cores to itself; more decode threads (data_nthreads) help;
 - communication-bound: N devices on synthetic data well below N x one device;
+- mixed: real well below synthetic although the pipeline alone keeps up: decoding and
+  training compete for the same cores;
 - compute-bound: the pipeline keeps up; only faster devices or less work help.
 """
 
@@ -44,7 +46,7 @@ def judge(real: float, io: float, synthetic: float, threads: int, devices: int =
     rates = {"real": real, "io": io, "synthetic": synthetic}
     if synthetic_one:
         rates["synthetic_1_device"] = synthetic_one
-    if real < SLOW * synthetic and io < 1.5 * real:
+    if real < SLOW * synthetic and io < SLOW * synthetic:
         want = math.ceil(threads * synthetic / max(io, 1e-9))
         if cores:
             want = min(want, cores)
