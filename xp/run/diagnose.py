@@ -4,10 +4,11 @@ real data (the full pipeline and training), IO only (the pipeline alone), synthe
 data (training alone, on a batch already in memory); with several devices also
 synthetic on one device. The verdict compares the rates:
 
-- input-bound: real well below synthetic and the pipeline alone well below synthetic too:
-  the decoder cannot keep up even with the cores to itself; more decode threads (data_nthreads) help;
+- input-bound: real well below synthetic, and the pipeline alone barely faster than real training
+  or under half of synthetic: the decoder cannot keep up even with the cores to itself; more
+  decode threads (data_nthreads) help, up to the cores;
 - communication-bound: N devices on synthetic data well below N x one device;
-- mixed: real well below synthetic although the pipeline alone keeps up: decoding and
+- mixed: real well below synthetic although the pipeline alone comes near it: decoding and
   training compete for the same cores;
 - compute-bound: the pipeline keeps up; only faster devices or less work help.
 """
@@ -46,14 +47,15 @@ def judge(real: float, io: float, synthetic: float, threads: int, devices: int =
     rates = {"real": real, "io": io, "synthetic": synthetic}
     if synthetic_one:
         rates["synthetic_1_device"] = synthetic_one
-    if real < SLOW * synthetic and io < SLOW * synthetic:
-        want = math.ceil(threads * synthetic / max(io, 1e-9))
-        if cores:
-            want = min(want, cores)
-        advice = (f"the input pipeline delivers {io:.0f} samples/s, training could take {synthetic:.0f}: "
-                  f"raise data_nthreads from {threads} to about {max(want, threads + 1)}"
-                  + (f" (this machine has {cores} cores)" if cores else "")
-                  + ", or store smaller images (xp.prepare --resize)")
+    if real < SLOW * synthetic and (io < 1.5 * real or io < synthetic / 2):
+        want = max(math.ceil(threads * synthetic / max(io, 1e-9)), threads + 1)
+        if cores and threads >= cores:
+            more = f"data_nthreads ({threads}) already covers this machine's {cores} cores: "
+        else:
+            more = (f"raise data_nthreads from {threads} to about {min(want, cores) if cores else want}"
+                    + (f" (this machine has {cores} cores)" if cores else "") + ", or ")
+        advice = (f"the input pipeline delivers {io:.0f} samples/s, training could take {synthetic:.0f}: {more}"
+                  "store smaller images (xp.prepare --resize)")
         return Diagnosis("input-bound", advice, rates)
     if devices > 1 and synthetic_one and synthetic < SLOW * devices * synthetic_one:
         eff = synthetic / (devices * synthetic_one)
