@@ -64,7 +64,8 @@ def main() -> int:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         took.append(time.monotonic() - t0)
-        if took[-1] > args.target_s:  # what a slow stop printed, to see where it waited
+        if took[-1] > args.target_s or proc.returncode not in (0, 130, -signal.SIGINT):  # what a slow stop (or
+            # one that ended otherwise than a Ctrl-C's 130) printed, to see where it waited
             slow = ROOT / "benchmarks" / "results" / f"stop_latency_slow_{i + 1}.txt"
             slow.parent.mkdir(parents=True, exist_ok=True)
             slow.write_text(out)

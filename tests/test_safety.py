@@ -211,7 +211,7 @@ def make():
         pass
 
 make()
-signalled()
+signalled(KeyboardInterrupt())
 make()
 Other()
 '''

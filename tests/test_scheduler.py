@@ -381,6 +381,47 @@ def test_ctrl_c_as_the_sweeps_parent_run_is_made_ends_it_killed(tmp_path, store)
     assert [(r.data.tags.get("xp.sweep"), r.info.status) for r in runs] == [("true", "KILLED")], runs
 
 
+CTRL_C_IN_HYDRA = r'''
+import os, runpy, signal, sys
+from hydra._internal.hydra import Hydra
+
+compose, how = Hydra.compose_config, sys.argv.pop(1)
+
+def stopped_inside(self, *args, **kwargs):
+    if not os.environ.get("XP_PARENT_RUN_ID"):  # (the command line's own checks compose too)
+        return compose(self, *args, **kwargs)
+    # the sweep's parent is made and Hydra composes the sweep's config: Ctrl-C lands inside OmegaConf's work
+    if how == "cleanup":  # ... whose cleanup then fails otherwise
+        try:
+            signal.raise_signal(signal.SIGINT)
+        finally:
+            None._invalidate_flags_cache()
+    try:  # ... or a library swallows it and fails later for it
+        signal.raise_signal(signal.SIGINT)
+    except KeyboardInterrupt:
+        pass
+    raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+
+Hydra.compose_config = stopped_inside
+runpy.run_module("xp", run_name="__main__", alter_sys=True)
+'''
+
+
+@pytest.mark.parametrize("how", ["cleanup", "swallowed"])
+def test_ctrl_c_that_lands_inside_hydras_work_is_the_stop_not_hydras_error(tmp_path, store, how):
+    """Ctrl-C on a finished study's command (1 stop in about 50, 1.2 s in) exited 1 with Hydra's print of an
+    OmegaConf error ("'NoneType' object has no attribute '_invalidate_flags_cache'", full_key: defaults), its parent
+    run FAILED: the signal landed inside OmegaConf, which then failed otherwise. An error that a stop caused is the
+    stop: the one line, 130, the parent KILLED."""
+    args = xp_args(tmp_path, "-m", "epochs=1", "batch=16,32")[3:]  # (after python -m xp)
+    r = subprocess.run([sys.executable, "-c", CTRL_C_IN_HYDRA, how, *args], cwd=ROOT, env=xp_env(store),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 130 and r.stderr.strip().splitlines()[-1] == "xp: error: interrupted (Ctrl-C)", r.stderr
+    assert "_invalidate_flags_cache" not in r.stderr and "HYDRA_FULL_ERROR" not in r.stderr, r.stderr
+    _, runs = mlflow_runs(store)
+    assert [(r.data.tags.get("xp.sweep"), r.info.status) for r in runs] == [("true", "KILLED")], runs
+
+
 def test_a_channel_whose_other_end_closed_with_our_message_unread_ends_as_a_closed_one():
     """A study stopped while an idle worker waited for its next trial: the scheduler closed its end with the
     worker's last message unread, so the worker's read got "Connection reset by peer", and its traceback reached

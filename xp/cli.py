@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from xp import dispatch, preflight
 from xp.errors import ConfigError, Terminated, XPError, one_line
+from xp.interrupts import on_stop_signal, stop_in
 from xp.run.worker import RUN_ENV, WORKER_ENV
 from xp.states import TrialState
 
@@ -62,8 +63,11 @@ def error_line(msg: object, code: int) -> int:
     return code
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated()
+def stopped(stop: BaseException | None) -> int:
+    """The one line of a stop (Ctrl-C: 130; SIGTERM: 143), and its exit code."""
+    if isinstance(stop, Terminated):
+        return error_line("terminated (SIGTERM)", 143)
+    return error_line("interrupted (Ctrl-C)", 130)
 
 
 def _help_resolver() -> None:
@@ -135,16 +139,20 @@ def main(argv: list[str] | None = None) -> int:
         offer_options()
         plugins.offer_options()  # a package's networks and data sets, as options of model and dataset
         _remember_command(argv)
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, on_stop_signal)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not where it is ignored: nohup)
+            signal.signal(signal.SIGINT, on_stop_signal)
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
         configs = preflight.preflight(argv)  # every job composed and checked before anything starts
         return dispatch.start(argv, configs, _hydra, placement)
-    except XPError as e:
-        return error_line(e, e.exit_code)
-    except KeyboardInterrupt:
-        return error_line("interrupted (Ctrl-C)", 130)
-    except Terminated:
-        return error_line("terminated (SIGTERM)", 143)
+    except Exception as e:  # an error a stop caused is the stop (xp.interrupts.stop_in)
+        if stop_in(e) is None:
+            if isinstance(e, XPError):
+                return error_line(e, e.exit_code)
+            raise
+        return stopped(stop_in(e))
+    except (KeyboardInterrupt, Terminated) as e:
+        return stopped(e)
     finally:
         if placement is not None:  # the workers it started ahead that no study took
             placement.discard()
@@ -181,7 +189,7 @@ def _hydra(argv: list[str]) -> int:
     saved = sys.argv
     sys.argv = [saved[0] if saved else "xp", *argv]
     try:
-        with _mode_from_flags(argv):
+        with _mode_from_flags(argv), _stops_not_errors():
             task()
         return 0
     except SystemExit as e:
@@ -207,6 +215,34 @@ def _mode_from_flags(argv: list[str]) -> Iterator[None]:
         yield
     finally:
         Hydra.get_mode = original  # type: ignore[method-assign]
+
+
+@contextmanager
+def _stops_not_errors() -> Iterator[None]:
+    """A stop (Ctrl-C, SIGTERM) that lands inside Hydra's or OmegaConf's own work may leave it failing otherwise
+    ("'NoneType' object has no attribute '_invalidate_flags_cache'", full_key: defaults), which Hydra would print
+    and exit 1 for, a sweep's parent run ended FAILED: the stop is raised instead (xp.interrupts.stop_in)."""
+    from hydra._internal import utils
+
+    original = utils.run_and_report
+
+    def run_and_report(func: Any) -> Any:
+        def checked() -> Any:
+            try:
+                return func()
+            except Exception as e:
+                stop = stop_in(e)
+                if stop is None:
+                    raise
+                raise stop from None
+
+        return original(checked)
+
+    utils.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        utils.run_and_report = original
 
 
 @contextmanager

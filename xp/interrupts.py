@@ -23,10 +23,37 @@ from xp.errors import Terminated
 when_signalled: list[Callable[[], None]] = []
 
 
-def signalled() -> None:
+def signalled(error: BaseException) -> None:
+    """A stop signal came (`error`: the KeyboardInterrupt or Terminated it raises, now or at the next check)."""
+    if not came:
+        came.append(error)
     sys.unraisablehook = _after_a_stop
     for hook in when_signalled:
         hook()
+
+
+came: list[BaseException] = []  # the first stop this process got: it is stopping from then on
+
+
+def stop_in(error: BaseException | None) -> BaseException | None:
+    """The stop behind `error`: itself, one in its chain (a stop that landed inside a library's work, whose
+    cleanup then failed otherwise: an OmegaConf node left half made, "'NoneType' object has no attribute ..."), or,
+    once this process got a stop, that one (a library may have swallowed it and failed later for it); else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (KeyboardInterrupt, Terminated)):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return came[0] if came else None
+
+
+def on_stop_signal(signum: int, frame: object) -> None:
+    """A command's handler of SIGINT and SIGTERM: raises the stop at once (as Python's own handler raises
+    KeyboardInterrupt), and records it (stop_in)."""
+    error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+    signalled(error)
+    raise error
 
 
 def _after_a_stop(unraisable: "sys.UnraisableHookArgs") -> None:
@@ -85,7 +112,7 @@ class Interrupts:
 
     def _handler(self, signum: int, frame: object) -> None:
         error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
-        signalled()
+        signalled(error)
         again = bool(self.pending)
         self.pending.append(error)
         if again or self._waiting:

@@ -213,10 +213,11 @@ def _stopped(signum: int, frame: Any) -> None:
     from xp.errors import Terminated
     from xp.interrupts import signalled
 
-    signalled()
+    error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+    signalled(error)
     for s in (signal.SIGTERM, signal.SIGINT):  # a handler that does nothing, not SIG_IGN: a signal that came
         signal.signal(s, _ignored)  # while this one ran would find SIG_IGN and raise "ignored due to race condition"
-    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+    raise error
 
 
 def _ignored(signum: int, frame: Any) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from xp.errors import Terminated, one_line
+from xp.errors import one_line
+from xp.interrupts import stop_in
 from xp.states import RunStatus
 from xp.tracking.stores import open_client
 
@@ -17,7 +18,7 @@ def end_state(error: BaseException | None = None, failed: bool = False) -> RunSt
     """The state a run ends in, decided here for every caller (a run, a launched job, a Slurm submission, a
     sweep's parent, a report): KILLED for Ctrl-C and SIGTERM, FAILED for any other error or a failed outcome,
     FINISHED otherwise."""
-    if isinstance(error, (KeyboardInterrupt, Terminated)):
+    if error is not None and stop_in(error) is not None:  # (an error a stop caused, too)
         return RunStatus.KILLED
     return RunStatus.FAILED if error is not None or failed else RunStatus.FINISHED
 
