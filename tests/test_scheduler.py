@@ -223,7 +223,7 @@ def test_a_worker_without_hydra_resolves_hydras_interpolations_in_a_trials_confi
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
 
 
-def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_running(tmp_path):
+def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_running(tmp_path, monkeypatch):
     """Ctrl-C that arrives while the scheduler commits to the study's SQLite (sent here from SQLAlchemy's commit
     event of the third result told) waits for that write: the study stops, hands back every trial in flight or
     held, and none stays RUNNING. Raised inside the commit, it left SQLAlchemy's session broken, the trials could
@@ -237,8 +237,12 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
 
     from xp.studies.channel import Done, Exit, Inbox, RunTrial
     from xp.studies.scheduler import Scheduler
+    from xp import interrupts
     from xp.studies.sweeper import _Unended
 
+    # the stop this test sends reaches this test process: what it records goes with the test
+    monkeypatch.setattr(interrupts, "came", [])
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/optuna.db")
     inbox = Inbox()
