@@ -192,6 +192,7 @@ def test_a_diverging_loss_stops_the_run_naming_epoch_and_batch(tmp_path, store):
 
 
 HALF_MADE = '''
+import signal
 from xp.interrupts import signalled
 
 class Half:  # as MXNet's NDArray: a signal cut its constructor short, its destructor reads what was never set
@@ -211,7 +212,7 @@ def make():
         pass
 
 make()
-signalled(KeyboardInterrupt())
+signalled(signal.SIGINT)
 make()
 Other()
 '''

@@ -235,9 +235,9 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
     import optuna
     from sqlalchemy import event
 
+    from xp import interrupts
     from xp.studies.channel import Done, Exit, Inbox, RunTrial
     from xp.studies.scheduler import Scheduler
-    from xp import interrupts
     from xp.studies.sweeper import _Unended
 
     # the stop this test sends reaches this test process: what it records goes with the test

@@ -63,7 +63,7 @@ def error_line(msg: object, code: int) -> int:
     return code
 
 
-def stopped(stop: BaseException | None) -> int:
+def stopped(stop: BaseException) -> int:
     """The one line of a stop (Ctrl-C: 130; SIGTERM: 143), and its exit code."""
     if isinstance(stop, Terminated):
         return error_line("terminated (SIGTERM)", 143)
@@ -145,14 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         argv = recipes.with_recipe(preflight.sweeper_spelling(argv))
         configs = preflight.preflight(argv)  # every job composed and checked before anything starts
         return dispatch.start(argv, configs, _hydra, placement)
-    except Exception as e:  # an error a stop caused is the stop (xp.interrupts.stop_in)
-        if stop_in(e) is None:
-            if isinstance(e, XPError):
-                return error_line(e, e.exit_code)
-            raise
-        return stopped(stop_in(e))
-    except (KeyboardInterrupt, Terminated) as e:
-        return stopped(e)
+    except (Exception, KeyboardInterrupt, Terminated) as e:  # an error a stop caused is the stop (stop_in)
+        stop = stop_in(e)
+        if stop is not None:
+            return stopped(stop)
+        if isinstance(e, XPError):
+            return error_line(e, e.exit_code)
+        raise
     finally:
         if placement is not None:  # the workers it started ahead that no study took
             placement.discard()

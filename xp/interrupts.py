@@ -23,13 +23,16 @@ from xp.errors import Terminated
 when_signalled: list[Callable[[], None]] = []
 
 
-def signalled(error: BaseException) -> None:
-    """A stop signal came (`error`: the KeyboardInterrupt or Terminated it raises, now or at the next check)."""
+def signalled(signum: int) -> BaseException:
+    """A stop signal came: the error it raises (KeyboardInterrupt for SIGINT, Terminated for SIGTERM), now or at
+    the next check. The first is recorded (stop_in)."""
+    error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
     if not came:
         came.append(error)
     sys.unraisablehook = _after_a_stop
     for hook in when_signalled:
         hook()
+    return error
 
 
 came: list[BaseException] = []  # the first stop this process got: it is stopping from then on
@@ -51,9 +54,7 @@ def stop_in(error: BaseException | None) -> BaseException | None:
 def on_stop_signal(signum: int, frame: object) -> None:
     """A command's handler of SIGINT and SIGTERM: raises the stop at once (as Python's own handler raises
     KeyboardInterrupt), and records it (stop_in)."""
-    error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
-    signalled(error)
-    raise error
+    raise signalled(signum)
 
 
 def _after_a_stop(unraisable: "sys.UnraisableHookArgs") -> None:
@@ -111,8 +112,7 @@ class Interrupts:
         self._waiting = False
 
     def _handler(self, signum: int, frame: object) -> None:
-        error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
-        signalled(error)
+        error = signalled(signum)
         again = bool(self.pending)
         self.pending.append(error)
         if again or self._waiting:

@@ -210,11 +210,9 @@ def _save_yaml(data: Any, path: Path) -> None:
 def _stopped(signum: int, frame: Any) -> None:
     """Ctrl-C or SIGTERM: the trial's run ends KILLED. Only the first signal counts: a stopped study's scheduler
     sends SIGTERM to a worker that Ctrl-C reached too, which must not cut short the end of its run."""
-    from xp.errors import Terminated
     from xp.interrupts import signalled
 
-    error = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
-    signalled(error)
+    error = signalled(signum)
     for s in (signal.SIGTERM, signal.SIGINT):  # a handler that does nothing, not SIG_IGN: a signal that came
         signal.signal(s, _ignored)  # while this one ran would find SIG_IGN and raise "ignored due to race condition"
     raise error
