@@ -56,7 +56,8 @@ def main() -> int:
                 break
             seen += line.startswith("study: trial ")
         time.sleep(extra)
-        t0 = time.monotonic()
+        t0, now = time.monotonic(), time.time()
+        sent = time.strftime("%Y-%m-%d %H:%M:%S,", time.localtime(now)) + f"{int(now % 1 * 1000):03d}"
         os.killpg(proc.pid, signal.SIGINT)
         try:
             out, _ = proc.communicate(timeout=60)
@@ -68,7 +69,7 @@ def main() -> int:
             # one that ended otherwise than a Ctrl-C's 130) printed, to see where it waited
             slow = ROOT / "benchmarks" / "results" / f"stop_latency_slow_{i + 1}.txt"
             slow.parent.mkdir(parents=True, exist_ok=True)
-            slow.write_text(out)
+            slow.write_text(f"[{sent}] (Ctrl-C sent; the command's lines below carry their own times)\n{out}")
             print(f"  (its output: {slow})")
         running = still_running(env)
         left.append(running)
