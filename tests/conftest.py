@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -185,6 +186,17 @@ def unless_given(defaults: tuple[str, ...], args: tuple[str, ...]) -> list[str]:
 def run_xp(tmp_path: Path, store_uri: str, *args: str, timeout: float = 300, env: dict | None = None):
     return subprocess.run(xp_args(tmp_path, *args), cwd=ROOT, env=xp_env(store_uri, env), capture_output=True,
                           text=True, timeout=timeout)
+
+
+# the lines of a failed command that say why: a worker's own error can sit far above the output's tail
+_WHY = re.compile(r"error|exception|terminate called|what\(\)|Fatal Python|Aborted|Traceback|Timed out", re.I)
+
+
+def said(r: subprocess.CompletedProcess) -> str:
+    """What a failed command said: every line that names an error (its first 60), then the output's tail."""
+    why = [line for line in (r.stdout or "").splitlines() + (r.stderr or "").splitlines() if _WHY.search(line)]
+    return "\n".join(line[:500] for line in why[:60]) + "\n--- the tail ---\n" + (r.stdout or "")[-3000:] + \
+        (r.stderr or "")[-3000:]
 
 
 def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> str:

@@ -20,7 +20,7 @@ import pytest
 
 import nsenter_launcher
 from conformance import conformance, retried, study_trials, wait_for
-from conftest import ROOT, metric_by_step, mlflow_client, unless_given, wait_for_line
+from conftest import ROOT, metric_by_step, mlflow_client, said, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process, one_process_accuracy
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
@@ -103,7 +103,7 @@ def test_workers_on_other_hosts_compute_what_one_process_computes(cluster, tmp_p
                                       f"workers={n_hosts}", f"batch={global_batch // n_hosts}", f"save_params={out}",
                                       "dist_timeout_s=120", experiment=experiment),
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert_same_params(dict(np.load(out)), want)
     client, found = runs(c, experiment)
     assert len(found) == 1, [x.info.run_name for x in found]  # the launcher's run; no worker opened another
@@ -319,7 +319,7 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
 
     r = subprocess.run(xp_on_launcher(c, tmp_path, *args, "epochs=1", experiment=experiment), cwd=ROOT,
                        env=study_env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     h2 = c.host("h2").address
     assert "study: 3 slots" in r.stdout + r.stderr and f"on {h2}" in r.stdout + r.stderr
     done = [t for t in trials() if t.state.name == "COMPLETE"]
@@ -366,7 +366,7 @@ def test_the_examples_own_network_and_data_train_across_two_hosts_as_one_process
                                       f"launcher.hosts_file={hosts_file}", "workers=2", "batch=16",
                                       f"save_params={out}", "dist_timeout_s=120", experiment="own"),
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert_same_params(dict(np.load(out)), want)
     run = runs(c, "own")[1][0]
     assert run.info.status == "FINISHED" and run.data.params["model.name"] == "tinynet"

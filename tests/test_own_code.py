@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT, mlflow_runs, run_xp
+from conftest import ROOT, mlflow_runs, run_xp, said
 from test_distributed import assert_same_params, distributed, one_process
 
 OWN = ["model=tinynet", "dataset=shapes"]
@@ -65,7 +65,7 @@ def test_timm_is_a_zoo_of_backend_torch_by_architecture_with_the_data_sets_chann
 @pytest.mark.parametrize("backend", ["gluon", "module", "horovod", "torch"])
 def test_the_examples_network_and_data_train_on_each_backend(tmp_path, store, backend):
     r = run_xp(tmp_path, store, *OWN, f"backend={backend}", "epochs=2")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     _, runs = mlflow_runs(store)
     run = runs[0]
     assert run.info.status == "FINISHED" and run.data.params["model.name"] == "tinynet"
@@ -79,7 +79,7 @@ def test_a_gluon_network_renamed_by_its_arch_says_so(tmp_path, store):
     and its params say mobilenetv2_0.25."""
     r = run_xp(tmp_path, store, "model=resnet18", "model.zoo=gluoncv", "model.arch=mobilenetv2_0.25",
                "dataset=synthetic", "dataset.train_size=64", "dataset.val_size=32", "batch=16", "epochs=1")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     run = mlflow_runs(store)[1][0]
     assert run.data.params["model.name"] == "mobilenetv2_0.25" and run.data.tags["xp.model"] == "mobilenetv2_0.25"
     assert "| mobilenetv2_0.25 |" in r.stdout and "| resnet18 |" not in r.stdout
@@ -129,7 +129,7 @@ def test_a_study_of_the_example_fills_two_slots(tmp_path, store):
 
     r = run_xp(tmp_path, store, "-m", "sweep=tiny", *OWN, "epochs=1", "sweep.parallel=2",
                env=study_env(tmp_path, 6), timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert [t.state.name for t in trials_of(tmp_path)] == ["COMPLETE"] * 6
     _, runs = mlflow_runs(store)
     trials = [x for x in runs if "optuna.trial_number" in x.data.tags]

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from conformance import assert_killed_line, conformance, kill_one_worker, study_trials, wait_for
-from conftest import ROOT, metric_by_step, mlflow_runs, wait_for_line
+from conftest import ROOT, metric_by_step, mlflow_runs, said, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 from test_multihost import ENGINES, runs
 from test_multihost import env as host_env
@@ -149,7 +149,7 @@ def test_a_job_on_two_ray_nodes_computes_what_one_process_computes(cluster, tmp_
                                  "launcher.cpus_per_process=2",
                                  f"save_params={out}", "dist_timeout_s=120", experiment=experiment),
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert_same_params(dict(np.load(out)), want)
     client, found = runs(c, experiment)
     assert len(found) == 1 and found[0].info.status == "FINISHED"
@@ -260,7 +260,7 @@ def test_the_token_in_the_users_home_folder_reaches_a_cluster_that_asks_for_it_a
         argv[argv.index(f"launcher.address={c.ray_address}")] = f"launcher.address={address}"
         r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env=dict(env(token=False, home=home), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=storage))
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert r.returncode == 0, said(r)
         assert [t.state.name for t in study_trials(storage)] == ["COMPLETE"]
         trial = next(x for x in runs(c, f"ray-{name}")[1] if "optuna.trial_number" in x.data.tags)
         assert trial.data.params["model.name"] == "tinynet" and trial.data.tags["xp.dataset"] == "shapes"
@@ -309,7 +309,7 @@ def test_without_an_address_a_command_runs_on_a_ray_cluster_of_its_machine_which
                        cwd=ROOT, env=dict(env(token=False, home=home), XP_SWEEPS_DIR=str(sweeps),
                                           XP_OPTUNA_STORAGE=storage),
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert "xp: launcher=ray: a Ray cluster of this machine for this command at 127.0.0.1:" in r.stdout, r.stdout
     assert [t.state.name for t in study_trials(storage)] == ["COMPLETE"] * 3
     _, found = mlflow_runs(f"sqlite:///{tmp_path}/mlflow.db", "ray-local")
@@ -410,7 +410,7 @@ def test_a_study_on_ray_runs_on_both_nodes_follows_a_lost_and_a_joining_node_and
 
     r = subprocess.run(xp_on_ray(c, tmp_path, *args, "epochs=1", experiment=experiment), cwd=ROOT, env=study_env,
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     done = [t for t in trials() if t.state.name == "COMPLETE"]
     assert len(done) == 24 and all(any(t.params == x.params for t in done) for x in lost)
     _, found = runs(c, experiment)

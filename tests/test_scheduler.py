@@ -223,6 +223,32 @@ def test_a_worker_without_hydra_resolves_hydras_interpolations_in_a_trials_confi
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
 
 
+def test_a_starting_worker_whose_ctrl_c_was_swallowed_ends_at_the_schedulers_sigterm():
+    """Ctrl-C that lands in a study's worker while it imports can be caught and printed by the code it landed in
+    (an import's finder did so: the benchmark's 10-s stop). The worker went on starting, ignored the stopping
+    scheduler's SIGTERM (only a trial's end must not be cut short) and ended at SIGKILL, 10 s later. Here the
+    swallowing is the worker's own code, the handlers the worker's."""
+    code = ("import os, signal, time\n"
+            "from xp.launching import trialworker\n"
+            "trialworker.stop_on_signals()\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    time.sleep(30)\n"
+            "except KeyboardInterrupt:\n"
+            "    pass  # swallowed\n"
+            "print('still starting', flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for_line(proc, "still starting", timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_running(tmp_path, monkeypatch):
     """Ctrl-C that arrives while the scheduler commits to the study's SQLite (sent here from SQLAlchemy's commit
     event of the third result told) waits for that write: the study stops, hands back every trial in flight or

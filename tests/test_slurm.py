@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conformance import assert_killed_line, conformance, kill_one_worker
-from conftest import ROOT, load_study, mlflow_client, unless_given, wait_for_line
+from conftest import ROOT, load_study, mlflow_client, said, unless_given, wait_for_line
 from test_distributed import EXACT, assert_same_params, one_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
@@ -90,7 +90,7 @@ def test_a_2_node_job_from_the_login_node_computes_what_one_process_computes(clu
     out = c.shared / f"{engine}.npz"
     r = submit(c, tmp_path, f"launcher={launcher}", *args, *EXACT, "workers=2", "launcher.nodes=2", "batch=24", f"save_params={out}",
                experiment=experiment)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert "submitted Slurm job" in r.stdout and "epoch 1/1" in r.stdout  # the job's output, relayed
     assert_same_params(dict(np.load(out)), want)
     run = the_run(c, experiment)
@@ -126,7 +126,7 @@ def test_a_killed_worker_fails_the_job_naming_rank_and_node(cluster, tmp_path, l
 def test_a_single_process_run_is_a_one_node_job(cluster, tmp_path):
     c = cluster
     r = submit(c, tmp_path, "epochs=2", experiment="slurm-one")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     run = the_run(c, "slurm-one")  # the submitter's run, filled by the job's process
     assert run.info.status == "FINISHED" and run.data.tags["xp.slurm.state"] == "COMPLETED"
     assert run.data.params["summary.epochs_completed"] == "2" and run.data.metrics["val_accuracy"] > 0.5
@@ -140,7 +140,7 @@ def test_inside_an_allocation_the_job_runs_on_its_nodes(cluster, tmp_path):
             *xp_argv(c, tmp_path, "kvstore=dist_sync", "workers=2", "launcher.nodes=2", *EXACT, "batch=24",
                      experiment="slurm-salloc")]
     r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=env(c), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert "submitted" not in r.stdout and "on h2, h3 over srun" in r.stdout, r.stdout[-2000:]
     run = the_run(c, "slurm-salloc")
     assert run.info.status == "FINISHED" and run.data.tags["xp.launcher"] == "slurm"
@@ -233,7 +233,7 @@ def test_a_sweep_runs_each_job_as_a_slurm_job_under_one_parent(cluster, tmp_path
     c = cluster
     r = subprocess.run(c.on_launcher(sweep_argv(c, tmp_path, "batch=16,32", "epochs=2", experiment="slurm-sweep")),
                        cwd=ROOT, env=env(c), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     children = children_of_one_parent(c, "slurm-sweep")
     assert sorted(ch.data.params["batch"] for ch in children) == ["16", "32"]
     assert all(ch.info.status == "FINISHED" for ch in children)
@@ -253,7 +253,7 @@ def test_a_study_runs_its_trials_as_slurm_jobs_two_at_a_time(cluster, tmp_path):
         argv = sweep_argv(c, tmp_path, "sweep=lr_batch", "sweep.n_trials=6", "sweep.parallel=2",
                           f"sweep.storage={storage}", "epochs=4", experiment="slurm-study")
         r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=env(c), capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert r.returncode == 0, said(r)
         children = children_of_one_parent(c, "slurm-study")
         assert len(children) == 6 and all(ch.info.status == "FINISHED" for ch in children)
         states = sorted(ch.data.tags["optuna.trial_state"] for ch in children)
@@ -349,7 +349,7 @@ def test_a_study_keeps_one_slurm_job_per_slot_busy_with_trial_after_trial(cluste
     argv, storage = slot_study(c, "slurm-slots", 12, launcher, "sweep.parallel=2", "epochs=6")
     r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-slots"), capture_output=True,
                        text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert "sacct" not in r.stdout + r.stderr  # no batch system bookkeeping on the console
     states = sorted(t.state.name for t in optuna.load_study(study_name="small", storage=storage).trials)
     assert len(states) == 12 and set(states) <= {"COMPLETE", "PRUNED"} and "PRUNED" in states, states

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import mlflow_client, mlflow_runs, run_xp, wait_for_line, xp_process
+from conftest import mlflow_client, mlflow_runs, run_xp, said, wait_for_line, xp_process
 from xp.studies import study
 from xp.studies import trial
 from xp.errors import ConfigError
@@ -484,7 +484,7 @@ def test_the_scale_benchmark_in_small(tmp_path):
                         "--storage", "journal", "--resume-more", "2", "--out", str(out)],
                        cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True,
                        timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     xp_way, bare = json.loads(out.read_text())
     assert xp_way["way"] == "xp" and xp_way["runs"] == 24 and 0 < xp_way["wall_s"] and xp_way["peak_workers"] == 4
     assert 0 <= xp_way["pruned"] < 24 and xp_way["resume_first_trial_s"] > 0 and xp_way["report_s"] > 0

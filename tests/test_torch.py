@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose_config, mlflow_runs, run_xp
+from conftest import compose_config, mlflow_runs, run_xp, said
 from xp.run.backend_plan import plan_and_backend
 from xp.run.train import fit, train_epoch
 
@@ -95,7 +95,7 @@ def test_ddp_processes_compute_what_one_process_computes(tmp_path, store):
     out = tmp_path / "params.npz"
     r = run_xp(tmp_path, store, "backend=torch", *EXACT, "batch=16", "cpu_devices=2", f"save_params={out}",
                timeout=240)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, said(r)
     assert "2 PyTorch DDP processes (torchrun) on 127.0.0.1" in r.stdout
     got = dict(np.load(out))
     assert set(got) == set(want)

@@ -118,8 +118,9 @@ class Job:
         self.spec = self.engine.spec = spec
         self.started: list[Started] = []
         self.beats: dict[int, Beat] = {}  # rank -> its last progress
-        self.env = {WORKER_ENV: "1", JOB_ENV: self.id, **spec.env,
-                    PROGRESS_ENV: f"{spec.bind}:{self.progress.getsockname()[1]}"}
+        # PYTHONFAULTHANDLER: a process that a fatal signal ends (a C++ library's abort) says where its threads were
+        self.env = {WORKER_ENV: "1", JOB_ENV: self.id, "PYTHONFAULTHANDLER": os.environ.get("PYTHONFAULTHANDLER", "1"),
+                    **spec.env, PROGRESS_ENV: f"{spec.bind}:{self.progress.getsockname()[1]}"}
         self.seen: dict[int, float] = {}  # local descendants: pid -> create time (ended too, if left over)
         self.exits: dict[int, int] = {}  # runners: rank -> exit code, from their reports
         self.runner_state: dict[str, Any] = {}

@@ -43,13 +43,11 @@ def main(argv: list[str]) -> int:
     from xp.launching.slots import Slot
 
     die_with_parent()  # a SIGKILLed scheduler leaves no worker behind
-    from xp.interrupts import when_signalled
+    from xp.interrupts import came, when_signalled
     from xp.tracking import spool
 
     when_signalled.append(lambda: spool.stopping(STOPPED_SETTLE_S))
-    signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
-        signal.signal(signal.SIGINT, _stopped)
+    stop_on_signals()
     compose = None
     if SLOT_ENV not in os.environ:  # the zygote (xp.launching.zygote): what needs no slot imported, then it forks
         from xp.launching.zygote import serve
@@ -85,6 +83,8 @@ def main(argv: list[str]) -> int:
             channel.send(Error(f"{type(e).__name__}: {e}"))
             return 1
         _logging(quiet=_quiet())
+        if came:  # a stop came while it started, and a library it imported swallowed it: no trial for it
+            return 128 + (signal.SIGINT if isinstance(came[0], KeyboardInterrupt) else signal.SIGTERM)
         channel.send(Ready(os.getpid()))
     except (ConnectionResetError, BrokenPipeError):  # the scheduler went (its study stopped) while this worker
         return 0  # started: nothing to run (a scheduler it cannot reach at all stays an error)
@@ -95,6 +95,8 @@ def _trials(channel: Any, compose: Any, slot: Any) -> int:
     """Trial after trial, as the scheduler sends them, until it says exit (or the trial changed the process)."""
     from xp.tracking.spool import settle
 
+    global _starting
+    _starting = False
     first = True
     try:
         while True:
@@ -207,19 +209,32 @@ def _save_yaml(data: Any, path: Path) -> None:
     path.write_text(yaml.dump(data, Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False))
 
 
+def stop_on_signals() -> None:
+    signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
+        signal.signal(signal.SIGINT, _stopped)
+
+
+_starting = True  # no trial yet: the worker imports and calls back
+
+
 def _stopped(signum: int, frame: Any) -> None:
     """Ctrl-C or SIGTERM: the trial's run ends KILLED. Only the first signal counts: a stopped study's scheduler
     sends SIGTERM to a worker that Ctrl-C reached too, which must not cut short the end of its run."""
     from xp.interrupts import signalled
 
     error = signalled(signum)
-    for s in (signal.SIGTERM, signal.SIGINT):  # a handler that does nothing, not SIG_IGN: a signal that came
-        signal.signal(s, _ignored)  # while this one ran would find SIG_IGN and raise "ignored due to race condition"
+    for s in (signal.SIGTERM, signal.SIGINT):  # a handler, not SIG_IGN: a signal that came while this one ran
+        signal.signal(s, _again)  # would find SIG_IGN and raise "ignored due to race condition"
     raise error
 
 
-def _ignored(signum: int, frame: Any) -> None:
-    pass
+def _again(signum: int, frame: Any) -> None:
+    """A stop signal after the first. A trial's run that is ending is not cut short. A worker still starting ends
+    now: the first one may have been swallowed where it landed (an import's finder that caught it and printed it),
+    and the scheduler's SIGTERM is then all that ends it (ignored, a study's stop waited 10 s for SIGKILL)."""
+    if _starting:
+        os._exit(128 + signum)
 
 
 def _before_slot() -> Any:

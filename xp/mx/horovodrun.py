@@ -22,7 +22,11 @@ if TYPE_CHECKING:
     from xp.launching.engine import JobHandle
 
 BIND_ENV = "XP_BIND"
+# gloo's own limit on any wait for a peer (30 s unless set): a worker that lags longer (a loaded host, a pause)
+# fails the job, however long dist_timeout_s allows. xp gives it dist_timeout_s; its watchdog ends a real stall.
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 _EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+_TERMINATING = "Terminating remaining workers after failure of Process"  # the exits after it are horovodrun's kills
 
 
 class Horovod(Engine):
@@ -41,7 +45,8 @@ class Horovod(Engine):
 
     def roles(self, job: JobHandle) -> list[Role]:
         s = self.spec
-        env = {BIND_ENV: s.bind, HOST_FROM_ENV: "HOROVOD_HOSTNAME"}  # the host horovodrun names its processes by
+        env = {BIND_ENV: s.bind, HOST_FROM_ENV: "HOROVOD_HOSTNAME",  # the host horovodrun names its processes by
+               GLOO_TIMEOUT_ENV: os.environ.get(GLOO_TIMEOUT_ENV, str(max(1, int(s.timeout_s))))}
         if s.remote:
             hosts = ",".join(f"{h}:{n}" for h, n in s.placement())
             nic = s.interface  # None: horovodrun finds the interfaces the hosts share itself
@@ -60,8 +65,10 @@ class Horovod(Engine):
         return [Role("horovodrun", argv, env, runner=True)]
 
     def failed(self, line: str, exits: dict[int, int], state: dict[str, Any]) -> None:
+        if _TERMINATING in line:
+            state["terminating"] = True
         m = _EXIT.search(line)
-        if m:
+        if m and not state.get("terminating"):
             exits.setdefault(int(m.group(1)), int(m.group(2)))
 
     def describe(self) -> str:
