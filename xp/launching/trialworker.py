@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
             return 1
         _logging(quiet=_quiet())
         if came:  # a stop came while it started, and a library it imported swallowed it: no trial for it
-            return 128 + (signal.SIGINT if isinstance(came[0], KeyboardInterrupt) else signal.SIGTERM)
+            raise came[0]
         channel.send(Ready(os.getpid()))
     except (ConnectionResetError, BrokenPipeError):  # the scheduler went (its study stopped) while this worker
         return 0  # started: nothing to run (a scheduler it cannot reach at all stays an error)

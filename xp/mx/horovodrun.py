@@ -46,7 +46,7 @@ class Horovod(Engine):
     def roles(self, job: JobHandle) -> list[Role]:
         s = self.spec
         env = {BIND_ENV: s.bind, HOST_FROM_ENV: "HOROVOD_HOSTNAME",  # the host horovodrun names its processes by
-               GLOO_TIMEOUT_ENV: os.environ.get(GLOO_TIMEOUT_ENV, str(max(1, int(s.timeout_s))))}
+               GLOO_TIMEOUT_ENV: os.environ.get(GLOO_TIMEOUT_ENV, str(int(s.timeout_s)))}  # (>= 1 s)
         if s.remote:
             hosts = ",".join(f"{h}:{n}" for h, n in s.placement())
             nic = s.interface  # None: horovodrun finds the interfaces the hosts share itself
