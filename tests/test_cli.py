@@ -122,17 +122,18 @@ def test_multirun_groups_children_under_one_parent(tmp_path, store):
     assert f" -m xp.report --parent {parent.info.run_id} --tracking-uri '{store}'" in compare
     assert proc.stdout.splitlines()[-1].endswith(f"/#/experiments/{parent.info.experiment_id}/runs/"
                                                  f"{parent.info.run_id}?workflowType=machine_learning")
-    # the UI link before it opens the view xp shared (an experiment tag MLflow's UI reads): the sweep's runs only,
-    # what it varied and the objective as columns, best first, their parallel coordinates first among the charts
+    # the UI link before it opens the view xp shared (an experiment tag MLflow's UI reads) as a table: the sweep's
+    # runs only, the objective and what it varied as columns, best first, their parallel coordinates first among
+    # the charts
     import json
 
     key = f"xp-{parent.info.run_id}"
-    assert f"#/experiments/{parent.info.experiment_id}/runs?viewStateShareKey={key}&compareRunsMode=CHART&" \
+    assert f"#/experiments/{parent.info.experiment_id}/runs?viewStateShareKey={key}&compareRunsMode=TABLE&" \
            "workflowType=machine_learning" in proc.stdout.splitlines()[-2]
     client = mlflow_runs(store)[0]
     shared = json.loads(client.get_experiment(parent.info.experiment_id).tags[f"mlflow.sharedViewState.{key}"])
     assert shared["searchFilter"] == f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
-    assert shared["selectedColumns"] == ["params.`batch`", "metrics.`val_accuracy`"]
+    assert shared["selectedColumns"] == ["metrics.`val_accuracy`", "params.`batch`"]
     assert shared["orderByKey"] == "metrics.`val_accuracy`" and shared["orderByAsc"] is False
     [chart] = shared["compareRunCharts"]
     assert (chart["type"], chart["selectedParams"], chart["selectedMetrics"]) == ("PARALLEL", ["batch"], ["val_accuracy"])

@@ -317,7 +317,8 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
     assert "RUNNING" not in {x.info.status for x in found}, ([(x.info.run_name, x.info.status) for x in found],
                                                              said[-5000:])
 
-    r = subprocess.run(xp_on_launcher(c, tmp_path, *args, "epochs=1", experiment=experiment), cwd=ROOT,
+    r = subprocess.run(xp_on_launcher(c, tmp_path, *args, "epochs=1", "sweep.continue_changed=true",  # (1 epoch:
+                                      experiment=experiment), cwd=ROOT,  # on the user's word)
                        env=study_env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, said(r)
     h2 = c.host("h2").address

@@ -408,7 +408,8 @@ def test_a_study_on_ray_runs_on_both_nodes_follows_a_lost_and_a_joining_node_and
     _, found = runs(c, experiment)
     assert "RUNNING" not in {x.info.status for x in found}, [(x.info.run_name, x.info.status) for x in found]
 
-    r = subprocess.run(xp_on_ray(c, tmp_path, *args, "epochs=1", experiment=experiment), cwd=ROOT, env=study_env,
+    r = subprocess.run(xp_on_ray(c, tmp_path, *args, "epochs=1", "sweep.continue_changed=true",  # (1 epoch: on
+                                 experiment=experiment), cwd=ROOT, env=study_env,  # the user's word)
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, said(r)
     done = [t for t in trials() if t.state.name == "COMPLETE"]

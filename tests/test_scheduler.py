@@ -577,7 +577,9 @@ def test_an_interrupted_study_leaves_nothing_running_and_the_same_command_finish
     assert [r.info.status for r in runs if r.data.tags.get("xp.sweep") == "true"] == ["KILLED"]
     if how == "sigterm":
         return
-    again = run_xp(tmp_path, store, "-m", "sweep=tiny", "epochs=1", "sweep.parallel=2", env=env, timeout=600)
+    # (its trials again, in 1 epoch: a change of what the study holds fixed, on the user's word)
+    again = run_xp(tmp_path, store, "-m", "sweep=tiny", "epochs=1", "sweep.parallel=2", "sweep.continue_changed=true",
+                   env=env, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     trials = trials_of(tmp_path)
     counted = [t for t in trials if t.state.name == "COMPLETE"]

@@ -341,7 +341,8 @@ def test_a_killed_sweep_is_continued_by_the_next_one_retrying_the_lost_trial(tmp
     lost = load_trials(tmp_path)
     assert [t.state.name for t in lost] == ["RUNNING", "RUNNING"]  # trial 0, and trial 1 its worker held next
     time.sleep(4)
-    again = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", env=env, timeout=600)
+    again = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", "sweep.continue_changed=true", env=env,
+                   timeout=600)  # (its lost trials retried in 2 epochs, on the user's word)
     assert again.returncode == 0, again.stderr[-3000:]
     for n, retry in ((0, 2), (1, 3)):
         assert (f"trial {n} lost its sweeper (no heartbeat for 3 s): retried as trial {retry} with the same "
@@ -489,3 +490,153 @@ def test_the_scale_benchmark_in_small(tmp_path):
     assert xp_way["way"] == "xp" and xp_way["runs"] == 24 and 0 < xp_way["wall_s"] and xp_way["peak_workers"] == 4
     assert 0 <= xp_way["pruned"] < 24 and xp_way["resume_first_trial_s"] > 0 and xp_way["report_s"] > 0
     assert bare["way"] == "bare" and bare["runs"] == 24
+
+
+# --- a study is one question ------------------------------------------------------
+
+def test_the_command_line_wins_over_the_search_space():
+    """batch=32 on the command line takes batch out of the search (Hydra's rule); a sweep of it (batch=16,32) and
+    the study's own fields do not; every searched key fixed is one line."""
+    spec = study.spec_from({"params": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
+                                       "batch": {"type": "categorical", "choices": [16, 32]}}}, "q", KNOWN,
+                           overrides=["epochs=2", "batch=32", "sweep.n_trials=3", "+hydra.x=1"])
+    assert [p.name for p in spec.params] == ["lr"] and spec.fixed == ("batch=32",)
+    swept = study.spec_from({"params": {"batch": {"type": "categorical", "choices": [16, 32]}}}, "q", KNOWN,
+                            overrides=["batch=16,32", "lr=interval(0.1,1)"])
+    assert [p.name for p in swept.params] == ["batch"] and swept.fixed == ()
+    with pytest.raises(ConfigError, match=r"every parameter it searches is fixed on the command line \(batch=32\)"):
+        study.spec_from({"params": {"batch": {"type": "categorical", "choices": [16, 32]}}}, "q", KNOWN,
+                        overrides=["batch=32"])
+
+
+def test_a_studys_question_holds_what_changes_a_result_and_names_each_difference():
+    from xp.studies import question
+
+    spec = study.spec_from({"params": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}}, "q", KNOWN)
+    config = {"epochs": 1, "batch": 32, "lr": 0.02, "model": {"name": "lenet"}, "launcher": {"name": "local"},
+              "tracking_uri": "sqlite:///a.db", "sweep": {"n_trials": 3}, "checkpoint": {"keep_last": 2}}
+    q = question.question_of(config, spec)
+    assert q["epochs"] == "1" and q["model.name"] == '"lenet"' and q["space.lr"] == "float[0.001, 0.1] log"
+    assert "lr" not in q and not [k for k in q if k.startswith(("launcher", "tracking_uri", "sweep", "checkpoint"))]
+    where = {**config, "launcher": {"name": "ssh"}, "tracking_uri": "http://h:5000", "sweep": {"n_trials": 30}}
+    assert question.differences(q, question.question_of(where, spec)) == {}  # where it runs is not the question
+    other = question.question_of({**config, "epochs": 2, "model": {"name": "resnet18"}}, spec)
+    assert question.differences(q, other) == {"epochs": ("1", "2"), "model.name": ('"lenet"', '"resnet18"')}
+    # a key only one side has (a newer xp's) is no change; one searched on one side and fixed on the other is
+    assert question.differences(q, {**q, "new_key": "1"}) == {}
+    fixed = study.spec_from({"params": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
+                                        "batch": {"type": "categorical", "choices": [16, 32]}}}, "q", KNOWN)
+    assert question.differences(question.question_of(config, fixed), q) == {"batch": (None, "32")}
+    line = str(question.refusal(spec, question.differences(q, other), 3))
+    assert "epochs: 1 in the study, 2 in this command" in line and "sweep.study_name=" in line
+    assert "sweep.continue_changed=true" in line and "\n" not in line
+
+
+def test_a_study_records_its_question_refuses_another_and_records_a_change_the_user_asked_for():
+    import optuna
+
+    from xp.studies import question
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = study.spec_from({"params": {"lr": {"type": "float", "low": 0.001, "high": 0.1}}}, "q", KNOWN)
+    s = optuna.create_study(direction="maximize")
+    s.add_trial(optuna.trial.create_trial(params={"lr": 0.01}, distributions=trial.distributions(spec), value=0.5))
+    q1, q2 = {"epochs": "1", "space.lr": "x"}, {"epochs": "2", "space.lr": "x"}
+    # a study made before xp recorded its question: recorded now, said once
+    assert "recorded now" in question.settle(s, spec, q1)[0] and s.user_attrs[question.QUESTION] == q1
+    assert question.settle(s, spec, q1) == []  # the same question: nothing to say
+    with pytest.raises(ConfigError, match="epochs: 1 in the study, 2 in this command"):
+        question.settle(s, spec, q2)
+    assert s.user_attrs[question.QUESTION] == q1 and question.CHANGES not in s.user_attrs
+    import dataclasses
+
+    said = question.settle(s, dataclasses.replace(spec, continue_changed=True), q2)
+    assert "continued under changed settings, as asked" in said[0] and "epochs: 1 before, 2 now" in said[0]
+    assert s.user_attrs[question.QUESTION] == q2
+    [change] = s.user_attrs[question.CHANGES]
+    assert change["changed"] == {"epochs": ["1", "2"]} and change["trials_before"] == 1
+    assert "after 1 trials under changed settings (epochs: 1 before, 2 now)" in question.changes_said(s)[0]
+
+
+def test_the_preflights_question_is_the_one_the_sweeper_would_compute_from_hydras_config():
+    """The preflight records the question from its own composition; a command whose config tree xp does not
+    compose (--config-path) computes it from Hydra's: the two must agree, or such a command would be refused."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from xp import shipped
+    from xp.studies import question
+    from xp.studies.compose import plain
+    from xp.studies.sweeper import _job_config
+
+    study.register()
+    overrides = ["sweep=lr_batch", "epochs=2", "model=resnet18", "batch=32"]
+    with initialize_config_dir(str(shipped("conf")), version_base="1.3", job_name="xp"):
+        swept = GlobalHydra.instance().hydra.compose_config("config", overrides, run_mode=RunMode.MULTIRUN)
+        composed = plain(compose("config", overrides=overrides))
+    spec = study.spec_from(composed["sweep"], "lr_batch", overrides=overrides)
+    assert question.question_of(composed, spec) == question.question_of(_job_config(swept), spec)
+
+
+@pytest.mark.slow
+def test_a_study_reached_with_other_settings_is_refused_in_one_line_and_continued_only_on_the_users_word(
+        tmp_path, store, sweeps):
+    import optuna
+
+    from xp.studies import question
+
+    d = sweeps("small", SMALL.format(n=2, sampler="random", pruner="none", objectives=ONE))
+    env = study_env(tmp_path, d)
+    first = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=1", env=env, timeout=300)
+    assert first.returncode == 0, said(first)
+    parents = lambda: [r for r in mlflow_runs(store)[1] if r.data.tags.get("xp.sweep") == "true"]  # noqa: E731
+    # the parent run names the best trial and links its model; the model links its registered version
+    [parent] = parents()
+    s = optuna.load_study(study_name="small", storage=env["XP_OPTUNA_STORAGE"])
+    best = s.best_trial
+    tags = parent.data.tags
+    assert tags["xp.best_trial"] == str(best.number) and tags["xp.best_run_id"] == best.user_attrs["mlflow_run_id"]
+    assert f"**trial {best.number}**" in tags["mlflow.note.content"] and "models:/small/1" in tags["mlflow.note.content"]
+    client = mlflow_runs(store)[0]
+    version = client.get_model_version_by_alias("small", "best")
+    assert tags["xp.best_model"] == f"models:/small/{version.version}"
+    model_id = version.model_id or version.source.split("/", 1)[1].lstrip("/")
+    assert json_of(client.get_logged_model(model_id).tags["mlflow.modelVersions"]) == [
+        {"name": "small", "version": int(version.version)}]
+
+    refused = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", "sweep.n_trials=3", env=env, timeout=300)
+    assert refused.returncode == 2, said(refused)
+    err = refused.stderr.strip()
+    assert "\n" not in err and "epochs: 1 in the study, 2 in this command" in err and "Traceback" not in err
+    assert "sweep.study_name=" in err and "sweep.continue_changed=true" in err
+    assert len(load_trials(tmp_path)) == 2 and len(parents()) == 1  # nothing ran, no parent run was made
+
+    again = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=2", "sweep.n_trials=3", "sweep.continue_changed=true",
+                   env=env, timeout=300)
+    assert again.returncode == 0, said(again)
+    assert "continued under changed settings, as asked" in again.stdout + again.stderr
+    s = optuna.load_study(study_name="small", storage=env["XP_OPTUNA_STORAGE"])
+    assert [c["changed"] for c in s.user_attrs[question.CHANGES]] == [{"epochs": ["1", "2"]}]
+    assert len(s.trials) == 3 and len(s.trials[2].intermediate_values) == 2
+    latest = max(parents(), key=lambda r: r.info.start_time)
+    assert "under changed settings (epochs: 1 before, 2 now)" in latest.data.tags["mlflow.note.content"]
+
+
+@pytest.mark.slow
+def test_a_searched_key_fixed_on_the_command_line_is_fixed_in_every_trial(tmp_path, store, sweeps):
+    d = sweeps("small", SMALL.format(n=3, sampler="random", pruner="none", objectives=ONE))
+    proc = run_xp(tmp_path, store, "-m", "sweep=small", "epochs=1", "batch=32", env=study_env(tmp_path, d),
+                  timeout=300)
+    assert proc.returncode == 0, said(proc)
+    assert "study small: batch=32 fixed on the command line: not searched; it searches lr" in proc.stdout
+    trials = load_trials(tmp_path)
+    assert len(trials) == 3 and all(set(t.params) == {"lr"} for t in trials)
+    runs = [r for r in mlflow_runs(store)[1] if "optuna.trial_number" in r.data.tags]
+    assert len(runs) == 3 and {r.data.params["batch"] for r in runs} == {"32"}
+
+
+def json_of(text):
+    import json
+
+    return json.loads(text)

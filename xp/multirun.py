@@ -96,8 +96,9 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
     study = config.get("sweep") or {}
     params = list(study.get("params") or {}) or [k for k in swept.split(",") if k]
     metrics = [o["metric"] for o in study.get("objectives") or []] or ["val_accuracy"]
+    name = (study.get("study_name") or study.get("name")) if study else None
     return service.call(parent.uri, sweep_result, experiment_id=str(parent.experiment_id), parent=parent.run_id,
-                        kind=kind, params=params, metrics=metrics)
+                        kind=kind, params=params, metrics=metrics, study=name)
 
 
 def _say_table(parent: Any, rows: list[dict[str, Any]], status: str, view: str | None = None) -> None:

@@ -337,9 +337,15 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
         if p.name not in known:
             close = difflib.get_close_matches(p.name, known, n=1)
             raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
-    spec = study.spec_from(node, name, set(known), extra=space)
+    spec = study.spec_from(node, name, set(known), extra=space, overrides=base)
     check_storage(spec.storage)
     check_budget(spec, config, here)
+    from dataclasses import replace
+
+    from xp.studies import question
+
+    spec = replace(spec, question=question.question_of(config, spec))
+    question.check(spec, spec.question or {})  # (an existing study that asks another question: refused now)
     return [(base, {p.name: int(v) if p.kind == "int" else v}) for p in spec.params
             for v in (p.choices if p.kind == "categorical" else (p.low, p.high))], spec
 

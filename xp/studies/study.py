@@ -97,6 +97,9 @@ class StudySpec:
     hard_stop: bool = False  # ... and the trials in flight stop then too
     budget_usd: float | None = None  # no trial starts that would end past this cost
     register_model: str | None = None  # the Model Registry name of the study's best (None: not registered)
+    fixed: tuple[str, ...] = ()  # KEY=VALUE of the command line that took a searched key out of the search
+    continue_changed: bool = False  # the user's word: continue this study though its question changed (recorded)
+    question: dict[str, str] | None = None  # what its trials hold fixed (xp.studies.question), as the preflight read it
 
     @property
     def multi_objective(self) -> bool:
@@ -150,6 +153,8 @@ class StudyConf:
     claim: dict[str, Any] | None = None  # a recipe: the published figure the report measures (kind, source, ...)
     batch_ladder: int | None = None  # a recipe: trials at batch N, 2N, 4N ... up to batch=auto's largest (preflight)
     pretrain: list[str] | None = None  # a recipe: one run before the trials (these overrides); they start from its weights or none
+    continue_changed: bool = False  # continue a study whose fixed settings (model, data, epochs, space...) this
+    # command changes, the change recorded in it (else such a command is refused: xp.studies.question)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
@@ -191,10 +196,13 @@ def load_spec(name: str, known_keys: set[str] | None = None, cwd: str | Path | N
 
 
 def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None, cwd: str | Path | None = None,
-              where: str | None = None, extra: tuple[Param, ...] = (), search: bool = True) -> StudySpec:
+              where: str | None = None, extra: tuple[Param, ...] = (), search: bool = True,
+              overrides: Iterable[str] = ()) -> StudySpec:
     """Check a study's settings (a study file, or the composed `sweep` node with its overrides); `extra`: a
-    search space from the command line (KEY=interval(...) ...), mixed into the file's (it wins per key).
-    search=False: a trial's view, which needs its objectives and pruner, not the search space."""
+    search space from the command line (KEY=interval(...) ...), mixed into the file's (it wins per key);
+    `overrides`: the command line's other overrides: one that fixes a searched key (batch=32) takes it out of the
+    search (the command line wins, as in Hydra). search=False: a trial's view, which needs its objectives and
+    pruner, not the search space."""
     where = where or f"sweep={name}"
     if "_unreadable" in raw:
         load_spec(name, known_keys, cwd)  # says what is wrong with the file
@@ -209,7 +217,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
                           "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
                           "trials_per_gpu", "scheduler", "settings", "claim", "batch_ladder",
-                          "pretrain", "timeout_s", "hard_stop", "budget_usd", "register_model"}
+                          "pretrain", "timeout_s", "hard_stop", "budget_usd", "register_model", "continue_changed"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
@@ -237,7 +245,13 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     _recipe_steps(field("batch_ladder"), field("pretrain"), where)  # (before the search space they fill)
     objectives = _objectives(field("objectives"), where, sampler, pruner)
     given = {p.name for p in extra}
-    space = {k: v for k, v in (field("params") or {}).items() if k not in given}
+    file_space = field("params") or {}
+    fixed = tuple(o for o in fixed_overrides(overrides) if o.partition("=")[0] in file_space)
+    given |= {o.partition("=")[0] for o in fixed}
+    space = {k: v for k, v in file_space.items() if k not in given}
+    if search and fixed and not space and not extra:
+        raise ConfigError(f"{where}: every parameter it searches is fixed on the command line ({', '.join(fixed)}): "
+                          "nothing is left to search; run it without -m sweep=..., or search another key")
     params = [*(_search_space(space, where, known_keys) if space or (search and not extra) else []), *extra]
     if sampler == "grid" and any(p.kind != "categorical" for p in params):
         raise ConfigError(f"{where}: sampler=grid needs every parameter categorical (the grid's values)")
@@ -249,7 +263,28 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
                      heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim,
-                     *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where))
+                     *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where),
+                     fixed, _flag(field("continue_changed", False), "continue_changed", where))
+
+
+def _flag(value: Any, key: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: {key}={value!r}: must be true or false")
+    return value
+
+
+def fixed_overrides(overrides: Iterable[str]) -> list[str]:
+    """The command line's KEY=VALUE overrides of one value (not a sweep, a group, Hydra's or a study's own), as
+    written: those that name a searched key fix it."""
+    out = []
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if not eq or key.startswith(("hydra", "sweep", "optuna")) or o.startswith("~"):
+            continue
+        if "," in value or value.strip().startswith(("choice(", "range(", "interval(", "tag(", "glob(")):
+            continue  # a sweep (the search space's, from space_from_overrides)
+        out.append(f"{key}={value}")
+    return out
 
 
 def _registry_name(value: Any, study: str, where: str) -> str | None:

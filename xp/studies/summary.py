@@ -22,20 +22,53 @@ def member(trial: Any, spec: StudySpec) -> dict[str, Any]:
             "params": trial.params, "mlflow_run_id": trial.user_attrs.get("mlflow_run_id")}
 
 
+def counts(study: Any) -> dict[str, int]:
+    """The study's trials by how they ended, as Optuna holds them: its FAIL trials split into those that failed,
+    those given back at a stop (queued again: not failures) and proposals dropped as duplicates of a running one."""
+    out = {"complete": 0, "pruned": 0, "fail": 0, "given back": 0, "duplicate": 0, "running": 0, "waiting": 0}
+    for t in study.get_trials(deepcopy=False):
+        name = t.state.name.lower()
+        if name == "fail":
+            name = "given back" if INTERRUPTED in t.user_attrs else "duplicate" if DUPLICATE in t.user_attrs else "fail"
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def counts_line(c: dict[str, int]) -> str:
+    """`10 trials: 8 complete, 2 pruned, 0 fail (+ 4 given back at a stop and run again)`."""
+    ran = c["complete"] + c["pruned"] + c["fail"] + c["running"]
+    line = f"{ran} trials ({c['complete']} complete, {c['pruned']} pruned, {c['fail']} fail"
+    line += f", {c['running']} running" if c["running"] else ""
+    extra = [f"{c['given back']} given back at a stop and queued again"] if c["given back"] else []
+    extra += [f"{c['duplicate']} proposals dropped as duplicates"] if c["duplicate"] else []
+    extra += [f"{c['waiting']} queued"] if c["waiting"] else []
+    return line + ")" + (f"; Optuna also holds {', '.join(extra)}" if extra else "")
+
+
 def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> dict[str, Any]:
     """Print the best trial (or the Pareto front), log it on the sweep's parent MLflow run, register its model."""
     from optuna.trial import TrialState
+
+    from xp.studies.question import changes_said
 
     trials = [t for t in study.get_trials(deepcopy=False)  # less dropped proposals and trials stopped and requeued
               if DUPLICATE not in t.user_attrs and INTERRUPTED not in t.user_attrs]
     states = {s: sum(1 for t in trials if t.state == getattr(TrialState, s)) for s in FINISHED}
     front = [member(t, spec) for t in study.best_trials]
-    log.info(f"study {spec.study_name}: {len(trials)} trials ({', '.join(f'{v} {k.lower()}' for k, v in states.items())})")
+    tally = counts(study)
+    log.info(f"study {spec.study_name}: {counts_line(tally)}")
+    changes = changes_said(study)
+    for line in changes:
+        log.info(f"  {line}")
     title = "Pareto front" if spec.multi_objective else "best trial"
     for f in front:
         log.info(f"  {title}: trial {f['trial']}  " + "  ".join(f"{k}={v:.4g}" for k, v in f["values"].items())
                  + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
-    summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "best": front}
+    summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "counts": tally,
+               "best": front, "fixed_on_command_line": list(spec.fixed), "question_changes": changes}
+    description = "\n".join([f"**Study `{spec.study_name}`**: {counts_line(tally)}."
+                             + (f" Fixed on the command line (not searched): {', '.join(spec.fixed)}." if spec.fixed
+                                else ""), *(f"- {c}" for c in changes)])
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
         from xp.tracking import service
@@ -43,7 +76,8 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
 
         said = service.call(tracking_uri, study_result, parent=parent, study=spec.study_name,
                             register_model=spec.register_model or "", metric=spec.objectives[0].metric,
-                            multi_objective=spec.multi_objective, front=front, summary=summary)
+                            multi_objective=spec.multi_objective, front=front, summary=summary,
+                            description=description)
         if said:
             log.info(f"  {said}")
     return summary

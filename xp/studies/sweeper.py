@@ -14,6 +14,7 @@ from typing import Any
 from xp.errors import redact
 from xp.states import RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
 from xp.studies.channel import Done, RunTrial
+from xp.studies import question
 from xp.studies.budget import Budget
 from xp.studies.compose import as_override, plain
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
@@ -35,8 +36,13 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
     from xp.tracking.stores import resolve_uri
 
     space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
-    spec = placement.spec or _spec_here(config, space)  # read once, by the command line's preflight
+    spec = placement.spec or _spec_here(config, space, arguments)  # read once, by the command line's preflight
     study = open_study(spec)
+    for line in question.settle(study, spec, spec.question or question.question_of(_job_config(config), spec)):
+        log.warning(line)
+    if spec.fixed:
+        log.info(f"study {spec.study_name}: {', '.join(spec.fixed)} fixed on the command line: not searched; it "
+                 f"searches {', '.join(p.name for p in spec.params)}")
     for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec)]:
         log.warning(line)
     done, elsewhere = _counts(study)
@@ -112,12 +118,21 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
     return returns
 
 
-def _spec_here(config: Any, space: tuple[Any, ...]) -> StudySpec:
+def _spec_here(config: Any, space: tuple[Any, ...], arguments: list[str]) -> StudySpec:
     """The study's spec from its composed config and the search space on its command line: for a command whose
     config tree xp did not compose (--config-path), which no preflight read."""
     node = plain(config.sweep)
     name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
-    return spec_from(node, name, extra=space)
+    return spec_from(node, name, extra=space, overrides=arguments)
+
+
+def _job_config(config: Any) -> dict[str, Any]:
+    """The sweep's composed config as a job's (no Hydra node; its sweep-time fields, hydra.job.num, are unset)."""
+    from omegaconf import OmegaConf
+
+    out = plain(config, resolve=False)
+    out.pop("hydra", None)
+    return plain(OmegaConf.create(out))
 
 
 def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None,

@@ -124,7 +124,7 @@ def check_storage(url: str) -> None:
     """Connect once, before anything is created: an unreachable database is a usage error."""
     if url.startswith(JOURNAL):
         try:
-            open(_journal(url), "ab").close()
+            open(journal_path(url), "ab").close()
         except OSError as e:
             raise ConfigError(f"sweep.storage={url}: cannot write it ({e.strerror})") from None
         return
@@ -133,7 +133,7 @@ def check_storage(url: str) -> None:
     check_database(url, "storage")
 
 
-def _journal(url: str) -> str:
+def journal_path(url: str) -> str:
     return url[len(JOURNAL) - 1:]  # journal:///PATH -> /PATH
 
 
@@ -145,7 +145,7 @@ def storage_of(url: str, spec: StudySpec | None = None) -> Any:
     if url.startswith(JOURNAL):
         from optuna.storages.journal import JournalFileBackend
 
-        return optuna.storages.JournalStorage(JournalFileBackend(_journal(url)))
+        return optuna.storages.JournalStorage(JournalFileBackend(journal_path(url)))
     if spec is None:
         return url
     return optuna.storages.RDBStorage(

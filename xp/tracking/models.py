@@ -104,6 +104,20 @@ def register_best(uri: str, name: str, front: list[dict[str, Any]], multi_object
     """Register the study's best trial's model (every Pareto member's, multi-objective) under `name`, alias `best`
     moved to it; tags: the trial, its parameters and objective values, its run. Returns what it says, or None
     when no best trial logged a model. A registry that cannot be reached is one warning: the study stands."""
+    return registered_line(name, register_front(uri, name, front, multi_objective), multi_objective)
+
+
+def registered_line(name: str, versions: list[tuple[int, str]], multi_objective: bool) -> str | None:
+    """What register_front did, said in one line (None: nothing registered)."""
+    if not versions:
+        return None
+    said = [f"version {v}: trial {t}" for t, v in versions]
+    return (f"the best trial's model: models:/{name}@best ({said[0]})" if not multi_objective
+            else f"the Pareto front's models: models:/{name} ({'; '.join(said)}; tagged pareto)")
+
+
+def register_front(uri: str, name: str, front: list[dict[str, Any]], multi_objective: bool) -> list[tuple[int, str]]:
+    """register_best's work: [(trial number, registered version)] of the members that logged a model."""
     from mlflow.exceptions import MlflowException
 
     from xp.tracking.stores import open_client
@@ -114,7 +128,7 @@ def register_best(uri: str, name: str, front: list[dict[str, Any]], multi_object
     mlflow.set_tracking_uri(uri)  # MLflow's SQL registry finds a models:/ID source on the global tracking store
     try:
         client = open_client(uri)
-        said = []
+        out = []
         for member in front:
             run_id = member.get("mlflow_run_id")
             source = run_model(client, run_id) if run_id else None
@@ -127,21 +141,21 @@ def register_best(uri: str, name: str, front: list[dict[str, Any]], multi_object
             version = _version(client, name, source, run_id, tags)
             if not multi_objective:
                 client.set_registered_model_alias(name, "best", version)
-            said.append(f"version {version}: trial {member['trial']}")
-        if not said:
-            return None
-        return (f"the best trial's model: models:/{name}@best ({said[0]})" if not multi_objective
-                else f"the Pareto front's models: models:/{name} ({'; '.join(said)}; tagged pareto)")
+            out.append((int(member["trial"]), version))
+        return out
     except MlflowException as e:
         log.warning(f"model registry {name}: not registered ({one_line(e)[:200]})")
-        return None
+        return []
     finally:
         mlflow.set_tracking_uri(before)
 
 
 def _version(client: Any, name: str, source: str, run_id: str, tags: dict[str, str]) -> str:
     """The registered version of `source` under `name`, made if it is not there yet (a resumed study registers
-    its best again: the same version)."""
+    its best again: the same version); the logged model names it (the tag MLflow's own register_model writes, which
+    its UI reads: the model's page lists its registered versions)."""
+    import json
+
     from mlflow.exceptions import MlflowException
 
     try:
@@ -150,10 +164,18 @@ def _version(client: Any, name: str, source: str, run_id: str, tags: dict[str, s
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     model_id = source.split("/", 1)[1].lstrip("/")
-    for v in client.search_model_versions(f"name = '{name}'"):
-        if v.source == source:
-            return str(v.version)
-    return str(client.create_model_version(name, source, run_id=run_id, tags=tags, model_id=model_id).version)
+    version = next((str(v.version) for v in client.search_model_versions(f"name = '{name}'") if v.source == source),
+                   None)
+    if version is None:
+        version = str(client.create_model_version(name, source, run_id=run_id, tags=tags, model_id=model_id).version)
+    linked = json.loads(client.get_logged_model(model_id).tags.get(MODEL_VERSIONS_TAG) or "[]")
+    this = {"name": name, "version": int(version)}  # (as MLflow's register_model writes it)
+    if this not in linked:
+        client.set_logged_model_tags(model_id, {MODEL_VERSIONS_TAG: json.dumps([*linked, this])})
+    return version
+
+
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # a logged model's registered versions, as MLflow's UI reads them
 
 
 LOGGED = "logged"  # a PretrainedSpec's source: a model xp logged (pretrained=models:/... or runs:/...)

@@ -24,7 +24,7 @@ from xp.tracking.sync import deliver_pending
 
 
 def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: list[str],
-                 metrics: list[str]) -> dict[str, Any]:
+                 metrics: list[str], study: str | None = None) -> dict[str, Any]:
     """The sweep's children as its table's rows (one per job: a resumed sweep's latest), the parent's summary
     params and tags from them (the caller logs them on the parent, through its spool), and the key of the UI's
     view of its runs (None: not written)."""
@@ -37,25 +37,32 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
                                          order_by=["attributes.start_time ASC"]))
     rows = [summary.row_from_mlflow(r) for r in children]
     return {"rows": rows, "params": summary.parent_params(rows, children), "tags": summary.parent_tags(children),
-            "view": view.share(client, experiment_id, parent, kind, params, metrics)}
+            "view": view.share(client, experiment_id, parent, kind, params, metrics, study)}
 
 
 def study_result(uri: str, parent: str | None, study: str, register_model: str, metric: str,
-                 multi_objective: bool, front: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+                 multi_objective: bool, front: list[dict[str, Any]], summary: dict[str, Any],
+                 description: str = "") -> str | None:
     """The study's result on its parent MLflow run (`parent`; through a spool of its own: a store that is away
-    takes it when it is back, or xp.sync delivers it), and (`register_model`) its best trial's model, or every
-    Pareto member's, in the Model Registry; returns the line that says where, or None."""
-    if parent:
-        _on_parent(uri, parent, study, register_model, metric, multi_objective, front, summary)
-    if not register_model:
-        return None
-    from xp.tracking.models import register_best
+    takes it when it is back, or xp.sync delivers it): its best trial named in the run's description and tags,
+    linked to its model; and (`register_model`) its best trial's model, or every Pareto member's, in the Model
+    Registry; returns the line that says where, or None."""
+    versions: list[tuple[int, str]] = []
+    said = None
+    if register_model:
+        from xp.tracking.models import register_front, registered_line
 
-    return register_best(uri, register_model, front, multi_objective)
+        versions = register_front(uri, register_model, front, multi_objective)
+        said = registered_line(register_model, versions, multi_objective)
+    if parent:
+        _on_parent(uri, parent, study, register_model, metric, multi_objective, front, summary,
+                   description, dict(versions))
+    return said
 
 
 def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: str, multi_objective: bool,
-               front: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+               front: list[dict[str, Any]], summary: dict[str, Any], description: str,
+               versions: dict[int, str]) -> None:
     from xp.tracking.spool import state_dir
     from xp.tracking.tracker import Tracker
 
@@ -63,11 +70,29 @@ def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: s
     tracker.start()
     folder = Path(tempfile.mkdtemp(prefix="xp-study-"))
     try:
-        params = front[0]["params"] if front and not multi_objective else {}
-        tracker.log(params={f"best.{k}": v for k, v in params.items()},
-                    tags={"optuna.study": study, "xp.register_model": register_model})
+        best = front[0] if front and not multi_objective else None
+        params = best["params"] if best else {}
+        tags = {"optuna.study": study, "xp.register_model": register_model}
+        lines = [description] if description else []
+        for member in front:
+            version = versions.get(int(member["trial"]))
+            model = f"models:/{register_model}/{version}" if version else None
+            lines.append(f"- {'best trial' if best else 'Pareto member'}: **trial {member['trial']}** "
+                         + ", ".join(f"{k} = {v:.4g}" for k, v in member["values"].items()) + "; "
+                         + ", ".join(f"{k} = {v}" for k, v in member["params"].items())
+                         + (f"; its run: `{member['mlflow_run_id']}`" if member.get("mlflow_run_id") else "")
+                         + (f"; its model: `{model}`" + (f" (`models:/{register_model}@best`)" if best else "")
+                            if model else ""))
+        if best:
+            tags.update({"xp.best_trial": str(best["trial"]), "xp.best_run_id": str(best.get("mlflow_run_id") or "")})
+            version = versions.get(int(best["trial"]))
+            if version:
+                tags["xp.best_model"] = f"models:/{register_model}/{version}"
+        if lines:
+            tags["mlflow.note.content"] = "\n".join(lines)  # the run page's description
+        tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags=tags)
         if params:
-            tracker.log_metrics({f"best_{metric}": front[0]["values"][metric]})
+            tracker.log_metrics({f"best_{metric}": best["values"][metric]} if best else {})
         name = folder / ("pareto_front.json" if multi_objective else "best_trial.json")
         name.write_text(json.dumps(summary, indent=1, default=str))
         tracker.add_artifact_on_exit(name)

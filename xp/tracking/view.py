@@ -25,17 +25,23 @@ def column(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"
 
 
-def state(parent_run_id: str, name: str, params: list[str], metrics: list[str]) -> dict[str, Any]:
-    """The runs page's state: this parent's runs, best first, the parameters and metrics as columns, and a chart
-    section whose first chart is their parallel coordinates."""
+def state(parent_run_id: str, name: str, params: list[str], metrics: list[str],
+          study: str | None = None) -> dict[str, Any]:
+    """The runs page's state: this parent's runs (a study's: every trial of the study, whichever command ran it),
+    best first, the parameters and metrics as columns (a study's: and each trial's state, so a pruned trial, whose
+    objective is a partial one, is told from a complete one), and a chart section whose first chart is their
+    parallel coordinates (the Chart view; the page opens on the table)."""
     section = f"xp-{parent_run_id[:12]}"
     chart = {"uuid": f"{section}-parallel", "type": "PARALLEL", "runsCountToCompare": 100, "metricSectionId": section,
              "deleted": False, "isGenerated": False, "displayName": f"{name}: {', '.join(params)} against "
              f"{', '.join(metrics)}", "selectedParams": params, "selectedMetrics": metrics, "showAllRuns": True}
-    return {"searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+    state_column = [column("tags", "optuna.trial_state")] if study else []
+    where = f"tags.`optuna.study` = '{study}'" if study else f"tags.`mlflow.parentRunId` = '{parent_run_id}'"
+    return {"searchFilter": where,
             "orderByKey": column("metrics", metrics[0]), "orderByAsc": False, "startTime": "ALL",
             "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
-            "selectedColumns": [column("params", p) for p in params] + [column("metrics", m) for m in metrics],
+            "selectedColumns": [*state_column, *(column("metrics", m) for m in metrics),
+                                *(column("params", p) for p in params)],
             "runsHiddenMode": "SHOW_ALL", "compareRunCharts": [chart],
             "compareRunSections": [{"uuid": section, "name": name, "display": True, "isReordered": False,
                                     "deleted": False, "isGenerated": False}],
@@ -43,13 +49,13 @@ def state(parent_run_id: str, name: str, params: list[str], metrics: list[str]) 
 
 
 def share(client: Any, experiment_id: str, parent_run_id: str, name: str, params: list[str],
-          metrics: list[str]) -> str | None:
+          metrics: list[str], study: str | None = None) -> str | None:
     """Write the view of a parent's runs on its experiment; its key (None if it cannot be written: the printed
     link then opens the parent's page, as before)."""
     if not params or not metrics:
         return None
     key = f"xp-{parent_run_id}"
-    value = json.dumps(state(parent_run_id, name, params, metrics), separators=(",", ":"))
+    value = json.dumps(state(parent_run_id, name, params, metrics, study), separators=(",", ":"))
     if len(value) > MAX_TAG:
         return None
     try:
@@ -64,6 +70,6 @@ def share(client: Any, experiment_id: str, parent_run_id: str, name: str, params
 
 def page(experiment_id: str, key: str) -> str:
     """The experiment's runs page in that view (a path after the UI's address), in MLflow's Model training view,
-    on its Compare charts."""
-    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={key}&compareRunsMode=CHART&" \
+    as a table (its chart mode cuts run names short and draws parallel coordinates too narrow to read)."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={key}&compareRunsMode=TABLE&" \
            "workflowType=machine_learning"
