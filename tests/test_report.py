@@ -178,8 +178,11 @@ def test_a_study_report_shows_searched_params_states_optunas_plots_and_keeps_pru
     assert "| trial | state | lr |" in trials and "| 0 | COMPLETE | 0.1 | 0.9300 |" in trials
     assert "PRUNED" not in trials and "0.4100" not in first  # not in the main table either
     assert "| 1 | PRUNED | 0.01 | 0.4100 |" in md.split("### Pruned trials")[1]
-    for name in ("optimization_history", "parallel_coordinate", "param_importances", "slice"):
+    for name in ("optimization_history", "parallel_coordinate", "slice"):
         assert f"![study_{name}](study_{name}.png)" in md and (tmp_path / "out" / f"study_{name}.png").stat().st_size
+    # importances of 3 trials would be noise (of 1: 1/3 each for 3 parameters): said, not drawn
+    assert "- Optuna's param importances: not drawn (3 complete trial(s); it needs 5 to mean something)." in md
+    assert not (tmp_path / "out" / "study_param_importances.png").exists()
 
     rows = [report.report_row(r) for r in client.search_runs([exp])]
     assert study.space(parent, rows, ["lr"])["lr"].log  # as the study file declared it
@@ -212,7 +215,7 @@ def test_accuracy_axis_is_never_tighter_than_the_epoch_noise(tmp_path):
 
 def test_logged_report_shows_its_plots_in_the_mlflow_ui_it_is_given(runs, tmp_path, monkeypatch):
     """MLflow's Markdown preview shows only images with absolute URLs: the logged report.md points at the UI
-    given; without one, its links stay beside it (no port assumed) and it says how to get them shown."""
+    given; without one, its links stay beside it (no port assumed); report.html holds its plots either way."""
     uri, client, exp, parent = runs
     out = tmp_path / "out"
     monkeypatch.delenv("XP_UI_URL", raising=False)
@@ -224,8 +227,13 @@ def test_logged_report_shows_its_plots_in_the_mlflow_ui_it_is_given(runs, tmp_pa
     assert "![scaling](scaling.png)" in (out / "report.md").read_text()  # on disk: beside it
     assert report.main(["--tracking-uri", uri, "--parent", parent, "--out", str(out)]) == 0
     text = open(client.download_artifacts(parent, "report/report.md", str(tmp_path / "dl2"))).read()
-    assert "![scaling](scaling.png)" in text and "http://" not in text.replace("http://HOST:PORT", "")
-    assert "--ui-url http://HOST:PORT" in text.split("\n")[2]
+    assert "![scaling](scaling.png)" in text and "http://" not in text
+    assert "report.html shows them in MLflow's UI" in text.split("\n")[2]
+    page = open(client.download_artifacts(parent, "report/report.html", str(tmp_path / "dl3"))).read()
+    import base64
+
+    inlined = base64.b64encode((out / "scaling.png").read_bytes()).decode()
+    assert f'<img alt="scaling" src="data:image/png;base64,{inlined}"' in page and "<table>" in page
 
 
 def test_a_sweeps_children_are_all_found_past_a_page_and_its_table_shows_the_best(store):

@@ -621,6 +621,13 @@ def test_a_study_reached_with_other_settings_is_refused_in_one_line_and_continue
     assert len(s.trials) == 3 and len(s.trials[2].intermediate_values) == 2
     latest = max(parents(), key=lambda r: r.info.start_time)
     assert "under changed settings (epochs: 1 before, 2 now)" in latest.data.tags["mlflow.note.content"]
+    # the report of the second command's parent covers the whole study, and says it is not one question
+    from xp.report import build
+
+    assert build.main(["--tracking-uri", store, "--parent", latest.info.run_id, "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Searched: batch, lr. 3 complete, 0 pruned." in md and "Its trials were run by 2 commands" in md
+    assert "**Not one question**: the study was continued at" in md and "(epochs: 1 before, 2 now)" in md
 
 
 @pytest.mark.slow

@@ -6,8 +6,9 @@
 
 Writes report.md and PNG plots (xp.report.plots) into --out and logs them to MLflow on the sweep's or study's
 parent run (--parent), or on the run --run names (a whole experiment's report is not logged otherwise), where
-report.md's images point at the MLflow UI given (--ui-url, $XP_UI_URL, an http tracking URI: MLflow's preview
-shows only absolute image links), else beside it, as on disk. A study's trials are shown as its study (each
+report.html shows the report with its plots inside it (MLflow's artifact view shows it as it is), and report.md's
+images point at the MLflow UI given (--ui-url, $XP_UI_URL, an http tracking URI: MLflow's Markdown preview shows
+only absolute image links), else beside it, as on disk. A study's trials are shown as its study (each
 study apart, with its parent's search space), every other run as a run.
 """
 
@@ -297,9 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "--out only)")
     ap.add_argument("--out", help="output folder (default: reports/<time>)")
     ap.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or mlruns/mlflow.db)")
-    ap.add_argument("--ui-url", help="the MLflow UI that shows the logged report.md: its images link there "
-                                     "(MLflow's preview shows only absolute links; default: $XP_UI_URL, an http "
-                                     "tracking URI, else links beside the file)")
+    ap.add_argument("--ui-url", help="the logged report.md's images link to this MLflow UI (default: $XP_UI_URL, an "
+                                     "http tracking URI; report.html shows them without it)")
     args = ap.parse_args(argv)
     try:
         from xp.tracking.stores import open_client
@@ -321,18 +321,28 @@ def main(argv: list[str] | None = None) -> int:
     except XPError as e:
         print(f"xp.report: error: {one_line(e)}", file=sys.stderr)
         return 2
-    where = (f"logged to MLflow run {target} under report/" if target else
+    where = (f"logged to MLflow run {target} under report/ (report.html: the report with its plots)" if target else
              "not logged to MLflow (--parent RUN_ID logs a sweep's or study's report on its parent, --run RUN_ID on "
              "a run you name)")
     print(f"{md} ({len(runs)} runs); {where}")
     return 0
 
 
+def _of_parent(client: Any, parent: str) -> str:
+    """The filter of a parent's runs: a sweep's children, or a study's trials, whichever command of the study ran
+    them (a resumed study's parent has only its own command's; the study's answer is all of them)."""
+    try:
+        name = client.get_run(parent).data.tags.get("optuna.study")
+    except Exception:  # (no such run: the search says there are no runs)
+        name = None
+    return f"tags.`optuna.study` = '{name}'" if name else f"tags.mlflow.parentRunId = '{parent}'"
+
+
 def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
     from xp.errors import XPError, one_line
     from xp.tracking.stores import search_all
 
-    filters = [f for f in (args.filter, f"tags.mlflow.parentRunId = '{args.parent}'" if args.parent else "") if f]
+    filters = [f for f in (args.filter, _of_parent(client, args.parent) if args.parent else "") if f]
     try:
         runs = search_all(client, [experiment_id], " and ".join(filters))
     except Exception as e:
@@ -345,9 +355,10 @@ def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
 
 
 def _log(client: Any, target: str, out: Path, ui: str) -> None:
-    """Log the report's files on `target` (the sweep's parent, or the run --run names) under report/. The logged
-    report.md shows its plots in the MLflow UI at `ui`; without one, its links stay beside it and a line says how
-    to see them there."""
+    """Log the report's files on `target` (the sweep's parent, or the run --run names) under report/, with
+    report.html: the report as one page, its plots inside it, which MLflow's artifact view shows as it is (its
+    Markdown preview drops images of relative or data: links). The logged report.md's images link to the UI at
+    `ui` where one is given (the preview shows absolute links), else beside it, as on disk."""
     import tempfile
     from urllib.parse import quote
 
@@ -359,19 +370,41 @@ def _log(client: Any, target: str, out: Path, ui: str) -> None:
         client.get_run(target)
     except MlflowException as e:
         raise XPError(f"--run {target}: no such run in {client.tracking_uri} ({one_line(e)[:160]})") from None
+    text = (out / "report.md").read_text()
+    (out / "report.html").write_text(html_page(text, out))
     client.log_artifacts(target, str(out), "report")
     link = lambda name: f"{ui.rstrip('/')}/get-artifact?path={quote('report/' + name, safe='')}&run_uuid={target}"  # noqa: E731
-    text = (out / "report.md").read_text()
     for png in out.glob("*.png") if ui else []:
         text = text.replace(f"]({png.name})", f"]({link(png.name)})")
     if not ui:
         title, rest = text.split("\n", 1)
-        text = (f"{title}\n\n(The plots are this folder's PNG files. MLflow's preview shows images from "
-                "absolute links only: `python -m xp.report ... --ui-url http://HOST:PORT` (or $XP_UI_URL) "
-                f"writes them for the UI at that address.)\n{rest}")
+        text = f"{title}\n\n(The plots are this folder's PNG files; report.html shows them in MLflow's UI.)\n{rest}"
     with tempfile.TemporaryDirectory(prefix="xp-report-") as tmp:
         (Path(tmp) / "report.md").write_text(text)
         client.log_artifact(target, str(Path(tmp) / "report.md"), "report")
+
+
+def html_page(markdown_text: str, folder: Path) -> str:
+    """The report as one HTML page, its PNG plots inlined (data: URIs): it needs nothing beside it."""
+    import base64
+    import html
+    import re
+
+    import markdown
+
+    def inline(m: re.Match) -> str:
+        png = folder / m.group(2)
+        if not png.is_file():
+            return m.group(0)
+        return f"![{m.group(1)}](data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()})"
+
+    body = markdown.markdown(re.sub(r"!\[([^\]]*)\]\(([^)/]+\.png)\)", inline, markdown_text),
+                             extensions=["tables"])
+    title = html.escape(markdown_text.split("\n", 1)[0].lstrip("# "))
+    style = ("body{font-family:sans-serif;margin:1em;max-width:1400px} table{border-collapse:collapse;font-size:13px}"
+             " td,th{border:1px solid #ccc;padding:2px 6px;text-align:left} img{max-width:100%}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{style}</style></head>" \
+           f"<body>{body}</body></html>"
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class StudyParent:
     name: str = "study"
     params: dict[str, str] = field(default_factory=dict)
     registered: str | None = None
+    changes: list[str] = field(default_factory=list)  # the changes of its question it was continued under
 
 
 def parents(client: Any, runs: list[Any]) -> dict[str | None, StudyParent]:
@@ -41,7 +42,8 @@ def parents(client: Any, runs: list[Any]) -> dict[str | None, StudyParent]:
             out[pid] = StudyParent(name=str(pid))
             continue
         out[pid] = StudyParent(name=parent.data.tags.get("optuna.study") or parent.info.run_name or pid,
-                               params=dict(parent.data.params), registered=registered(client, parent))
+                               params=dict(parent.data.params), registered=registered(client, parent),
+                               changes=[c for c in parent.data.tags.get("xp.study.changes", "").split("\n") if c])
     return out
 
 
@@ -50,16 +52,23 @@ def sections(rows: list[dict[str, Any]], studies: dict[str | None, StudyParent],
     """A section per study among the rows (its trials: rows with a trial number, grouped by their parent run); the
     other rows are not a study's."""
     groups: dict[str | None, list[dict[str, Any]]] = {}
-    for r in rows:
+    for r in rows:  # a study's trials, whichever of its commands (parent runs) ran them
         if r["trial"] is not None:
-            groups.setdefault(r["parent"] if r["parent"] in studies else None, []).append(r)
+            groups.setdefault(studies[r["parent"]].name if r["parent"] in studies else None, []).append(r)
     lines = []
-    for pid, trials in sorted(groups.items(), key=lambda g: min(t["start_ms"] or 0 for t in g[1])):
-        parent = studies.get(pid) or StudyParent()
+    for name, trials in sorted(groups.items(), key=lambda g: min(t["start_ms"] or 0 for t in g[1])):
+        latest = max(trials, key=lambda t: t["start_ms"] or 0)["parent"]  # its search space and registered model
+        parent = studies.get(latest) or StudyParent()
+        pids = sorted({str(t["parent"]) for t in trials})
         one = len(groups) == 1
-        title = "## Trials" if one else f"## Trials of {parent.name}" + (f" ({pid})" if pid else "")
-        prefix = "study_" if one else f"study_{re.sub(r'[^A-Za-z0-9]+', '-', parent.name)}_{str(pid)[:8]}_"
-        lines += section(trials, parent.params, out, files, parent.registered, title=title, prefix=prefix)
+        title = "## Trials" if one else f"## Trials of {parent.name}" + (f" ({', '.join(pids)})" if name else "")
+        prefix = "study_" if one else f"study_{re.sub(r'[^A-Za-z0-9]+', '-', parent.name)}_{str(latest)[:8]}_"
+        commands = [f"Its trials were run by {len(pids)} commands (parent runs {', '.join(pids)})."] if len(pids) > 1 \
+            else []
+        commands += [f"**Not one question**: the study was {c}; its trials compare unlike settings." for c in
+                     parent.changes]
+        lines += section(trials, parent.params, out, files, parent.registered, title=title, prefix=prefix,
+                         notes=commands)
     return lines
 
 
@@ -158,6 +167,10 @@ PLOTS = (("optimization_history", "plot_optimization_history", "the objective of
          ("slice", "plot_slice", "the objective against each parameter (log axes where the space is log)"))
 
 
+# complete trials a plot needs (for p parameters) before it says more than noise
+NEEDS = {"param_importances": lambda p: max(5, 2 * p), "parallel_coordinate": lambda p: 3, "slice": lambda p: 3}
+
+
 def optuna_plots(study: Any, out: Path, files: list[Path], prefix: str = "study_") -> list[str]:
     """Optuna's four plots of the study as PNGs (matplotlib backend), the first objective's; a line for each
     that cannot be drawn (too few complete trials, one parameter...): none is drawn empty."""
@@ -175,7 +188,13 @@ def optuna_plots(study: Any, out: Path, files: list[Path], prefix: str = "study_
     first = study.metric_names[0] if study.metric_names else "objective"
     kwargs = {"target_name": first, **({"target": lambda t: t.values[0]} if len(study.directions) > 1 else {})}
     lines = []
+    params = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))[0].params)
     for name, function, what in PLOTS:
+        need = NEEDS.get(name, lambda p: 1)(params)
+        if complete < need:  # drawn from fewer, it is noise (importances of 1 trial: 1/3 each)
+            lines.append(f"- Optuna's {name.replace('_', ' ')}: not drawn ({complete} complete trial(s); it needs "
+                         f"{need} to mean something).")
+            continue
         with warnings.catch_warnings(), matplotlib.rc_context():  # (it sets its own style: the report's stays)
             warnings.simplefilter("ignore")  # Optuna's matplotlib backend is marked experimental
             try:
@@ -202,7 +221,8 @@ def _empty(fig: Any) -> bool:
 
 
 def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, out: Path, files: list[Path],
-            registered_line: str | None = None, title: str = "## Trials", prefix: str = "study_") -> list[str]:
+            registered_line: str | None = None, title: str = "## Trials", prefix: str = "study_",
+            notes: list[str] | None = None) -> list[str]:
     """A study's trials: the parameters it searched as columns, each trial's state, pruned trials apart (stopped
     early, at a lower accuracy than they would have reached: not comparable with complete ones), its registered
     model, Optuna's plots of it. Nothing for runs that are not a study's trials."""
@@ -222,7 +242,7 @@ def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, ou
     complete = sorted((r for r in rows if r["state"] != Told.PRUNED), key=lambda r: r["trial"] or 0)
     pruned = sorted((r for r in rows if r["state"] == Told.PRUNED), key=lambda r: r["trial"] or 0)
     lines = [title, "", f"Searched: {', '.join(t for _, t, _ in searched) or '-'}. {len(complete)} complete, "
-             f"{len(pruned)} pruned.", "", md_table(complete, columns), "", *([registered_line, ""] if registered_line
+             f"{len(pruned)} pruned.", "", *(f"{n}\n" for n in notes or []), md_table(complete, columns), "", *([registered_line, ""] if registered_line
                                                                            else [])]
     if pruned:
         lines += ["### Pruned trials", "", "Stopped early by the pruner: their accuracy is that of the epoch they "

@@ -90,6 +90,8 @@ def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: s
                 tags["xp.best_model"] = f"models:/{register_model}/{version}"
         if lines:
             tags["mlflow.note.content"] = "\n".join(lines)  # the run page's description
+        if summary.get("question_changes"):  # (the report says them beside its trials)
+            tags["xp.study.changes"] = "\n".join(summary["question_changes"])
         tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags=tags)
         if params:
             tracker.log_metrics({f"best_{metric}": best["values"][metric]} if best else {})
