@@ -138,6 +138,11 @@ CASES = [
     ("-m hydra.sweeper.n_trials=3 batch=16,32", "sets a field of a study; choose the study too: -m sweep=NAME"),
     ("-m batch=16,32 hydra.launcher.n_jobs=2", "hydra.launcher.n_jobs=2: unknown key 'hydra.launcher.n_jobs'"),
     ("-m sweep=lr_batch sweep.n_trials=abc", "sweep.n_trials=abc: Value 'abc' of type 'str' could not be converted"),
+    ("-m sweep=lr_batch sweep.confirm=-1", "sweep=lr_batch: confirm=-1: must be an integer >= 0"),
+    ("-m sweep=lr_batch sweep.confirm=2 seed=1,2", "confirm=2: retrains the best trial of one objective with other "
+     "seeds; this study searches the seed"),
+    ("-m sweep=lr_batch batch=32 lr=0.1 momentum=0.9", "every parameter it searches is fixed on the command line "
+     "(lr=0.1, batch=32, momentum=0.9)"),
     # environments: an unwritable store, an unreachable database
     ("tracking_uri=sqlite:////proc/no-such-dir/mlflow.db", "cannot create /proc/no-such-dir"),
     ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "tracking_uri postgresql://xp:***@127.0.0.1:9/mlflow: cannot connect"),

@@ -647,3 +647,58 @@ def json_of(text):
     import json
 
     return json.loads(text)
+
+
+def test_a_confirmed_best_says_its_spread_and_whether_the_top_two_are_within_noise():
+    from xp.studies.confirm import Confirmed, said, within_noise
+
+    a, b = Confirmed(3, {}, [0.90, 0.92, 0.91]), Confirmed(5, {}, [0.89, 0.93, 0.90])
+    close, diff, bar = within_noise(a, b)
+    assert close and diff == pytest.approx(0.0033, abs=1e-4) and bar > diff
+    far = Confirmed(7, {}, [0.70, 0.71, 0.69])
+    assert not within_noise(a, far)[0]
+    lines = said([a, far], "val_accuracy")
+    assert lines[0] == "confirmed across seeds: best by mean is trial 3: val_accuracy 0.9100 +- 0.0100 (std), " \
+                       "0.9000 - 0.9200 over 3 seeds"
+    assert "the top two (trials 3 and 7) are apart" in lines[-1]
+    assert "within each other's noise" in said([a, b], "val_accuracy")[-1]
+
+
+@pytest.mark.slow
+def test_sweep_confirm_retrains_the_best_trials_with_other_seeds_and_answers_by_the_mean(tmp_path, store, sweeps):
+    import json
+
+    import optuna
+
+    d = sweeps("small", SMALL.format(n=3, sampler="random", pruner="none", objectives=ONE))
+    env = study_env(tmp_path, d)
+    args = ("-m", "sweep=small", "epochs=1", "sweep.confirm=2", "sweep.confirm_top=2")
+    proc = run_xp(tmp_path, store, *args, env=env, timeout=600)
+    assert proc.returncode == 0, said(proc)
+    out = proc.stdout + proc.stderr
+    assert "its 2 best trials retrained with 2 other seeds each (small.confirm: 4 runs to go)" in out
+    confirming = optuna.load_study(study_name="small.confirm", storage=env["XP_OPTUNA_STORAGE"])
+    assert sorted(t.params["seed"] for t in confirming.trials) == [43, 43, 44, 44]
+    assert all(t.state.name == "COMPLETE" for t in confirming.trials)
+    assert "confirmed across seeds: best by mean is trial" in out and "over 3 seeds" in out
+    client, runs = mlflow_runs(store)
+    parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")
+    summary = json.load(open(client.download_artifacts(parent.info.run_id, "best_trial.json", str(tmp_path))))
+    best = summary["confirmed"][0]
+    assert len(best["values"]) == 3 and best["mean"] == pytest.approx(sum(best["values"]) / 3)
+    assert summary["best"][0]["trial"] == best["trial"]  # the study's answer: the best by mean
+    assert parent.data.tags["xp.best_trial"] == str(best["trial"])
+    assert "confirmed across seeds" in parent.data.tags["mlflow.note.content"]
+    seeds = sorted(r.data.params["seed"] for r in runs if r.data.tags.get("optuna.study") == "small.confirm")
+    assert seeds == ["43", "43", "44", "44"]
+    from xp.report import build
+
+    assert build.main(["--tracking-uri", store, "--parent", parent.info.run_id, "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    section = md.split("### The best, confirmed across seeds")[1].split("## ")[0]
+    assert f"| {best['trial']} |" in section and "| 42 43 44 | 3 |" in section and "top two by mean" in section
+
+    again = run_xp(tmp_path, store, *args, env=env, timeout=600)  # done: nothing runs again
+    assert again.returncode == 0, said(again)
+    assert "runs to go" not in again.stdout + again.stderr and len(confirming.trials) == 4
+    assert len([r for r in mlflow_runs(store)[1] if "optuna.trial_number" in r.data.tags]) == 3 + 4

@@ -50,7 +50,7 @@ def report_row(run: Any) -> dict[str, Any]:
            "batch": _num(p.get("batch")), "seed": p.get("seed"), "run_id": run.info.run_id,
            "start_ms": run.info.start_time, "end_ms": run.info.end_time,
            "trial": int(tags["optuna.trial_number"]) if "optuna.trial_number" in tags else None,
-           "parent": tags.get("mlflow.parentRunId"),
+           "parent": tags.get("mlflow.parentRunId"), "study": tags.get("optuna.study"),
            "logged_model": tags.get(RUN_TAG, "-"),  # model.log: its model's URI
            "settings": {k: v for k, v in p.items() if k in SETTING or not k.startswith(NOT_SETTINGS)}, **claims.recipe_of(tags)}
     if _num(p.get("derived.cost_per_hour")) == 0:
@@ -328,30 +328,37 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _of_parent(client: Any, parent: str) -> str:
-    """The filter of a parent's runs: a sweep's children, or a study's trials, whichever command of the study ran
-    them (a resumed study's parent has only its own command's; the study's answer is all of them)."""
+def _of_parent(client: Any, parent: str) -> list[str]:
+    """The filters of a parent's runs: a sweep's children, or a study's trials and the runs that confirm its best
+    (xp.studies.confirm), whichever command of the study ran them (a resumed study's parent has only its own
+    command's; the study's answer is all of them)."""
+    from xp.studies.confirm import name_of
+
     try:
         name = client.get_run(parent).data.tags.get("optuna.study")
     except Exception:  # (no such run: the search says there are no runs)
         name = None
-    return f"tags.`optuna.study` = '{name}'" if name else f"tags.mlflow.parentRunId = '{parent}'"
+    if not name:
+        return [f"tags.mlflow.parentRunId = '{parent}'"]
+    return [f"tags.`optuna.study` = '{name}'", f"tags.`optuna.study` = '{name_of(name)}'"]
 
 
 def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
     from xp.errors import XPError, one_line
     from xp.tracking.stores import search_all
 
-    filters = [f for f in (args.filter, _of_parent(client, args.parent) if args.parent else "") if f]
-    try:
-        runs = search_all(client, [experiment_id], " and ".join(filters))
-    except Exception as e:
-        raise XPError(f"--filter {args.filter!r}: MLflow cannot use it ({one_line(e)[:200]})") from e
-    runs = [r for r in runs if r.info.status == RunStatus.FINISHED and "xp.sweep" not in r.data.tags
-            and "xp.report" not in r.data.tags and "derived.global_batch" in r.data.params]
-    if not runs:
+    runs: dict[str, Any] = {}
+    for by in _of_parent(client, args.parent) if args.parent else [""]:
+        filters = [f for f in (args.filter, by) if f]
+        try:
+            runs.update({r.info.run_id: r for r in search_all(client, [experiment_id], " and ".join(filters))})
+        except Exception as e:
+            raise XPError(f"--filter {args.filter!r}: MLflow cannot use it ({one_line(e)[:200]})") from e
+    found = [r for r in runs.values() if r.info.status == RunStatus.FINISHED and "xp.sweep" not in r.data.tags
+             and "xp.report" not in r.data.tags and "derived.global_batch" in r.data.params]
+    if not found:
         raise XPError(f"no finished xp runs match in experiment {args.experiment} ({client.tracking_uri})")
-    return runs
+    return found
 
 
 def _log(client: Any, target: str, out: Path, ui: str) -> None:

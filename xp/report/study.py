@@ -51,9 +51,14 @@ def sections(rows: list[dict[str, Any]], studies: dict[str | None, StudyParent],
              files: list[Path]) -> list[str]:
     """A section per study among the rows (its trials: rows with a trial number, grouped by their parent run); the
     other rows are not a study's."""
+    from xp.studies.confirm import SUFFIX
+
     groups: dict[str | None, list[dict[str, Any]]] = {}
+    confirming: dict[str, list[dict[str, Any]]] = {}  # a study's runs that confirm its best, by the study's name
     for r in rows:  # a study's trials, whichever of its commands (parent runs) ran them
-        if r["trial"] is not None:
+        if r["trial"] is not None and str(r.get("study") or "").endswith(SUFFIX):
+            confirming.setdefault(str(r["study"])[:-len(SUFFIX)], []).append(r)
+        elif r["trial"] is not None:
             groups.setdefault(studies[r["parent"]].name if r["parent"] in studies else None, []).append(r)
     lines = []
     for name, trials in sorted(groups.items(), key=lambda g: min(t["start_ms"] or 0 for t in g[1])):
@@ -69,7 +74,60 @@ def sections(rows: list[dict[str, Any]], studies: dict[str | None, StudyParent],
                      parent.changes]
         lines += section(trials, parent.params, out, files, parent.registered, title=title, prefix=prefix,
                          notes=commands)
+        lines += confirmation(trials, confirming.get(str(name), []), parent.params)
     return lines
+
+
+def confirmation(trials: list[dict[str, Any]], runs: list[dict[str, Any]], parent_params: dict[str, str]) -> list[str]:
+    """sweep.confirm: each of the study's top trials with its runs at other seeds, best mean first, and whether the
+    top two are within each other's noise (xp.studies.confirm's rule)."""
+    if not runs:
+        return []
+    from xp.studies.confirm import Confirmed, within_noise
+
+    objectives = _value(parent_params.get("sweep.objectives", "")) or [{"metric": "val_accuracy",
+                                                                         "direction": "maximize"}]
+    metric, maximize = objectives[0]["metric"], objectives[0]["direction"] == "maximize"
+    searched = sorted(declared_space(parent_params)) or sorted(
+        {k for r in runs for k in r["settings"] if k != "seed" and len({str(x["settings"].get(k)) for x in runs}) > 1})
+
+    def key(r: dict[str, Any]) -> tuple[str, ...]:
+        return tuple(str(r["settings"].get(k)) for k in searched)
+
+    out = []
+    for t in trials:
+        again = [r for r in runs if key(r) == key(t) and r.get(metric) is not None]
+        if again and t["state"] == Told.COMPLETE and t.get(metric) is not None:
+            values = [float(t[metric]), *(float(r[metric]) for r in again)]
+            c = Confirmed(int(t["trial"]), {k: t["settings"].get(k) for k in searched}, values)
+            out.append((c, " ".join(sorted({str(t.get("seed"))} | {str(r.get("seed")) for r in again}, key=int_or))))
+    if not out:
+        return []
+    out.sort(key=lambda cs: -cs[0].mean if maximize else cs[0].mean)
+    rows = [{"trial": c.trial, **{f"p:{k}": short(v) for k, v in c.params.items()}, "seeds": seeds,
+             "n": len(c.values), "mean": c.mean, "std": c.std if len(c.values) > 1 else None,
+             "range": f"{min(c.values):.4f} - {max(c.values):.4f}"} for c, seeds in out]
+    columns = [("trial", "trial", "{}"), *((f"p:{k}", k, "{}") for k in searched), ("seeds", "seeds", "{}"),
+               ("n", "runs", "{}"), ("mean", f"{metric}, mean", "{:.4f}"), ("std", "std", "{:.4f}"),
+               ("range", "range", "{}")]
+    lines = ["### The best, confirmed across seeds", "",
+             "The study's best trials retrained with other seeds (sweep.confirm): its answer is the best by mean.", "",
+             md_table(rows, columns), ""]
+    if len(out) > 1:
+        close, diff, bar = within_noise(out[0][0], out[1][0])
+        lines += [f"Trials {out[0][0].trial} and {out[1][0].trial}, the top two by mean, are "
+                  + (f"**within each other's noise** (their means differ by {diff:.4f}, less than two standard "
+                     f"errors, {bar:.4f}): either may be best." if close else
+                     f"apart (their means differ by {diff:.4f}, at least two standard errors, {bar:.4f})."), ""]
+    return lines
+
+
+def int_or(text: str) -> tuple[int, str]:
+    """A seed as a sort key: numbers in order, anything else after."""
+    try:
+        return (int(text), "")
+    except ValueError:
+        return (1 << 62, text)
 
 
 def space(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: list[str]) -> dict[str, Any]:

@@ -66,8 +66,9 @@ class Scheduler:
                  mark: Callable[[Any], None] = lambda trial: None,
                  give_back: Callable[[list[Any], str], None] = lambda trials, why: None,
                  unsettled: Callable[[Any, str | None, str], None] = lambda trial, state, why: None,
-                 budget: Any = None):
+                 budget: Any = None, label: str = "study"):
         self.pool, self.ask, self.remaining, self.mark = pool, ask, remaining, mark
+        self.label = label  # its progress lines' first word (a study's confirming runs: "confirm")
         self.trial_message = trial_message
         self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
         self.give_back = give_back  # trials in flight or held when the study stops early, handed back to it
@@ -270,7 +271,7 @@ class Scheduler:
         if t.first is None:
             return
         span, slots = time.monotonic() - t.first, self.slots
-        log.info(f"study: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
+        log.info(f"{self.label}: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
                  f"the slots were busy {t.busy_s / (slots * span):.0%} of the time after the first trial started")
 
     def _count(self, flight: Flight, msg: Done, state: str) -> None:
@@ -285,7 +286,7 @@ class Scheduler:
         left = self.left + len(self.flights) + len(self.ready)
         eta = f", about {elapsed / done * left / max(1, self.slots):.0f} s left" if left and done else ""
         error = f": {msg.error}" if msg.error else ""
-        print(f"study: trial {flight.trial.number} {state.lower()}{error} after "
+        print(f"{self.label}: trial {flight.trial.number} {state.lower()}{error} after "
               f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states[TrialState.COMPLETE]} complete, "
               f"{t.states[TrialState.PRUNED]} pruned, {t.states[TrialState.FAIL]} failed), {len(self.flights)} running on "
               f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta

@@ -100,6 +100,8 @@ class StudySpec:
     fixed: tuple[str, ...] = ()  # KEY=VALUE of the command line that took a searched key out of the search
     continue_changed: bool = False  # the user's word: continue this study though its question changed (recorded)
     question: dict[str, str] | None = None  # what its trials hold fixed (xp.studies.question), as the preflight read it
+    confirm: int = 0  # its top trials retrained with this many other seeds (xp.studies.confirm)
+    confirm_top: int = 3  # ... these many of them
 
     @property
     def multi_objective(self) -> bool:
@@ -155,6 +157,9 @@ class StudyConf:
     pretrain: list[str] | None = None  # a recipe: one run before the trials (these overrides); they start from its weights or none
     continue_changed: bool = False  # continue a study whose fixed settings (model, data, epochs, space...) this
     # command changes, the change recorded in it (else such a command is refused: xp.studies.question)
+    confirm: int = 0  # after its trials, retrain its best ones with this many other seeds (seed+1...); its answer is
+    # then the best by mean, with its spread (0: the best of one draw, as Optuna's)
+    confirm_top: int = 3  # how many of its best trials sweep.confirm retrains
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
@@ -217,14 +222,17 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
                           "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
                           "trials_per_gpu", "scheduler", "settings", "claim", "batch_ladder",
-                          "pretrain", "timeout_s", "hard_stop", "budget_usd", "register_model", "continue_changed"}
+                          "pretrain", "timeout_s", "hard_stop", "budget_usd", "register_model", "continue_changed",
+                          "confirm", "confirm_top"}
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
+    confirm, confirm_top = field("confirm", 0), field("confirm_top", 3)
     heartbeat_s, max_retry = field("heartbeat_s", 30), field("max_retry", 2)
     grace_s = field("grace_s", 4 * heartbeat_s if isinstance(heartbeat_s, int) else None)
     for key, v, low in (("n_trials", n_trials, 1), ("parallel", parallel, 1), ("heartbeat_s", heartbeat_s, 1),
-                        ("grace_s", grace_s, 1), ("max_retry", max_retry, 0), ("trials_per_gpu", per_gpu, 1)):
+                        ("grace_s", grace_s, 1), ("max_retry", max_retry, 0), ("trials_per_gpu", per_gpu, 1),
+                        ("confirm", confirm, 0), ("confirm_top", confirm_top, 1)):
         if key == "parallel" and v is None:
             continue
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
@@ -253,6 +261,10 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
         raise ConfigError(f"{where}: every parameter it searches is fixed on the command line ({', '.join(fixed)}): "
                           "nothing is left to search; run it without -m sweep=..., or search another key")
     params = [*(_search_space(space, where, known_keys) if space or (search and not extra) else []), *extra]
+    if confirm and (len(field("objectives") or [None]) > 1 or "seed" in {p.name for p in params}):
+        raise ConfigError(f"{where}: confirm={confirm}: retrains the best trial of one objective with other seeds; "
+                          + ("this study searches the seed" if "seed" in {p.name for p in params} else
+                             "this study has several objectives (a Pareto front)"))
     if sampler == "grid" and any(p.kind != "categorical" for p in params):
         raise ConfigError(f"{where}: sampler=grid needs every parameter categorical (the grid's values)")
     for sampler_name, module, pkg in (("gp", "torch", "torch"), ("cmaes", "cmaes", "cmaes")):
@@ -264,7 +276,8 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
                      sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
                      heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim,
                      *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where),
-                     fixed, _flag(field("continue_changed", False), "continue_changed", where))
+                     fixed, _flag(field("continue_changed", False), "continue_changed", where), None, confirm,
+                     confirm_top)
 
 
 def _flag(value: Any, key: str, where: str) -> bool:

@@ -45,10 +45,12 @@ def counts_line(c: dict[str, int]) -> str:
     return line + ")" + (f"; Optuna also holds {', '.join(extra)}" if extra else "")
 
 
-def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> dict[str, Any]:
-    """Print the best trial (or the Pareto front), log it on the sweep's parent MLflow run, register its model."""
+def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None, base_seed: int = 0) -> dict[str, Any]:
+    """Print the best trial (or the Pareto front), log it on the sweep's parent MLflow run, register its model.
+    With sweep.confirm, the best is the best by mean across seeds (xp.studies.confirm), said with its spread."""
     from optuna.trial import TrialState
 
+    from xp.studies import confirm
     from xp.studies.question import changes_said
 
     trials = [t for t in study.get_trials(deepcopy=False)  # less dropped proposals and trials stopped and requeued
@@ -64,11 +66,21 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None) -> d
     for f in front:
         log.info(f"  {title}: trial {f['trial']}  " + "  ".join(f"{k}={v:.4g}" for k, v in f["values"].items())
                  + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
+    confirmed = confirm.results(study, spec, base_seed)
+    metric = spec.objectives[0].metric
+    confirmation = confirm.said(confirmed, metric)
+    for line in confirmation:
+        log.info(f"  {line}")
+    if confirmed and front and confirmed[0].trial != front[0]["trial"]:  # the best by mean is the study's answer
+        front = [member(study.trials[confirmed[0].trial], spec)]
     summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "counts": tally,
-               "best": front, "fixed_on_command_line": list(spec.fixed), "question_changes": changes}
+               "best": front, "fixed_on_command_line": list(spec.fixed), "question_changes": changes,
+               "confirmed": [{"trial": c.trial, "params": c.params, "values": c.values, "mean": c.mean,
+                              "std": None if len(c.values) < 2 else c.std} for c in confirmed]}
     description = "\n".join([f"**Study `{spec.study_name}`**: {counts_line(tally)}."
                              + (f" Fixed on the command line (not searched): {', '.join(spec.fixed)}." if spec.fixed
-                                else ""), *(f"- {c}" for c in changes)])
+                                else ""), *(f"- {c}" for c in changes),
+                             *(f"- {c.strip()}" for c in confirmation)])
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
         from xp.tracking import service

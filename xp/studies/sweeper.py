@@ -66,19 +66,44 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
                  + (f" (at ${budget.usd_per_s * 3600:g}/h)" if budget.usd_per_s else ""))
     uri = resolve_uri(config.get("tracking_uri"))
     best = BestModel.of(study, spec, uri)  # the registry's alias `best` follows the best trial as the study runs
+    parallel = max(where.parallel or 1, at_once or 1)  # a parallel Hydra launcher: as many at a time as it runs
     try:
         if pool is not None:
             with pool:
                 returns = [scheduled(study, spec, pool, config, arguments, budget, best, uri)]
         else:
-            # a parallel Hydra launcher asks for as many trials at a time as it runs jobs
-            parallel = max(where.parallel or 1, at_once or 1)
-            returns = _in_batches(study, spec, arguments, launcher, parallel, budget, best)
+            returns = _in_batches(study, spec, arguments, launcher, parallel, budget, best) if remaining > 0 else []
+        returns += _confirmations(study, spec, config, arguments, placement, launcher, parallel, budget, uri)
     finally:
         if best is not None:
             best.close()
-    summarize(study, spec, uri)
+    summarize(study, spec, uri, base_seed=int(config.get("seed") or 0))
     return returns
+
+
+def _confirmations(study: Any, spec: StudySpec, config: Any, arguments: list[str], placement: Any, launcher: Any,
+                   parallel: int, budget: Any, uri: str | None) -> list[Any]:
+    """sweep.confirm=K: the study's best trials retrained with K other seeds (xp.studies.confirm), as the trials of
+    its confirming study, on slots (workers started anew: the study's gave theirs back as its budget ran out) or
+    in Hydra's batches. A study stopped (Ctrl-C) starts none (its stop ends the command first); a spent time or
+    money budget starts none (the budget refuses them as it would a trial)."""
+    from xp.studies import confirm
+
+    made = confirm.prepared(study, spec, int(config.get("seed") or 0))
+    if made is None:
+        return []
+    cstudy, cspec = made
+    done, running = _counts(cstudy)
+    todo = cspec.n_trials - done - running
+    if todo <= 0:
+        return []
+    log.info(f"study {spec.study_name}: its {spec.confirm_top} best trials retrained with {spec.confirm} other "
+             f"seeds each ({cspec.study_name}: {todo} runs to go)")
+    pool = placement.pool(config, todo)
+    if pool is not None:
+        with pool:
+            return [scheduled(cstudy, cspec, pool, config, arguments, budget, None, uri, label="confirm")]
+    return _in_batches(cstudy, cspec, [*arguments, "sweep.pruner=none"], launcher, parallel, budget, None)
 
 
 def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any, parallel: int,
@@ -136,7 +161,7 @@ def _job_config(config: Any) -> dict[str, Any]:
 
 
 def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None,
-              best: BestModel | None = None, uri: str | None = None) -> Any:
+              best: BestModel | None = None, uri: str | None = None, label: str = "study") -> Any:
     """The study's trials kept in flight on the pool's slots (xp.studies.scheduler); returns its tally."""
     from pathlib import Path
 
@@ -179,7 +204,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
     scheduler = Scheduler(pool, ask, remaining, trial_message, tell, ends.lost, spec.heartbeat_s,
                           None if spec.multi_objective else spec.objectives[0].direction,
                           mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=ends.give_back,
-                          unsettled=ends.unsettled, budget=budget)
+                          unsettled=ends.unsettled, budget=budget, label=label)
     return scheduler.run()
 
 
