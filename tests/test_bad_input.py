@@ -142,7 +142,7 @@ CASES = [
     ("-m sweep=lr_batch sweep.confirm=2 seed=1,2", "confirm=2: retrains the best trial of one objective with other "
      "seeds; this study searches the seed"),
     ("-m sweep=lr_batch batch=32 lr=0.1 momentum=0.9", "every parameter it searches is fixed on the command line "
-     "(lr=0.1, batch=32, momentum=0.9)"),
+     "(batch=32, lr=0.1, momentum=0.9)"),
     # environments: an unwritable store, an unreachable database
     ("tracking_uri=sqlite:////proc/no-such-dir/mlflow.db", "cannot create /proc/no-such-dir"),
     ("tracking_uri=postgresql://xp:hunter2@127.0.0.1:9/mlflow", "tracking_uri postgresql://xp:***@127.0.0.1:9/mlflow: cannot connect"),
