@@ -50,9 +50,40 @@ def digit_images(folder, n):
     return folder
 
 
-def served_predictions_match(store, uri, tmp_path):
-    """`mlflow models serve` (local env manager) answers a real HTTP request with the predictions the model
-    makes in this process."""
+@pytest.fixture(scope="module")
+def fresh_env(tmp_path_factory):
+    """A virtual environment without xp, as MLflow's serving makes one (`mlflow models serve --env-manager
+    virtualenv`: Python from python_env.yaml, then the model's requirements.txt): `install(model folder)` adds a
+    model's requirements from the package index, except torch (gigabytes with its CUDA libraries), taken from
+    this environment through a path file (in which this environment's editable xp stays inactive). Returns
+    install and the environment's bin folder."""
+    venv = tmp_path_factory.mktemp("served") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+
+    def install(model: Path) -> None:
+        assert "3.11" in (model / "python_env.yaml").read_text()
+        wanted = [line for line in (model / "requirements.txt").read_text().split() if line]
+        assert not [r for r in wanted if r.split("=")[0].split("<")[0] in ("xp", "xp-example")], wanted
+        here = [r for r in wanted if not r.startswith("torch")]
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", *here], capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        if len(here) < len(wanted):
+            import sysconfig
+
+            (site / "torch-from-here.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        gone = subprocess.run([str(py), "-c", "import xp"], cwd=venv, capture_output=True, text=True)
+        assert gone.returncode != 0 and "No module named 'xp'" in gone.stderr  # the model must load without it
+
+    return install, venv / "bin"
+
+
+def served_predictions_match(store, uri, tmp_path, served):
+    """`mlflow models serve` in an environment made from the model's own requirements (`served`: the fresh_env
+    fixture) answers a real HTTP request with the predictions the model makes in this process."""
     import os
     import signal
     import socket
@@ -66,13 +97,17 @@ def served_predictions_match(store, uri, tmp_path):
     x = load_arrays(describe("digits", {"val_fraction": 0.2}))[2][:5]
     mlflow.set_tracking_uri(store)
     here = np.asarray(mlflow.pyfunc.load_model(uri).predict(x))
+    model = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "served-model")))
+    install, bin_dir = served
+    install(model)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, MLFLOW_TRACKING_URI=store, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     with open(tmp_path / "serve.log", "w") as log:
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", uri,
-                                 "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)], env=env,
+        proc = subprocess.Popen([str(bin_dir / "mlflow"), "models", "serve", "-m", str(model), "--env-manager",
+                                 "local", "-h", "127.0.0.1", "-p", str(port)], env=env, cwd=tmp_path,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -95,7 +130,7 @@ def served_predictions_match(store, uri, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gluon", "torch"])
-def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_path, store, backend):
+def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_path, store, backend, fresh_env):
     name = f"digits_{backend}"
     sweeps = tmp_path / "sweeps"
     sweeps.mkdir()
@@ -141,7 +176,8 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     assert said["shape"] == [359, 10]
     assert round(said["accuracy"], 4) == round(linked["val_accuracy"].value, 4)
 
-    served_predictions_match(store, f"models:/{name}@best", tmp_path)  # MXNet's too, where MXNet is installed
+    # served where only its own requirements are installed (no xp): MXNet's too
+    served_predictions_match(store, f"models:/{name}@best", tmp_path, fresh_env)
     if backend == "gluon":  # the report of the study says which trial is registered, and each trial's model
         parent = [r for r in runs if r.data.tags.get("xp.sweep") == "true"][0]
         report = subprocess.run([sys.executable, "-m", "xp.report", "--tracking-uri", store, "--parent",

@@ -1,15 +1,15 @@
 """An MXNet run's network saved as the parts of its MLflow model (xp.mx.export makes the model of them, where
-MLflow is imported), and loaded back for predictions."""
+MLflow is imported), and loaded back for predictions (xp.mx.inference, re-exported here)."""
 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from xp.mx.inference import load, predict
 from xp.mx.pretrained import PARAMS, SYMBOL
 from xp.tracking.models import BUILD
 
@@ -38,17 +38,4 @@ def save(block: Any, params: dict[str, np.ndarray], folder: Path, example: np.nd
                                             "pip": [f"mxnet=={mx.__version__}", "numpy<1.24"]}))
 
 
-def load(symbol: str, params: str) -> Any:
-    """The saved network on the CPU, in inference mode."""
-    import mxnet as mx
-
-    with warnings.catch_warnings():  # "cannot decide type for data": it is float32, as predict feeds it
-        warnings.simplefilter("ignore")
-        return mx.gluon.SymbolBlock.imports(symbol, ["data"], params, ctx=mx.cpu())
-
-
-def predict(net: Any, x: Any) -> np.ndarray:
-    """The classes' scores (N, classes) of float32 images `x` (N, C, H, W, normalised)."""
-    import mxnet as mx
-
-    return net(mx.nd.array(np.asarray(x, dtype=np.float32))).asnumpy()
+__all__ = ["ANSWER", "EXAMPLE", "load", "predict", "save"]
