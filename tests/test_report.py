@@ -90,10 +90,25 @@ def test_backends_side_by_side(runs, tmp_path):
     assert report.main(["--tracking-uri", uri, "--parent", parent, "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
     section = md.split("## Backends side by side")[1].split("##")[0]
-    assert "| resnet18 | float32 | 16 | 2 | gluon | 1 | 190.0 | 79% | 0.9100 | 5.00 |" in section  # 190 / 240
-    assert "| resnet18 | float32 | 16 | 2 | torch | 2 | 240.0 | 100% | 0.9100 | 5.00 |" in section  # medians of 2
+    assert "| resnet18 | float32 | 16 | 2 | - | 0.04 | gluon | 1 | 190.0 | 79% | 0.9100 | 5.00 |" in section  # 190/240
+    assert "| resnet18 | float32 | 16 | 2 | - | 0.04 | torch | 2 | 240.0 | 100% | 0.9100 | 5.00 |" in section  # medians
     assert "| 8 |" not in section and "| 1 | gluon |" not in section and "| 4 | gluon |" not in section
     assert "![backends](backends.png)" in md and (out / "backends.png").stat().st_size > 5000
+
+
+def test_backends_are_compared_like_with_like_or_the_report_says_what_differs(tmp_path):
+    """A torch run beside gluon runs of other epochs or learning rates (a study's trials among them) is not
+    their comparison: no side by side; a line names what differs."""
+    uri, client, exp = _store(tmp_path)
+    for lr, epochs in ((0.02, 3), (0.05, 10)):
+        rid = make_run(client, exp, devices=1, throughput=100.0, acc=0.9, lr=lr)
+        client.log_param(rid, "epochs", epochs)
+    rid = make_run(client, exp, devices=1, throughput=120.0, acc=0.9, lr=0.02, backend="torch")
+    client.log_param(rid, "epochs", 5)
+    md = build(tmp_path, client, exp)
+    assert "## Backends side by side" not in md
+    assert "Backends side by side: not compared. The runs of gluon, torch differ in more than their backend " \
+           "(epochs)" in md
 
 
 def test_report_of_an_experiment_creates_no_run_and_logs_where_it_is_told(runs, tmp_path, capsys):

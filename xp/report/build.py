@@ -109,17 +109,22 @@ def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _but_backend(r: dict[str, Any]) -> tuple:
+    """A run's settings but its backend's own and its seed (repeats): what runs compared across backends share."""
+    return (r["infrastructure"], r["devices"], r["global_batch"], r["lr"],
+            tuple(sorted((k, str(v)) for k, v in r["settings"].items() if not k.startswith("backend.") and k != "seed")))
+
+
 def backends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The same experiment on different backends, side by side: groups of runs that differ only in their
-    backend (same model, data, dtype, per-device batch, devices, infrastructure), medians per backend,
-    samples/s relative to the group's fastest backend."""
+    backend (every other setting the same: model, data, dtype, batch, devices, epochs, lr... and infrastructure;
+    the seed aside), medians per backend, samples/s relative to the group's fastest backend."""
     groups: dict[tuple, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r.get("backend"):
-            key = (r["model"], r["dataset"], r["dtype"], r["batch"], r["devices"], r["infrastructure"])
-            groups[key][r["backend"]].append(r)
+            groups[_but_backend(r)][r["backend"]].append(r)
     out = []
-    for key, by_backend in groups.items():
+    for by_backend in groups.values():
         if len(by_backend) < 2:
             continue
         group = []
@@ -128,8 +133,11 @@ def backends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 vals = [r[k] for r in runs if r.get(k) is not None]
                 return statistics.median(vals) if vals else None
 
-            group.append({"model": key[0], "dataset": key[1], "dtype": key[2], "batch": key[3], "devices": key[4],
-                          "infrastructure": key[5], "backend": backend, "runs": len(runs),
+            first = runs[0]
+            group.append({"model": first["model"], "dataset": first["dataset"], "dtype": first["dtype"],
+                          "batch": first["batch"], "devices": first["devices"],
+                          "infrastructure": first["infrastructure"], "backend": backend, "runs": len(runs),
+                          "epochs": first["settings"].get("epochs"), "lr": first["lr"],
                           "throughput": median("throughput"), "val_accuracy": median("val_accuracy"),
                           "epoch_time_s": median("epoch_time_s")})
         fastest = max((g["throughput"] or 0.0) for g in group)
@@ -137,6 +145,23 @@ def backends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             g["relative"] = g["throughput"] / fastest if g["throughput"] and fastest else None
         out += group
     return out
+
+
+def backends_unlike(rows: list[dict[str, Any]]) -> list[str]:
+    """Where runs of several backends are in the report but none differs from another only in its backend: the
+    settings that differ between the backends' runs (so the reader knows why they are not compared)."""
+    by_backend: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("backend"):
+            by_backend[r["backend"]].append(r)
+    if len(by_backend) < 2 or backends(rows):
+        return []
+    keys = sorted({k for r in rows for k in r["settings"] if not k.startswith("backend.") and k != "seed"})
+    values = {b: {k: {str(r["settings"].get(k)) for r in runs} for k in keys} for b, runs in by_backend.items()}
+    differ = [k for k in keys if len({frozenset(v[k]) for v in values.values()}) > 1]
+    return [f"Backends side by side: not compared. The runs of {', '.join(sorted(by_backend))} differ in more "
+            f"than their backend ({', '.join(differ[:8]) or 'their infrastructure'}); run the same settings on each "
+            "backend to compare them.", ""]
 
 
 def seed_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -244,14 +269,16 @@ def _scaling_and_backends(rows: list[dict[str, Any]], out: Path, files: list[Pat
     if side:
         plots.backends_plot(side, out, files)
         lines += ["## Backends side by side", "",
-                  "The same model, data, precision, batch and devices on each backend (medians of its runs); "
-                  "relative = samples/s against the fastest backend of the group.", "",
+                  "Runs that differ only in their backend (every other setting the same; medians of its runs, "
+                  "whatever their seeds); relative = samples/s against the fastest backend of the group.", "",
                   md_table(side, [("model", "model", "{}"), ("dtype", "dtype", "{}"), ("batch", "batch/device", "{:g}"),
-                                   ("devices", "devices", "{}"), ("backend", "backend", "{}"), ("runs", "runs", "{}"),
+                                   ("devices", "devices", "{}"), ("epochs", "epochs", "{}"), ("lr", "effective lr",
+                                                                                               "{:.4g}"),
+                                   ("backend", "backend", "{}"), ("runs", "runs", "{}"),
                                    ("throughput", "samples/s", "{:.1f}"), ("relative", "relative", "{:.0%}"),
                                    ("val_accuracy", "val acc (last epoch)", "{:.4f}"),
                                    ("epoch_time_s", "s/epoch", "{:.2f}")]), ""]
-    return lines
+    return lines + backends_unlike(rows)
 
 
 def _elastic(runs: list[Any], history: Callable[[str, str], list[Any]], out: Path, files: list[Path]) -> list[str]:
