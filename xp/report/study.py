@@ -261,6 +261,7 @@ def optuna_plots(study: Any, out: Path, files: list[Path], prefix: str = "study_
                 lines.append(f"- Optuna's {name.replace('_', ' ')}: not drawn ({str(e).splitlines()[0][:160]}).")
                 continue
             fig = (drawn.flatten()[0] if hasattr(drawn, "flatten") else drawn).figure
+            _no_white(fig)
             if _empty(fig):
                 plt.close(fig)
                 lines.append(f"- Optuna's {name.replace('_', ' ')}: not drawn (nothing to draw: {complete} "
@@ -271,6 +272,15 @@ def optuna_plots(study: Any, out: Path, files: list[Path], prefix: str = "study_
         files.append(out / f"{prefix}{name}.png")
         lines.append(f"- Optuna's {name.replace('_', ' ')}: {what}.")
     return lines
+
+
+def _no_white(fig: Any) -> None:
+    """Optuna's colour scale (Blues) draws the worst trials nearly white on white: viridis, which has no white."""
+    for ax in fig.axes:
+        for coll in ax.collections:
+            cmap = getattr(coll, "get_cmap", lambda: None)()
+            if cmap is not None and cmap.name.startswith("Blues"):
+                coll.set_cmap("viridis_r" if cmap.name.endswith("_r") else "viridis")
 
 
 def _empty(fig: Any) -> bool:
