@@ -2,9 +2,11 @@
 
     .venv/bin/python docs/screenshots.py          # writes docs/images/*.png (about two minutes on a CPU)
 
-Runs a 6-trial `sweep=lr_batch` study into a temporary MLflow store and Optuna storage, serves them with
-`mlflow ui` and `optuna-dashboard` on free loopback ports, and photographs MLflow's comparison of the study's
-trials (the view its printed UI link opens) and the dashboard's page of the study. Nothing here is drawn by hand."""
+Runs a 6-trial `sweep=lr_batch` study (its best 2 confirmed with 2 other seeds) into a temporary MLflow store and
+Optuna storage and its report, serves them with `mlflow ui` and `optuna-dashboard` on free loopback ports, and
+photographs MLflow's comparison of the study's trials (the view its printed UI link opens), the parent run's page
+(which names the best trial), the report in MLflow's artifact view, and the dashboard's page of the study.
+Nothing here is drawn by hand."""
 
 from __future__ import annotations
 
@@ -72,12 +74,15 @@ def main() -> None:
     servers: list[subprocess.Popen] = []
     try:
         subprocess.run([sys.executable, "-m", "xp", "-m", "sweep=lr_batch", "sweep.n_trials=6", "epochs=3",
-                        f"hydra.sweep.dir={work}/sweep"], cwd=ROOT, env=env, check=True, timeout=900)
+                        "sweep.confirm=2", "sweep.confirm_top=2", f"hydra.sweep.dir={work}/sweep"], cwd=ROOT, env=env,
+                       check=True, timeout=900)
         from xp.tracking.stores import open_client
 
         client = open_client(store)
         exp = client.get_experiment_by_name("xp")
         parent = client.search_runs([exp.experiment_id], "tags.`xp.sweep` = 'true'")[0].info.run_id
+        subprocess.run([sys.executable, "-m", "xp.report", "--parent", parent, "--out", str(work / "report")],
+                       cwd=ROOT, env=env, check=True, timeout=600)
         ui, dash = free_port(), free_port()
         servers.append(serve([str(BIN / "mlflow"), "ui", "--backend-store-uri", store, "--host", "127.0.0.1",
                               "--port", str(ui)], f"http://127.0.0.1:{ui}/", work / "ui.log"))
@@ -89,6 +94,11 @@ def main() -> None:
         # the link the study printed: its trials, lr, batch and momentum against val_accuracy (xp.tracking.view)
         shoot(f"http://127.0.0.1:{ui}/{view.page(exp.experiment_id, f'xp-{parent}')}", IMAGES / "mlflow-compare.png",
               "1900,1100", budget_ms=60000)
+        run = f"http://127.0.0.1:{ui}/#/experiments/{exp.experiment_id}/runs/{parent}"
+        shoot(f"{run}?workflowType=machine_learning", IMAGES / "mlflow-parent.png", "1600,1500",
+              budget_ms=40000)  # (the page the study's last line links) its description: the best trial
+        shoot(f"{run}/artifacts/report/report.html?workflowType=machine_learning", IMAGES / "mlflow-report.png",
+              "1600,1800", budget_ms=40000)
         shoot(f"http://127.0.0.1:{dash}/dashboard/studies/1", IMAGES / "optuna-dashboard.png", "1400,1000")
     finally:
         for proc in servers:

@@ -55,6 +55,10 @@ def report_row(run: Any) -> dict[str, Any]:
            "settings": {k: v for k, v in p.items() if k in SETTING or not k.startswith(NOT_SETTINGS)}, **claims.recipe_of(tags)}
     if _num(p.get("derived.cost_per_hour")) == 0:
         row["cost_usd"] = None  # hardware without a price: no cost, not $0
+    from xp.studies.confirm import SUFFIX
+
+    confirming = str(row["study"] or "").endswith(SUFFIX)  # a run that confirms a study's best (its own numbering)
+    row["trial_cell"] = None if row["trial"] is None else f"confirm {row['trial']}" if confirming else row["trial"]
     return row
 
 
@@ -184,7 +188,7 @@ def with_swept(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) 
     """The classic table's columns with the settings these runs varied (a sweep's, a study's parameters) after
     the batch's, a study's trial number first: rows that differ tell how."""
     at = next(i for i, c in enumerate(columns) if c[0] == "global_batch") + 1
-    trial = [("trial", "trial", "{}")] if any(r["trial"] is not None for r in rows) else []
+    trial = [("trial_cell", "trial", "{}")] if any(r["trial"] is not None for r in rows) else []
     return [*trial, *columns[:at], *swept_columns(rows, SHOWN), *columns[at:]]
 
 

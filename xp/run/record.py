@@ -19,12 +19,16 @@ log = logging.getLogger("xp")
 
 
 def name_of(plan: Plan, job: Any, trial: Any) -> str:
-    """run_name=, else a trial's number and parameters ("trial 3: lr=0.018 batch=128"), a sweep job's swept
+    """run_name=, else a trial's number and parameters ("trial 3: lr=0.018 batch=128"; a run that confirms a study's
+    best: "confirm 0: lr=0.018 batch=128 seed=43"), a sweep job's swept
     values ("batch=64 lr=0.1"), or its overrides; a plain run with none: model-dataset-backend."""
     if plan.run_name:
         return plan.run_name
     if trial:
-        return f"trial {trial.optuna.number}: " + " ".join(f"{k}={_short(v)}" for k, v in trial.optuna.params.items())
+        from xp.studies.confirm import SUFFIX
+
+        kind = "confirm" if trial.optuna.study.study_name.endswith(SUFFIX) else "trial"  # (sweep.confirm's runs)
+        return f"{kind} {trial.optuna.number}: " + " ".join(f"{k}={_short(v)}" for k, v in trial.optuna.params.items())
     swept = [o for o in job.overrides if o.lstrip("+~").split("=", 1)[0] in job.swept]
     return " ".join(swept) or run_name(job.overrides or ()) or f"{plan.model.name}-{plan.dataset.name}-{plan.backend}"
 
