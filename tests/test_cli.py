@@ -123,8 +123,7 @@ def test_multirun_groups_children_under_one_parent(tmp_path, store):
     assert proc.stdout.splitlines()[-1].endswith(f"/#/experiments/{parent.info.experiment_id}/runs/"
                                                  f"{parent.info.run_id}?workflowType=machine_learning")
     # the UI link before it opens the view xp shared (an experiment tag MLflow's UI reads) as a table: the sweep's
-    # runs only, the objective and what it varied as columns, best first, their parallel coordinates first among
-    # the charts
+    # runs only, the objective and what it varied as columns, best first
     import json
 
     key = f"xp-{parent.info.run_id}"
@@ -135,9 +134,7 @@ def test_multirun_groups_children_under_one_parent(tmp_path, store):
     assert shared["searchFilter"] == f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
     assert shared["selectedColumns"] == ["metrics.`val_accuracy`", "params.`batch`"]
     assert shared["orderByKey"] == "metrics.`val_accuracy`" and shared["orderByAsc"] is False
-    [chart] = shared["compareRunCharts"]
-    assert (chart["type"], chart["selectedParams"], chart["selectedMetrics"]) == ("PARALLEL", ["batch"], ["val_accuracy"])
-    assert chart["metricSectionId"] == shared["compareRunSections"][0]["uuid"]
+    assert "compareRunCharts" not in shared  # (MLflow's parallel coordinates are unreadable: the report draws them)
     # the parent says what its children trained, and its best_val_accuracy means what a child's does
     assert (parent.data.tags["xp.backend"], parent.data.tags["xp.model"], parent.data.tags["xp.dataset"]) == \
         ("gluon", "lenet", "digits")

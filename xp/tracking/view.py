@@ -2,10 +2,10 @@
 
 MLflow's UI (3.x) opens an experiment's runs page from a view someone shared: an experiment tag
 `mlflow.sharedViewState.KEY` holding the page's state as JSON, opened by `?viewStateShareKey=KEY` in the page's
-address. xp writes one per sweep or study: the runs of its parent only, sorted by the objective, with the searched
-parameters and the objective(s) as the table's columns, and a parallel-coordinates chart of them first among the
-charts (the Compare view). The printed UI link opens it; without it the page opens on every run of the experiment,
-no parameter or metric column shown, and a Compare view of whatever parameters MLflow picks.
+address. xp writes one per sweep or study: the runs of its parent only (a study's: every trial of the study),
+sorted by the objective, with the objective(s), a study's trial state and the searched parameters as the table's
+columns. The printed UI link opens it as a table; without it the page opens on every run of the experiment, no
+parameter or metric column shown.
 """
 
 from __future__ import annotations
@@ -28,13 +28,10 @@ def column(kind: str, key: str) -> str:
 def state(parent_run_id: str, name: str, params: list[str], metrics: list[str],
           study: str | None = None) -> dict[str, Any]:
     """The runs page's state: this parent's runs (a study's: every trial of the study, whichever command ran it),
-    best first, the parameters and metrics as columns (a study's: and each trial's state, so a pruned trial, whose
-    objective is a partial one, is told from a complete one), and a chart section whose first chart is their
-    parallel coordinates (the Chart view; the page opens on the table)."""
-    section = f"xp-{parent_run_id[:12]}"
-    chart = {"uuid": f"{section}-parallel", "type": "PARALLEL", "runsCountToCompare": 100, "metricSectionId": section,
-             "deleted": False, "isGenerated": False, "displayName": f"{name}: {', '.join(params)} against "
-             f"{', '.join(metrics)}", "selectedParams": params, "selectedMetrics": metrics, "showAllRuns": True}
+    best first, the metrics and parameters as columns (a study's: and each trial's state, so a pruned trial, whose
+    objective is a partial one, is told from a complete one). No chart: MLflow draws parallel coordinates in a
+    card too narrow to read, its labels run together, log-searched parameters on a linear axis; the study's report
+    (report/report.html on its parent run) draws them readably."""
     state_column = [column("tags", "optuna.trial_state")] if study else []
     where = f"tags.`optuna.study` = '{study}'" if study else f"tags.`mlflow.parentRunId` = '{parent_run_id}'"
     return {"searchFilter": where,
@@ -42,10 +39,7 @@ def state(parent_run_id: str, name: str, params: list[str], metrics: list[str],
             "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
             "selectedColumns": [*state_column, *(column("metrics", m) for m in metrics),
                                 *(column("params", p) for p in params)],
-            "runsHiddenMode": "SHOW_ALL", "compareRunCharts": [chart],
-            "compareRunSections": [{"uuid": section, "name": name, "display": True, "isReordered": False,
-                                    "deleted": False, "isGenerated": False}],
-            "isAccordionReordered": True, "hideEmptyCharts": True}
+            "runsHiddenMode": "SHOW_ALL"}
 
 
 def share(client: Any, experiment_id: str, parent_run_id: str, name: str, params: list[str],
