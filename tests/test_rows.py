@@ -136,3 +136,33 @@ def test_a_run_in_a_deleted_or_missing_experiment_is_refused_as_mlflow_refuses_i
         with pytest.raises(MlflowException) as mine:
             rows.create_run(client, experiment, "r", 1, {})
         assert (mine.value.error_code, str(mine.value)) == (theirs.value.error_code, str(theirs.value))
+
+
+def test_under_an_mlflow_xp_was_not_tested_with_the_public_path_is_taken_and_said(store, monkeypatch, caplog):
+    """xp's uses of MLflow's internals are gated to the MLflow versions CI tests (xp.tracking.gate): under another
+    (faked here) a run is created and its batches written by MLflow's own public calls, said in one line."""
+    import mlflow
+
+    from xp.tracking import gate
+
+    db, client, experiment = store
+    monkeypatch.setattr(mlflow, "__version__", "3.99.0")
+    gate.private_ok.cache_clear()
+    public = []
+    own = MlflowClient(client.tracking_uri)
+    real_create, real_batch = own.create_run, own.log_batch
+    own.create_run = lambda *a, **k: public.append("create_run") or real_create(*a, **k)
+    own.log_batch = lambda *a, **k: public.append("log_batch") or real_batch(*a, **k)
+    try:
+        with caplog.at_level("WARNING", logger="xp"):
+            run_id, _ = rows.create_run(own, experiment, "gated", 1234, {"xp.host": "h"})
+            rows.log_batch(own, run_id, [{"op": "batch", "params": [["lr", "0.1"]], "metrics": [["acc", 0.5, 1, 0]]}])
+    finally:
+        gate.private_ok.cache_clear()
+    assert public == ["create_run", "log_batch"]
+    assert client.get_run(run_id).data.params == {"lr": "0.1"} and client.get_run(run_id).info.run_name == "gated"
+    said = [r.getMessage() for r in caplog.records if "is not one xp was tested with" in r.getMessage()]
+    assert len(said) == 1 and "MLflow 3.99.0" in said[0] and "public API" in said[0]
+    monkeypatch.undo()
+    gate.private_ok.cache_clear()
+    assert gate.private_ok()  # the real MLflow is the tested one (pyproject.toml pins it)

@@ -249,3 +249,37 @@ def test_many_trials_at_once_through_one_service_all_arrive_and_a_busy_store_is_
                            "30.00", error_code=INVALID_STATE)
     assert not _refused(busy) and away(busy)
     assert _refused(MlflowException("Changing param values is not allowed", error_code=INVALID_PARAMETER_VALUE))
+
+
+def test_the_service_is_keyed_by_what_it_writes_with_said_once_and_ended_by_its_command(tmp_path, store, state,
+                                                                                     monkeypatch):
+    """A living service must not go on writing a store with an MLflow (or SQLAlchemy) that is no longer the one
+    installed: its address is keyed by their versions and the protocol. The command that starts it says so;
+    `python -m xp.tracking status | stop` say which runs and end it."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    service._code.cache_clear()
+    before = service.socket_path()
+    for name in ("mlflow", "sqlalchemy"):
+        monkeypatch.setattr(importlib.metadata, "version", lambda n, name=name: "9.9.9" if n == name else real(n))
+        service._code.cache_clear()
+        assert service.socket_path() != before
+    monkeypatch.setattr(importlib.metadata, "version", real)
+    service._code.cache_clear()
+    assert service.socket_path() == before
+
+    env = {"XP_STATE_DIR": str(state)}
+    first = run_xp(tmp_path, store, "epochs=1", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.count("xp: started the tracking service (process ") == 1
+    assert "python -m xp.tracking stop ends it now" in first.stdout
+    again = run_xp(tmp_path, store, "epochs=1", env=env)
+    assert again.returncode == 0 and "started the tracking service" not in again.stdout
+    [pid] = _service_pids(state)
+    tool = lambda what: subprocess.run([sys.executable, "-m", "xp.tracking", what], cwd=ROOT, capture_output=True,  # noqa: E731
+                                       text=True, timeout=60, env={**os.environ, **env})
+    assert f"tracking service: process {pid}," in tool("status").stdout
+    assert tool("stop").stdout.strip() == f"tracking service: ended process {pid}"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert tool("status").stdout.startswith("no tracking service runs for ")

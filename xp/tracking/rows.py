@@ -5,8 +5,9 @@ parameters, its metrics and its tags, each committed on its own, each row an ORM
 one trial's epoch, most of what the tracking service spends on a study's trial (benchmarks/README.md, stop 68).
 `log_batch` here does what it does (and `create_run` what MLflow's does) with MLflow's own validation, tables
 and errors, in one session, one commit and a few plain statements; `tests/test_rows.py` holds them to MLflow's
-rows. Only on SQLite (xp's own store, the one the service writes), and only for what xp logs: a batch with a
-model's metrics or the run's name as a tag goes through MLflow's.
+rows. Only on SQLite (xp's own store, the one the service writes), only under the MLflow versions that test ran
+with (xp.tracking.gate), and only for what xp logs: a batch with a model's metrics or the run's name as a tag goes
+through MLflow's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from typing import Any
 
 
 def _sqlite(client: Any) -> Any:
-    """The client's store if it is an SQLite SqlAlchemyStore (whose rows are written here), else None."""
+    """The client's store if it is an SQLite SqlAlchemyStore (whose rows are written here) of an MLflow this was
+    tested with (xp.tracking.gate), else None: MLflow's public calls."""
+    from xp.tracking.gate import private_ok
+
+    if not private_ok():
+        return None
     store = client._tracking_client.store
     return store if getattr(store, "db_type", None) == "sqlite" else None
 

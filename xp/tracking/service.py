@@ -8,8 +8,10 @@ the run's console. If the service cannot start or goes away, the run's process d
 its spool, where the service left off: nothing is lost or sent twice. A killed run's records wait in its spool
 as they always did. XP_TRACKING_SERVICE=0 turns the service off.
 
-One service per xp install, user, machine and state folder ($XP_STATE_DIR), started by the first run that needs
-it (under a lock: two runs starting at once share one) and gone after XP_SERVICE_IDLE_S (1800) without runs.
+One service per xp install (its code, the MLflow and SQLAlchemy it writes with, the protocol), user, machine and
+state folder ($XP_STATE_DIR), started by the first run that needs it (under a lock: two runs starting at once share
+one; the command that starts it says so) and gone after XP_SERVICE_IDLE_S (1800) without runs, or at
+`python -m xp.tracking stop`.
 """
 
 from __future__ import annotations
@@ -66,13 +68,28 @@ def socket_path() -> Path:
     return path
 
 
+PROTOCOL = 2  # the messages between a run and the service; a change makes another service (2: keyed by versions)
+
+
 @functools.lru_cache(maxsize=1)
 def _code() -> str:
-    """This Python and this xp's code (its folder, its files' latest change): read once a process."""
+    """What the service depends on, read once a process: this Python, this xp's code (its folder, its files' latest
+    change), the versions of MLflow and SQLAlchemy it writes the store with (an upgraded MLflow must not be served by
+    a living service with the old one's tables and validation), and the protocol. (Their versions are read from
+    their installed metadata: nothing is imported.)"""
+    from importlib.metadata import PackageNotFoundError, version
+
     import xp
 
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+
     code = Path(xp.__file__).parent
-    return f"{sys.executable}|{code}|{max(p.stat().st_mtime_ns for p in code.rglob('*.py'))}"
+    return (f"{sys.executable}|{code}|{max(p.stat().st_mtime_ns for p in code.rglob('*.py'))}|"
+            f"mlflow {installed('mlflow')}|sqlalchemy {installed('sqlalchemy')}|protocol {PROTOCOL}")
 
 
 def beside(sock: Path, suffix: str) -> Path:
@@ -179,9 +196,17 @@ def _started(path: Path) -> None:
         while time.monotonic() < deadline and process.poll() is None:
             try:
                 _connected(path).close()
+                print(f"xp: started the tracking service (process {process.pid}): it writes this machine's SQLite "
+                      f"MLflow stores for xp's runs and ends after {idle_s() / 60:.0f} minutes without one; python -m "
+                      "xp.tracking stop ends it now", flush=True)  # (stdout: before Hydra sets its logging up)
                 return
             except OSError:
                 time.sleep(0.02)
+
+
+def idle_s() -> float:
+    """How long the service waits without a run before it ends, seconds (XP_SERVICE_IDLE_S)."""
+    return float(os.environ.get("XP_SERVICE_IDLE_S", 1800))
 
 
 def _connected(path: Path) -> socket.socket:

@@ -165,19 +165,25 @@ def trim(keep: int) -> None:
 
 def _forget(uri: str) -> None:
     """The store of `uri` closed, and forgotten by MLflow too (it keeps one per URI): opened again at next use."""
-    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    from xp.tracking.gate import private_ok
 
     _close(uri)
     _reached.discard(uri)
-    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+    if private_ok():  # (another MLflow: its cached store stays; a new client still reconnects its engine)
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
 
 
 def _close(uri: str) -> None:
     """This process's client of `uri` let go, its store's connections closed."""
     client: Any = _clients.pop(uri)
     _opened.pop(uri, None)
+    from xp.tracking.gate import private_ok
+
     try:
-        client._tracking_client.store.engine.dispose()
+        if private_ok():  # (another MLflow's connections close as its client goes)
+            client._tracking_client.store.engine.dispose()
     except Exception:  # noqa: BLE001 - (a store without an engine, or one gone)
         pass
 
@@ -207,7 +213,11 @@ def _mlflow_schema(path: Path) -> None:
     holds no experiment: MLflow adds its default one, with this store's artifact root, as it opens the file."""
     import mlflow
 
+    from xp.tracking.gate import private_ok
+
     def create(url: str) -> None:
+        if not private_ok():  # no template: MLflow's own first open writes its schema (its migrations)
+            raise RuntimeError(f"MLflow {mlflow.__version__} is not one xp seeds a store's schema for")
         import sqlalchemy
         from mlflow.store.db.utils import _initialize_tables
 
