@@ -3,6 +3,7 @@ the generated Shapes data set, registered through entry points) goes where xp's 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -170,3 +171,38 @@ def test_the_check_passes_the_example_and_names_the_batchnorm_that_makes_n_worke
     assert bad.returncode == 2 and bad.stderr.strip() == ("xp: error: model=tinynett: no such model; did you mean "
                                                           "model=tinynet? valid: lenet, resnet152, resnet18, resnet50, "
                                                           "tinynet, tinynet_bn"), bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["gluon", "torch"])
+def test_the_check_calls_a_slow_learner_slow_and_a_network_that_cannot_learn_a_failure(backend):
+    """A user's small network (one 3x3 convolution, ReLU, global pooling, a dense layer: tests/own/smallnets.py)
+    learns, slowly at first: a warning, exit 0, not a failure; one whose output layer is zeroed and frozen cannot:
+    FAIL, naming what was tried and what the loss did."""
+    own = ROOT / "tests" / "own"
+    env = dict(os.environ, PYTHONPATH=str(own))
+
+    def run(model):
+        return subprocess.run([sys.executable, "-m", "xp.check", "--config-dir", str(own / "conf"), f"model={model}",
+                               "dataset=three_bars", f"backend={backend}"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, env=env)
+
+    slow = run("slow_conv")
+    assert slow.returncode == 0, slow.stdout + slow.stderr
+    trains = next(ln for ln in slow.stdout.splitlines() if ln.lstrip().startswith("trains"))
+    assert trains.split()[1] in ("ok", "warn") and "learns" in trains and "does not learn" not in trains, trains
+    dead = run("dead_output")
+    assert dead.returncode == 1, dead.stdout + dead.stderr
+    trains = next(ln for ln in dead.stdout.splitlines() if ln.lstrip().startswith("trains"))
+    assert trains.split()[1] == "FAIL" and "does not learn: in " in trains, trains  # (steps: as its time allows)
+    assert all(f"at lr {lr} loss flat at 1.0986" in trains for lr in ("0.02", "0.2", "0.002")), trains  # ln 3
+
+
+def test_what_the_check_says_a_loss_did():
+    from xp.check import _reached, _saw
+
+    assert _reached([1.0, 0.95, 0.89, 0.5]) == 2 and _reached([1.0, float("nan"), 0.1]) is None
+    assert _saw([1.0, 2.0, float("nan")]) == "loss NaN after 2 steps"
+    assert _saw([1.0, 1.2, 1.5]) == "loss rising 1.0000 -> 1.5000"
+    assert _saw([1.0986, 1.0985]) == "loss flat at 1.0986"
+    assert _saw([1.0, 0.95]) == "loss 1.0000 -> 0.9500, not below 0.9x"
