@@ -256,9 +256,22 @@ def bare_child(trials: int, slots: int, trial_s: float, epochs: int, url: str, s
                                              "own_ideal_s": own}))
 
 
+def own_network(argv: list[str]) -> list[str]:
+    """`argv` run inside a network namespace of its own, with only its loopback up: Ray 2.60 listens on every
+    interface whatever it is told (its GCS, raylet and workers: `*:PORT`), and no benchmark may listen on the
+    machine's own network. Creating one needs root: without it, one line and exit."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        raise SystemExit("study_scale.py: the Ray Tune ways run Ray inside a network namespace of their own (Ray "
+                         "listens on every interface), which needs root and util-linux's unshare and iproute2's ip; "
+                         "run as root, or leave them out (--ways xp,bare)")
+    return ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
+
+
 def raytune(args: argparse.Namespace, search: str) -> dict:
-    """Ray Tune 2.60 on this machine (a local Ray cluster of S CPUs on the loopback, HOME a temporary folder: Ray
-    writes ~/.ray): the same sleeping trial (its epochs, a report each), S trials at a time (max_concurrent_trials),
+    """Ray Tune 2.60 on this machine (a local Ray cluster of S CPUs on the loopback of a network namespace of its
+    own, `own_network`; HOME a temporary folder: Ray writes ~/.ray): the same sleeping trial (its epochs, a report each), S trials at a time (max_concurrent_trials),
     FIFO scheduling (Tune's default: no pruning). search=default: Tune's default search (random variants of the
     space); search=optuna: OptunaSearch (TPE, seed 1) with Tune's MLflowLoggerCallback logging every trial to an
     MLflow SQLite store, as xp's trials are. Its CPU: every process of the tree (driver, raylet, GCS, workers)."""
@@ -269,7 +282,7 @@ def raytune(args: argparse.Namespace, search: str) -> dict:
            "MLFLOW_DISABLE_TELEMETRY": "true"}
     for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(k, None)
-    wall, cpu = watched(argv, work, env, f"the Ray Tune study ({search})", tree=True)
+    wall, cpu = watched(own_network(argv), work, env, f"the Ray Tune study ({search})", tree=True)
     said = json.loads((work / "raytune.json").read_text())
     ideal = args.ray_trials * args.trial_s / args.slots
     return {"way": f"raytune-{search}", "trials": args.ray_trials, "slots": args.slots, "trial_s": args.trial_s,

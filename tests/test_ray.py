@@ -41,6 +41,7 @@ def cluster(tmp_path_factory):
     why = hosts.requirements()
     if why:
         pytest.fail(why)  # CI runs as root with the packages ./dev.sh installs: a missing piece is a failure
+    before = listening_off_loopback()
     with hosts.Cluster(3) as c:
         # seen at the same path on every host (a worker host's /tmp is its own): an empty home folder (no
         # ~/.ray/auth_token: the tokens here are the tests' own) and the cluster's token file
@@ -61,7 +62,29 @@ def cluster(tmp_path_factory):
             if h is c.launcher:
                 wait_nodes(c, 1)
         wait_nodes(c, 3)
+        assert listening_off_loopback() <= before, "Ray listens on the machine's own network"
         yield c
+        # (every test of the module, xp's own clusters among them, ran Ray only inside namespaces)
+        assert listening_off_loopback() <= before, "a test left a socket on the machine's own network"
+
+
+def listening_off_loopback() -> set[tuple[str, int]]:
+    """Ray's sockets listening in the machine's own network namespace (this process's) on an address other than
+    loopback: Ray 2.60 listens on every interface of the namespace it runs in, so it may run only inside namespaces
+    the tests create (the project's rule); none may appear while the module's cluster runs."""
+    import ipaddress
+
+    import psutil
+
+    def ray(pid: int | None) -> bool:  # (other modules' tests run beside this one: torchrun's store, say)
+        try:
+            return pid is not None and "ray" in " ".join(psutil.Process(pid).cmdline()).lower()
+        except psutil.Error:
+            return False
+
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr and not ipaddress.ip_address(c.laddr.ip).is_loopback
+            and ray(c.pid)}
 
 
 CLUSTER = None  # the module's cluster (its token, its home folder), for env()
