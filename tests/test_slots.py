@@ -190,6 +190,6 @@ def test_a_study_no_preflight_read_is_read_from_its_composed_config():
     config = OmegaConf.create({"sweep": {"n_trials": 3, "parallel": 2, "params": {"lr": {"type": "float", "low": 0.01,
                                                                                          "high": 0.1}}},
                                "hydra": {"runtime": {"choices": {"sweep": "mine"}}}})
-    spec = _spec_here(config, (Param("lr", "float", 0.001, 0.002, False),))
+    spec = _spec_here(config, (Param("lr", "float", 0.001, 0.002, False),), [])
     assert (spec.name, spec.n_trials, spec.parallel) == ("mine", 3, 2)
     assert [(p.name, p.low, p.high) for p in spec.params] == [("lr", 0.001, 0.002)]

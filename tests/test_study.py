@@ -568,7 +568,7 @@ def test_the_preflights_question_is_the_one_the_sweeper_would_compute_from_hydra
     from xp import shipped
     from xp.studies import question
     from xp.studies.compose import plain
-    from xp.studies.sweeper import _job_config
+    from xp.studies.compose import job_config
 
     study.register()
     overrides = ["sweep=lr_batch", "epochs=2", "model=resnet18", "batch=32"]
@@ -576,7 +576,7 @@ def test_the_preflights_question_is_the_one_the_sweeper_would_compute_from_hydra
         swept = GlobalHydra.instance().hydra.compose_config("config", overrides, run_mode=RunMode.MULTIRUN)
         composed = plain(compose("config", overrides=overrides))
     spec = study.spec_from(composed["sweep"], "lr_batch", overrides=overrides)
-    assert question.question_of(composed, spec) == question.question_of(_job_config(swept), spec)
+    assert question.question_of(composed, spec) == question.question_of(job_config(swept), spec)
 
 
 @pytest.mark.slow

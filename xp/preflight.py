@@ -209,9 +209,9 @@ def _jobs(user: list[Any], multirun: bool) -> tuple[list[list[str]], tuple[Any, 
     space: tuple[Any, ...] = ()
     if multirun and any(o.key_or_group == "sweep" and not o.is_delete() for o in user):
         # a study: KEY=interval(...)/choice(...)/range(...)/a,b are its search space, not jobs
-        from xp.studies import study
+        from xp.studies.overrides import space_from_overrides
 
-        space, rest = study.space_from_overrides(user)
+        space, rest = space_from_overrides(user)
         user = OverridesParser.create().parse_overrides(rest)
     if multirun:
         try:

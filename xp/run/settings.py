@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from xp.studies.compose import flatten  # (re-exported: xp.run.plan's users read it here)
 from xp.errors import ConfigError
 
 
@@ -162,13 +163,3 @@ def study_settings(cfg: dict) -> StudySettings | None:
     return StudySettings(dict(cfg["sweep"]), str(o["study"]), str(o["storage"]), int(o["trial_id"]))
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}"""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out

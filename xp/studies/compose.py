@@ -1,6 +1,6 @@
 """A study's trial configs: its base (the command line's overrides) composed once, each trial's parameters set
 on it (`Composer`), a parameter written back as an override Hydra reads to the same value (`as_override`), and
-a composed config as the plain dict xp reads (`plain`)."""
+a composed config as the plain dict xp reads (`plain`, `job_config`) or its flat keys (`flatten`)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,28 @@ def _interpolated(cfg: Any, key: str) -> bool:
 
     parent, _, leaf = key.rpartition(".")
     return OmegaConf.is_interpolation(OmegaConf.select(cfg, parent) if parent else cfg, leaf)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def job_config(config: Any) -> dict[str, Any]:
+    """A sweep's composed config (an OmegaConf node) as a job's plain dict: no Hydra node (its sweep-time fields,
+    hydra.job.num, are unset), the rest resolved."""
+    from omegaconf import OmegaConf
+
+    out = plain(config, resolve=False)
+    out.pop("hydra", None)
+    return plain(OmegaConf.create(out))
 
 
 def as_override(key: str, value: Any) -> str:

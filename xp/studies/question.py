@@ -45,7 +45,7 @@ def _space(p: Param) -> str:
 def question_of(config: dict[str, Any], spec: StudySpec) -> dict[str, str]:
     """The study's question: the composed `config`'s settings that change a trial's result (less the searched
     ones), its search space and objectives; values as JSON text (compared as written)."""
-    from xp.run.settings import flatten
+    from xp.studies.compose import flatten
 
     searched = {p.name for p in spec.params}
     out = {k: json.dumps(v, sort_keys=True) for k, v in flatten(dict(config)).items()

@@ -6,7 +6,7 @@ pruner, heartbeats) and xp.studies.sweeper the loop that runs its trials.
 The study is defined in sweeps/NAME.yaml: search space, trial budget, objectives and directions, sampler,
 pruner, study name and storage. Each file is an option of the config group `sweep` (typed by StudyConf), so
 sweep.FIELD=VALUE overrides any field, and KEY=interval(...)/choice(...)/range(...) on the command line add to
-the search space (space_from_overrides). xp's sweeper (hydra/sweeper=xp_optuna) asks Optuna for trials and
+the search space (xp.studies.overrides). xp's sweeper (hydra/sweeper=xp_optuna) asks Optuna for trials and
 keeps one in flight on every slot (xp.studies.scheduler; a worker process per slot runs trial after trial, each
 a normal xp run); every epoch the trial's first objective goes to the scheduler, which reports it and answers
 whether to prune; the scheduler tells Optuna how each trial ended. A study lives in its storage (SQLite in
@@ -219,24 +219,15 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     def field(key: str, default: Any = None) -> Any:
         return raw.get(key, default)
 
-    unknown = set(raw) - {"study_name", "storage", "n_trials", "parallel", "sampler", "sampler_seed", "pruner",
-                          "pruner_options", "objectives", "params", "heartbeat_s", "grace_s", "max_retry",
-                          "trials_per_gpu", "scheduler", "settings", "claim", "batch_ladder",
-                          "pretrain", "timeout_s", "hard_stop", "budget_usd", "register_model", "continue_changed",
-                          "confirm", "confirm_top"}
-    if unknown:
+    if unknown := set(raw) - set(FIELDS):
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     n_trials, parallel, per_gpu = field("n_trials", 20), field("parallel"), field("trials_per_gpu", 1)
     confirm, confirm_top = field("confirm", 0), field("confirm_top", 3)
     heartbeat_s, max_retry = field("heartbeat_s", 30), field("max_retry", 2)
     grace_s = field("grace_s", 4 * heartbeat_s if isinstance(heartbeat_s, int) else None)
-    for key, v, low in (("n_trials", n_trials, 1), ("parallel", parallel, 1), ("heartbeat_s", heartbeat_s, 1),
-                        ("grace_s", grace_s, 1), ("max_retry", max_retry, 0), ("trials_per_gpu", per_gpu, 1),
-                        ("confirm", confirm, 0), ("confirm_top", confirm_top, 1)):
-        if key == "parallel" and v is None:
-            continue
-        if not isinstance(v, int) or isinstance(v, bool) or v < low:
-            raise ConfigError(f"{where}: {key}={v!r}: must be an integer >= {low}")
+    _integers(where, (("n_trials", n_trials, 1), ("parallel", parallel, 1), ("heartbeat_s", heartbeat_s, 1),
+                      ("grace_s", grace_s, 1), ("max_retry", max_retry, 0), ("trials_per_gpu", per_gpu, 1),
+                      ("confirm", confirm, 0), ("confirm_top", confirm_top, 1)))
     if grace_s <= heartbeat_s:
         raise ConfigError(f"{where}: grace_s={grace_s} must be longer than heartbeat_s={heartbeat_s}, or live "
                           "trials are taken for dead ones")
@@ -252,52 +243,52 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
 
     _recipe_steps(field("batch_ladder"), field("pretrain"), where)  # (before the search space they fill)
     objectives = _objectives(field("objectives"), where, sampler, pruner)
-    given = {p.name for p in extra}
-    file_space = field("params") or {}
-    fixed = tuple(o for o in fixed_overrides(overrides) if o.partition("=")[0] in file_space)
-    given |= {o.partition("=")[0] for o in fixed}
-    space = {k: v for k, v in file_space.items() if k not in given}
-    if search and fixed and not space and not extra:
-        raise ConfigError(f"{where}: every parameter it searches is fixed on the command line ({', '.join(fixed)}): "
-                          "nothing is left to search; run it without -m sweep=..., or search another key")
-    params = [*(_search_space(space, where, known_keys) if space or (search and not extra) else []), *extra]
-    if confirm and (len(field("objectives") or [None]) > 1 or "seed" in {p.name for p in params}):
+    params, fixed = _space_and_fixed(field("params") or {}, extra, overrides, where, known_keys, search)
+    if confirm and (len(objectives) > 1 or "seed" in {p.name for p in params}):
         raise ConfigError(f"{where}: confirm={confirm}: retrains the best trial of one objective with other seeds; "
-                          + ("this study searches the seed" if "seed" in {p.name for p in params} else
-                             "this study has several objectives (a Pareto front)"))
+                          f"this study {'searches the seed' if len(objectives) < 2 else 'has several objectives'}")
     if sampler == "grid" and any(p.kind != "categorical" for p in params):
         raise ConfigError(f"{where}: sampler=grid needs every parameter categorical (the grid's values)")
     for sampler_name, module, pkg in (("gp", "torch", "torch"), ("cmaes", "cmaes", "cmaes")):
         if sampler == sampler_name and importlib.util.find_spec(module) is None:
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
-    seed = field("sampler_seed")
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
-                     sampler, seed, pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
+                     sampler, field("sampler_seed"), pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
                      heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim,
                      *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where),
                      fixed, _flag(field("continue_changed", False), "continue_changed", where), None, confirm,
                      confirm_top)
 
 
+def _integers(where: str, given: tuple[tuple[str, Any, int], ...]) -> None:
+    """Each (field, value, lowest) an integer of at least its lowest (parallel may be null)."""
+    for key, v, low in given:
+        if key == "parallel" and v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ConfigError(f"{where}: {key}={v!r}: must be an integer >= {low}")
+
+
+def _space_and_fixed(file_space: dict[str, Any], extra: tuple[Param, ...], overrides: Iterable[str], where: str,
+                     known_keys: set[str] | None, search: bool) -> tuple[list[Param], tuple[str, ...]]:
+    """The search space: the file's, less each key the command line gives a range of its own (`extra`, which
+    joins it) or one value (`overrides`: fixed, as Hydra's command line wins); and those fixing overrides."""
+    from xp.studies.overrides import fixed_overrides
+
+    fixed = tuple(o for o in fixed_overrides(overrides) if o.partition("=")[0] in file_space)
+    given = {p.name for p in extra} | {o.partition("=")[0] for o in fixed}
+    space = {k: v for k, v in file_space.items() if k not in given}
+    if search and fixed and not space and not extra:
+        raise ConfigError(f"{where}: every parameter it searches is fixed on the command line ({', '.join(fixed)}): "
+                          "nothing is left to search; run it without -m sweep=..., or search another key")
+    return [*(_search_space(space, where, known_keys) if space or (search and not extra) else []), *extra], fixed
+
+
 def _flag(value: Any, key: str, where: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{where}: {key}={value!r}: must be true or false")
     return value
-
-
-def fixed_overrides(overrides: Iterable[str]) -> list[str]:
-    """The command line's KEY=VALUE overrides of one value (not a sweep, a group, Hydra's or a study's own), as
-    written: those that name a searched key fix it."""
-    out = []
-    for o in overrides:
-        key, eq, value = o.lstrip("+~").partition("=")
-        if not eq or key.startswith(("hydra", "sweep", "optuna")) or o.startswith("~"):
-            continue
-        if "," in value or value.strip().startswith(("choice(", "range(", "interval(", "tag(", "glob(")):
-            continue  # a sweep (the search space's, from space_from_overrides)
-        out.append(f"{key}={value}")
-    return out
 
 
 def _registry_name(value: Any, study: str, where: str) -> str | None:
@@ -346,41 +337,6 @@ def _claim(given: Any, where: str) -> dict[str, Any] | None:
     if not isinstance(figure, (int, float)) or isinstance(figure, bool) or not isinstance(given.get("source"), str):
         raise ConfigError(f"{where}: claim: needs figure (the published number) and source (where it was published)")
     return given
-
-
-def space_from_overrides(overrides: list[Any]) -> tuple[tuple[Param, ...], list[str]]:
-    """A study's search space from Hydra's sweep syntax on the command line, and the other overrides:
-    KEY=a,b / choice(a,b): categorical; range(start,stop[,step]): categorical over its values;
-    interval(low,high): float; tag(log, interval(...)): log scale; tag(int, interval(...)): integer."""
-    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-
-    params, rest = [], []
-    for o in overrides:
-        if not o.is_sweep_override() or o.key_or_group.startswith(("hydra", "sweep")):
-            rest.append(o.input_line)
-            continue
-        key, at, sweep = o.key_or_group, o.input_line, o.value()  # keys are checked with the plan's (xp.cli)
-        tags = set(getattr(sweep, "tags", ()) or ())
-        if isinstance(sweep, IntervalSweep):
-            if sweep.start is None or sweep.end is None:  # Hydra's grammar gives both
-                raise ConfigError(f"{at}: an interval needs a low and a high")
-            low, high, log_scale = float(sweep.start), float(sweep.end), "log" in tags
-            if low > high:
-                raise ConfigError(f"{at}: low {low:g} > high {high:g}")
-            if log_scale and low <= 0:
-                raise ConfigError(f"{at}: a log scale needs low > 0, got {low:g}")
-            kind = "int" if "int" in tags else "float"
-            if kind == "int" and not (low.is_integer() and high.is_integer()):
-                raise ConfigError(f"{at}: tag(int, ...) needs integer bounds")
-            params.append(Param(key, kind, low, high, log_scale))
-        elif isinstance(sweep, (ChoiceSweep, RangeSweep)):
-            values = [float(f"{v:.12g}") if isinstance(v, float) else v for v in o.sweep_iterator()]  # 0.7, not 0.70..01
-            if not values:
-                raise ConfigError(f"{at}: no values to choose from")
-            params.append(Param(key, "categorical", choices=tuple(values)))
-        else:
-            raise ConfigError(f"{at}: a study searches choice(...), range(...) or interval(...)")
-    return tuple(params), rest
 
 
 def _objectives(given: Any, where: str, sampler: str, pruner: str) -> list[Objective]:

@@ -16,9 +16,10 @@ from xp.states import RunStatus, TrialState as Told  # (Optuna's TrialState is i
 from xp.studies.channel import Done, RunTrial
 from xp.studies import question
 from xp.studies.budget import Budget
-from xp.studies.compose import as_override, plain
+from xp.studies.compose import as_override, job_config, plain
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
-from xp.studies.study import StudySpec, space_from_overrides, spec_from
+from xp.studies.overrides import space_from_overrides
+from xp.studies.study import StudySpec, spec_from
 from xp.studies.summary import BestModel, summarize
 from xp.studies.trial import DUPLICATE, INTERRUPTED, _counts, distributions, heartbeat, open_study, retry_dead_trials
 
@@ -38,7 +39,7 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
     space, arguments = space_from_overrides(OverridesParser.create().parse_overrides(arguments))
     spec = placement.spec or _spec_here(config, space, arguments)  # read once, by the command line's preflight
     study = open_study(spec)
-    for line in question.settle(study, spec, spec.question or question.question_of(_job_config(config), spec)):
+    for line in question.settle(study, spec, spec.question or question.question_of(job_config(config), spec)):
         log.warning(line)
     if spec.fixed:
         log.info(f"study {spec.study_name}: {', '.join(spec.fixed)} fixed on the command line: not searched; it "
@@ -149,15 +150,6 @@ def _spec_here(config: Any, space: tuple[Any, ...], arguments: list[str]) -> Stu
     node = plain(config.sweep)
     name = node.get("name") or config.hydra.runtime.choices.get("sweep")  # a user's file has no name field
     return spec_from(node, name, extra=space, overrides=arguments)
-
-
-def _job_config(config: Any) -> dict[str, Any]:
-    """The sweep's composed config as a job's (no Hydra node; its sweep-time fields, hydra.job.num, are unset)."""
-    from omegaconf import OmegaConf
-
-    out = plain(config, resolve=False)
-    out.pop("hydra", None)
-    return plain(OmegaConf.create(out))
 
 
 def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None,

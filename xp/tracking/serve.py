@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from xp.errors import ConfigError, one_line, redact
+from xp.tracking.service import IDLE_S
 from xp.tracking.spool import Spool
 
 log = logging.getLogger("xp")
 
-IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 1800))
 STORES = 16  # stores kept open (each holds its connections): the service of a user who meets many closes the rest
 _owners: dict[int, Connection] = {}  # thread -> the connection whose run it works for (its lines go there)
 _live: set[Connection] = set()

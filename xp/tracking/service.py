@@ -44,6 +44,7 @@ starts = False
 START_S = 30.0  # how long a run waits for a new service to answer before doing its MLflow work itself
 ASK_S = 60.0  # how long a request other than a run's creation or end may go unanswered (the service is stuck)
 CALL_S = 600.0  # ... and the command's MLflow work (xp.tracking.served: a study's end waits for its store)
+IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 1800))  # a service without a run for this long ends (serve)
 
 
 class Unavailable(Exception):
@@ -74,22 +75,14 @@ PROTOCOL = 2  # the messages between a run and the service; a change makes anoth
 @functools.lru_cache(maxsize=1)
 def _code() -> str:
     """What the service depends on, read once a process: this Python, this xp's code (its folder, its files' latest
-    change), the versions of MLflow and SQLAlchemy it writes the store with (an upgraded MLflow must not be served by
-    a living service with the old one's tables and validation), and the protocol. (Their versions are read from
-    their installed metadata: nothing is imported.)"""
-    from importlib.metadata import PackageNotFoundError, version
+    change), the MLflow and SQLAlchemy it writes with (their installed versions: nothing imported), the protocol."""
+    from importlib.metadata import version
 
     import xp
 
-    def installed(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "-"
-
     code = Path(xp.__file__).parent
     return (f"{sys.executable}|{code}|{max(p.stat().st_mtime_ns for p in code.rglob('*.py'))}|"
-            f"mlflow {installed('mlflow')}|sqlalchemy {installed('sqlalchemy')}|protocol {PROTOCOL}")
+            f"mlflow {version('mlflow')}|sqlalchemy {version('sqlalchemy')}|protocol {PROTOCOL}")
 
 
 def beside(sock: Path, suffix: str) -> Path:
@@ -197,16 +190,11 @@ def _started(path: Path) -> None:
             try:
                 _connected(path).close()
                 print(f"xp: started the tracking service (process {process.pid}): it writes this machine's SQLite "
-                      f"MLflow stores for xp's runs and ends after {idle_s() / 60:.0f} minutes without one; python -m "
+                      f"MLflow stores for xp's runs and ends after {IDLE_S / 60:.0f} minutes without one; python -m "
                       "xp.tracking stop ends it now", flush=True)  # (stdout: before Hydra sets its logging up)
                 return
             except OSError:
                 time.sleep(0.02)
-
-
-def idle_s() -> float:
-    """How long the service waits without a run before it ends, seconds (XP_SERVICE_IDLE_S)."""
-    return float(os.environ.get("XP_SERVICE_IDLE_S", 1800))
 
 
 def _connected(path: Path) -> socket.socket:
