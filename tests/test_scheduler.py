@@ -238,7 +238,8 @@ def test_a_starting_worker_whose_ctrl_c_was_swallowed_ends_at_the_schedulers_sig
             "    pass  # swallowed\n"
             "print('still starting', flush=True)\n"
             "time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     try:
         wait_for_line(proc, "still starting", timeout=60)
         proc.send_signal(signal.SIGTERM)
@@ -445,7 +446,7 @@ def test_ctrl_c_that_lands_inside_hydras_work_is_the_stop_not_hydras_error(tmp_p
     stop: the one line, 130, the parent KILLED."""
     args = xp_args(tmp_path, "-m", "epochs=1", "batch=16,32")[3:]  # (after python -m xp)
     r = subprocess.run([sys.executable, "-c", CTRL_C_IN_HYDRA, how, *args], cwd=ROOT, env=xp_env(store),
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, preexec_fn=default_sigint)
     assert r.returncode == 130 and r.stderr.strip().splitlines()[-1] == "xp: error: interrupted (Ctrl-C)", r.stderr
     assert "_invalidate_flags_cache" not in r.stderr and "HYDRA_FULL_ERROR" not in r.stderr, r.stderr
     _, runs = mlflow_runs(store)
