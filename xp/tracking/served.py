@@ -73,7 +73,8 @@ def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: s
         best = front[0] if front and not multi_objective else None
         params = best["params"] if best else {}
         tags = {"optuna.study": study, "xp.register_model": register_model}
-        lines = [description] if description else []
+        head, _, rest = description.partition("\n")  # the study's line, then its best, then the rest
+        lines = [head] if head else []
         for member in front:
             version = versions.get(int(member["trial"]))
             model = f"models:/{register_model}/{version}" if version else None
@@ -83,6 +84,7 @@ def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: s
                          + (f"; its run: `{member['mlflow_run_id']}`" if member.get("mlflow_run_id") else "")
                          + (f"; its model: `{model}`" + (f" (`models:/{register_model}@best`)" if best else "")
                             if model else ""))
+        lines += [rest] if rest else []
         if best:
             tags.update({"xp.best_trial": str(best["trial"]), "xp.best_run_id": str(best.get("mlflow_run_id") or "")})
             version = versions.get(int(best["trial"]))
