@@ -80,7 +80,8 @@ def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: s
             model = f"models:/{register_model}/{version}" if version else None
             lines.append(f"- {'best trial' if best else 'Pareto member'}: **trial {member['trial']}** "
                          + ", ".join(f"{k} = {v:.4g}" for k, v in member["values"].items()) + "; "
-                         + ", ".join(f"{k} = {v}" for k, v in member["params"].items())
+                         + ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
+                                     for k, v in member["params"].items())
                          + (f"; its run: `{member['mlflow_run_id']}`" if member.get("mlflow_run_id") else "")
                          + (f"; its model: `{model}`" + (f" (`models:/{register_model}@best`)" if best else "")
                             if model else ""))
