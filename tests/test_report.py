@@ -268,3 +268,18 @@ def test_a_sweeps_children_are_all_found_past_a_page_and_its_table_shows_the_bes
     rows = [{"run": "a", "best_val_accuracy": 0.5}, {"run": "b"}, {"run": "c", "best_val_accuracy": 0.9},
             {"run": "d", "best_val_accuracy": 0.7}]
     assert [r["run"] for r in best(rows, 3)] == ["c", "d", "a"]
+
+
+def test_a_sweeps_table_counts_the_epochs_a_stopped_run_logged(tmp_path):
+    """A run stopped (Ctrl-C) before its summary: the sweep's table shows the epochs it logged, not "-"."""
+    from xp.tracking.served import sweep_result
+
+    uri, client, exp = _store(tmp_path)
+    parent = client.create_run(exp, tags={"xp.sweep": "true"}).info.run_id
+    rid = client.create_run(exp, tags={"mlflow.parentRunId": parent}).info.run_id
+    for step, acc in enumerate((0.5, 0.6, 0.7), start=1):
+        client.log_metric(rid, "val_accuracy", acc, step=step)
+    client.set_terminated(rid, "KILLED")
+    [row] = sweep_result(uri=uri, experiment_id=exp, parent=parent, kind="sweep", params=[], metrics=["val_accuracy"])[
+        "rows"]
+    assert (row["epochs"], row["val_accuracy"], row["state"]) == (3, 0.7, "KILLED")

@@ -36,6 +36,9 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
     children = latest_per_job(search_all(client, [str(experiment_id)], f"tags.mlflow.parentRunId = '{parent}'",
                                          order_by=["attributes.start_time ASC"]))
     rows = [summary.row_from_mlflow(r) for r in children]
+    for row, run in zip(rows, children):  # a run stopped before its summary (Ctrl-C): the epochs it logged
+        if row["epochs"] is None and row["val_accuracy"] is not None:
+            row["epochs"] = len(client.get_metric_history(run.info.run_id, "val_accuracy"))
     return {"rows": rows, "params": summary.parent_params(rows, children), "tags": summary.parent_tags(children),
             "view": view.share(client, experiment_id, parent, kind, params, metrics, study)}
 
