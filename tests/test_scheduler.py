@@ -659,3 +659,28 @@ def test_a_zygote_that_forked_no_worker_ends_at_once_and_one_that_did_waits_for_
     assert worker.pid and worker.pid != zygote.proc.pid and not psutil.pid_exists(worker.pid)
     zygote.close()
     assert zygote.proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_no_trial_starts_past_the_time_budget_on_a_loaded_machine(tmp_path, store):
+    """sweep.timeout_s counts from the command's start: every core busy with other work from before the command
+    starts to after it ends (its start and end are the events), no trial's run starts later than timeout_s after the
+    command's process began. The budget once counted from the study's opening (seconds after the command's start
+    on a loaded machine) and let a trial asked before the budget ran out start after it."""
+    import multiprocessing
+
+    env = study_env(tmp_path, 500)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(multiprocessing.cpu_count())]
+    try:
+        with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=2", "sweep.timeout_s=12", env=env) as proc:
+            began = psutil.Process(proc.pid).create_time()
+            out, err = proc.communicate(timeout=600)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait(timeout=30)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert "no more trials start: its time budget is spent" in out + err, out[-3000:]
+    runs = trial_runs(store)
+    late = [r.info.start_time / 1000 - began for r in runs if r.info.start_time / 1000 > began + 12]
+    assert runs and not late, late

@@ -47,6 +47,15 @@ def check_budget(spec: Any, config: dict[str, Any], here: bool) -> None:
                           "(hardware=p3.2xlarge) or set hardware.price_per_hour=USD")
 
 
+def command_start() -> float:
+    """When this process (the study's command) started, on the monotonic clock: its budget counts from there, not
+    from the moment the study was opened (on a loaded machine composing and opening it took seconds, which the
+    budget did not count: trials started past sweep.timeout_s after the command began)."""
+    import psutil
+
+    return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+
+
 @dataclass
 class Budget:
     study: Any
@@ -57,7 +66,7 @@ class Budget:
     before_s: float = 0.0  # spent by the commands that ran it before this one
     before_usd: float = 0.0
     typical_s: float = 0.0  # how long the study's trials have lasted (its finished ones, mean): a new command's guess
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=lambda: command_start())
     saved: float = 0.0
 
     @classmethod

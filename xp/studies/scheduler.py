@@ -207,6 +207,9 @@ class Scheduler:
             if self.left <= 0 or self._refused():
                 return None
             trial = self.ask()
+            if trial is not None and self.budget is not None and self._refused():  # spent while it was asked (a
+                self.give_back([trial], "out of budget")  # loaded machine's ask takes long): it starts not
+                return None
             if trial is not None:
                 break
         self.jobs += 1
