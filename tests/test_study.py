@@ -702,3 +702,47 @@ def test_sweep_confirm_retrains_the_best_trials_with_other_seeds_and_answers_by_
     assert again.returncode == 0, said(again)
     assert "runs to go" not in again.stdout + again.stderr and len(confirming.trials) == 4
     assert len([r for r in mlflow_runs(store)[1] if "optuna.trial_number" in r.data.tags]) == 3 + 4
+
+
+def test_sweepers_asking_the_same_parameters_at_once_run_them_once(tmp_path, monkeypatch):
+    """The claim on a parameter set is the trial's number, which the storage gives once and in order: 4 sweepers
+    (each its own Optuna study object and connection on one SQLite file) ask at the same moment (a barrier), 50
+    rounds, each round's space one parameter set: exactly one of the 4 proposals runs, every other is dropped as
+    a duplicate of a lower-numbered one. (The rule before: drop if another is running, and after 10 drops in a row
+    run anyway; two that checked at once both ran, or neither.)"""
+    import threading
+
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from xp.studies import sweeper
+    from xp.studies.sweeper import _ask
+
+    monkeypatch.setattr(sweeper, "MAX_DUPLICATES", 1)  # (a loser asks once: the claim is what is tested here)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    optuna.create_study(study_name="race", storage=storage, direction="maximize")
+    studies = [optuna.load_study(study_name="race", storage=optuna.storages.RDBStorage(storage),
+                                 sampler=optuna.samplers.RandomSampler(seed=i)) for i in range(4)]
+    for r in range(50):
+        barrier, got = threading.Barrier(4), [None] * 4
+
+        def sweeper(i: int, dists=({f"x{r}": CategoricalDistribution([0])})) -> None:  # (a new space a round)
+            barrier.wait(timeout=60)
+            try:
+                got[i] = _ask(studies[i], dists, 1)
+            except Exception as e:  # (said below)
+                got[i] = e
+
+        threads = [threading.Thread(target=sweeper, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not [g for g in got if not isinstance(g, tuple)], got
+        running = [t for trials, _ in got for t in trials]
+        assert len(running) == 1, (r, [[t.number for t in trials] for trials, _ in got])
+        studies[0].tell(running[0].number, 1.0)
+    trials = studies[0].get_trials(deepcopy=False)
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 50
+    assert sum("duplicate_of" in t.user_attrs for t in trials) == 150

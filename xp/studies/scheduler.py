@@ -69,6 +69,7 @@ class Scheduler:
                  budget: Any = None, label: str = "study"):
         self.pool, self.ask, self.remaining, self.mark = pool, ask, remaining, mark
         self.label = label  # its progress lines' first word (a study's confirming runs: "confirm")
+        self.waiting = False  # every proposal was a running trial's: none is asked until a trial ends
         self.trial_message = trial_message
         self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
         self.give_back = give_back  # trials in flight or held when the study stops early, handed back to it
@@ -201,17 +202,18 @@ class Scheduler:
         return self.ready.popleft() if self.ready and not self._refused() else None
 
     def _next(self) -> Flight | None:
-        """The next trial asked, with its worker's message; None when the budget is spent."""
-        while True:
-            self.left = self.remaining()
-            if self.left <= 0 or self._refused():
-                return None
-            trial = self.ask()
-            if trial is not None and self.budget is not None and self._refused():  # spent while it was asked (a
-                self.give_back([trial], "out of budget")  # loaded machine's ask takes long): it starts not
-                return None
-            if trial is not None:
-                break
+        """The next trial asked, with its worker's message; None when the budget is spent, or while every proposal
+        is a trial running already (`waiting`: asked again once a trial ends, not at every turn of the loop)."""
+        self.left = self.remaining()
+        if self.left <= 0 or self._refused() or self.waiting:
+            return None
+        trial = self.ask()
+        if trial is not None and self.budget is not None and self._refused():  # spent while it was asked (a
+            self.give_back([trial], "out of budget")  # loaded machine's ask takes long): it starts not
+            return None
+        if trial is None:
+            self.waiting = self.remaining() > 0
+            return None
         self.jobs += 1
         self.mark(trial)
         _beat([trial])  # alive from the start: a later sweeper does not take it for a lost one
@@ -278,6 +280,7 @@ class Scheduler:
                  f"the slots were busy {t.busy_s / (slots * span):.0%} of the time after the first trial started")
 
     def _count(self, flight: Flight, msg: Done, state: str) -> None:
+        self.waiting = False  # (a trial ended: its parameters are a result to reuse now, not a run to wait for)
         t = self.tally
         t.states[state] = t.states.get(state, 0) + 1
         value = msg.values[0] if state == TrialState.COMPLETE and msg.values else None

@@ -122,6 +122,9 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
             log.warning(line)
         trials, reused = _ask(study, distributions(spec), min(parallel, remaining))
         remaining -= reused
+        if not trials and not reused:  # every proposal is another sweeper's running trial: theirs to finish
+            log.info("study: every proposal is a trial another sweeper is running: this one ends, they go on")
+            break
         if not trials:
             continue
         jobs = [[*arguments, *(as_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
@@ -168,9 +171,12 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
 
     base = _base_config(config, arguments, searchpath)
 
-    def ask() -> Any:
-        trials, _ = _ask(study, dists, 1)
-        return trials[0] if trials else None
+    def ask() -> Any:  # (None: the budget is spent, or every proposal is a running trial's: wait for an end)
+        while remaining() > 0:
+            trials, reused = _ask(study, dists, 1)
+            if trials or not reused:
+                return trials[0] if trials else None
+        return None
 
     def remaining() -> int:
         done, running = _counts(study)
@@ -303,10 +309,11 @@ def retry_orphans(study: Any, spec: StudySpec) -> list[str]:
 
 
 def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
-    """Up to n new trials to run, and how many asked trials reused an earlier result instead (they count)."""
+    """Up to n new trials to run, and how many asked trials reused an earlier result instead (they count). Fewer
+    (none, none reused) when MAX_DUPLICATES proposals in a row were a running trial's: wait for one to end."""
     trials: list[Any] = []
     reused, duplicates = 0, 0
-    while len(trials) < n - reused:
+    while len(trials) < n - reused and duplicates < MAX_DUPLICATES:
         with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
             warnings.simplefilter("ignore", UserWarning)
             t = study.ask(dists)
@@ -314,7 +321,7 @@ def _ask(study: Any, dists: dict[str, Any], n: int) -> tuple[list[Any], int]:
         if _reuse_earlier(study, t, same):  # the same parameters already ran: runs are deterministic
             reused += 1
             continue
-        if _running_already(study, t, duplicates, same):  # another sweeper (or this one) is running them now
+        if _running_already(study, t, same):  # another sweeper (or this one) claimed them first
             duplicates += 1
             continue
         trials.append(t)
@@ -343,28 +350,45 @@ def _tell(study: Any, trials: list[Any], results: list[Any], best: BestModel | N
             study.tell(t, state=TrialState.FAIL)
 
 
-MAX_DUPLICATES = 10  # proposals dropped in a row before one is run anyway (a search space smaller than the sweepers)
+MAX_DUPLICATES = 10  # proposals in a row that a running trial has before the sweeper waits for one to end (a search
+# space smaller than its sweepers' slots)
+
+
+SETTLING_S = 2.0  # a trial created this recently whose parameters are not all set yet is waited for (see below)
 
 
 def _same_params(study: Any, trial: Any) -> list[Any]:
-    """The study's other running, waiting or finished trials with `trial`'s parameters."""
+    """The study's other running, waiting or finished trials with `trial`'s parameters. A trial is created, then
+    its parameters are set, in calls of their own: a lower-numbered trial created moments ago whose parameters are
+    not all there yet may be about to have these; it is read again until they are (SETTLING_S at most)."""
+    import datetime
+
     from optuna.trial import TrialState
 
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
     params = trial.params  # (a copy made at each reading: once, not once per trial of the study)
-    return [o for o in study.get_trials(deepcopy=False, states=states) if o.number != trial.number and o.params == params]
+    deadline = time.monotonic() + SETTLING_S
+    while True:
+        trials = study.get_trials(deepcopy=False, states=states)
+        recent = datetime.datetime.now() - datetime.timedelta(seconds=SETTLING_S)
+        unsettled = [o for o in trials if o.number < trial.number and o.state == TrialState.RUNNING
+                     and set(o.params) < set(params) and o.datetime_start and o.datetime_start > recent]
+        if not unsettled or time.monotonic() > deadline:
+            return [o for o in trials if o.number != trial.number and o.params == params]
+        time.sleep(0.01)
 
 
-def _running_already(study: Any, trial: Any, dropped: int, same: list[Any]) -> bool:
-    """Drop `trial` (FAIL, marked duplicate_of, not counted towards the budget) if a trial in flight has the same
-    parameters: sweepers sharing a study must not run one parameter set twice at once (their per-trial seeds make
-    that rare in continuous spaces, not in small discrete ones). After MAX_DUPLICATES drops in a row it runs."""
+def _running_already(study: Any, trial: Any, same: list[Any]) -> bool:
+    """Drop `trial` (FAIL, marked duplicate_of, not counted towards the budget) if a trial created before it (a lower
+    number) with the same parameters is running or waiting: sweepers sharing a study must not run one parameter
+    set twice (their per-trial seeds make that rare in continuous spaces, not in small discrete ones). The claim is
+    the trial's number, which the storage gives once and in order: of two same-parameter trials asked at the same
+    moment, the later one's read (after its own creation) sees the earlier, so exactly the earlier one runs, at any
+    timing, and neither depends on the other having looked yet."""
     from optuna.trial import TrialState
 
-    if dropped >= MAX_DUPLICATES:
-        return False
     for other in same:
-        if other.state in (TrialState.RUNNING, TrialState.WAITING):
+        if other.state in (TrialState.RUNNING, TrialState.WAITING) and other.number < trial.number:
             trial.set_user_attr(DUPLICATE, other.number)
             study.tell(trial, state=TrialState.FAIL)
             log.info(f"trial {trial.number}: the same parameters as trial {other.number}, which is running: "
