@@ -746,3 +746,26 @@ def test_sweepers_asking_the_same_parameters_at_once_run_them_once(tmp_path, mon
     trials = studies[0].get_trials(deepcopy=False)
     assert sum(t.state.name == "COMPLETE" for t in trials) == 50
     assert sum("duplicate_of" in t.user_attrs for t in trials) == 150
+
+
+def test_a_confirming_study_takes_more_seeds_later(tmp_path):
+    """sweep.confirm=1 then sweep.confirm=2 on the same study: the confirming study's seed parameter keeps one
+    distribution (Optuna refuses a categorical that changes), and only the new seed's retraining is queued."""
+    import dataclasses
+
+    import optuna
+
+    from xp.studies import confirm
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = study.spec_from({"params": {"lr": {"type": "float", "low": 0.001, "high": 0.1}},
+                            "storage": f"sqlite:///{tmp_path}/optuna.db", "confirm": 1, "confirm_top": 1}, "q", KNOWN)
+    s = trial.open_study(spec)
+    s.add_trial(optuna.trial.create_trial(params={"lr": 0.01}, distributions=trial.distributions(spec), value=0.5))
+    c1, cspec1 = confirm.prepared(s, spec, 42)
+    t = c1.ask(trial.distributions(cspec1))
+    assert t.params == {"lr": 0.01, "seed": 43} and cspec1.n_trials == 1
+    c1.tell(t, 0.4)
+    c2, cspec2 = confirm.prepared(s, dataclasses.replace(spec, confirm=2), 42)
+    t = c2.ask(trial.distributions(cspec2))  # (no "dynamic value space" refusal)
+    assert t.params == {"lr": 0.01, "seed": 44} and cspec2.n_trials == 2

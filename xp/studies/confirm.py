@@ -21,6 +21,7 @@ from typing import Any
 from xp.studies.study import Param, StudySpec
 
 SUFFIX = ".confirm"  # the confirming study's name: the study's and this
+SEEDS = 2 ** 31  # the seeds a confirming study's trials may have
 
 
 def name_of(study_name: str) -> str:
@@ -65,7 +66,8 @@ def prepared(study: Any, spec: StudySpec, base_seed: int) -> tuple[Any, StudySpe
     wanted = [{**t.params, "seed": s} for t in best for s in seeds(spec, base_seed)]
     cspec = dataclasses.replace(
         spec, study_name=name_of(spec.study_name), pruner="none", sampler="random", register_model=None,
-        params=(*spec.params, Param("seed", "categorical", choices=tuple(sorted({w["seed"] for w in wanted})))),
+        params=(*spec.params, Param("seed", "int", 0, SEEDS - 1)),  # (one range whatever K: Optuna keeps a
+        # parameter's distribution fixed in a study, and each retraining is enqueued with its seed)
         confirm=0, question=None)
     cstudy = open_study(cspec)
     have = [t.params for t in cstudy.get_trials(deepcopy=False) if t.state in (

@@ -35,7 +35,7 @@ def counts(study: Any) -> dict[str, int]:
 
 
 def counts_line(c: dict[str, int]) -> str:
-    """`10 trials: 8 complete, 2 pruned, 0 fail (+ 4 given back at a stop and run again)`."""
+    """`10 trials (8 complete, 2 pruned, 0 fail); Optuna also holds 4 given back at a stop and queued again`."""
     ran = c["complete"] + c["pruned"] + c["fail"] + c["running"]
     line = f"{ran} trials ({c['complete']} complete, {c['pruned']} pruned, {c['fail']} fail"
     line += f", {c['running']} running" if c["running"] else ""
