@@ -2,7 +2,7 @@
 
 What xp's scheduler does for each trial of a study, with its own functions, on a real storage, without workers
 or MLflow: how many trials are left (xp.studies.trial._counts), ask (Optuna's sampler) and xp's checks of the
-proposal (the same parameters ran or are running: sweeper._same_params and friends), its marks (the scheduler's
+proposal (the same parameters ran or are running: proposals._same_params and friends), its marks (the scheduler's
 user attribute, the MLflow run id), a report and a pruning question per epoch (Optuna's median pruner), tell.
 Each call's thread CPU is summed by kind, over N trials; xp's part is what a bare Optuna loop does not pay.
 
@@ -38,7 +38,7 @@ def main() -> int:
     import optuna
     from optuna.trial import TrialState
 
-    from xp.studies import sweeper
+    from xp.studies import proposals
     from xp.studies.study import spec_from
     from xp.studies.trial import _counts, distributions, make_pruner, make_sampler, storage_of
 
@@ -62,12 +62,12 @@ def main() -> int:
         return out
 
     ask = study.ask
-    study.ask = lambda *a, **k: timed("ask (sampler)", lambda: ask(*a, **k))  # inside sweeper._ask: Optuna's part
+    study.ask = lambda *a, **k: timed("ask (sampler)", lambda: ask(*a, **k))  # inside proposals.propose: Optuna's part
     for _ in range(args.trials):
         timed("counts", lambda: _counts(study))
         start = time.thread_time()
         asked = cpu["ask (sampler)"]
-        trial = sweeper._ask(study, dists, 1)[0][0]
+        trial = proposals.propose(study, dists, 1)[0][0]
         cpu["checks"] += time.thread_time() - start - (cpu["ask (sampler)"] - asked)
         timed("marks", lambda: (trial.set_user_attr("xp.scheduler", "host:1"), trial.set_user_attr("run", "0" * 32)))
         lr, momentum = trial.params["lr"], trial.params["momentum"]

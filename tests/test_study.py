@@ -448,7 +448,7 @@ def test_a_proposal_is_checked_against_one_read_of_the_study_so_a_trial_ending_m
     running (the proposal is dropped) or ended (its result reused), never missed in between (run twice)."""
     import optuna
 
-    from xp.studies.sweeper import _ask
+    from xp.studies.proposals import propose
 
     dists = {"batch": optuna.distributions.CategoricalDistribution([16, 32])}
     s = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -464,7 +464,7 @@ def test_a_proposal_is_checked_against_one_read_of_the_study_so_a_trial_ending_m
         return got
 
     s.get_trials = read_then_it_ends
-    trials, reused = _ask(s, dists, 1)
+    trials, reused = propose(s, dists, 1)
     assert all(t.params != {"batch": 16} for t in trials), [t.params for t in trials]
     assert s.trials[1].user_attrs.get("duplicate_of") == 0 or s.trials[1].user_attrs.get("reused_from_trial") == 0
 
@@ -715,10 +715,10 @@ def test_sweepers_asking_the_same_parameters_at_once_run_them_once(tmp_path, mon
     import optuna
     from optuna.distributions import CategoricalDistribution
 
-    from xp.studies import sweeper
-    from xp.studies.sweeper import _ask
+    from xp.studies import proposals
+    from xp.studies.proposals import propose
 
-    monkeypatch.setattr(sweeper, "MAX_DUPLICATES", 1)  # (a loser asks once: the claim is what is tested here)
+    monkeypatch.setattr(proposals, "MAX_DUPLICATES", 1)  # (a loser asks once: the claim is what is tested here)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{tmp_path}/optuna.db"
     optuna.create_study(study_name="race", storage=storage, direction="maximize")
@@ -730,7 +730,7 @@ def test_sweepers_asking_the_same_parameters_at_once_run_them_once(tmp_path, mon
         def sweeper(i: int, dists=({f"x{r}": CategoricalDistribution([0])})) -> None:  # (a new space a round)
             barrier.wait(timeout=60)
             try:
-                got[i] = _ask(studies[i], dists, 1)
+                got[i] = propose(studies[i], dists, 1)
             except Exception as e:  # (said below)
                 got[i] = e
 
