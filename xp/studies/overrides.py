@@ -1,29 +1,14 @@
 """A study's part of the command line: a search space in Hydra's sweep syntax (`space_from_overrides`: KEY=a,b,
 choice(...), range(...), interval(...), tag(log|int, ...)) and the single values that fix a searched key
-(`fixed_overrides`: the command line wins over the study file, as Hydra's does)."""
+(`fixed_overrides`, in xp.studies.study, which the spec is read with: the command line wins over the study file,
+as Hydra's does)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from xp.errors import ConfigError
 from xp.studies.study import Param
-
-
-def fixed_overrides(overrides: Iterable[str]) -> list[str]:
-    """The command line's KEY=VALUE overrides of one value (not a sweep, a group, Hydra's or a study's own), as
-    written: those that name a searched key fix it."""
-    out = []
-    for o in overrides:
-        key, eq, value = o.lstrip("+~").partition("=")
-        if not eq or key.startswith(("hydra", "sweep", "optuna")) or o.startswith("~"):
-            continue
-        if "," in value or value.strip().startswith(("choice(", "range(", "interval(", "tag(", "glob(")):
-            continue  # a sweep (the search space's, from space_from_overrides)
-        out.append(f"{key}={value}")
-    return out
-
 
 
 def space_from_overrides(overrides: list[Any]) -> tuple[tuple[Param, ...], list[str]]:

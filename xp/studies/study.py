@@ -274,8 +274,6 @@ def _space_and_fixed(file_space: dict[str, Any], extra: tuple[Param, ...], overr
                      known_keys: set[str] | None, search: bool) -> tuple[list[Param], tuple[str, ...]]:
     """The search space: the file's, less each key the command line gives a range of its own (`extra`, which
     joins it) or one value (`overrides`: fixed, as Hydra's command line wins); and those fixing overrides."""
-    from xp.studies.overrides import fixed_overrides
-
     fixed = tuple(o for o in fixed_overrides(overrides) if o.partition("=")[0] in file_space)
     given = {p.name for p in extra} | {o.partition("=")[0] for o in fixed}
     space = {k: v for k, v in file_space.items() if k not in given}
@@ -283,6 +281,20 @@ def _space_and_fixed(file_space: dict[str, Any], extra: tuple[Param, ...], overr
         raise ConfigError(f"{where}: every parameter it searches is fixed on the command line ({', '.join(fixed)}): "
                           "nothing is left to search; run it without -m sweep=..., or search another key")
     return [*(_search_space(space, where, known_keys) if space or (search and not extra) else []), *extra], fixed
+
+
+def fixed_overrides(overrides: Iterable[str]) -> list[str]:
+    """The command line's KEY=VALUE overrides of one value (not a sweep, a group, Hydra's or a study's own), as
+    written: those that name a searched key fix it."""
+    out = []
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if not eq or key.startswith(("hydra", "sweep", "optuna")) or o.startswith("~"):
+            continue
+        if "," in value or value.strip().startswith(("choice(", "range(", "interval(", "tag(", "glob(")):
+            continue  # a sweep (the search space's, from space_from_overrides)
+        out.append(f"{key}={value}")
+    return out
 
 
 def _flag(value: Any, key: str, where: str) -> bool:

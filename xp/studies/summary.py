@@ -48,16 +48,12 @@ def counts_line(c: dict[str, int]) -> str:
 def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None, base_seed: int = 0) -> dict[str, Any]:
     """Print the best trial (or the Pareto front), log it on the sweep's parent MLflow run, register its model.
     With sweep.confirm, the best is the best by mean across seeds (xp.studies.confirm), said with its spread."""
-    from optuna.trial import TrialState
-
     from xp.studies import confirm
     from xp.studies.question import changes_said
 
-    trials = [t for t in study.get_trials(deepcopy=False)  # less dropped proposals and trials stopped and requeued
-              if DUPLICATE not in t.user_attrs and INTERRUPTED not in t.user_attrs]
-    states = {s: sum(1 for t in trials if t.state == getattr(TrialState, s)) for s in FINISHED}
+    tally = counts(study)  # (its fail: less dropped proposals and trials stopped and requeued)
+    states = {s: tally[s.lower()] for s in FINISHED}
     front = [member(t, spec) for t in study.best_trials]
-    tally = counts(study)
     log.info(f"study {spec.study_name}: {counts_line(tally)}")
     changes = changes_said(study)
     for line in changes:
