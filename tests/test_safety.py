@@ -129,7 +129,7 @@ def test_an_ended_run_whose_records_a_killed_process_left_is_delivered_not_faile
     def away():
         raise OSError("the store does not answer")
 
-    t._spool.client = away  # ... and died with its last records undelivered
+    t._spool.drain.client = away  # ... and died with its last records undelivered
     t.log_metrics({"val_accuracy": 0.75}, step=2)
     t.end("FINISHED")
     settle(0)

@@ -57,7 +57,7 @@ def test_a_run_imports_no_mlflow_and_its_model_and_records_arrive(tmp_path, stor
 def test_a_service_killed_mid_run_loses_nothing_and_sends_nothing_twice(store, state, caplog):
     run = Tracker(store, "xp", "through", params={"lr": 0.1})
     run.start()
-    assert isinstance(run._spool, service.RemoteSpool)
+    assert isinstance(run._spool.drain, service.Served)
     for step in range(3):
         run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
     [pid] = _service_pids(state)
@@ -88,7 +88,7 @@ def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env) for _ in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     assert len(_service_pids(state)) == 1
-    services = [p for p in psutil.process_iter(["cmdline"]) if "xp.tracking.serve" in (p.info["cmdline"] or [])
+    services = [p for p in psutil.process_iter(["cmdline"]) if "xp.tracking.daemon" in (p.info["cmdline"] or [])
                 and str(state) in " ".join(p.info["cmdline"])]
     assert len(services) == 1
     _, runs = mlflow_runs(store)
@@ -188,7 +188,7 @@ def test_a_process_a_launcher_placed_starts_no_service_and_tracks_by_itself(stor
     run.start()
     run.log_metrics({"x": 1.0}, step=0)
     run.end("FINISHED")
-    assert not isinstance(run._spool, service.RemoteSpool) and not _service_pids(tmp_path / "state")
+    assert not isinstance(run._spool.drain, service.Served) and not _service_pids(tmp_path / "state")
     assert mlflow_runs(store)[1][0].info.status == "FINISHED"
 
 
@@ -212,7 +212,7 @@ def test_many_trials_at_once_through_one_service_all_arrive_and_a_busy_store_is_
         store, state, caplog):
     """16 trials' runs (settle_later, as a study's 16 workers' are) delivered side by side by one service all
     arrive whole, none left out and none taken over by its own process (the service writes a store one run at a
-    time, serve.gate: at 1,000 trials on 16 slots, 16 threads each holding a connection of SQLAlchemy's pool of 15
+    time, daemon.Gate: at 1,000 trials on 16 slots, 16 threads each holding a connection of SQLAlchemy's pool of 15
     timed out); and a store too busy to answer (that pool exhausted, which MLflow reports as INVALID_STATE) is
     away for now: its records are sent again, never left out as refused."""
     import threading
@@ -227,7 +227,7 @@ def test_many_trials_at_once_through_one_service_all_arrive_and_a_busy_store_is_
     def trial(i: int) -> None:
         run = Tracker(store, "xp", f"trial {i}", settle_later=True, params={f"p{k}": k for k in range(40)})
         run.start()
-        assert isinstance(run._spool, service.RemoteSpool)
+        assert isinstance(run._spool.drain, service.Served)
         spools.append(run._spool)
         for step in range(5):
             run.log_metrics({"val_accuracy": step / 10, "loss": 1.0 / (step + 1)}, step=step)
@@ -238,7 +238,7 @@ def test_many_trials_at_once_through_one_service_all_arrive_and_a_busy_store_is_
         [t.start() for t in threads]
         [t.join(120) for t in threads]
         # the service says, unasked, when each ended run is all delivered (its spool folder gone)
-        assert len(spools) == 16 and all(s._done.wait(60) for s in spools)
+        assert len(spools) == 16 and all(s.drain._done.wait(60) for s in spools)
         assert not [s.folder for s in spools if s.folder.exists()]
         settle()
     client, runs = mlflow_runs(store)

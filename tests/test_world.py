@@ -536,7 +536,7 @@ def test_a_pending_spool_whose_entry_goes_while_it_is_listed_is_passed_over(tmp_
     takes its entry away. The lister goes on (it failed its trial before: FileNotFoundError)."""
     from pathlib import Path
 
-    from xp.tracking import sync
+    from xp.tracking import leftovers as sync
 
     index = tmp_path / "pending"
     index.mkdir()
@@ -553,27 +553,3 @@ def test_a_pending_spool_whose_entry_goes_while_it_is_listed_is_passed_over(tmp_
     monkeypatch.setattr(Path, "glob", listed_then_taken)
     assert sync.pending() == []
 
-
-def test_records_a_gone_process_left_are_offered_once_a_process_and_store(tmp_path, monkeypatch, caplog):
-    """A study's worker starts a run a trial: the spools left undelivered for its store are listed (and said) at
-    its first run, not at every trial; another store is listed on its own."""
-    import json
-    import logging
-
-    from xp.tracking import spool, sync
-
-    index, left = tmp_path / "pending", tmp_path / "spool-1"
-    index.mkdir()
-    left.mkdir()
-    (left / spool.RUN).write_text(json.dumps({"uri": "sqlite:///a.db", "run_id": "r1", "pid": 0, "started": 0}))
-    (left / spool.RECORDS).write_text(json.dumps({"seq": 1, "op": "log", "metrics": []}) + "\n")
-    (index / "run-1").write_text(str(left))
-    monkeypatch.setattr(sync, "pending_index", lambda: index)
-    monkeypatch.setattr(sync, "_offered", set())
-    with caplog.at_level(logging.WARNING, logger="xp"):
-        for uri in ("sqlite:///a.db", "sqlite:///a.db", "sqlite:///b.db", "sqlite:///a.db"):
-            sync.offer_pending(uri)
-    said = [r.getMessage() for r in caplog.records if "records waiting" in r.getMessage()]
-    assert said == ["1 earlier run(s) have records waiting for sqlite:///a.db (it was away when they ended); "
-                    "deliver them with: python -m xp.sync"], said
-    assert sync.pending("sqlite:///a.db") == [left]  # still there: said, not delivered

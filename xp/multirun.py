@@ -87,11 +87,11 @@ def _end(parent: Any, uri: str, config: dict[str, Any], swept: str, kind: str, s
 
 
 def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[str, Any]:
-    """The sweep's children read back (xp.tracking.served.sweep_result, by the tracking service where there is
+    """The sweep's children read back (xp.tracking.work.sweep_result, by the tracking service where there is
     one), and the UI's view of its runs written: a study's searched parameters, a sweep's varied keys, against
     the objective(s)."""
     from xp.tracking import service
-    from xp.tracking.served import sweep_result
+    from xp.tracking.work import sweep_result
 
     study = config.get("sweep") or {}
     params = list(study.get("params") or {}) or [k for k in swept.split(",") if k]
@@ -151,11 +151,11 @@ def deliver_left_over(uri: str, wait_s: float = DELIVER_S) -> int:
     """What the sweep's processes left in spools for `uri` (a study's workers that ended while the store was away)
     delivered, within wait_s in all; one line says how many records still wait. Returns that number."""
     from xp.tracking import service
-    from xp.tracking.sync import deliver_pending, pending
+    from xp.tracking.leftovers import deliver_left, pending
 
     if not pending(uri):  # (the common case: nothing left, no call to the service)
         return 0
-    left = service.call(uri, deliver_pending, wait_s=wait_s)  # (by the tracking service: this process imports no
+    left = service.call(uri, deliver_left, wait_s=wait_s)  # (by the tracking service: this process imports no
     # MLflow; delivered by this one if the service does not serve the store)
     if left:
         from xp.errors import redact

@@ -1,7 +1,7 @@
-"""python -m xp.sync: the command; its code is xp/tracking/sync.py."""
+"""python -m xp.sync: the command; its code is xp/tracking/leftovers.py."""
 import sys
 
-from xp.tracking.sync import main
+from xp.tracking.leftovers import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,12 +1,12 @@
-"""The tracking service, seen from a run's process: its MLflow work done by a long-lived process of this user and
-machine (xp.tracking.serve), so that a run does not import MLflow or open its store (3.4 s of a 5-s command).
+"""The tracking service, seen from a run's process: a long-lived process of this user and machine
+(xp.tracking.daemon) that creates a SQLite store's runs and drains their spools (xp.tracking.spool), so that a run
+does not import MLflow or open its store (3.4 s of a 5-s command).
 
-A run on a SQLite store asks the service to create its MLflow run, then appends its records to its spool's file
-as before (xp.tracking.spool: durable first) and hands each to the service, which delivers them in order,
-exactly once, and logs the run's model. The service's lines about the store (away, back, refused) come back to
-the run's console. If the service cannot start or goes away, the run's process does its MLflow work itself from
-its spool, where the service left off: nothing is lost or sent twice. A killed run's records wait in its spool
-as they always did. XP_TRACKING_SERVICE=0 turns the service off.
+A run on a SQLite store asks the service to create its MLflow run (`create_run`) and to drain its spool (`Served`);
+it appends its records to the spool's file as any run does, and hears back the service's lines about the store
+(away, back, refused). If the service cannot start, the run's process creates its run and drains its spool itself;
+if the service goes away mid-run, the run's own Drain goes on from the spool's `delivered` mark: the same reader
+of the same file, so nothing is lost or sent twice. XP_TRACKING_SERVICE=0 turns the service off.
 
 One service per xp install (its code, the MLflow and SQLAlchemy it writes with, the protocol), user, machine and
 state folder ($XP_STATE_DIR), started by the first run that needs it (under a lock: two runs starting at once share
@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
-import json
 import logging
 import os
 import queue
@@ -32,8 +31,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.tracking.spool import (FLUSH_S, RECORDS, _read_int, _read_records, _unsettled, bounded, claim, said_left,
-                               state_dir, DELIVERED)
+from xp.tracking.messages import (TRACKING, Call, Close, Closed, Delivered, Last, Open, Refused, Result, Say, Start,
+                                  Store)
+from xp.tracking.spool import Spool, bounded, said_left, state_dir
+from xp.wire import Channel, Message
 
 log = logging.getLogger("xp")
 
@@ -43,8 +44,9 @@ ENV = "XP_TRACKING_SERVICE"  # 0: every run's process does its MLflow work itsel
 starts = False
 START_S = 30.0  # how long a run waits for a new service to answer before doing its MLflow work itself
 ASK_S = 60.0  # how long a request other than a run's creation or end may go unanswered (the service is stuck)
-CALL_S = 600.0  # ... and the command's MLflow work (xp.tracking.served: a study's end waits for its store)
-IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 1800))  # a service without a run for this long ends (serve)
+CALL_S = 600.0  # ... and the command's MLflow work (xp.tracking.work: a study's end waits for its store)
+IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 1800))  # a service without a run for this long ends (daemon)
+PROTOCOL = 3  # the messages between a run and the service; a change makes another service (3: xp.wire's codec)
 
 
 class Unavailable(Exception):
@@ -69,9 +71,6 @@ def socket_path() -> Path:
     return path
 
 
-PROTOCOL = 2  # the messages between a run and the service; a change makes another service (2: keyed by versions)
-
-
 @functools.lru_cache(maxsize=1)
 def _code() -> str:
     """What the service depends on, read once a process: this Python, this xp's code (its folder, its files' latest
@@ -90,44 +89,41 @@ def beside(sock: Path, suffix: str) -> Path:
     return state_dir() / "service" / (sock.stem + suffix)
 
 
-class Channel:
-    """One run's connection to the service. Its reader thread logs the lines the service says for the run and
-    hands the answers to `ask`."""
+class Link:
+    """One connection to the service. Its reader thread says the lines the service says for the run, hands what
+    the service tells unasked (Store, Delivered) to `on_event`, and the answers to `ask`."""
 
     def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.channel = Channel(sock, TRACKING)
+        self._answers: queue.Queue[Message | None] = queue.Queue()
         self._send_lock = threading.Lock()
         self.gone = False
-        self.on_event: Callable[[str], None] = lambda event: None  # what the service tells unasked (RemoteSpool)
+        self.on_event: Callable[[Message], None] = lambda event: None
         threading.Thread(target=self._read, name="xp-tracking-service", daemon=True).start()
 
     def _read(self) -> None:
         try:
-            with self.sock.makefile("rb") as f:
-                for line in f:
-                    msg = json.loads(line)
-                    if "log" in msg:
-                        log.log(int(msg["log"]), "%s", msg["msg"])
-                    elif "event" in msg:
-                        self.on_event(msg["event"])
-                    else:
-                        self._answers.put(msg)
+            while (msg := self.channel.recv()) is not None:
+                if isinstance(msg, Say):
+                    log.log(msg.level, "%s", msg.msg)
+                elif isinstance(msg, (Store, Delivered)):
+                    self.on_event(msg)
+                else:
+                    self._answers.put(msg)
         except (OSError, ValueError):
             pass
         self.gone = True
         self._answers.put(None)
 
-    def send(self, msg: dict[str, Any]) -> None:
-        data = (json.dumps(msg) + "\n").encode()
+    def send(self, msg: Message) -> None:
         try:
             with self._send_lock:
-                self.sock.sendall(data)
+                self.channel.send(msg)
         except OSError as e:
             self.gone = True
             raise Unavailable(f"the tracking service went away ({e.strerror or e})") from None
 
-    def ask(self, msg: dict[str, Any], timeout_s: float = ASK_S) -> dict[str, Any]:
+    def ask(self, msg: Message, timeout_s: float = ASK_S) -> Message:
         self.send(msg)
         try:
             answer = self._answers.get(timeout=timeout_s)
@@ -141,24 +137,20 @@ class Channel:
 
     def close(self) -> None:
         self.gone = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        self.channel.close()
 
 
-def connect() -> Channel:
+def connect() -> Link:
     """A connection to the service, which is started first if there is none (Unavailable: none could be)."""
     path = socket_path()
     try:
-        return Channel(_connected(path))
+        return Link(_connected(path))
     except OSError:
         if not starts:
             raise Unavailable("no tracking service here") from None
-    _started(path)
+    _start(path)
     try:
-        return Channel(_connected(path))
+        return Link(_connected(path))
     except OSError:
         raise Unavailable(f"the tracking service did not start (its log: {beside(path, '.log')})") from None
 
@@ -168,10 +160,10 @@ def ahead(uri: str) -> None:
     the service imports MLflow on another core while the command composes its runs and imports its framework."""
     path = socket_path() if usable(uri) else None
     if path is not None and not path.exists():
-        threading.Thread(target=_started, args=(path,), name="xp-tracking-service-start", daemon=True).start()
+        threading.Thread(target=_start, args=(path,), name="xp-tracking-service-start", daemon=True).start()
 
 
-def _started(path: Path) -> None:
+def _start(path: Path) -> None:
     """A service listens at `path`: one was, or one is started, under a lock (two runs starting at once: the
     second finds the first's service), which is held until it listens (START_S at most)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # (the user's alone)
@@ -212,18 +204,17 @@ def _spawn(path: Path) -> subprocess.Popen:
     environment that says where a run is (it is told per run)."""
     env = {k: v for k, v in os.environ.items() if k not in ("XP_PLACED_TAGS", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
     with open(beside(path, ".log"), "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "xp.tracking.serve", str(path), str(beside(path, ".pid"))],
+        return subprocess.Popen([sys.executable, "-m", "xp.tracking.daemon", str(path), str(beside(path, ".pid"))],
                                 cwd="/", env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                 close_fds=True)
 
 
-def create_run(request: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
-    """The run `request` describes, created by the service: (the run's channel, the service's answer: run_id,
-    artifact_uri, experiment_id; or error, the line the store's refusal makes). Unavailable: do it here."""
-    channel = connect()
-    wait = float(request.get("wait_s", 0.0)) + 180.0  # (a new store's first-use lock, an outage's wait)
-    return channel, channel.ask({"op": "start", **request}, wait)
+def create_run(request: Start) -> tuple[Link, Message]:
+    """The run `request` describes, created by the service: (the run's link, the service's answer: Started, Reopen
+    or Refused). Unavailable: do it here."""
+    link = connect()
+    return link, link.ask(request, request.wait_s + 180.0)  # (a new store's first-use lock, an outage's wait)
 
 
 class CallFailed(Exception):
@@ -231,88 +222,66 @@ class CallFailed(Exception):
 
 
 def call(uri: str, work: Callable[..., Any], **args: Any) -> Any:
-    """`work(uri=uri, **args)`, the command's MLflow work (one of xp.tracking.served.CALLS) on the store `uri`,
+    """`work(uri=uri, **args)`, the command's MLflow work (one of xp.tracking.work.CALLS) on the store `uri`,
     done by the service; by this process where the service does not serve that store or cannot be reached.
     CallFailed: the service's one line for an exception it met, which the caller takes as it would the exception."""
     if usable(uri):
         try:
-            channel = connect()
+            link = connect()
             try:
-                answer = channel.ask({"op": "call", "work": work.__name__, "args": {"uri": uri, **args}}, CALL_S)
+                answer = link.ask(Call(work.__name__, {"uri": uri, **args}), CALL_S)
             finally:
-                channel.close()
-            if "error" in answer:
-                raise CallFailed(answer["error"])
-            return answer["result"]
+                link.close()
+            if isinstance(answer, Refused):
+                raise CallFailed(answer.error)
+            assert isinstance(answer, Result)
+            return answer.value
         except Unavailable as e:
             log.info("%s: this process does its MLflow work itself", e)
     return work(uri=uri, **args)
 
 
-class RemoteSpool:
-    """A run's spool whose records the service delivers (xp.tracking.spool.Spool's part of the run's process):
-    each record is appended to the spool's file, then handed to the service. Should the service go away, a
-    Spool of this process (`local`) goes on from what the file and the service's `delivered` say."""
+class Served:
+    """The drain of a run's spool in the service, as the run's process sees it (Spool.drain): the service reads
+    the spool's file by itself; it tells when the store goes away and comes back, and when the ended run is all
+    delivered. Should the service go away, `local()`, this process's Drain, goes on from the `delivered` mark."""
 
-    def __init__(self, folder: Path, uri: str, run_id: str, channel: Channel, local: Callable[[], Any],
-                 artifact_uri: str | None):
-        folder = folder.absolute()  # (the service's working folder is not the run's)
-        self.folder, self.uri, self.run_id, self.channel, self._make_local = folder, uri, run_id, channel, local
-        claim(folder, uri, run_id)
-        self._seq = max([_read_int(folder / DELIVERED), *(r["seq"] for r in _read_records(folder / RECORDS))])
-        self._file: Any = open(folder / RECORDS, "a")
-        self._lock = threading.RLock()
+    def __init__(self, spool: Spool, link: Link, local: Callable[[], Any], artifact_uri: str | None):
+        self.spool, self.link, self._make_local = spool, link, local
+        self.local: Any = None  # (this process's Drain, once the service went away)
+        self._lock = threading.Lock()
         self._closing = False
-        self._left = 0  # records the service had not delivered when the run ended
-        self.local: Any = None
         self._away: float | None = None  # when the service said the store went away
-        self._done = threading.Event()  # the service said the ended run is all delivered
-        channel.on_event = self._event
-        self._tell({"op": "spool", "folder": str(folder), "artifact_uri": artifact_uri})
+        self._done = threading.Event()
+        link.on_event = self._event
+        self._tell(Open(str(spool.folder), artifact_uri))
 
-    def _event(self, event: str) -> None:
-        if event == "away":
-            self._away = time.monotonic()
-        elif event == "back":
-            self._away = None
-        elif event == "done":
+    def _event(self, event: Message) -> None:
+        if isinstance(event, Store):
+            self._away = time.monotonic() if event.away else None
+        elif isinstance(event, Delivered):
             self._done.set()
 
-    def _tell(self, msg: dict[str, Any]) -> None:
+    def _tell(self, msg: Message) -> None:
         try:
-            self.channel.send(msg)
+            self.link.send(msg)
         except Unavailable as e:
             self._go_local(e)
 
     def _go_local(self, why: Exception) -> None:
-        """The service is gone: this process delivers the run's records itself, from where it left off."""
         with self._lock:
             if self.local is not None:
                 return
-            log.info("%s: this process delivers run %s's records itself", why, self.run_id)
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-            self.channel.close()
-            self.local = self._make_local()
-            if self._closing:
-                self.local._last()
-            self.local.resume()
+            log.info("%s: this process delivers run %s's records itself", why, self.spool.run_id)
+            self.link.close()
+            self.local = local = self._make_local()
+        if self._closing:
+            local.last()
+        local.nudge()
 
-    def put(self, op: str, **data: Any) -> None:
-        with self._lock:
-            if self.local is None:
-                self._seq += 1
-                record = {"seq": self._seq, "op": op, **data}
-                self._file.write(json.dumps(record) + "\n")
-                self._file.flush()
-                self._tell({"op": "put", "record": record})
-                return
-        self.local.put(op, **data)
-
-    @property
-    def closed(self) -> bool:
-        return self._closing
+    def nudge(self) -> None:
+        if self.local is not None:
+            self.local.nudge()  # (the service reads the file by itself)
 
     @property
     def delivered(self) -> bool:
@@ -320,49 +289,35 @@ class RemoteSpool:
 
     @property
     def away_since(self) -> float | None:
-        """When the store went away, as the service said (None: it answers)."""
         return self.local.away_since if self.local is not None else self._away
 
     def left(self) -> int:
-        return self.local.left() if self.local is not None else self._left
+        return self.local.left() if self.local is not None else 0
 
-    def _last(self) -> None:
-        with self._lock:
-            self._closing = True
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+    def last(self) -> None:
+        self._closing = True
         if self.local is not None:
-            self.local._last()
+            self.local.last()
         else:
-            self._tell({"op": "last"})
+            self._tell(Last())
 
-    def end(self, later: bool = False) -> None:
-        """As Spool.end: wait (FLUSH_S at most) for the store to take the run's records, or (`later`) let the
-        service go on delivering while this process does more (settle() waits for it)."""
-        self._last()
-        if later:
-            _unsettled.append(self)
-        else:
-            self._settled(FLUSH_S)
-
-    def _settled(self, timeout_s: float) -> None:
-        if self._done.is_set():  # (ended with end(later=True), and delivered since)
-            self.channel.close()
+    def settled(self, timeout_s: float) -> None:
+        if self.local is None and self._done.is_set():
+            self.link.close()
             return
         if self.local is None:
             wait = bounded(timeout_s)
             try:
-                answer = self.channel.ask({"op": "close", "wait": wait}, wait + 30.0)
-                self.channel.close()
-                self._left = int(answer.get("left", 0))
-                if answer.get("done"):
-                    return
-                said_left(self.uri, self.run_id, self._left, self.folder)
+                answer = self.link.ask(Close(wait), wait + 30.0)
+                self.link.close()
+                assert isinstance(answer, Closed)
+                if not answer.done:
+                    said_left(self.spool.uri, self.spool.run_id, answer.left, self.spool.folder)
                 return
             except Unavailable as e:
                 self._go_local(e)
-        self.local._settled(timeout_s)
+        assert self.local is not None
+        self.local.settled(timeout_s)
 
 
 def running(folder: Path | None = None) -> list[Any]:
@@ -373,7 +328,7 @@ def running(folder: Path | None = None) -> list[Any]:
     for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
         try:
             process = psutil.Process(int(pid_file.read_text()))
-            if "xp.tracking.serve" in process.cmdline():
+            if "xp.tracking.daemon" in process.cmdline():
                 found.append(process)
         except (OSError, ValueError, psutil.Error):
             pass
@@ -382,7 +337,7 @@ def running(folder: Path | None = None) -> list[Any]:
 
 def stop(folder: Path | None = None) -> list[int]:
     """End the services that serve xp's state folder `folder` (or this process's), by their process ids;
-    returns those ids. Their runs go on, each delivering its own records (RemoteSpool)."""
+    returns those ids. Their runs go on, each delivering its own records (Served)."""
     import signal
 
     import psutil

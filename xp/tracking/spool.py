@@ -1,15 +1,14 @@
-"""A run's writes to MLflow go through a local write-ahead spool; a background thread drains it to the store.
+"""The one path of a record: a run's process appends it to the run's spool file (`Spool.put`: one JSON line,
+flushed, so a kill of the process loses none); one `Drain` reads the file from its `delivered` mark and writes the
+records to the store in order and in batches, marking how far it got. The drain runs in the tracking service for a
+SQLite store (xp.tracking.service), else in the run's own process; whatever a process left undelivered is drained
+by the next command on that store, or by `python -m xp.sync` (xp.tracking.leftovers).
 
-Training never waits on tracking: logging appends one JSON line to `records.jsonl` in the spool folder (under
-the run's output folder) and returns. The drain thread sends the records in order, batched, and writes the
-number of the last one the store took to `delivered`. While the store is away (a tracking server restarting,
-a database that does not answer) training goes on, the spool grows, and the thread retries with a bounded
-backoff; one line says the store went away, one that it is back. Each record carries its own timestamp and
-MLflow's stores take a metric (key, value, timestamp, step) once, so a batch sent again after a lost reply is
-not counted twice: every record is delivered in order, exactly once.
-
-A run that ends while the store is still away says so in one line and keeps its spool, listed in an index in
-xp's state folder (`$XP_STATE_DIR` or `~/.local/state/xp`); `python -m xp.sync` delivers it (the next start offers).
+While the store is away (a server restarting, a database that does not answer) training goes on, the file grows,
+and the drain retries with a bounded backoff; one line says the store went away, one that it is back. Each record
+carries its own timestamp and MLflow's stores take a metric (key, value, timestamp, step) once, so a batch sent
+again after a lost reply is not counted twice: every record is delivered in order, exactly once. A run that ends
+while the store is away keeps its spool, listed in xp's state folder (`$XP_STATE_DIR`, `~/.local/state/xp`).
 """
 
 from __future__ import annotations
@@ -38,6 +37,10 @@ LINGER_S = 1.0  # while a run goes on, its records reach the store at most this 
 LIMITS = {"metrics": 1000, "params": 100, "tags": 100}  # MLflow's log_batch limits
 # the store answered and refused the record (a changed param value, a deleted run): sending it again cannot help
 REFUSED = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST", "INVALID_STATE")
+AWAY = ("Connection refused", "Max retries exceeded", "timed out", "database is locked", "Name or service not known",
+        "503", "502")  # what a store that does not answer (now) says, as an error's text has it
+BUSY = ("QueuePool limit", "timed out", "database is locked")  # a store too busy to answer now, whatever the error's
+# code says (SQLAlchemy's pool exhausted comes as INVALID_STATE): sent again, never left out
 
 
 def state_dir() -> Path:
@@ -46,12 +49,6 @@ def state_dir() -> Path:
 
 def pending_index() -> Path:
     return state_dir() / "pending"
-
-
-def waiting(folder: Path) -> int:
-    """How many records of the spool in `folder` the store has not taken."""
-    delivered = _read_int(folder / DELIVERED)
-    return sum(1 for r in _read_records(folder / RECORDS) if r["seq"] > delivered)
 
 
 def started(pid: int) -> float:
@@ -71,124 +68,133 @@ def same_process(pid: int, started_at: float | str | None) -> bool:
 
 
 class Spool:
-    """The records of one MLflow run; `client()` makes the MlflowClient the drain sends through."""
+    """The writing side: a run's records, appended to its file in `folder` by this process, which says so in the
+    folder's run.json and the pending index (a killed process's spool is found too). `drain` delivers them: a
+    Drain of this process, or the tracking service's (xp.tracking.service.Served)."""
 
-    delivered = False  # ended, and known to be all delivered: a tracking service says so (service.RemoteSpool)
-
-    def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any], own: bool = True,
-                 artifact_uri: str | None = None, mirror: bool = False):
-        """`artifact_uri`: the run's, where the caller knows it (MlflowClient.log_artifact reads the whole run to
-        find it: with many params, as much as a batch of them costs). `mirror`: another process (the run's own,
-        xp.tracking.service) appends the records to the file and hands them over (`take`); this one delivers."""
-        import mlflow.entities  # noqa: F401  imported here, not first on the drain thread (a concurrent import fails)
-
-        self.folder, self.uri, self.run_id, self.client = Path(folder), uri, run_id, client
-        self.artifact_uri = artifact_uri
-        self._artifacts: Any = None  # the run's artifact repository, made at its first artifact
-        if own:  # this process writes the spool (a reopened run's may hold what a killed process left)
-            claim(self.folder, uri, run_id)
+    def __init__(self, folder: Path, uri: str, run_id: str):
+        self.folder, self.uri, self.run_id = Path(folder).absolute(), uri, run_id
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._delivered = _read_int(self.folder / DELIVERED)
-        self._queue = [r for r in _read_records(self.folder / RECORDS) if r["seq"] > self._delivered]
-        self._seq = max([self._delivered, *(r["seq"] for r in self._queue)])
-        self._file: Any = None if mirror else open(self.folder / RECORDS, "a")
-        self.log: Any = log  # where its lines go (the tracking service's: to the run's process)
-        self.on_drain: Callable[[], None] | None = None  # called on the drain's thread as it starts
+        (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
+                                                   "started": started(os.getpid())}))
+        entry = pending_index() / self.folder.name
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_text(str(self.folder))
+        records = self.folder / RECORDS
+        self._seq = max([_read_int(self.folder / DELIVERED), *(r["seq"] for r in read_records(records))])
+        self._file: Any = open(records, "a")
+        if self._file.tell() and not records.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # (a line cut by a kill: the next one starts on a line of its own)
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closing = False
-        self._ending = threading.Event()  # set with _closing: a lingering drain delivers at once
-        self._sent = 0.0  # when the drain last sent something (time.monotonic())
-        self._abandoned = threading.Event()  # the run ended with the store away: the spool waits for xp.sync
-        self._thread: threading.Thread | None = None
-        self.away_since: float | None = None  # when the store stopped answering (None: it answers)
+        self.drain: Any = None  # who delivers: nudge(), last(), settled(timeout_s), delivered, away_since, left()
 
-    @classmethod
-    def load(cls, folder: Path, client: Callable[[str], Any]) -> Spool:
-        meta = json.loads((Path(folder) / RUN).read_text())
-        return cls(Path(folder), meta["uri"], meta["run_id"], lambda: client(meta["uri"]), own=False)
-
-    # --- the training side: append and return --------------------------------------------------
     def put(self, op: str, **data: Any) -> None:
         with self._lock:
             self._seq += 1
-            record = {"seq": self._seq, "op": op, **data}
-            self._file.write(json.dumps(record) + "\n")
+            self._file.write(json.dumps({"seq": self._seq, "op": op, **data}) + "\n")
             self._file.flush()
-        self.take(record)
-
-    def take(self, record: dict[str, Any]) -> None:
-        """Deliver `record`, which is in the spool's file already."""
-        with self._lock:
-            if record["seq"] <= max(self._delivered, self._queue[-1]["seq"] if self._queue else 0):
-                return  # (read from the file already)
-            self._queue.append(record)
-        self.resume()
-
-    def resume(self) -> None:
-        """Start the drain, if it has not started and there is something to deliver."""
-        with self._lock:
-            if self._thread is None and self._queue:
-                self._thread = threading.Thread(target=self._loop, name="xp-tracking-spool", daemon=True)
-                self._thread.start()
-        self._wake.set()
+        self.drain.nudge()
 
     @property
     def closed(self) -> bool:
-        """The run has ended: it takes no more records."""
-        return self._closing
-
-    def ends(self) -> bool:
-        """Whether the records still to deliver end the run (a run whose process died has no end record)."""
-        with self._lock:
-            return any(r["op"] == "end" for r in self._queue)
-
-    def left(self) -> int:
-        with self._lock:
-            return len(self._queue)
+        return self._file.closed
 
     def end(self, later: bool = False) -> None:
         """Every record of the run is here. Wait (FLUSH_S at most) for the store to take them; or, `later`, let
         the drain go on while this process does more (a study's worker starts its next trial): settle() waits
-        for it, as the next run's end does and the process must before it exits. A killed process's records
-        stay in the spool, which the next start on the store delivers when it ends the run (Tracker.end_orphans).
-        Records the store did not take in time: one line says where they wait."""
-        if not later:
-            self._settled(FLUSH_S)
-            return
-        self._last()
-        _unsettled.append(self)
+        for it, as the next run's end does and the process must before it exits."""
+        with self._lock:
+            self._file.close()
+        self.drain.last()
+        if later:
+            _unsettled.append(self.drain)
+        else:
+            self.drain.settled(FLUSH_S)
 
-    def _last(self) -> threading.Thread | None:
-        """No more records come: the drain ends once it has delivered them. Returns the drain's thread."""
+
+class Drain:
+    """The reading side: delivers the records of the spool in `folder` to run `run_id` of store `uri` through the
+    MlflowClient `client()` makes, in order, from the folder's `delivered` mark; on a thread of its own (nudge)
+    or called (deliver_some)."""
+
+    delivered = False  # (a served run's: the service said it is all delivered)
+
+    def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any],
+                 artifact_uri: str | None = None):
+        import mlflow.entities  # noqa: F401  imported here, not first on the drain thread (a concurrent import fails)
+
+        self.folder, self.uri, self.run_id, self.client = Path(folder), uri, run_id, client
+        self.artifact_uri = artifact_uri  # the run's, where the caller knows it (else read from the run)
+        self._artifacts: Any = None  # the run's artifact repository, made at its first artifact
+        self._delivered = _read_int(self.folder / DELIVERED)
+        self._offset, self._queue = 0, list[dict[str, Any]]()
+        self.tell: Callable[[int, str], None] = log.log  # where its lines go (the service's: to the run's process)
+        self._lock = threading.Lock()
+        self._wake, self._ending, self._abandoned = threading.Event(), threading.Event(), threading.Event()
+        self._closing = False
+        self._sent = 0.0  # when the drain last sent something (time.monotonic())
+        self._thread: threading.Thread | None = None
+        self.away_since: float | None = None  # when the store stopped answering (None: it answers)
+
+    def _read(self) -> None:
+        """The records appended since the last read (whole lines only: the writer may be mid-line)."""
+        try:
+            with open(self.folder / RECORDS, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        whole = data[:data.rfind(b"\n") + 1]
+        self._offset += len(whole)
+        for line in whole.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line cut by a kill mid-write
+                continue
+            if record["seq"] > max(self._delivered, self._queue[-1]["seq"] if self._queue else 0):
+                self._queue.append(record)
+
+    def left(self) -> int:
+        with self._lock:
+            self._read()
+            return len(self._queue)
+
+    def ends(self) -> bool:
+        """Whether the records still to deliver end the run (a run whose process died has no end record)."""
+        with self._lock:
+            self._read()
+            return any(r["op"] == "end" for r in self._queue)
+
+    def nudge(self) -> None:
+        """New records are in the file: start the drain's thread if it has not started."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="xp-tracking-drain", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def last(self) -> None:
+        """No more records come: the drain ends once it has delivered them."""
         with self._lock:
             self._closing = True
-            thread = self._thread
         self._ending.set()
-        self._wake.set()
-        return thread
-
-    def _settled(self, timeout_s: float) -> None:
-        if not self.close(bounded(timeout_s)):
-            said_left(self.uri, self.run_id, self.left(), self.folder)
+        self.nudge()
 
     def drop(self) -> None:
-        """Deliver no more: the records left stay in the spool's folder (its process was killed: the next start on
-        the store, or xp.sync, delivers them as that of any killed process)."""
+        """Deliver no more: the records left stay in the spool (its process was killed: the next command on the
+        store, or xp.sync, delivers them)."""
         self._abandoned.set()
-        self._last()
+        self.last()
 
     def close(self, timeout_s: float = FLUSH_S) -> bool:
         """Wait (at most timeout_s) for the store to take every record; True if it did. The spool folder goes
-        when it is delivered; otherwise it stays, listed in the pending index, for xp.sync."""
-        thread = self._last()
+        when it is delivered; otherwise it stays, listed in the pending index."""
+        self.last()
+        thread = self._thread
         if thread is not None and thread is not threading.current_thread():  # (the drain may close its own spool)
             thread.join(timeout=timeout_s)
         self._abandoned.set()
-        with self._lock:
-            done = not self._queue
-            if self._file is not None:
-                self._file.close()
+        done = not self.left()
         if done:
             shutil.rmtree(self.folder, ignore_errors=True)
             (pending_index() / self.folder.name).unlink(missing_ok=True)
@@ -198,26 +204,23 @@ class Spool:
                 pass
         return done
 
-    # --- the drain ---------------------------------------------------------------------------
+    def settled(self, timeout_s: float) -> None:
+        if not self.close(bounded(timeout_s)):
+            said_left(self.uri, self.run_id, self.left(), self.folder)
+
     def _loop(self) -> None:
-        if self.on_drain is not None:
-            self.on_drain()
         wait = BACKOFF_S[0]
         while not self._abandoned.is_set():
-            with self._lock:
-                if not self._queue:
-                    if self._closing:
-                        return
-                    self._wake.clear()
-                    idle = True
-                else:
-                    idle = False
-            if idle:
-                self._wake.wait(1.0)
-                continue
+            self._wake.wait(LINGER_S)
+            self._wake.clear()
             self._ending.wait(self._sent + LINGER_S - time.monotonic())  # (what comes meanwhile joins the call)
+            if not self.left():
+                if self._closing:
+                    return
+                continue
             if self.deliver_some():
                 wait = BACKOFF_S[0]
+                self._wake.set()  # (more may wait)
                 continue
             if self._abandoned.wait(wait):  # the store is away: try again, less and less often
                 return
@@ -226,6 +229,7 @@ class Spool:
     def deliver_some(self) -> bool:
         """Send the oldest records (one batch, or one artifact or end); False if the store is away."""
         with self._lock:
+            self._read()
             records = _batch(self._queue)
         if not records:
             return True
@@ -233,17 +237,17 @@ class Spool:
             self._send(records)
         except Exception as e:
             if _refused(e):
-                self.log.warning("MLflow refused %s of run %s (%s): left out", _what(records), self.run_id,
-                                 one_line(e)[:200])
+                self.tell(logging.WARNING, f"MLflow refused {_what(records)} of run {self.run_id} "
+                                           f"({one_line(e)[:200]}): left out")
             else:
                 if self.away_since is None:
                     self.away_since = time.monotonic()
-                    self.log.warning("tracking store %s is away (%s): training goes on; its records wait in %s",
-                                     redact(self.uri), away_reason(e), self.folder)
+                    self.tell(logging.WARNING, f"tracking store {redact(self.uri)} is away ({away_reason(e)}): "
+                                               f"training goes on; its records wait in {self.folder}")
                 return False
         if self.away_since is not None:
-            self.log.warning("tracking store %s is back after %.0f s: delivering what waited", redact(self.uri),
-                             time.monotonic() - self.away_since)
+            self.tell(logging.WARNING, f"tracking store {redact(self.uri)} is back after "
+                                       f"{time.monotonic() - self.away_since:.0f} s: delivering what waited")
             self.away_since = None
         self._sent = time.monotonic()
         with self._lock:
@@ -268,21 +272,8 @@ class Spool:
             send_model(client, self.run_id, self.folder, first)
         elif first["op"] == "end":
             client.set_terminated(self.run_id, first["status"], end_time=first.get("time"))
-        elif first["op"] == "status":
-            client.update_run(self.run_id, status=first["status"])
         else:
             rows.log_batch(client, self.run_id, records)
-
-
-def claim(folder: Path, uri: str, run_id: str) -> None:
-    """This process writes the spool in `folder` (run.json says which process: while it lives, it delivers the
-    spool itself), listed at once in the pending index: a killed process's spool is found too."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
-                                          "started": started(os.getpid())}))
-    entry = pending_index() / folder.name
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    entry.write_text(str(folder.resolve()))
 
 
 def said_left(uri: str, run_id: str, left: int, folder: Path) -> None:
@@ -290,11 +281,11 @@ def said_left(uri: str, run_id: str, left: int, folder: Path) -> None:
     if _stop_by is not None:  # stopping: what is left is delivered by the command that started this process
         log.info("run %s stopped: %d records wait in %s for delivery", run_id, left, folder)
         return
-    log.warning("tracking store %s did not answer: %d records of run %s wait in %s; deliver them with: "
-                "python -m xp.sync", redact(uri), left, run_id, folder)
+    log.warning("tracking store %s did not answer: %d records of run %s wait in %s; the next xp command on the "
+                "store delivers them, or now: python -m xp.sync", redact(uri), left, run_id, folder)
 
 
-_unsettled: list[Any] = []  # runs ended with end(later=True), in order: their drains may still be delivering
+_unsettled: list[Any] = []  # the drains of runs ended with end(later=True), in order: they may still deliver
 _stop_by: float | None = None  # the process stops (stopping()): no wait for a store goes past this moment
 
 
@@ -315,14 +306,14 @@ def bounded(timeout_s: float) -> float:
 def settle(timeout_s: float = FLUSH_S, away_only: bool = False) -> None:
     """Wait (timeout_s at most, in all) for the stores to take the records of the runs ended with end(later=True);
     away_only: only if one of those stores is away (the next run would not start either)."""
-    for done in [s for s in _unsettled if s.delivered]:  # (their channels to the service closed: a study's 1,000)
+    for done in [d for d in _unsettled if d.delivered]:  # (the service said so: a study's 1,000 trials)
         _unsettled.remove(done)
-        done._settled(0.0)
-    if away_only and all(s.away_since is None for s in _unsettled):
+        done.settled(0.0)
+    if away_only and all(d.away_since is None for d in _unsettled):
         return
     deadline = time.monotonic() + bounded(timeout_s)
     while _unsettled:
-        _unsettled.pop(0)._settled(max(0.0, deadline - time.monotonic()))
+        _unsettled.pop(0).settled(max(0.0, deadline - time.monotonic()))
 
 
 def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -345,12 +336,6 @@ def _refused(e: Exception) -> bool:
         not any(marker in str(e) for marker in BUSY)
 
 
-AWAY = ("Connection refused", "Max retries exceeded", "timed out", "database is locked", "Name or service not known",
-        "503", "502")  # what a store that does not answer (now) says, as an error's text has it
-BUSY = ("QueuePool limit", "timed out", "database is locked")  # a store too busy to answer now, whatever the error's
-# code says (SQLAlchemy's pool exhausted comes as INVALID_STATE): sent again, never left out
-
-
 def away(e: Exception) -> bool:
     """Whether `e` says the store is away (it may come back), rather than that it refused what it was sent."""
     return not _refused(e) and any(marker in one_line(e) for marker in AWAY)
@@ -359,25 +344,22 @@ def away(e: Exception) -> bool:
 def away_reason(e: Exception) -> str:
     """What a store that is away said, in a few words."""
     text = one_line(e)
-    for marker in AWAY:
-        if marker in text:
-            return marker.lower()
-    return text[:120]
+    return next((marker.lower() for marker in AWAY if marker in text), text[:120])
 
 
 def _what(records: list[dict[str, Any]]) -> str:
     return ", ".join(sorted({r["op"] for r in records}))
 
 
-def _read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path) -> list[dict[str, Any]]:
     out = []
     try:
         with open(path) as f:
             for line in f:
                 try:
                     out.append(json.loads(line))
-                except ValueError:  # a line cut by a kill mid-write: everything before it is whole
-                    break
+                except ValueError:  # a line cut by a kill mid-write
+                    continue
     except FileNotFoundError:
         pass
     return out

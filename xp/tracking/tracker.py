@@ -22,8 +22,7 @@ from xp.tracking import rows
 from xp.tracking.ending import end_for, end_state
 from xp.tracking.naming import placed_tags, run_label
 from xp.tracking.provenance import source_tags
-from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, away, away_reason, same_process, settle, started
-from xp.tracking.sync import offer_pending
+from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, Drain, Spool, away, away_reason, settle, started, state_dir
 from xp.tracking.stores import _artifact_root, check_database, check_server, open_client
 
 log = logging.getLogger("xp")
@@ -57,7 +56,7 @@ class Tracker:
         self.settle_later = settle_later  # its end does not wait for the store to take its records (Spool.end)
         self.params = dict(params or {})  # logged with the run's start, in the batch of its first tags
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
-        self._spool: Any = None
+        self._spool: Spool | None = None
         self.model: tuple[Callable, int, list] | None = None  # model.log: (its writer, epoch, its metrics)
         self._last_metrics: list[list] = []  # the last metrics logged: [key, value, time, step] each
         self.parent_run_id = parent_run_id
@@ -103,11 +102,11 @@ class Tracker:
             return exp.experiment_id
 
     def start(self) -> str:
-        from xp.tracking.sync import deliver_left
+        from xp.tracking.leftovers import WAIT_S, deliver_left
 
         if self.attach_run_id:
             self.run_id = self.attach_run_id
-            deliver_left(self.uri, self.run_id)  # what a killed process left of it goes first
+            deliver_left(self.uri, WAIT_S, self.run_id)  # what a killed process left of it goes first
             self._spool = self._local_spool()
             self.log(params=self.params, tags=self.tags)
             return self.run_id
@@ -115,14 +114,14 @@ class Tracker:
             # a run before it in this process whose store went away: its end waits first (a study's trial waits for
             # the store, see _created, rather than fail for its absence; its records go on to it meanwhile)
             settle(STORE_WAIT_S if self.settle_later else FLUSH_S, away_only=True)
-            if self._served():
+            if self._by_service():
                 return self._started()
             if self.resumes and self.reopen_run_id is None:
                 self.reopen_run_id = self.interrupted()
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status=RunStatus.RUNNING)
-            deliver_left(self.uri, self.run_id)  # what a killed process left of it goes first
+            deliver_left(self.uri, WAIT_S, self.run_id)  # what a killed process left of it goes first
             self._spool = self._local_spool()
             self.log(params=self.params, tags={**self.tags, "xp.pid": str(os.getpid()), "xp.resumed": "true",
                                                "xp.pid_started": f"{started(os.getpid()):.2f}",
@@ -135,50 +134,51 @@ class Tracker:
     def _started(self) -> str:
         if self.params:
             self.log(params=self.params)
-        offer_pending(self.uri)
         assert self.run_id is not None
         return self.run_id
 
-    def _served(self) -> bool:
-        """The run created, and its records delivered, by the tracking service (xp.tracking.service); False where
-        the store is not one it serves, or it is not there (this process does it)."""
+    def _by_service(self) -> bool:
+        """The run created, and its spool drained, by the tracking service (xp.tracking.service); False where the
+        store is not one it serves, or it is not there (this process does it)."""
         from xp.tracking import service
+        from xp.tracking.messages import Refused, Reopen, Start, Started
 
         if not service.usable(self.uri):
             return False
-        request = {"uri": self.uri, "experiment": self.experiment, "run_name": self.run_name, "tidy": self.tidy,
-                   "parent": self.parent_run_id, "tags": self._run_tags(), "start_ms": self.start_ms,
-                   "settle_later": self.settle_later, "wait_s": STORE_WAIT_S if self.settle_later else 0.0,
-                   "resumes": self.resumes}
+        request = Start(self.uri, self.experiment, self.run_name, self._run_tags(), self.tidy, self.parent_run_id,
+                        self.start_ms, self.settle_later, STORE_WAIT_S if self.settle_later else 0.0,
+                        list(self.resumes) if self.resumes else None)
         try:
-            channel, answer = service.create_run(request)
+            link, answer = service.create_run(request)
         except service.Unavailable as e:
             log.info("%s: this process does its MLflow work itself", e)
             return False
-        if "error" in answer or "reopen" in answer:  # (an interrupted sweep's parent: this process reopens it)
-            channel.close()
-            if "error" in answer:
-                raise ConfigError(answer["error"])
-            self.reopen_run_id, self.experiment_id = answer["reopen"], answer["experiment_id"]
+        if not isinstance(answer, Started):  # (an interrupted sweep's parent: this process reopens it)
+            link.close()
+            if isinstance(answer, Refused):
+                raise ConfigError(answer.error)
+            assert isinstance(answer, Reopen)
+            self.reopen_run_id, self.experiment_id = answer.run_id, answer.experiment_id
             return False
-        self.run_id, self.artifact_uri = answer["run_id"], answer["artifact_uri"]
-        self.experiment_id, self.start_ms = answer["experiment_id"], answer["start_ms"]
-        self._spool = service.RemoteSpool(self._spool_folder(), self.uri, self.run_id, channel, self._local_spool,
-                                          self.artifact_uri)
+        self.run_id, self.artifact_uri = answer.run_id, answer.artifact_uri
+        self.experiment_id, self.start_ms = answer.experiment_id, answer.start_ms
+        self._spool = Spool(self._spool_folder(), self.uri, self.run_id)
+        self._spool.drain = service.Served(self._spool, link, self._drain, self.artifact_uri)
         return True
 
-    def _local_spool(self) -> Any:
-        """The run's spool, delivered by this process (as it has no tracking service, or that went away)."""
-        from xp.tracking.spool import Spool
+    def _local_spool(self) -> Spool:
+        """The run's spool, drained by this process (as it has no tracking service)."""
+        spool = Spool(self._spool_folder(), self.uri, str(self.run_id))
+        spool.drain = self._drain()
+        return spool
 
+    def _drain(self) -> Drain:
         self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
-        return Spool(self._spool_folder(), self.uri, str(self.run_id), lambda: self.client,
+        return Drain(self._spool_folder().absolute(), self.uri, str(self.run_id), lambda: self.client,
                      artifact_uri=self.artifact_uri)
 
     def _spool_folder(self) -> Path:
         """One spool per process: a distributed run's launcher and its rank 0 both write to the run."""
-        from xp.tracking.spool import state_dir
-
         return (Path(self.spool_dir) if self.spool_dir else state_dir() / "spools") / f"{self.run_id}-{os.getpid()}"
 
     def _run_tags(self) -> dict[str, str]:
@@ -255,34 +255,9 @@ class Tracker:
         return None
 
     def end_orphans(self) -> list[str]:
-        """End FAILED the runs of this experiment left RUNNING by a process of this host that is gone
-        (SIGKILL, out of memory), after delivering what it left in their spools (a run that had ended keeps its
-        end). A run whose process still lives, or of another host, is not touched."""
-        from xp.tracking.sync import deliver_left, pending
+        from xp.tracking.leftovers import end_orphans
 
-        host, ended = socket.gethostname(), list[str]()
-        try:
-            runs = self.client.search_runs([self.experiment_id], f"attributes.status = '{RunStatus.RUNNING}'",
-                                           max_results=1000)
-        except Exception:
-            return ended
-        left: list | None = None  # the pending spools, listed at the first orphan (not for each)
-        for run in runs:
-            tags = run.data.tags
-            if tags.get("xp.host") != host or not str(tags.get("xp.pid", "")).isdigit():
-                continue
-            pid, started_at = int(tags["xp.pid"]), tags.get("xp.pid_started")
-            if same_process(pid, started_at):
-                continue  # its process lives (the same one: the start time matches)
-            left = pending(self.uri) if left is None else left
-            if deliver_left(self.uri, run.info.run_id, 5.0, left) and \
-                    self.client.get_run(run.info.run_id).info.status != RunStatus.RUNNING:
-                continue  # it had ended: its end waited in its spool (a worker killed while its last trial's went)
-            end_for(self.client, run.info.run_id, f"process {pid} on {host} was gone", RunStatus.FAILED)
-            log.warning("ended MLflow run %s FAILED: it was left RUNNING by process %d, which is gone",
-                        run.info.run_id, pid)
-            ended.append(run.info.run_id)
-        return ended
+        return end_orphans(self.client, self.uri, str(self.experiment_id))
 
     # Writes go to the run's spool and return at once; its thread delivers them in order (xp.spool).
     def log(self, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> None:
@@ -293,7 +268,11 @@ class Tracker:
         if not items and not tag_items:
             return
         for i in range(0, max(len(items), 1), 100):  # MLflow's batch limit for params
-            self._spool.put("batch", params=items[i:i + 100], tags=tag_items if i == 0 else [])
+            self._put("batch", params=items[i:i + 100], tags=tag_items if i == 0 else [])
+
+    def _put(self, op: str, **data: Any) -> None:
+        assert self._spool is not None, "a run's records come after its start"
+        self._spool.put(op, **data)
 
     def log_params(self, params: dict[str, Any]) -> None:
         self.log(params=params)
@@ -301,7 +280,7 @@ class Tracker:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)  # the record's own timestamp: a batch sent twice is stored once
         self._last_metrics = [[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None]
-        self._spool.put("batch", metrics=self._last_metrics)
+        self._put("batch", metrics=self._last_metrics)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.log(tags=tags)

@@ -7,7 +7,7 @@ on a SQLite store (2-3 s of CPU beside its trials on a 2-core machine); without 
 - `study_result`: the study's best trial (or Pareto front) on its parent run, its model registered;
 - `best_model`: the registry's alias `best` moved to a trial's model once the run has it (a study's BestModel);
 - `end_lost` (xp.tracking.ending): the runs of a study's trials whose workers were lost or stopped, ended;
-- `deliver_pending` (xp.tracking.sync): what a sweep's stopped workers left in their spools, delivered.
+- `deliver_left` (xp.tracking.leftovers): what a sweep's stopped workers left in their spools, delivered.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from xp.states import RunStatus
 from xp.tracking.ending import end_lost
-from xp.tracking.sync import deliver_pending
+from xp.tracking.leftovers import deliver_left
 
 
 def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: list[str],
@@ -122,4 +122,4 @@ def best_model(uri: str, name: str, member: dict[str, Any]) -> dict[str, Any]:
 
 
 CALLS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (sweep_result, study_result, best_model, end_lost,
-                                                                 deliver_pending)}
+                                                                 deliver_left)}

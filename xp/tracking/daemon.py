@@ -1,20 +1,19 @@
-"""The tracking service's own process (xp.tracking.service says what it is for): `python -m xp.tracking.serve
+"""The tracking service's own process (xp.tracking.service says what it is for): `python -m xp.tracking.daemon
 SOCKET PIDFILE`, started by the first run that needs it.
 
 It listens on the Unix socket SOCKET, imports MLflow once, and serves each run's connection on a thread: it
-creates the run (Tracker, as the run's process would, with the tags that process gave), then delivers the
-records the run hands it through a Spool over the run's own spool folder (the run's process appends them to the
-file first). What the store says (away, back, refused) goes back to the run's console. A connection that closes
-before its run's end (its process killed) leaves the records not yet delivered in the spool, as a killed process
-always has: the next start on the store delivers them and ends the run. It exits after XP_SERVICE_IDLE_S
-without a connection, or when its socket is removed or taken by another service.
+creates the run (Tracker, as the run's process would, with the tags that process gave), then drains the run's
+spool (xp.tracking.spool.Drain: it reads the file the run's process appends to). What the store says (away, back,
+refused) goes back to the run's console. A connection that closes before its run's end (its process killed)
+leaves the records not yet delivered in the spool, as a killed process always has: the next command on the store
+delivers them and ends the run. It exits after XP_SERVICE_IDLE_S without a connection, or when its socket is
+removed or taken by another service.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -26,8 +25,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from xp.errors import ConfigError, one_line, redact
+from xp.tracking.messages import (TRACKING, Call, Close, Closed, Delivered, Last, Open, Refused, Reopen, Result, Say,
+                                  Start, Started, Store)
 from xp.tracking.service import IDLE_S
-from xp.tracking.spool import Spool
+from xp.tracking.spool import Drain
+from xp.wire import Channel, Message
 
 log = logging.getLogger("xp")
 
@@ -86,26 +88,25 @@ class Forward(logging.Handler):
         if owner is None:
             return
         try:
-            owner.send({"log": record.levelno, "msg": record.getMessage()})
+            owner.send(Say(record.levelno, record.getMessage()))
         except Exception:  # noqa: BLE001 - a line that cannot go is not worth failing the run's delivery for
             pass
 
 
 class Connection:
-    """One run: its creation, then its records, until its end."""
+    """One run: its creation, then its spool's drain, until its end."""
 
     def __init__(self, sock: socket.socket):
-        self.sock, self.ended = sock, False
+        self.channel, self.ended = Channel(sock, TRACKING), False
         self.tracker: Any = None  # (xp.tracking.tracker.Tracker, once the run is asked for)
-        self.spool: Any = None  # (xp.tracking.spool.Spool, once the run's process opened its spool)
+        self.drain: ServedDrain | None = None  # (once the run's process opened its spool)
         self._send_lock = threading.Lock()
 
-    def send(self, msg: dict[str, Any]) -> None:
-        data = (json.dumps(msg) + "\n").encode()
+    def send(self, msg: Message) -> None:
         with self._send_lock:
-            self.sock.sendall(data)
+            self.channel.send(msg)
 
-    def tell(self, msg: dict[str, Any]) -> None:
+    def tell(self, msg: Message) -> None:
         """`send`, to a run's process that may have gone meanwhile."""
         try:
             self.send(msg)
@@ -115,85 +116,78 @@ class Connection:
     def serve(self) -> None:
         _owners[threading.get_ident()] = self
         try:
-            with self.sock.makefile("rb") as f:
-                for line in f:
-                    self.handle(json.loads(line))
+            while (msg := self.channel.recv()) is not None:
+                self.handle(msg)
         except (OSError, ValueError):
             pass
         finally:
             _owners.pop(threading.get_ident(), None)
-            if self.spool is not None and not self.ended:
-                self.spool.drop()  # its process is gone (or went on by itself): what is left stays in the spool
-            self.sock.close()
+            if self.drain is not None and not self.ended:
+                self.drain.drop()  # its process is gone (or went on by itself): what is left stays in the spool
+            self.channel.close()
             with _lock:
                 _live.discard(self)
 
-    def handle(self, msg: dict[str, Any]) -> None:
-        op = msg["op"]
-        if op == "start":
+    def handle(self, msg: Message) -> None:
+        if isinstance(msg, Start):
             self.send(self.start(msg))
-        elif op == "spool":
-            self.open_spool(Path(msg["folder"]), msg.get("artifact_uri"))
-        elif op == "put":
-            self.spool.take(msg["record"])
-        elif op == "last":
-            self.spool._last()
-        elif op == "call":
-            self.send(self.call(msg["work"], msg["args"]))
-        elif op == "close":
-            done = self.spool.close(float(msg["wait"]))
+        elif isinstance(msg, Open):
+            self.open(Path(msg.folder), msg.artifact_uri)
+        elif isinstance(msg, Last) and self.drain is not None:
+            self.drain.last()
+        elif isinstance(msg, Call):
+            self.send(self.call(msg.work, msg.args))
+        elif isinstance(msg, Close) and self.drain is not None:
+            done = self.drain.close(msg.wait)
             self.ended = True
-            self.send({"done": done, "left": self.spool.left()})
+            self.send(Closed(done, self.drain.left()))
 
-    def start(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def start(self, msg: Start) -> Message:
         from xp.tracking.stores import open_client, trim
         from xp.tracking.tracker import Tracker
 
-        self.tracker = tracker = Tracker(msg["uri"], msg["experiment"], msg["run_name"],
-                                         parent_run_id=msg.get("parent"), tags=msg["tags"], tidy=msg["tidy"],
-                                         start_ms=msg.get("start_ms"), settle_later=msg["settle_later"],
-                                         stamped=True, resumes=tuple(msg["resumes"]) if msg.get("resumes") else None)
+        self.tracker = tracker = Tracker(msg.uri, msg.experiment, msg.run_name, parent_run_id=msg.parent,
+                                         tags=msg.tags, tidy=msg.tidy, start_ms=msg.start_ms,
+                                         settle_later=msg.settle_later, stamped=True,
+                                         resumes=tuple(msg.resumes) if msg.resumes else None)  # type: ignore[arg-type]
         try:
             with gate(tracker.uri).turn(urgent=True):
                 trim(STORES)
                 open_client(tracker.uri, recheck=True)  # (the store may be replaced or broken since the last run)
                 if tracker.resumes and (reopen := tracker.interrupted()):
-                    return {"reopen": reopen, "experiment_id": tracker.experiment_id}
+                    return Reopen(reopen, str(tracker.experiment_id))
                 run_id, artifact_uri = tracker._created()
         except ConfigError as e:
-            return {"error": str(e)}
+            return Refused(str(e))
         except Exception as e:  # noqa: BLE001 - the run's process says it, as it would have
-            return {"error": f"MLflow store {redact(tracker.uri)} is not usable: {type(e).__name__}: "
-                             f"{one_line(e)[:300]}"}
-        return {"run_id": run_id, "artifact_uri": artifact_uri,
-                "experiment_id": tracker.experiment_id, "start_ms": tracker.start_ms}
+            return Refused(f"MLflow store {redact(tracker.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}")
+        return Started(run_id, artifact_uri, str(tracker.experiment_id), int(tracker.start_ms or 0))
 
-    def call(self, work: str, args: dict[str, Any]) -> dict[str, Any]:
-        """A command's MLflow work (xp.tracking.served), one at a time (MLflow's registry reads its tracking store
+    def call(self, work: str, args: dict[str, Any]) -> Message:
+        """A command's MLflow work (xp.tracking.work), one at a time (MLflow's registry reads its tracking store
         from a global: two at once could cross)."""
-        from xp.tracking.served import CALLS
+        from xp.tracking.work import CALLS
 
         try:
             with _calls:
-                return {"result": CALLS[work](**args)}
+                return Result(CALLS[work](**args))
         except Exception as e:  # noqa: BLE001 - the command meets it as it would have
-            return {"error": f"{type(e).__name__}: {one_line(e)[:300]}"}
+            return Refused(f"{type(e).__name__}: {one_line(e)[:300]}")
 
-    def open_spool(self, folder: Path, artifact_uri: str | None) -> None:
+    def open(self, folder: Path, artifact_uri: str | None) -> None:
         tracker = self.tracker
-        assert tracker is not None and tracker.run_id is None
+        assert tracker is not None
         run_id = folder.name.rsplit("-", 1)[0]
-        self.spool = spool = GatedSpool(folder, tracker.uri, run_id, lambda: tracker.client, own=False,
-                                        artifact_uri=artifact_uri, mirror=True)
-        spool.owner = self
-        spool.on_drain = lambda: _owners.__setitem__(threading.get_ident(), self)
-        spool.resume()  # (records the file had before the spool was opened here)
+        self.drain = ServedDrain(folder, tracker.uri, run_id, lambda: tracker.client, artifact_uri)
+        self.drain.owner = self
+        self.drain.tell = lambda level, line: self.tell(Say(level, line))
+        self.drain.nudge()
 
 
-class GatedSpool(Spool):
-    """A run's spool delivered here: its records wait for the store's turn (Gate; its model and artifacts do not:
-    their files are most of their work). The run's process is told when the store goes away and comes back, and
-    when its run, ended, is all delivered (its spool folder gone): events, which it reads without asking."""
+class ServedDrain(Drain):
+    """A run's drain here: its records wait for the store's turn (Gate; its model and artifacts do not: their
+    files are most of their work). The run's process is told when the store goes away and comes back, and when its
+    run, ended, is all delivered (its spool folder gone)."""
 
     owner: Connection
 
@@ -205,15 +199,15 @@ class GatedSpool(Spool):
         was = self.away_since
         delivered = super().deliver_some()
         if (was is None) != (self.away_since is None):
-            self.owner.tell({"event": "away" if self.away_since is not None else "back"})
+            self.owner.tell(Store(away=self.away_since is not None))
         return delivered
 
     def _loop(self) -> None:
         super()._loop()
-        if self.closed and not self._abandoned.is_set() and not self.left():
+        if self._closing and not self._abandoned.is_set() and not self.left():
             self.close(0)  # (its folder goes)
             self.owner.ended = True
-            self.owner.tell({"event": "done"})
+            self.owner.tell(Delivered())
 
 
 def _warm() -> None:
@@ -244,7 +238,7 @@ def main(argv: list[str]) -> int:
     log.setLevel(logging.INFO)
     log.addHandler(Forward())
     log.propagate = True
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # (its runs go on without it: service.RemoteSpool)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # (its runs go on without it: service.Served)
     log.info("xp tracking service %d on %s", os.getpid(), path)
     _warm()
     server.settimeout(1.0)

@@ -1,0 +1,157 @@
+"""Anything left behind reaches the store: what a killed or stopped process, or a run that ended while its store
+was away, left in its spool (xp.tracking.spool) is drained by the next command on that store (`deliver_left`, at
+its first run there, and `end_orphans` then ends the runs their gone processes left RUNNING), or by hand:
+
+    python -m xp.sync                       every spool left undelivered on this machine
+    python -m xp.sync FOLDER [FOLDER ...]   those spools (a run's output folder's mlflow-spool/)
+    python -m xp.sync --tracking-uri URI    only the spools of that store
+
+Exit 0 when everything was delivered, 1 when a store is still away (its spool is kept), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from xp.errors import one_line, redact
+from xp.states import RunStatus
+from xp.tracking.ending import end_for
+from xp.tracking.spool import RUN, Drain, pending_index, same_process
+
+log = logging.getLogger("xp")
+
+WAIT_S = 30.0  # how long one spool's store may stay away before sync gives up on it
+
+
+def pending(uri: str | None = None) -> list[Path]:
+    """Spool folders whose process is gone and whose records are not all delivered (to `uri`, or to any store)."""
+    out = []
+    for entry in sorted(pending_index().glob("*")) if pending_index().is_dir() else []:
+        try:
+            folder = Path(entry.read_text().strip())
+            meta = json.loads((folder / RUN).read_text())
+        except (OSError, ValueError):
+            entry.unlink(missing_ok=True)  # delivered meanwhile, or removed by its user
+            continue
+        if same_process(meta.get("pid", 0), meta.get("started", -1)):
+            continue  # its run is still going: its own process (or the service for it) delivers it
+        if uri is None or meta["uri"] == uri:
+            out.append(folder)
+    return out
+
+
+def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[int, str]:
+    """(records that still wait, one line saying what happened) for one spool folder."""
+    from xp.tracking.stores import open_client
+
+    meta = json.loads((folder / RUN).read_text())
+    if same_process(meta.get("pid", 0), meta.get("started", -1)):
+        return 0, f"{folder}: its run is still going (process {meta['pid']}), which delivers it itself"
+    client = functools.partial(open_client, meta["uri"])
+    drain = Drain(folder, meta["uri"], meta["run_id"], client)
+    n, uri, ended = drain.left(), redact(meta["uri"]), drain.ends()
+    deadline, was = time.monotonic() + wait_s, None
+    while drain.left():
+        try:
+            if was is None:  # a run ended (by its end record, or as an orphan) takes no more records: reopen it
+                was = client().get_run(drain.run_id).info.status
+                if was != RunStatus.RUNNING:
+                    client().update_run(drain.run_id, status=RunStatus.RUNNING)
+            if drain.deliver_some():
+                continue
+        except Exception as e:
+            if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
+                shutil.rmtree(folder, ignore_errors=True)
+                (pending_index() / folder.name).unlink(missing_ok=True)
+                return 0, f"{folder}: run {drain.run_id} no longer exists in {uri}; its {n} records dropped"
+            was = None
+        if time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    left = drain.left()
+    if not left and not ended and was not in (None, RunStatus.RUNNING):
+        client().set_terminated(drain.run_id, was)  # as it was: its process ended it, or end_orphans did
+    if drain.close(0):
+        return 0, f"delivered {n} records of run {drain.run_id} to {uri}"
+    return left, f"{uri} is still away: {left} of {n} records of run {drain.run_id} wait in {folder}"
+
+
+def deliver_left(uri: str, wait_s: float, run_id: str | None = None) -> int:
+    """Deliver what gone processes left in the spools of store `uri` (of run `run_id`, if given), within wait_s in
+    all, a line each: before a process writes to a run again (resumed, attached), at a command's first run on the
+    store, at a sweep's end (its stopped workers'). Returns the records that still wait."""
+    deadline, left = time.monotonic() + wait_s, 0
+    for folder in pending(uri):
+        if run_id is not None and not folder.name.startswith(run_id + "-"):
+            continue
+        try:
+            waiting, line = deliver(folder, max(0.0, deadline - time.monotonic()))
+        except Exception as e:  # one spool's trouble does not keep the others
+            waiting, line = 1, f"{folder}: {type(e).__name__}: {one_line(e)[:300]}"
+        (log.warning if waiting else log.info)(line)
+        left += waiting
+    return left
+
+
+def end_orphans(client: Any, uri: str, experiment_id: str) -> list[str]:
+    """What gone processes left for the store delivered (deliver_left), then the runs of this experiment still
+    RUNNING whose process of this host is gone (SIGKILL, out of memory) ended FAILED. A run whose process still
+    lives, or of another host, is not touched."""
+    deliver_left(uri, 5.0)
+    host, ended = socket.gethostname(), list[str]()
+    try:
+        runs = client.search_runs([experiment_id], f"attributes.status = '{RunStatus.RUNNING}'", max_results=1000)
+    except Exception:
+        return ended
+    for run in runs:
+        tags = run.data.tags
+        if tags.get("xp.host") != host or not str(tags.get("xp.pid", "")).isdigit():
+            continue
+        pid = int(tags["xp.pid"])
+        if same_process(pid, tags.get("xp.pid_started")):
+            continue  # its process lives (the same one: the start time matches)
+        end_for(client, run.info.run_id, f"process {pid} on {host} was gone", RunStatus.FAILED)
+        log.warning("ended MLflow run %s FAILED: it was left RUNNING by process %d, which is gone",
+                    run.info.run_id, pid)
+        ended.append(run.info.run_id)
+    return ended
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m xp.sync", description=__doc__.splitlines()[0])
+    ap.add_argument("folders", nargs="*", type=Path, help="spool folders (default: every undelivered one)")
+    ap.add_argument("--tracking-uri", help="only the spools of this store")
+    ap.add_argument("--wait", type=float, default=WAIT_S, help="seconds a store may stay away (per spool)")
+    args = ap.parse_args(argv)
+    for f in args.folders:
+        if not (f / RUN).is_file():
+            print(f"xp.sync: error: {f}: not a spool folder (it has no {RUN}: a run's output folder holds one as "
+                  "mlflow-spool/ while its records wait)", file=sys.stderr)
+            return 2
+    folders = args.folders or pending(args.tracking_uri)
+    if not folders:
+        print("xp.sync: nothing waits for delivery")
+        return 0
+    ok = True
+    for f in folders:
+        try:
+            waiting, line = deliver(f, args.wait)
+        except Exception as e:
+            waiting, line = 1, f"{f}: {type(e).__name__}: {one_line(e)[:300]}"
+        delivered = not waiting
+        ok &= delivered
+        print(("xp.sync: " if delivered else "xp.sync: error: ") + line, file=sys.stdout if delivered else sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
