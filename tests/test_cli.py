@@ -257,7 +257,7 @@ def test_failed_job_in_a_sweep_fails_the_parent(tmp_path, store):
 
 def test_sweep_children_are_named_by_what_the_sweep_varies():
     from xp.multirun import swept_keys
-    from xp.tracking.summary import table
+    from xp.results import table
 
     assert swept_keys(["batch=16,32", "lr=0.1", "lr_steps=[6,9]", "x='a,b'", "momentum=range(0.5,0.9,0.1)",
                        "+wd=interval(0,1)", "epochs=3", "lr_decay=choice(0.1,0.5)"]) == \

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ import textwrap
 import psutil
 import pytest
 
-from conftest import ROOT, mlflow_runs, run_xp, wait_for_line
+from conftest import ROOT, mlflow_runs, run_xp
 from xp.tracking import service
 from xp.tracking.tracker import Tracker
 
@@ -54,26 +53,6 @@ def test_a_run_imports_no_mlflow_and_its_model_and_records_arrive(tmp_path, stor
     assert not list(state.glob("pending/*"))  # (delivered: its spool is gone)
 
 
-def test_a_service_killed_mid_run_loses_nothing_and_sends_nothing_twice(store, state, caplog):
-    run = Tracker(store, "xp", "through", params={"lr": 0.1})
-    run.start()
-    assert isinstance(run._spool.drain, service.Served)
-    for step in range(3):
-        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
-    [pid] = _service_pids(state)
-    os.kill(pid, signal.SIGKILL)
-    psutil.Process(pid).wait(10) if psutil.pid_exists(pid) else None
-    with caplog.at_level(logging.INFO, logger="xp"):
-        for step in range(3, 6):
-            run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
-        run.end("FINISHED")
-    assert "this process delivers run" in caplog.text
-    client, [stored] = mlflow_runs(store)
-    history = client.get_metric_history(stored.info.run_id, "loss")
-    assert [m.step for m in history] == list(range(6)) and stored.info.status == "FINISHED"
-    assert stored.data.params == {"lr": "0.1"}
-
-
 def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     script = textwrap.dedent(f"""
         from xp.tracking import service
@@ -93,35 +72,6 @@ def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     assert len(services) == 1
     _, runs = mlflow_runs(store)
     assert [r.info.status for r in runs] == ["FINISHED"] * 3 and all(r.data.metrics == {"x": 1.0} for r in runs)
-
-
-def test_a_killed_runs_records_wait_in_its_spool_and_the_next_start_ends_it(tmp_path, store, state):
-    script = textwrap.dedent(f"""
-        from xp.tracking import service
-        from xp.tracking.tracker import Tracker
-        service.starts = True
-        t = Tracker({store!r}, "xp", "killed")
-        t.start()
-        for step in range(4):
-            t.log_metrics({{"loss": float(step)}}, step=step)
-        print("logged", flush=True)
-        import time
-        time.sleep(600)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=dict(os.environ, XP_STATE_DIR=str(state)),
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        wait_for_line(proc, "logged", 120)
-    finally:
-        proc.kill()
-        proc.wait(30)
-    nxt = Tracker(store, "xp", "next")
-    nxt.start()
-    nxt.end("FINISHED")
-    client, runs = mlflow_runs(store)
-    killed = next(r for r in runs if r.info.run_name == "killed")
-    assert killed.info.status == "FAILED" and killed.data.tags["xp.ended_by"].startswith(f"xp: process {proc.pid}")
-    assert [m.step for m in client.get_metric_history(killed.info.run_id, "loss")] == [0, 1, 2, 3]
 
 
 def test_the_stores_refusals_reach_the_runs_console(store, state, caplog):

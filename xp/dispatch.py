@@ -99,7 +99,7 @@ def launched_job(job: Any, config: dict[str, Any]) -> Any:
     its objectives' values). None: not a distributed job (this process trains it)."""
     from xp.run.experiment import Outcome
     from xp.tracking.stores import open_client
-    from xp.tracking.summary import row_from_mlflow
+    from xp.results import row_from_mlflow
 
     plan, engine_cls, launcher = plan_engine_launcher(config)
     if engine_cls is None:

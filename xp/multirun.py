@@ -103,7 +103,7 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
 
 def _say_table(parent: Any, rows: list[dict[str, Any]], status: str, view: str | None = None) -> None:
     """The sweep's table: every run, or the SHOWN best of a larger sweep with where to see them all."""
-    from xp.tracking import summary
+    from xp import results as summary
 
     print(f"\nsweep: {len(rows)} runs under MLflow parent run {parent.run_id} ({status})")
     print(summary.table(rows if len(rows) <= SHOWN else summary.best(rows, SHOWN)))

@@ -27,7 +27,7 @@ from xp.report import claims, plots, study
 from xp.states import RunStatus, TrialState
 from xp.report.table import COST, COST_NOTE, md_table, swept_columns
 from xp.tracking.models import RUN_TAG
-from xp.tracking.summary import num as _num, row_from_mlflow
+from xp.results import num as _num, row_from_mlflow
 
 
 # --- the report ------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xp.tracking.summary import num
+from xp.results import num
 
 Column = tuple[str, str, str]  # (row key, header, format)
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from xp.run import spot
+
+if TYPE_CHECKING:
+    from xp.tracking.tracker import Tracker
 
 log = logging.getLogger("xp")
 
@@ -216,7 +219,7 @@ ONCE = ("time_to_target_s", "cost_to_target_usd")
 class TrackingCallback(Callback):
     """Logs every epoch's metrics (the curves); step = epochs completed."""
 
-    def __init__(self, tracker: Any):
+    def __init__(self, tracker: Tracker):
         self.tracker = tracker
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:

@@ -28,7 +28,8 @@ from xp.states import Ending, TrialState
 from xp.studies.trial import attach
 from xp.tracking import sweepstate
 from xp.tracking.stores import resolve_uri
-from xp.tracking.summary import as_params, summarize
+from xp.results import as_params, summarize
+from xp.tracking.tracker import Tracker
 
 log = logging.getLogger("xp")
 
@@ -144,7 +145,7 @@ def set_up(plan: Plan, backend_cls: Any) -> tuple[Plan, Any]:
     return backend.plan, backend
 
 
-def diagnosis(plan: Plan, backend_cls: Any, tracker: Any, trial: Any) -> Outcome:
+def diagnosis(plan: Plan, backend_cls: Any, tracker: Tracker, trial: Any) -> Outcome:
     """diagnose=true: where the time goes, logged on the run; its objective is the real data's throughput."""
     rate, params, tags = diagnosed(plan, backend_cls)
     tracker.log(params={**params, "summary.throughput_samples_per_s": f"{rate:.6g}"},
@@ -180,20 +181,20 @@ class RunCallbacks:
     stop: Any = None  # StopAtMembershipChange, in a relaunched elastic worker
 
 
-def bill(plan: Plan, done: list[dict[str, float]], tracker: Any, job_t0: float | None) -> CostMeter:
+def bill(plan: Plan, done: list[dict[str, float]], tracker: Tracker, job_t0: float | None) -> CostMeter:
     """The run's cost (CostMeter): from its MLflow run's start, or an elastic job's (its rounds' clock). An
     elastic run bills each worker as an instance, on a spot trace at the trace's prices (and says what the same
     instance time costs on demand); so does the fixed cluster of a trace's peak (elastic.enabled=false with a
     trace), at the plan's price."""
     e = plan.elastic
-    start = tracker.start_ms / 1000 if getattr(tracker, "start_ms", None) else job_t0  # (a launched job's run's)
+    start = tracker.start_ms / 1000 if tracker.start_ms else job_t0  # (a launched job's run's)
     cluster = e.enabled or bool(plan.requested.get("elastic.trace"))  # a worker an instance
     return CostMeter(plan.cost_per_hour, plan.target_accuracy, done, plan.workers if cluster else 1, start,
                      job_t0 if e.enabled else None, (e.trace, e.trace_speed) if e.enabled and e.trace else None,
                      plan.hardware.price_per_hour * plan.hosts if e.enabled else 0.0)
 
 
-def build_callbacks(plan: Plan, backend: Any, tracker: Any, before: Any, trial: Any,
+def build_callbacks(plan: Plan, backend: Any, tracker: Tracker, before: Any, trial: Any,
                     stop_flag: str | None = None, job_t0: float | None = None) -> RunCallbacks:
     """Every callback of a run, by phase. At each epoch's end they see one metrics dict in this order:
     measure (time, throughput, telemetry) -> aggregate (across workers, cost) -> record (history, MLflow)

@@ -84,7 +84,7 @@ def open_run(plan: Plan, backend_cls: type[Backend], backend: Any, uri: str, job
 
 def summary_table(plan: Plan, name: str, summary: dict[str, Any], state: str, uri: str, tracker: Any) -> str:
     """The end of a run on the console: its one-row table and where it is logged."""
-    from xp.tracking.summary import table
+    from xp.results import table
 
     row = {"run": name, "model": plan.model.name, "batch": plan.batch, "devices": len(plan.devices) * plan.workers,
            **summary, "state": state}

@@ -43,7 +43,7 @@ SWEEPS_DIR = Path(os.environ.get("XP_SWEEPS_DIR") or shipped("sweeps"))
 DEFAULT_STORAGE = "sqlite:///mlruns/optuna.db"
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2", "cmaes")
 PRUNERS = ("none", "median", "hyperband", "successive_halving")
-# What a trial can be judged by: keys of the run's summary (xp.tracking.summary.summarize).
+# What a trial can be judged by: keys of the run's summary (xp.results.summarize).
 METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
 FINISHED = TRIAL_ENDS  # (xp.states)
 # What a recipe's claim is about: the report's seed-claims section computes the figure of each (xp.report.claims).

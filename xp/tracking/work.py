@@ -28,7 +28,8 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
     """The sweep's children as its table's rows (one per job: a resumed sweep's latest), the parent's summary
     params and tags from them (the caller logs them on the parent, through its spool), and the key of the UI's
     view of its runs (None: not written)."""
-    from xp.tracking import summary, view
+    from xp import results as summary
+    from xp.tracking import view
     from xp.tracking.stores import open_client, search_all
     from xp.tracking.sweepstate import latest_per_job
 

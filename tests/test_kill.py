@@ -1,0 +1,148 @@
+"""Acceptance: each process of a record's path killed with SIGKILL at a random moment, 20 times each: the run's
+process (delivering through the tracking service, and by itself), the tracking service, and the store (an MLflow
+server: 6 times here, as each restart costs 4-8 s of CI; XP_KILL_STORE_ROUNDS=20 runs the 20, 457 s on 2 busy
+cores). After each kill and the next command on the store, every point the run logged is there once (the points
+form one unbroken prefix of what it meant to log, and hold every one it said it logged), every run has ended, and
+nothing is RUNNING. The random moments come from a seed printed with any failure (XP_KILL_SEED repeats it)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT, mlflow_runs, wait_for_line
+from mlflow_server import MlflowServer
+from xp.tracking import service
+from xp.tracking.tracker import Tracker
+
+pytestmark = pytest.mark.slow
+
+ROUNDS, STEPS = 20, 30
+STORE_ROUNDS = int(os.environ.get("XP_KILL_STORE_ROUNDS", 6))
+SEED = int(os.environ.get("XP_KILL_SEED", random.randrange(1 << 30)))
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from xp.tracking import service
+    from xp.tracking.tracker import Tracker
+    service.starts = True
+    t = Tracker(sys.argv[1], "xp", sys.argv[2], params={"lr": 0.1})
+    t.start()
+    print("started", t.run_id, flush=True)
+    for step in range(int(sys.argv[3])):
+        t.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        print("logged", step, flush=True)
+        time.sleep(0.01)
+    t.end("FINISHED")
+    print("ended", flush=True)
+""")
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    folder = tmp_path / "state"
+    monkeypatch.setenv("XP_STATE_DIR", str(folder))
+    yield folder
+    service.stop(folder)
+
+
+def _writer(store: str, name: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WRITER, store, name, str(STEPS)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _next_command(store: str) -> None:
+    """What the next command on the store does first: deliver what gone processes left, end their runs."""
+    nxt = Tracker(store, "xp", "next")
+    nxt.start()
+    nxt.end("FINISHED")
+
+
+def _check(store: str, said: dict[str, int], rng_state: str) -> None:
+    client, runs = mlflow_runs(store)
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"], rng_state
+    for r in runs:
+        if r.info.run_name == "next":
+            continue
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "loss")]
+        assert steps == list(range(len(steps))), (r.info.run_name, steps, rng_state)  # once each, none missing
+        assert len(steps) >= said.get(r.info.run_name, 0), (r.info.run_name, steps, rng_state)
+        if len(steps) == STEPS and r.info.status == "FINISHED":
+            assert r.data.params == {"lr": "0.1"}, rng_state
+
+
+def _logged(lines: list[str]) -> int:
+    return sum(1 for line in lines if line.startswith("logged"))
+
+
+def _kill_writer_rounds(store: str, env: dict[str, str]) -> None:
+    rng, said = random.Random(SEED), dict[str, int]()
+    for i in range(ROUNDS):
+        proc = _writer(store, f"run {i}", env)
+        time.sleep(rng.uniform(0.0, 2.5))  # from before its start to after its end
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        said[f"run {i}"] = _logged(out.splitlines())
+        _next_command(store)
+    _check(store, said, f"seed {SEED}")
+
+
+def test_a_run_killed_at_random_moments_through_the_service(store, state):
+    _kill_writer_rounds(store, dict(os.environ, XP_STATE_DIR=str(state)))
+
+
+def test_a_run_killed_at_random_moments_delivering_by_itself(store, state):
+    _kill_writer_rounds(store, dict(os.environ, XP_STATE_DIR=str(state), XP_TRACKING_SERVICE="0"))
+
+
+def test_the_tracking_service_killed_at_random_moments(store, state):
+    """The run goes on, drains its spool itself from where the service got to, and ends FINISHED with every
+    point once."""
+    rng = random.Random(SEED)
+    env = dict(os.environ, XP_STATE_DIR=str(state))
+    _next_command(store)  # (a service up before the first round)
+    for i in range(ROUNDS):
+        proc = _writer(store, f"run {i}", env)
+        wait_for_line(proc, "started", 120)
+        time.sleep(rng.uniform(0.0, 0.6))  # while it logs, or ends
+        for p in service.running(state):
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and "ended" in out, (out, f"seed {SEED}")
+        client, runs = mlflow_runs(store)
+        [run] = [r for r in runs if r.info.run_name == f"run {i}" and r.info.status == "FINISHED"]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == list(range(STEPS)), SEED
+    _next_command(store)
+    _check(store, {}, f"seed {SEED}")
+
+
+def test_the_store_killed_at_random_moments(tmp_path, state):
+    """An MLflow server (the store's process) killed and started again while a run logs: the run rides it out
+    (what its end could not wait for, the next command on the store delivers)."""
+    rng, env = random.Random(SEED), dict(os.environ, XP_STATE_DIR=str(state))
+    server = MlflowServer(tmp_path)
+    server.start()
+    try:
+        for i in range(STORE_ROUNDS):
+            proc = _writer(server.uri, f"run {i}", env)
+            wait_for_line(proc, "started", 120)
+            time.sleep(rng.uniform(0.0, 0.6))
+            server.kill()
+            server.start()
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0 and "ended" in out, (out, f"seed {SEED}")
+        _next_command(server.uri)
+        _check(server.uri, {f"run {i}": STEPS for i in range(STORE_ROUNDS)}, f"seed {SEED}")
+        _, runs = mlflow_runs(server.uri)
+        assert sorted(r.info.status for r in runs) == ["FINISHED"] * (STORE_ROUNDS + 1), f"seed {SEED}"
+    finally:
+        server.kill()
+
