@@ -9,14 +9,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from xp.run import spot
-
-if TYPE_CHECKING:
-    from xp.tracking.tracker import Tracker
+from xp.tracking.tracker import Tracker
 
 log = logging.getLogger("xp")
 
