@@ -89,9 +89,9 @@ def main() -> None:
         servers.append(serve([str(BIN / "optuna-dashboard"), storage, "--host", "127.0.0.1", "--port", str(dash)],
                              f"http://127.0.0.1:{dash}/", work / "dashboard.log"))
         IMAGES.mkdir(exist_ok=True)
-        from xp.tracking import view
+        from xp.readback import view
 
-        # the link the study printed: its trials, lr, batch and momentum against val_accuracy (xp.tracking.view)
+        # the link the study printed: its trials, lr, batch and momentum against val_accuracy (xp.readback.view)
         shoot(f"http://127.0.0.1:{ui}/{view.page(exp.experiment_id, f'xp-{parent}')}", IMAGES / "mlflow-compare.png",
               "1900,1100", budget_ms=60000)
         run = f"http://127.0.0.1:{ui}/#/experiments/{exp.experiment_id}/runs/{parent}"

@@ -231,8 +231,8 @@ def load_study(name: str, storage: str):
     """The Optuna study, its storage opened as xp opens one (under the first-use lock: see mlflow_client)."""
     import optuna
 
-    from xp.tracking.stores import optuna_schema
-    from xp.tracking.storefile import first_use
+    from xp.storefiles import optuna_schema
+    from xp.storefiles import first_use
 
     with first_use(storage, "sweep.storage", seed=optuna_schema):
         return optuna.load_study(study_name=name, storage=storage)

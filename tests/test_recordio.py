@@ -213,7 +213,7 @@ def test_test_io_times_its_first_epoch_from_a_reset_reader():
 
     from xp.run.experiment import build_callbacks
     from xp.mx.data import EpochIter
-    from xp.tracking.tracker import NullTracker
+    from xp.run.record import NullTracker
 
     resets = []
     for keep_ahead in (True, False):

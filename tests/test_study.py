@@ -422,12 +422,13 @@ def test_new_sqlite_stores_start_as_copies_of_an_empty_schema_and_work_as_the_li
     the copy works as a store the library made itself (a study created and told, a run logged), holds nothing of
     another store, and a template that cannot be made leaves the library to create the schema."""
     import optuna
+    from xp import storefiles
     from xp.tracking import stores
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for n in (1, 2):  # the first makes the templates, the second copies them
         optuna_db, mlflow_db = tmp_path / f"optuna{n}.db", tmp_path / f"mlflow{n}.db"
-        stores.optuna_schema(optuna_db)
+        storefiles.optuna_schema(optuna_db)
         stores._mlflow_schema(mlflow_db)
         study = optuna.create_study(study_name=f"s{n}", storage=f"sqlite:///{optuna_db}")
         study.tell(study.ask(), 1.0)
@@ -439,7 +440,7 @@ def test_new_sqlite_stores_start_as_copies_of_an_empty_schema_and_work_as_the_li
     assert sorted(p.name for p in (tmp_path / "cache" / "xp").iterdir()) == [
         f"mlflow-{__import__('mlflow').__version__}-schema.db", f"optuna-{optuna.__version__}-schema.db"]
     broken = tmp_path / "broken.db"
-    stores.schema_from_template(broken, "nothing", lambda url: 1 / 0)
+    storefiles.schema_from_template(broken, "nothing", lambda url: 1 / 0)
     assert not broken.exists() and not list((tmp_path / "cache" / "xp").glob("nothing*"))
 
 

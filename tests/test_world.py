@@ -409,7 +409,7 @@ def test_xp_experiments_open_in_mlflows_model_training_view(tmp_path):
     the run's page with ?workflowType=machine_learning (seen in chromium: the Runs table, not Traces)."""
     from mlflow.tracking import MlflowClient
 
-    from xp.tracking.provenance import run_url_hint
+    from xp.readback.view import run_url_hint
     from xp.tracking.tracker import EXPERIMENT_KIND, Tracker
 
     uri = f"sqlite:///{tmp_path}/m.db"
@@ -428,7 +428,7 @@ def test_xp_experiments_open_in_mlflows_model_training_view(tmp_path):
 def test_the_view_hint_names_an_mlflow_that_exists_outside_the_checkout(tmp_path):
     import sys
 
-    r = subprocess.run([sys.executable, "-c", "from xp.tracking.provenance import run_url_hint; print(run_url_hint('sqlite:///x'))"],
+    r = subprocess.run([sys.executable, "-c", "from xp.readback.view import run_url_hint; print(run_url_hint('sqlite:///x'))"],
                        cwd=tmp_path, env=xp_env("sqlite:///x", {"PYTHONPATH": str(ROOT)}), capture_output=True,
                        text=True, timeout=60)
     program = r.stdout.split(" ui ")[0].split(" -m ")[0]

@@ -131,7 +131,7 @@ def launch_job(argv: list[str], plan: Plan, engine_cls: Any, launcher: Any, pare
     from xp.launching.job import launch
     from xp.run import handoff
     from xp.run.worker import HOSTS_ENV
-    from xp.tracking.stores import check_reachable
+    from xp.launching.reach import check_reachable
     from xp.tracking.tracker import Tracker
     from xp.tracking.naming import run_name
 
@@ -154,7 +154,7 @@ def launch_job(argv: list[str], plan: Plan, engine_cls: Any, launcher: Any, pare
                 engine.spec.env[HOSTS_ENV] = str(len(engine.hosts()))
                 plan = replace(plan, hosts=len(engine.hosts()))
     if parent:  # a sweep's job: under its parent run
-        from xp.tracking import sweepstate
+        from xp.readback import sweepstate
 
         tags.update({"mlflow.parentRunId": parent, sweepstate.JOB_KEY: sweepstate.job_key(argv)})
     tracker = Tracker(uri, plan.experiment, plan.run_name or run_name([a for a in argv if not a.startswith("-")]),

@@ -25,7 +25,7 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
     if config.get("sweep"):
         _register_study_sweeper()
         argv = [*argv, "hydra/sweeper=xp_optuna"]
-    from xp.tracking import sweepstate
+    from xp.readback import sweepstate
     from xp.tracking.ending import end_state
     from xp.tracking.tracker import Tracker
     from xp.tracking.naming import run_name
@@ -87,11 +87,11 @@ def _end(parent: Any, uri: str, config: dict[str, Any], swept: str, kind: str, s
 
 
 def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[str, Any]:
-    """The sweep's children read back (xp.tracking.work.sweep_result, by the tracking service where there is
+    """The sweep's children read back (xp.readback.work.sweep_result, by the tracking service where there is
     one), and the UI's view of its runs written: a study's searched parameters, a sweep's varied keys, against
     the objective(s)."""
     from xp.tracking import service
-    from xp.tracking.work import sweep_result
+    from xp.readback.work import sweep_result
 
     study = config.get("sweep") or {}
     params = list(study.get("params") or {}) or [k for k in swept.split(",") if k]
@@ -119,8 +119,8 @@ def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: 
     from pathlib import Path
 
     from xp.errors import redact
-    from xp.tracking import view as views
-    from xp.tracking.provenance import page, typed
+    from xp.readback import view as views
+    from xp.readback.view import page, typed
     from xp.tracking.stores import DEFAULT_URI, resolve_uri
 
     default = uri == resolve_uri(DEFAULT_URI)
@@ -136,7 +136,7 @@ def compare_lines(uri: str, experiment: str, experiment_id: str | None, run_id: 
         start = f"{serve}, then "
     lines = [f"compare: {python} -m xp.report --parent {run_id}{named}{store}   (tables and plots into reports/)"]
     if view and experiment_id:
-        lines.append(f"     UI: {start}{base}/{views.page(experiment_id, view)}   (its runs, what it varied "
+        lines.append(f"     UI: {start}{base}/{views.view_page(experiment_id, view)}   (its runs, what it varied "
                      "against the objective)")
         start = ""
     lines.append(f"{'     UI' if start else ' parent'}: {start}{base}/{page(experiment_id, run_id)}")

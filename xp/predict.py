@@ -43,8 +43,9 @@ def load(uri: str, tracking_uri: str) -> tuple[Any, dict[str, Any]]:
     import mlflow.pyfunc
 
     from xp.errors import ConfigError
-    from xp.tracking.models import fetch, quiet
-    from xp.tracking.storefile import sqlite_path
+    from xp.tracking.models import quiet
+    from xp.readback.registry import fetch
+    from xp.storefiles import sqlite_path
 
     if (db := sqlite_path(tracking_uri)) is not None and not db.is_file():
         raise PredictError(f"{uri}: no MLflow store at {tracking_uri} (give --tracking-uri)")

@@ -42,7 +42,7 @@ def check_cluster_sweep(argv: list[str], config: dict[str, Any], uri: str) -> No
     launcher = chosen(argv)
     if not launcher.startswith(CLUSTER):
         return
-    from xp.tracking.stores import check_reachable
+    from xp.launching.reach import check_reachable
 
     stores: list[tuple[str, str, str | None]] = [(uri, "tracking_uri", None)]
     if config.get("sweep"):

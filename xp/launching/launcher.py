@@ -206,7 +206,7 @@ class OnHosts(Launcher):
         reap(self.transport(), hosts, job)
 
     def check_study(self, tracking_uri: str) -> None:
-        from xp.tracking.stores import check_reachable
+        from xp.launching.reach import check_reachable
 
         hosts = [h.name for h in self.hosts()]
         self.check(hosts, None, False)

@@ -91,7 +91,7 @@ class SlurmSubmitting(Slurm):
         slurm.submit(plan, self.options, argv, tracker)
 
     def check_study(self, tracking_uri: str) -> None:
-        from xp.tracking.stores import check_reachable
+        from xp.launching.reach import check_reachable
 
         self.check_submission()
         check_reachable(tracking_uri, [self.nodes], self.address())

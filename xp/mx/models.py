@@ -8,7 +8,7 @@ from typing import Any
 from xp.errors import XPError
 from xp.run.plan import ModelSpec
 from xp.run.pretrained import PretrainedSpec
-from xp.tracking.models import LOGGED
+from xp.readback.registry import LOGGED
 
 
 class WeightsError(XPError):

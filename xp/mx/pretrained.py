@@ -23,7 +23,7 @@ from pathlib import Path
 from xp.errors import ConfigError
 from xp.run.plan import ModelSpec
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
-from xp.tracking.models import LOGGED, fetch, is_model_uri
+from xp.readback.registry import LOGGED, fetch, is_model_uri
 
 SYMBOL, PARAMS = "net-symbol.json", "net-0000.params"  # a logged model's network: MXNet's checkpoint names
 

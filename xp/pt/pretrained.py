@@ -7,7 +7,7 @@ from pathlib import Path
 
 from xp.errors import ConfigError
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
-from xp.tracking.models import LOGGED, fetch, flavors, is_model_uri
+from xp.readback.registry import LOGGED, fetch, flavors, is_model_uri
 
 
 def torch_cache() -> Path:

@@ -26,7 +26,7 @@ from xp.run.telemetry import telemetry
 from xp.run.train import train_run
 from xp.states import Ending, TrialState
 from xp.studies.trial import attach
-from xp.tracking import sweepstate
+from xp.readback import sweepstate
 from xp.tracking.stores import resolve_uri
 from xp.results import as_params, summarize
 from xp.tracking.tracker import Tracker

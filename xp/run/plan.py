@@ -18,7 +18,7 @@ from xp.data.datasets import DatasetSpec
 from xp.errors import ConfigError
 from xp.models import trained_name
 from xp.run.pretrained import PretrainedRequest, PretrainedSpec
-from xp.tracking.models import fits
+from xp.readback.registry import fits
 from xp.tracking.stores import resolve_uri
 from xp.run.settings import (ElasticSettings, LaunchSettings, StudySettings, choice, elastic_settings, flag,
                              flatten, group, integer, is_int, is_number, launch_settings, number, study_settings, text)

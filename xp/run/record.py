@@ -9,10 +9,11 @@ from typing import Any
 
 from xp.run.backend import Backend
 from xp.run.plan import Plan
-from xp.states import TrialState
-from xp.tracking import sweepstate
-from xp.tracking.provenance import run_url_hint, versions
-from xp.tracking.tracker import NullTracker, Tracker
+from xp.states import RunStatus, TrialState
+from xp.readback import sweepstate
+from xp.readback.view import run_url_hint
+from xp.tracking.provenance import versions
+from xp.tracking.tracker import Tracker
 from xp.tracking.naming import run_name
 
 log = logging.getLogger("xp")
@@ -95,3 +96,19 @@ def summary_table(plan: Plan, name: str, summary: dict[str, Any], state: str, ur
             if model else "")
     return (table([row]) + f"\nlogged to {uri} (experiment {plan.experiment}, run {tracker.run_id}); view with: "
             f"{run_url_hint(uri, getattr(tracker, 'experiment_id', None), tracker.run_id)}" + said)
+
+
+class NullTracker(Tracker):
+    """For distributed workers other than rank 0: only rank 0 writes to MLflow."""
+
+    def __init__(self):
+        super().__init__("", "", "")
+
+    def start(self) -> str:
+        return ""
+
+    def log(self, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> None: ...
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def end(self, status: RunStatus) -> None: ...

@@ -92,7 +92,7 @@ def recorded(spec: StudySpec) -> tuple[dict[str, str] | None, int] | None:
     import optuna
 
     from xp.studies.trial import JOURNAL, journal_path, storage_of
-    from xp.tracking.storefile import first_use, sqlite_path
+    from xp.storefiles import first_use, sqlite_path
 
     path = sqlite_path(spec.storage)
     if path is not None and not (path.exists() and path.stat().st_size > 0):

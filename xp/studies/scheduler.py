@@ -313,15 +313,15 @@ def _beat(trials: list[Any]) -> None:
 
 
 def scheduler_mark() -> str:
-    """This scheduler process, as a trial records it: host:pid:start (xp.tracking.spool.same_process)."""
-    from xp.tracking.spool import started
+    """This scheduler process, as a trial records it: host:pid:start (xp.processes.same_process)."""
+    from xp.processes import started
 
     return f"{socket.gethostname()}:{os.getpid()}:{started(os.getpid()):.2f}"
 
 
 def orphaned(mark: str | None) -> bool:
     """Whether a trial marked by `mark` lost its scheduler: one of this host whose process is gone."""
-    from xp.tracking.spool import same_process
+    from xp.processes import same_process
 
     if not mark or mark.count(":") < 2:
         return False

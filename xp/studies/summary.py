@@ -80,7 +80,7 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None, base
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
         from xp.tracking import service
-        from xp.tracking.work import study_result
+        from xp.readback.work import study_result
 
         said = service.call(tracking_uri, study_result, parent=parent, study=spec.study_name,
                             register_model=spec.register_model or "", metric=spec.objectives[0].metric,
@@ -132,7 +132,7 @@ class BestModel:
 
     def _loop(self) -> None:
         from xp.tracking import service
-        from xp.tracking.work import best_model
+        from xp.readback.work import best_model
 
         while not self._closing:
             self._wake.wait(timeout=self.POLL_S if self._waiting is not None else None)

@@ -12,8 +12,8 @@ from typing import Any
 
 from xp.errors import ConfigError, one_line, redact
 from xp.states import TrialState
-from xp.tracking.storefile import first_use
-from xp.tracking.stores import optuna_schema
+from xp.storefiles import first_use
+from xp.storefiles import optuna_schema
 from xp.studies.study import FINISHED, StudySpec, spec_from
 
 log = logging.getLogger("xp")

@@ -3,11 +3,9 @@ SOCKET PIDFILE`, started by the first run that needs it.
 
 It listens on the Unix socket SOCKET, imports MLflow once, and serves each run's connection on a thread: it
 creates the run (Tracker, as the run's process would, with the tags that process gave), then drains the run's
-spool (xp.tracking.spool.Drain: it reads the file the run's process appends to). What the store says (away, back,
-refused) goes back to the run's console. A connection that closes before its run's end (its process killed)
-leaves the records not yet delivered in the spool, as a killed process always has: the next command on the store
-delivers them and ends the run. It exits after XP_SERVICE_IDLE_S without a connection, or when its socket is
-removed or taken by another service.
+spool (xp.tracking.spool.Drain, reading the file the run's process appends to); the store's lines (away, back,
+refused) go to the run's console. A run killed before its end leaves what is not delivered in its spool, as any
+killed run does. It exits after XP_SERVICE_IDLE_S without a connection, or when its socket is removed or taken.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from xp.errors import ConfigError, one_line, redact
-from xp.tracking.messages import (TRACKING, Call, Close, Closed, Delivered, Last, Open, Refused, Reopen, Result, Say,
-                                  Start, Started, Store)
+from xp.tracking.messages import TRACKING, Call, Close, Closed, Last, Open, Refused, Reopen, Result, Say, Start, Started
 from xp.tracking.service import IDLE_S
 from xp.tracking.spool import Drain
 from xp.wire import Channel, Message
@@ -87,29 +84,23 @@ class Forward(logging.Handler):
         owner = _owners.get(threading.get_ident())
         if owner is None:
             return
-        try:
-            owner.send(Say(record.levelno, record.getMessage()))
-        except Exception:  # noqa: BLE001 - a line that cannot go is not worth failing the run's delivery for
-            pass
+        owner.tell(Say(record.levelno, record.getMessage()))
 
 
 class Connection:
     """One run: its creation, then its spool's drain, until its end."""
 
     def __init__(self, sock: socket.socket):
-        self.channel, self.ended = Channel(sock, TRACKING), False
+        self.channel = Channel(sock, TRACKING)
         self.tracker: Any = None  # (xp.tracking.tracker.Tracker, once the run is asked for)
         self.drain: ServedDrain | None = None  # (once the run's process opened its spool)
         self._send_lock = threading.Lock()
 
-    def send(self, msg: Message) -> None:
-        with self._send_lock:
-            self.channel.send(msg)
-
     def tell(self, msg: Message) -> None:
-        """`send`, to a run's process that may have gone meanwhile."""
+        """Send `msg` to the run's process, which may have gone meanwhile (what cannot go is let go)."""
         try:
-            self.send(msg)
+            with self._send_lock:
+                self.channel.send(msg)
         except OSError:
             pass
 
@@ -122,7 +113,7 @@ class Connection:
             pass
         finally:
             _owners.pop(threading.get_ident(), None)
-            if self.drain is not None and not self.ended:
+            if self.drain is not None:
                 self.drain.drop()  # its process is gone (or went on by itself): what is left stays in the spool
             self.channel.close()
             with _lock:
@@ -130,17 +121,15 @@ class Connection:
 
     def handle(self, msg: Message) -> None:
         if isinstance(msg, Start):
-            self.send(self.start(msg))
+            self.tell(self.start(msg))
         elif isinstance(msg, Open):
             self.open(Path(msg.folder), msg.artifact_uri)
         elif isinstance(msg, Last) and self.drain is not None:
             self.drain.last()
         elif isinstance(msg, Call):
-            self.send(self.call(msg.work, msg.args))
+            self.tell(self.call(msg.work, msg.args))
         elif isinstance(msg, Close) and self.drain is not None:
-            done = self.drain.close(msg.wait)
-            self.ended = True
-            self.send(Closed(done, self.drain.left()))
+            self.tell(Closed(self.drain.close(msg.wait), self.drain.left()))
 
     def start(self, msg: Start) -> Message:
         from xp.tracking.stores import open_client, trim
@@ -164,13 +153,17 @@ class Connection:
         return Started(run_id, artifact_uri, str(tracker.experiment_id), int(tracker.start_ms or 0))
 
     def call(self, work: str, args: dict[str, Any]) -> Message:
-        """A command's MLflow work (xp.tracking.work), one at a time (MLflow's registry reads its tracking store
-        from a global: two at once could cross)."""
-        from xp.tracking.work import CALLS
+        """A command's MLflow work (`work`: "MODULE:NAME", a function an xp module offers in its CALLS, e.g.
+        xp.readback.work), one at a time (MLflow's registry reads its tracking store from a global: two at once
+        could cross)."""
+        import importlib
 
         try:
+            module, name = work.split(":")
+            if not module.startswith("xp."):
+                raise ValueError(f"not xp's: {work}")
             with _calls:
-                return Result(CALLS[work](**args))
+                return Result(importlib.import_module(module).CALLS[name](**args))
         except Exception as e:  # noqa: BLE001 - the command meets it as it would have
             return Refused(f"{type(e).__name__}: {one_line(e)[:300]}")
 
@@ -179,35 +172,17 @@ class Connection:
         assert tracker is not None
         run_id = folder.name.rsplit("-", 1)[0]
         self.drain = ServedDrain(folder, tracker.uri, run_id, lambda: tracker.client, artifact_uri)
-        self.drain.owner = self
         self.drain.tell = lambda level, line: self.tell(Say(level, line))
         self.drain.nudge()
 
 
 class ServedDrain(Drain):
     """A run's drain here: its records wait for the store's turn (Gate; its model and artifacts do not: their
-    files are most of their work). The run's process is told when the store goes away and comes back, and when its
-    run, ended, is all delivered (its spool folder gone)."""
-
-    owner: Connection
+    files are most of their work)."""
 
     def _send(self, records: list[dict[str, Any]]) -> None:
         with gate(self.uri).turn() if records[0]["op"] not in ("model", "artifact") else contextlib.nullcontext():
             super()._send(records)
-
-    def deliver_some(self) -> bool:
-        was = self.away_since
-        delivered = super().deliver_some()
-        if (was is None) != (self.away_since is None):
-            self.owner.tell(Store(away=self.away_since is not None))
-        return delivered
-
-    def _loop(self) -> None:
-        super()._loop()
-        if self._closing and not self._abandoned.is_set() and not self.left():
-            self.close(0)  # (its folder goes)
-            self.owner.ended = True
-            self.owner.tell(Delivered())
 
 
 def _warm() -> None:
@@ -215,9 +190,6 @@ def _warm() -> None:
     import mlflow.entities  # noqa: F401
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     import mlflow.tracking  # noqa: F401
-
-    for name in ("mlflow.store.db.utils", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _still_ours(path: Path, inode: int) -> bool:

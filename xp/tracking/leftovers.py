@@ -1,23 +1,16 @@
 """Anything left behind reaches the store: what a killed or stopped process, or a run that ended while its store
 was away, left in its spool (xp.tracking.spool) is drained by the next command on that store (`deliver_left`, at
-its first run there, and `end_orphans` then ends the runs their gone processes left RUNNING), or by hand:
-
-    python -m xp.sync                       every spool left undelivered on this machine
-    python -m xp.sync FOLDER [FOLDER ...]   those spools (a run's output folder's mlflow-spool/)
-    python -m xp.sync --tracking-uri URI    only the spools of that store
-
-Exit 0 when everything was delivered, 1 when a store is still away (its spool is kept), 2 for bad input.
+its first run there, and `end_orphans` then ends the runs their gone processes left RUNNING), or by hand
+(`python -m xp.sync`, xp/sync.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import logging
 import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +18,8 @@ from typing import Any
 from xp.errors import one_line, redact
 from xp.states import RunStatus
 from xp.tracking.ending import end_for
-from xp.tracking.spool import RUN, Drain, pending_index, same_process
+from xp.processes import same_process
+from xp.tracking.spool import RUN, Drain, pending_index
 
 log = logging.getLogger("xp")
 
@@ -58,7 +52,7 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[int, str]:
         return 0, f"{folder}: its run is still going (process {meta['pid']}), which delivers it itself"
     client = functools.partial(open_client, meta["uri"])
     drain = Drain(folder, meta["uri"], meta["run_id"], client)
-    n, uri, ended = drain.left(), redact(meta["uri"]), drain.ends()
+    n, uri, ended = drain.left(), redact(meta["uri"]), drain.left("end") > 0
     deadline, was = time.monotonic() + wait_s, None
     while drain.left():
         try:
@@ -126,32 +120,4 @@ def end_orphans(client: Any, uri: str, experiment_id: str) -> list[str]:
     return ended
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m xp.sync", description=__doc__.splitlines()[0])
-    ap.add_argument("folders", nargs="*", type=Path, help="spool folders (default: every undelivered one)")
-    ap.add_argument("--tracking-uri", help="only the spools of this store")
-    ap.add_argument("--wait", type=float, default=WAIT_S, help="seconds a store may stay away (per spool)")
-    args = ap.parse_args(argv)
-    for f in args.folders:
-        if not (f / RUN).is_file():
-            print(f"xp.sync: error: {f}: not a spool folder (it has no {RUN}: a run's output folder holds one as "
-                  "mlflow-spool/ while its records wait)", file=sys.stderr)
-            return 2
-    folders = args.folders or pending(args.tracking_uri)
-    if not folders:
-        print("xp.sync: nothing waits for delivery")
-        return 0
-    ok = True
-    for f in folders:
-        try:
-            waiting, line = deliver(f, args.wait)
-        except Exception as e:
-            waiting, line = 1, f"{f}: {type(e).__name__}: {one_line(e)[:300]}"
-        delivered = not waiting
-        ok &= delivered
-        print(("xp.sync: " if delivered else "xp.sync: error: ") + line, file=sys.stdout if delivered else sys.stderr)
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+CALLS = {"deliver_left": deliver_left}  # (run by the tracking service for a sweep's command: service.call)

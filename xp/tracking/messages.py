@@ -1,10 +1,9 @@
 """The messages between a run's (or a command's) process and the tracking service, typed with xp.wire's codec:
 
-    run -> service:  Start (create the run), Open (deliver its spool), Last (no more records), Close (wait for its
-                     delivery, at most `wait` s), Call (a command's MLflow work, xp.tracking.work)
+    run -> service:  Start (create the run), Open (drain its spool), Last (no more records), Close (wait for its
+                     delivery, `wait` s at most), Call (a command's MLflow work: "MODULE:NAME" of an xp module's CALLS)
     service -> run:  Started, Reopen (an interrupted sweep's parent: the run's process reopens it), Refused (the
-                     store's line), Result, Closed; unasked: Say (a line for the run's console), Store (away or
-                     back), Delivered (the ended run is all in the store)
+                     store's line), Result, Closed; unasked: Say (a line for the run's console)
 """
 
 from __future__ import annotations
@@ -98,15 +97,3 @@ class Closed(Message):
 class Say(Message):
     level: int
     msg: str
-
-
-@TRACKING.kind("store")
-@dataclass
-class Store(Message):
-    away: bool
-
-
-@TRACKING.kind("delivered")
-@dataclass
-class Delivered(Message):
-    pass

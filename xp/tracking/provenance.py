@@ -57,39 +57,6 @@ def _git() -> dict[str, str]:
 _git_tags: dict[str, str] | None = None
 
 
-UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
-
-
-def run_url_hint(uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
-    """How to look at a run: the `mlflow ui` of the environment xp runs in (its path as the user would type it:
-    relative inside the current folder, e.g. .venv/bin/mlflow in a checkout) and the run's page, or the page on
-    the tracking server. The page asks for MLflow's Model training view: the UI (3.x) opens in its GenAI view
-    (Traces, Evaluations) otherwise."""
-    import sys
-
-    where = "/" + page(experiment_id, run_id) if experiment_id and run_id else ""
-    if not uri.startswith("sqlite:///"):
-        return uri.rstrip("/") + where if where and uri.startswith(("http://", "https://")) else f"MLFLOW_TRACKING_URI={uri}"
-    exe = Path(sys.executable).parent / "mlflow"
-    program = typed(exe) if exe.is_file() else f"{typed(Path(sys.executable))} -m mlflow"
-    return f"{program} ui --backend-store-uri {uri}" + (f", then {UI_URL}{where}" if where else "")
-
-
-def typed(program: Path) -> str:
-    """A program of the environment xp runs in, as the user would type it: relative inside the current folder
-    (.venv/bin/python in a checkout), else its whole path."""
-    try:
-        return str(program.absolute().relative_to(Path.cwd()))
-    except ValueError:
-        return str(program)
-
-
-def page(experiment_id: str | None, run_id: str) -> str:
-    """A run's page in the MLflow UI (a path after the UI's address), in MLflow's Model training view: the UI
-    (3.x) opens in its GenAI view (Traces, Evaluations) otherwise."""
-    return f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
-
-
 def versions(distributions: Iterable[str]) -> dict[str, str]:
     return dict(_versions(("xp", *distributions)))
 

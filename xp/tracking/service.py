@@ -31,8 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.tracking.messages import (TRACKING, Call, Close, Closed, Delivered, Last, Open, Refused, Result, Say, Start,
-                                  Store)
+from xp.tracking.messages import TRACKING, Call, Close, Closed, Last, Open, Refused, Result, Say, Start
 from xp.tracking.spool import Spool, bounded, said_left, state_dir
 from xp.wire import Channel, Message
 
@@ -44,7 +43,7 @@ ENV = "XP_TRACKING_SERVICE"  # 0: every run's process does its MLflow work itsel
 starts = False
 START_S = 30.0  # how long a run waits for a new service to answer before doing its MLflow work itself
 ASK_S = 60.0  # how long a request other than a run's creation or end may go unanswered (the service is stuck)
-CALL_S = 600.0  # ... and the command's MLflow work (xp.tracking.work: a study's end waits for its store)
+CALL_S = 600.0  # ... and the command's MLflow work (xp.readback.work: a study's end waits for its store)
 IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 1800))  # a service without a run for this long ends (daemon)
 PROTOCOL = 3  # the messages between a run and the service; a change makes another service (3: xp.wire's codec)
 
@@ -90,15 +89,14 @@ def beside(sock: Path, suffix: str) -> Path:
 
 
 class Link:
-    """One connection to the service. Its reader thread says the lines the service says for the run, hands what
-    the service tells unasked (Store, Delivered) to `on_event`, and the answers to `ask`."""
+    """One connection to the service. Its reader thread says the lines the service says for the run, and hands
+    the answers to `ask`."""
 
     def __init__(self, sock: socket.socket):
         self.channel = Channel(sock, TRACKING)
         self._answers: queue.Queue[Message | None] = queue.Queue()
         self._send_lock = threading.Lock()
         self.gone = False
-        self.on_event: Callable[[Message], None] = lambda event: None
         threading.Thread(target=self._read, name="xp-tracking-service", daemon=True).start()
 
     def _read(self) -> None:
@@ -106,8 +104,6 @@ class Link:
             while (msg := self.channel.recv()) is not None:
                 if isinstance(msg, Say):
                     log.log(msg.level, "%s", msg.msg)
-                elif isinstance(msg, (Store, Delivered)):
-                    self.on_event(msg)
                 else:
                     self._answers.put(msg)
         except (OSError, ValueError):
@@ -205,9 +201,8 @@ def _spawn(path: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("XP_PLACED_TAGS", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
     with open(beside(path, ".log"), "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "xp.tracking.daemon", str(path), str(beside(path, ".pid"))],
-                                cwd="/", env=env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-                                close_fds=True)
+                                cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True, close_fds=True)
 
 
 def create_run(request: Start) -> tuple[Link, Message]:
@@ -222,14 +217,14 @@ class CallFailed(Exception):
 
 
 def call(uri: str, work: Callable[..., Any], **args: Any) -> Any:
-    """`work(uri=uri, **args)`, the command's MLflow work (one of xp.tracking.work.CALLS) on the store `uri`,
+    """`work(uri=uri, **args)`, the command's MLflow work (a function in its module's CALLS: xp.readback.work's) on the store `uri`,
     done by the service; by this process where the service does not serve that store or cannot be reached.
     CallFailed: the service's one line for an exception it met, which the caller takes as it would the exception."""
     if usable(uri):
         try:
             link = connect()
             try:
-                answer = link.ask(Call(work.__name__, {"uri": uri, **args}), CALL_S)
+                answer = link.ask(Call(f"{work.__module__}:{work.__name__}", {"uri": uri, **args}), CALL_S)
             finally:
                 link.close()
             if isinstance(answer, Refused):
@@ -243,24 +238,17 @@ def call(uri: str, work: Callable[..., Any], **args: Any) -> Any:
 
 class Served:
     """The drain of a run's spool in the service, as the run's process sees it (Spool.drain): the service reads
-    the spool's file by itself; it tells when the store goes away and comes back, and when the ended run is all
-    delivered. Should the service go away, `local()`, this process's Drain, goes on from the `delivered` mark."""
+    the spool's file by itself. Should the service go away, `local()`, this process's Drain, goes on from the
+    `delivered` mark."""
+
+    away_since = None  # (a store away for the service: the service's creation of the next run waits for it)
 
     def __init__(self, spool: Spool, link: Link, local: Callable[[], Any], artifact_uri: str | None):
         self.spool, self.link, self._make_local = spool, link, local
         self.local: Any = None  # (this process's Drain, once the service went away)
         self._lock = threading.Lock()
         self._closing = False
-        self._away: float | None = None  # when the service said the store went away
-        self._done = threading.Event()
-        link.on_event = self._event
         self._tell(Open(str(spool.folder), artifact_uri))
-
-    def _event(self, event: Message) -> None:
-        if isinstance(event, Store):
-            self._away = time.monotonic() if event.away else None
-        elif isinstance(event, Delivered):
-            self._done.set()
 
     def _tell(self, msg: Message) -> None:
         try:
@@ -283,17 +271,6 @@ class Served:
         if self.local is not None:
             self.local.nudge()  # (the service reads the file by itself)
 
-    @property
-    def delivered(self) -> bool:
-        return self._done.is_set()
-
-    @property
-    def away_since(self) -> float | None:
-        return self.local.away_since if self.local is not None else self._away
-
-    def left(self) -> int:
-        return self.local.left() if self.local is not None else 0
-
     def last(self) -> None:
         self._closing = True
         if self.local is not None:
@@ -302,9 +279,6 @@ class Served:
             self._tell(Last())
 
     def settled(self, timeout_s: float) -> None:
-        if self.local is None and self._done.is_set():
-            self.link.close()
-            return
         if self.local is None:
             wait = bounded(timeout_s)
             try:
@@ -316,7 +290,6 @@ class Served:
                 return
             except Unavailable as e:
                 self._go_local(e)
-        assert self.local is not None
         self.local.settled(timeout_s)
 
 

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.errors import one_line, redact
+from xp.processes import started
 from xp.tracking import rows
+from xp.tracking.stores import away_reason, refused
 
 log = logging.getLogger("xp")
 
@@ -35,12 +37,7 @@ BACKOFF_S = (0.5, 5.0)  # the drain's wait after a failed send: first, and at mo
 LINGER_S = 1.0  # while a run goes on, its records reach the store at most this often (what comes meanwhile goes
 # in the same call: a study's 1-s trial sends its epochs' metrics in one call, not one each; docs/benchmarks.md)
 LIMITS = {"metrics": 1000, "params": 100, "tags": 100}  # MLflow's log_batch limits
-# the store answered and refused the record (a changed param value, a deleted run): sending it again cannot help
-REFUSED = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST", "INVALID_STATE")
-AWAY = ("Connection refused", "Max retries exceeded", "timed out", "database is locked", "Name or service not known",
-        "503", "502")  # what a store that does not answer (now) says, as an error's text has it
-BUSY = ("QueuePool limit", "timed out", "database is locked")  # a store too busy to answer now, whatever the error's
-# code says (SQLAlchemy's pool exhausted comes as INVALID_STATE): sent again, never left out
+
 
 
 def state_dir() -> Path:
@@ -49,22 +46,6 @@ def state_dir() -> Path:
 
 def pending_index() -> Path:
     return state_dir() / "pending"
-
-
-def started(pid: int) -> float:
-    """When process `pid` started (seconds since the epoch, to 0.01 s), or 0.0 if there is none."""
-    import psutil
-
-    try:
-        return round(psutil.Process(pid).create_time(), 2) if pid else 0.0
-    except psutil.Error:
-        return 0.0
-
-
-def same_process(pid: int, started_at: float | str | None) -> bool:
-    """Process `pid` lives and is the one that started at `started_at` (None: any), not a reuse of its pid."""
-    now = started(pid)
-    return bool(now) and (started_at is None or abs(now - float(started_at)) < 1.0)
 
 
 class Spool:
@@ -86,7 +67,7 @@ class Spool:
         if self._file.tell() and not records.read_bytes().endswith(b"\n"):
             self._file.write("\n")  # (a line cut by a kill: the next one starts on a line of its own)
         self._lock = threading.Lock()
-        self.drain: Any = None  # who delivers: nudge(), last(), settled(timeout_s), delivered, away_since, left()
+        self.drain: Any = None  # who delivers: nudge(), last(), settled(timeout_s), away_since
 
     def put(self, op: str, **data: Any) -> None:
         with self._lock:
@@ -116,8 +97,6 @@ class Drain:
     """The reading side: delivers the records of the spool in `folder` to run `run_id` of store `uri` through the
     MlflowClient `client()` makes, in order, from the folder's `delivered` mark; on a thread of its own (nudge)
     or called (deliver_some)."""
-
-    delivered = False  # (a served run's: the service said it is all delivered)
 
     def __init__(self, folder: Path, uri: str, run_id: str, client: Callable[[], Any],
                  artifact_uri: str | None = None):
@@ -154,16 +133,11 @@ class Drain:
             if record["seq"] > max(self._delivered, self._queue[-1]["seq"] if self._queue else 0):
                 self._queue.append(record)
 
-    def left(self) -> int:
+    def left(self, op: str | None = None) -> int:
+        """How many records (of kind `op`: "end", say) the store has not taken."""
         with self._lock:
             self._read()
-            return len(self._queue)
-
-    def ends(self) -> bool:
-        """Whether the records still to deliver end the run (a run whose process died has no end record)."""
-        with self._lock:
-            self._read()
-            return any(r["op"] == "end" for r in self._queue)
+            return sum(1 for r in self._queue if op in (None, r["op"]))
 
     def nudge(self) -> None:
         """New records are in the file: start the drain's thread if it has not started."""
@@ -236,7 +210,7 @@ class Drain:
         try:
             self._send(records)
         except Exception as e:
-            if _refused(e):
+            if refused(e):
                 self.tell(logging.WARNING, f"MLflow refused {_what(records)} of run {self.run_id} "
                                            f"({one_line(e)[:200]}): left out")
             else:
@@ -306,9 +280,6 @@ def bounded(timeout_s: float) -> float:
 def settle(timeout_s: float = FLUSH_S, away_only: bool = False) -> None:
     """Wait (timeout_s at most, in all) for the stores to take the records of the runs ended with end(later=True);
     away_only: only if one of those stores is away (the next run would not start either)."""
-    for done in [d for d in _unsettled if d.delivered]:  # (the service said so: a study's 1,000 trials)
-        _unsettled.remove(done)
-        done.settled(0.0)
     if away_only and all(d.away_since is None for d in _unsettled):
         return
     deadline = time.monotonic() + bounded(timeout_s)
@@ -329,22 +300,6 @@ def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for k in LIMITS:
             counts[k] += len(r.get(k, []))
     return out
-
-
-def _refused(e: Exception) -> bool:
-    return getattr(e, "error_code", None) in REFUSED and "active" not in str(e) and \
-        not any(marker in str(e) for marker in BUSY)
-
-
-def away(e: Exception) -> bool:
-    """Whether `e` says the store is away (it may come back), rather than that it refused what it was sent."""
-    return not _refused(e) and any(marker in one_line(e) for marker in AWAY)
-
-
-def away_reason(e: Exception) -> str:
-    """What a store that is away said, in a few words."""
-    text = one_line(e)
-    return next((marker.lower() for marker in AWAY if marker in text), text[:120])
 
 
 def _what(records: list[dict[str, Any]]) -> str:

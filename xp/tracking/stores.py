@@ -1,5 +1,5 @@
 """Where runs are tracked: the store's URI made absolute, checked before use (a server that answers, a database
-that accepts the password, one the workers on other hosts reach), and opened (a new SQLite store created under
+that accepts the password), and opened (a new SQLite store created under
 its first-use lock). mlflow and sqlalchemy are imported inside the functions."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from xp.errors import ConfigError, one_line, redact
 
@@ -34,47 +33,6 @@ def resolve_uri(configured: str | None = None, cwd: str | Path | None = None) ->
             raise ConfigError(f"tracking_uri={uri}: cannot create {folder} ({e.strerror}); "
                               "point it at a writable place") from None
     return uri
-
-
-def check_reachable(uri: str, hosts: list[str], host_ip: str | None, key: str = "tracking_uri",
-                    fix: str | None = None) -> None:
-    """Processes on other hosts (a launch's rank 0, a Slurm sweep's jobs) use the store `key` names: it must be
-    one every host reaches (and, for a server, one that answers)."""
-    from urllib.parse import urlparse
-
-    if hosts and all(_this_machine(h) for h in hosts):
-        return  # (the hosts are this machine: a Ray cluster of it, say)
-    u = urlparse(uri)
-    where, at = ", ".join(hosts), host_ip or "ADDRESS"
-    fix = fix or (f"use an MLflow tracking server the hosts reach (make server HOST={at}, then "
-                  f"tracking_uri=http://{at}:5000) or PostgreSQL (tracking_uri=postgresql://USER:PASSWORD@HOST/DB)")
-    if u.scheme in ("sqlite", "file", ""):
-        raise ConfigError(f"{key}={redact(uri)}: a file on this machine, which the workers on {where} cannot "
-                          f"reach; {fix}")
-    host = u.hostname or ""
-    if host == "localhost" or host.startswith("127.") or host == "::1":
-        raise ConfigError(f"{key}={redact(uri)}: {host} is each host's own loopback, not this machine, for the "
-                          f"workers on {where}; {fix}")
-    if u.scheme in ("http", "https"):
-        port = u.port or (443 if u.scheme == "https" else 80)
-        try:
-            socket.create_connection((host, port), timeout=5).close()
-        except OSError as e:
-            raise ConfigError(f"{key}={redact(uri)}: no server answers at {host}:{port} "
-                              f"({e.strerror or type(e).__name__}); start one (make server HOST={at})") from None
-
-
-def _this_machine(host: str) -> bool:
-    """`host` is an address (not a name: no lookup) of this machine (only those can be bound)."""
-    import ipaddress
-
-    try:
-        ipaddress.IPv4Address(host)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-        return True
-    except (ValueError, OSError):
-        return False
 
 
 _reached: set[str] = set()  # databases and servers this process has reached already
@@ -132,7 +90,7 @@ _opened: dict[str, tuple] = {}  # a SQLite store's file as its client found it (
 def open_client(uri: str, recheck: bool = False):
     """An MlflowClient on `uri`, opened once per process (a study's worker opens it before its first trial).
     Opening a SQLite store creates or migrates its schema: that happens under the store's first-use lock
-    (xp.storefile), so processes starting together never race through the migrations. `recheck` (a process
+    (xp.storefiles), so processes starting together never race through the migrations. `recheck` (a process
     that lives long: the tracking service, at each run): opened again, with MLflow's checks, if the file is no
     longer the one it opened, or its schema's version changed (removed, replaced, migrated or broken since)."""
     if recheck and uri in _clients and _stamp(uri) != _opened.get(uri):
@@ -142,8 +100,14 @@ def open_client(uri: str, recheck: bool = False):
         return _clients[uri]
     from mlflow.tracking import MlflowClient
 
-    from xp.tracking.storefile import first_use
+    from xp.storefiles import first_use
 
+    for name in ("mlflow.store.db.utils", "alembic"):  # creating or migrating a new store's schema is not news
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if uri.split(":", 1)[0].split("+")[0] in ("postgresql", "mysql", "mssql"):
+        check_database(uri, "tracking_uri")  # MLflow would retry a wrong password for a minute
+    elif uri.startswith(("http://", "https://")):
+        check_server(uri)  # MLflow would retry a server that is not there for minutes
     if uri.startswith(("http://", "https://")):
         # the spool retries a server that went away (xp.spool): MLflow's own retries would only block it for
         # minutes and print urllib3's "Retrying" lines
@@ -192,7 +156,7 @@ def _stamp(uri: str) -> tuple:
     """A SQLite store's file (device, inode) and its schema's version, as they are now; () for other stores."""
     import sqlite3
 
-    from xp.tracking.storefile import sqlite_path
+    from xp.storefiles import sqlite_path
 
     path = sqlite_path(uri)
     if path is None:
@@ -226,48 +190,9 @@ def _mlflow_schema(path: Path) -> None:
         _initialize_tables(engine)
         engine.dispose()
 
+    from xp.storefiles import schema_from_template
+
     schema_from_template(path, f"mlflow-{mlflow.__version__}", create)
-
-
-def optuna_schema(path: Path) -> None:
-    """A new SQLite study storage starts as a copy of an empty one with Optuna's schema (its tables and version
-    rows; no study): creating them costs 0.15-0.3 s on every new file."""
-    import optuna
-
-    def create(url: str) -> None:
-        optuna.storages.RDBStorage(url).engine.dispose()
-
-    schema_from_template(path, f"optuna-{optuna.__version__}", create)
-
-
-def schema_from_template(path: Path, name: str, create: Callable[[str], None]) -> None:
-    """Write the new SQLite file `path` as a copy of an empty database that `create(sqlite_url)` made once per
-    `name` (a library and its version) in xp's cache folder. Anything unexpected (no cache folder, a library's
-    function gone): nothing is written, and the library creates the schema itself, as it would without xp."""
-    import shutil
-    import tempfile
-
-    try:
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xp"
-        template = cache / f"{name}-schema.db"
-        if not template.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache, suffix=".db")
-            os.close(fd)
-            try:
-                create(f"sqlite:///{tmp}")
-                os.replace(tmp, template)  # whole or absent: a reader never sees it half-written
-            finally:
-                Path(tmp).unlink(missing_ok=True)
-        new = path.with_name(f".{path.name}.{os.getpid()}.new")
-        os.close(os.open(new, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o666))  # the mode a new database gets
-        try:
-            shutil.copyfile(template, new)
-            os.replace(new, path)
-        finally:
-            new.unlink(missing_ok=True)
-    except Exception as e:  # noqa: BLE001 - only a shortcut: the library still creates the schema its own way
-        logging.getLogger("xp").debug(f"new store {path}: no schema template ({one_line(e)})")
 
 
 def _artifact_root(uri: str) -> str | None:
@@ -289,3 +214,28 @@ def search_all(client: Any, experiment_ids: list[str], filter_string: str = "", 
         token = found.token
         if not token:
             return runs
+
+
+# the store answered and refused the record (a changed param value, a deleted run): sending it again cannot help
+REFUSED = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST", "INVALID_STATE")
+AWAY = ("Connection refused", "Max retries exceeded", "timed out", "database is locked", "Name or service not known",
+        "503", "502")  # what a store that does not answer (now) says, as an error's text has it
+BUSY = ("QueuePool limit", "timed out", "database is locked")  # a store too busy to answer now, whatever the error's
+# code says (SQLAlchemy's pool exhausted comes as INVALID_STATE): sent again, never left out
+
+
+def refused(e: Exception) -> bool:
+    """Whether `e` says the store answered and refused what it was sent: sending it again cannot help."""
+    return getattr(e, "error_code", None) in REFUSED and "active" not in str(e) and \
+        not any(marker in str(e) for marker in BUSY)
+
+
+def away(e: Exception) -> bool:
+    """Whether `e` says the store is away (it may come back), rather than that it refused what it was sent."""
+    return not refused(e) and any(marker in one_line(e) for marker in AWAY)
+
+
+def away_reason(e: Exception) -> str:
+    """What a store that is away said, in a few words."""
+    text = one_line(e)
+    return next((marker.lower() for marker in AWAY if marker in text), text[:120])

@@ -19,11 +19,12 @@ from typing import Any, Callable, Iterator
 from xp.errors import ConfigError, one_line, redact
 from xp.states import RunStatus
 from xp.tracking import rows
-from xp.tracking.ending import end_for, end_state
+from xp.tracking.ending import end_state
 from xp.tracking.naming import placed_tags, run_label
 from xp.tracking.provenance import source_tags
-from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, Drain, Spool, away, away_reason, settle, started, state_dir
-from xp.tracking.stores import _artifact_root, check_database, check_server, open_client
+from xp.processes import started
+from xp.tracking.spool import FLUSH_S, STORE_WAIT_S, Drain, Spool, settle, state_dir
+from xp.tracking.stores import _artifact_root, away, away_reason, open_client
 
 log = logging.getLogger("xp")
 
@@ -74,13 +75,6 @@ class Tracker:
     @property
     def client(self):
         if self._client is None:
-            # Creating or migrating the schema of a new store is routine, not news.
-            for name in ("mlflow.store.db.utils", "alembic"):
-                logging.getLogger(name).setLevel(logging.WARNING)
-            if self.uri.split(":", 1)[0].split("+")[0] in ("postgresql", "mysql", "mssql"):
-                check_database(self.uri, "tracking_uri")  # MLflow would retry a wrong password for a minute
-            elif self.uri.startswith(("http://", "https://")):
-                check_server(self.uri)  # MLflow would retry a server that is not there for minutes
             self._client = open_client(self.uri)
         return self._client
 
@@ -345,25 +339,3 @@ class Tracker:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.end(end_state(exc))
-
-    def child_runs(self) -> list[Any]:
-        from xp.tracking.stores import search_all
-
-        return search_all(self.client, [str(self.experiment_id)], f"tags.mlflow.parentRunId = '{self.run_id}'",
-                          order_by=["attributes.start_time ASC"])
-
-
-class NullTracker(Tracker):
-    """For distributed workers other than rank 0: only rank 0 writes to MLflow."""
-
-    def __init__(self):
-        super().__init__("", "", "")
-
-    def start(self) -> str:
-        return ""
-
-    def log(self, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> None: ...
-    def log_params(self, params: dict[str, Any]) -> None: ...
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
-    def set_tags(self, tags: dict[str, str]) -> None: ...
-    def end(self, status: RunStatus) -> None: ...

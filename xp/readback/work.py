@@ -6,8 +6,6 @@ on a SQLite store (2-3 s of CPU beside its trials on a 2-core machine); without 
   view of its runs;
 - `study_result`: the study's best trial (or Pareto front) on its parent run, its model registered;
 - `best_model`: the registry's alias `best` moved to a trial's model once the run has it (a study's BestModel);
-- `end_lost` (xp.tracking.ending): the runs of a study's trials whose workers were lost or stopped, ended;
-- `deliver_left` (xp.tracking.leftovers): what a sweep's stopped workers left in their spools, delivered.
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xp.states import RunStatus
-from xp.tracking.ending import end_lost
-from xp.tracking.leftovers import deliver_left
 
 
 def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: list[str],
@@ -29,9 +25,9 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
     params and tags from them (the caller logs them on the parent, through its spool), and the key of the UI's
     view of its runs (None: not written)."""
     from xp import results as summary
-    from xp.tracking import view
+    from xp.readback import view
     from xp.tracking.stores import open_client, search_all
-    from xp.tracking.sweepstate import latest_per_job
+    from xp.readback.sweepstate import latest_per_job
 
     client = open_client(uri)
     children = latest_per_job(search_all(client, [str(experiment_id)], f"tags.mlflow.parentRunId = '{parent}'",
@@ -54,7 +50,7 @@ def study_result(uri: str, parent: str | None, study: str, register_model: str, 
     versions: list[tuple[int, str]] = []
     said = None
     if register_model:
-        from xp.tracking.models import register_front, registered_line
+        from xp.readback.registry import register_front, registered_line
 
         versions = register_front(uri, register_model, front, multi_objective)
         said = registered_line(register_model, versions, multi_objective)
@@ -113,7 +109,8 @@ def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: s
 def best_model(uri: str, name: str, member: dict[str, Any]) -> dict[str, Any]:
     """The registry's alias `best` on trial `member`'s model, if its run has logged one: {"said": the line, or
     None; "waiting": its run is not in the store yet, or still RUNNING (its records are on their way)}."""
-    from xp.tracking.models import RUN_TAG, register_best
+    from xp.tracking.models import RUN_TAG
+    from xp.readback.registry import register_best
     from xp.tracking.stores import open_client
 
     run = open_client(uri).get_run(member["mlflow_run_id"])
@@ -122,5 +119,4 @@ def best_model(uri: str, name: str, member: dict[str, Any]) -> dict[str, Any]:
     return {"said": None, "waiting": run.info.status == RunStatus.RUNNING}
 
 
-CALLS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (sweep_result, study_result, best_model, end_lost,
-                                                                 deliver_left)}
+CALLS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (sweep_result, study_result, best_model)}
