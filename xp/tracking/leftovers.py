@@ -26,9 +26,10 @@ log = logging.getLogger("xp")
 WAIT_S = 30.0  # how long one spool's store may stay away before sync gives up on it
 
 
-def pending(uri: str | None = None) -> list[Path]:
-    """Spool folders whose process is gone and whose records are not all delivered (to `uri`, or to any store)."""
-    out = []
+def pending(uri: str | None = None, any_host: bool = True) -> list[Path]:
+    """Spool folders whose process is gone with records undelivered (to `uri`, or any store); not `any_host`: of
+    this host's processes only (hosts that share a file system share the index; another's may live)."""
+    out, here = [], socket.gethostname()
     for entry in sorted(pending_index().glob("*")) if pending_index().is_dir() else []:
         try:
             folder = Path(entry.read_text().strip())
@@ -36,8 +37,8 @@ def pending(uri: str | None = None) -> list[Path]:
         except (OSError, ValueError):
             entry.unlink(missing_ok=True)  # delivered meanwhile, or removed by its user
             continue
-        if same_process(meta.get("pid", 0), meta.get("started", -1)):
-            continue  # its run is still going: its own process (or the service for it) delivers it
+        if same_process(meta.get("pid", 0), meta.get("started", -1)) or not any_host and meta.get("host") != here:
+            continue  # its run is still going (or may be, elsewhere): its own process or the service delivers it
         if uri is None or meta["uri"] == uri:
             out.append(folder)
     return out
@@ -79,12 +80,12 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[int, str]:
     return left, f"{uri} is still away: {left} of {n} records of run {drain.run_id} wait in {folder}"
 
 
-def deliver_left(uri: str, wait_s: float, run_id: str | None = None) -> int:
-    """Deliver what gone processes left in the spools of store `uri` (of run `run_id`, if given), within wait_s in
-    all, a line each: before a process writes to a run again (resumed, attached), at a command's first run on the
-    store, at a sweep's end (its stopped workers'). Returns the records that still wait."""
+def deliver_left(uri: str, wait_s: float, run_id: str | None = None, any_host: bool = True) -> int:
+    """Deliver what gone processes left in the spools of store `uri` (of run `run_id`), within wait_s in all, a
+    line each: before a process writes to a run again (resumed, attached), at a sweep's end (its stopped workers'),
+    at a command's first run on the store (this host's: not `any_host`). Returns the records that still wait."""
     deadline, left = time.monotonic() + wait_s, 0
-    for folder in pending(uri):
+    for folder in pending(uri, any_host):
         if run_id is not None and not folder.name.startswith(run_id + "-"):
             continue
         try:
@@ -100,7 +101,7 @@ def end_orphans(client: Any, uri: str, experiment_id: str) -> list[str]:
     """What gone processes left for the store delivered (deliver_left), then the runs of this experiment still
     RUNNING whose process of this host is gone (SIGKILL, out of memory) ended FAILED. A run whose process still
     lives, or of another host, is not touched."""
-    deliver_left(uri, 5.0)
+    deliver_left(uri, 5.0, any_host=False)
     host, ended = socket.gethostname(), list[str]()
     try:
         runs = client.search_runs([experiment_id], f"attributes.status = '{RunStatus.RUNNING}'", max_results=1000)

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -56,10 +57,9 @@ class Spool:
     def __init__(self, folder: Path, uri: str, run_id: str):
         self.folder, self.uri, self.run_id = Path(folder).absolute(), uri, run_id
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(),
-                                                   "started": started(os.getpid())}))
-        entry = pending_index() / self.folder.name
-        entry.parent.mkdir(parents=True, exist_ok=True)
+        (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(), "host":
+                                                   socket.gethostname(), "started": started(os.getpid())}))
+        (entry := pending_index() / self.folder.name).parent.mkdir(parents=True, exist_ok=True)
         entry.write_text(str(self.folder))
         records = self.folder / RECORDS
         self._seq = max([_read_int(self.folder / DELIVERED), *(r["seq"] for r in read_records(records))])
@@ -328,6 +328,5 @@ def _read_int(path: Path) -> int:
 
 
 def _write_int(path: Path, value: int) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(str(value))
+    (tmp := path.with_name(path.name + ".tmp")).write_text(str(value))
     os.replace(tmp, path)
