@@ -241,7 +241,7 @@ class Served:
     the spool's file by itself. Should the service go away, `local()`, this process's Drain, goes on from the
     `delivered` mark."""
 
-    away_since = None  # (a store away for the service: the service's creation of the next run waits for it)
+    away_since: float | None = None  # (a store away for the service: its creation of the next run waits for it)
 
     def __init__(self, spool: Spool, link: Link, local: Callable[[], Any], artifact_uri: str | None):
         self.spool, self.link, self._make_local = spool, link, local

@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from xp.errors import one_line, redact
 from xp.processes import started
@@ -49,12 +50,21 @@ def pending_index() -> Path:
     return state_dir() / "pending"
 
 
+class Deliverer(Protocol):
+    """Who delivers a spool's records: a Drain of the run's process, or the tracking service (service.Served)."""
+    away_since: float | None
+
+    def nudge(self) -> None: ...
+    def last(self) -> None: ...
+    def settled(self, timeout_s: float) -> None: ...
+
+
 class Spool:
     """The writing side: a run's records, appended to its file in `folder` by this process, which says so in the
-    folder's run.json and the pending index (a killed process's spool is found too). `drain` delivers them: a
-    Drain of this process, or the tracking service's (xp.tracking.service.Served)."""
+    folder's run.json and the pending index (a killed process's spool is found too). `drain(spool)` makes who
+    delivers them: a Drain of this process, or the tracking service's (xp.tracking.service.Served)."""
 
-    def __init__(self, folder: Path, uri: str, run_id: str):
+    def __init__(self, folder: Path, uri: str, run_id: str, drain: Callable[[Spool], Deliverer]):
         self.folder, self.uri, self.run_id = Path(folder).absolute(), uri, run_id
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / RUN).write_text(json.dumps({"uri": uri, "run_id": run_id, "pid": os.getpid(), "host":
@@ -62,12 +72,13 @@ class Spool:
         (entry := pending_index() / self.folder.name).parent.mkdir(parents=True, exist_ok=True)
         entry.write_text(str(self.folder))
         records = self.folder / RECORDS
-        self._seq = max([_read_int(self.folder / DELIVERED), *(r["seq"] for r in read_records(records))])
-        self._file: Any = open(records, "a")
-        if self._file.tell() and not records.read_bytes().endswith(b"\n"):
+        had = records.read_bytes() if records.exists() else b""  # (a reopened run's, in this process)
+        self._seq = max([_read_int(self.folder / DELIVERED), *map(int, re.findall(rb'^{"seq": (\d+)', had, re.M))])
+        self._file = open(records, "a")
+        if had and not had.endswith(b"\n"):
             self._file.write("\n")  # (a line cut by a kill: the next one starts on a line of its own)
         self._lock = threading.Lock()
-        self.drain: Any = None  # who delivers: nudge(), last(), settled(timeout_s), away_since
+        self.drain = drain(self)
 
     def put(self, op: str, **data: Any) -> None:
         with self._lock:
@@ -304,20 +315,6 @@ def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _what(records: list[dict[str, Any]]) -> str:
     return ", ".join(sorted({r["op"] for r in records}))
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:  # a line cut by a kill mid-write
-                    continue
-    except FileNotFoundError:
-        pass
-    return out
 
 
 def _read_int(path: Path) -> int:

@@ -156,15 +156,13 @@ class Tracker:
             return False
         self.run_id, self.artifact_uri = answer.run_id, answer.artifact_uri
         self.experiment_id, self.start_ms = answer.experiment_id, answer.start_ms
-        self._spool = Spool(self._spool_folder(), self.uri, self.run_id)
-        self._spool.drain = service.Served(self._spool, link, self._drain, self.artifact_uri)
+        self._spool = Spool(self._spool_folder(), self.uri, self.run_id,
+                            lambda spool: service.Served(spool, link, self._drain, self.artifact_uri))
         return True
 
     def _local_spool(self) -> Spool:
         """The run's spool, drained by this process (as it has no tracking service)."""
-        spool = Spool(self._spool_folder(), self.uri, str(self.run_id))
-        spool.drain = self._drain()
-        return spool
+        return Spool(self._spool_folder(), self.uri, str(self.run_id), lambda spool: self._drain())
 
     def _drain(self) -> Drain:
         self.client  # made (and mlflow imported) on this thread: two threads importing mlflow at once can break it
