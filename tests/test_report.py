@@ -272,7 +272,7 @@ def test_a_sweeps_children_are_all_found_past_a_page_and_its_table_shows_the_bes
 
 def test_a_sweeps_table_counts_the_epochs_a_stopped_run_logged(tmp_path):
     """A run stopped (Ctrl-C) before its summary: the sweep's table shows the epochs it logged, not "-"."""
-    from xp.tracking.served import sweep_result
+    from xp.readback.work import sweep_result
 
     uri, client, exp = _store(tmp_path)
     parent = client.create_run(exp, tags={"xp.sweep": "true"}).info.run_id
