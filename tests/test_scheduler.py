@@ -4,6 +4,7 @@ command, and a trial in a reused worker computing what a fresh process computes.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -196,17 +197,20 @@ def test_the_worker_started_before_composing_runs_the_trials_of_a_one_slot_study
     trials than slots (sweep.parallel=4, 1 trial) starts no more workers than it has trials."""
     with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=1", f"sweep.parallel={parallel}",
                     env=study_env(tmp_path, n)) as proc:
-        seen: set[int] = set()
+        glimpses: collections.Counter[int] = collections.Counter()
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
             try:
-                seen.update(w.pid for w in workers_of(proc))
+                glimpses.update(w.pid for w in workers_of(proc))
             except psutil.Error:  # the command ended meanwhile
                 pass
             time.sleep(0.05)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    assert len(seen) == 1, seen
+    # (a worker's child between its fork and its exec, git's say, bears the worker's command line for a moment: a
+    # worker lives on, seen again and again)
+    seen = {pid for pid, n in glimpses.items() if n > 1}
+    assert len(seen) == 1, glimpses
     trials = trials_of(tmp_path)
     assert len(trials) == n and all(t.state.name == "COMPLETE" for t in trials)
 
@@ -672,7 +676,7 @@ def test_no_trial_starts_past_the_time_budget_on_a_loaded_machine(tmp_path, stor
     env = study_env(tmp_path, 500)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(multiprocessing.cpu_count())]
     try:
-        with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=2", "sweep.timeout_s=12", env=env) as proc:
+        with xp_process(tmp_path, store, "-m", "sweep=tiny", "epochs=2", "sweep.timeout_s=20", env=env) as proc:
             began = psutil.Process(proc.pid).create_time()
             out, err = proc.communicate(timeout=600)
     finally:
@@ -682,5 +686,5 @@ def test_no_trial_starts_past_the_time_budget_on_a_loaded_machine(tmp_path, stor
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     assert "no more trials start: its time budget is spent" in out + err, out[-3000:]
     runs = trial_runs(store)
-    late = [r.info.start_time / 1000 - began for r in runs if r.info.start_time / 1000 > began + 12]
+    late = [r.info.start_time / 1000 - began for r in runs if r.info.start_time / 1000 > began + 20]
     assert runs and not late, late

@@ -202,3 +202,13 @@ def test_the_benchmarks_call_xp_as_it_is_now(mypy_said):
     stale = [line for line in mypy_said.splitlines() if line.startswith("benchmarks/")
              and ("[call-arg]" in line or re.search(r'Module "xp[\w.]*" has no attribute', line))]
     assert not stale, "\n".join(stale)
+
+
+def test_every_package_of_xp_is_in_the_wheel():
+    """A package missing from pyproject's list installs as nothing: an installed xp fails at its first import."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(f.parent.relative_to(ROOT).parts) for f in XP.rglob("__init__.py")
+             if "conf" not in f.parts and "sweeps" not in f.parts}
+    assert found - listed == set(), found - listed
