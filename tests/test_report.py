@@ -254,7 +254,8 @@ def test_logged_report_shows_its_plots_in_the_mlflow_ui_it_is_given(runs, tmp_pa
 def test_a_sweeps_children_are_all_found_past_a_page_and_its_table_shows_the_best(store):
     """search_all pages through every run (search_runs answers at most max_results: a study of more trials than
     that was counted short); the table at a large sweep's end shows the best rows, best first."""
-    from xp.tracking.stores import open_client, search_all
+    from xp.readback.work import search_all
+    from xp.tracking.stores import open_client
     from xp.results import best
 
     client = open_client(store)

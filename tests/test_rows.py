@@ -166,3 +166,25 @@ def test_under_an_mlflow_xp_was_not_tested_with_the_public_path_is_taken_and_sai
     monkeypatch.undo()
     gate.private_ok.cache_clear()
     assert gate.private_ok()  # the real MLflow is the tested one (pyproject.toml pins it)
+
+
+def test_a_run_ended_as_a_row_is_the_run_mlflow_ends_and_an_ended_run_is_refused_the_same(two_runs):
+    from mlflow.exceptions import MlflowException
+
+    db, client, theirs, mine = two_runs
+    client.set_terminated(theirs, "KILLED", end_time=5678)
+    own = MlflowClient(client.tracking_uri)
+    own.set_terminated = _never
+    rows.end_run(own, mine, "KILLED", 5678)
+    with sqlite3.connect(db) as con:
+        ended = [con.execute("SELECT status, end_time, lifecycle_stage FROM runs WHERE run_uuid = ?", (r,)).fetchone()
+                 for r in (theirs, mine)]
+    assert ended[0] == ended[1] == ("KILLED", 5678, "active")
+    client.delete_run(theirs)
+    client.delete_run(mine)
+    refused = []
+    for end, run in ((client.set_terminated, theirs), (lambda *a: rows.end_run(own, *a), mine)):
+        with pytest.raises(MlflowException) as e:
+            end(run, "FINISHED", 9)
+        refused.append((e.value.error_code, str(e.value).replace(run, "RUN")))
+    assert refused[0] == refused[1], refused

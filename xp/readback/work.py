@@ -26,7 +26,7 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
     view of its runs (None: not written)."""
     from xp import results as summary
     from xp.readback import view
-    from xp.tracking.stores import open_client, search_all
+    from xp.tracking.stores import open_client
     from xp.readback.sweepstate import latest_per_job
 
     client = open_client(uri)
@@ -117,6 +117,20 @@ def best_model(uri: str, name: str, member: dict[str, Any]) -> dict[str, Any]:
     if run.data.tags.get(RUN_TAG):
         return {"said": register_best(uri, name, [member], False), "waiting": False}
     return {"said": None, "waiting": run.info.status == RunStatus.RUNNING}
+
+
+def search_all(client: Any, experiment_ids: list[str], filter_string: str = "", order_by: list[str] | None = None,
+               page: int = 1000) -> list[Any]:
+    """Every run the search finds, a page at a time (search_runs answers at most max_results runs: a study of
+    more trials than that would be counted short)."""
+    runs, token = [], None
+    while True:
+        found = client.search_runs(experiment_ids, filter_string, max_results=page, order_by=order_by,
+                                   page_token=token)
+        runs.extend(found)
+        token = found.token
+        if not token:
+            return runs
 
 
 CALLS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (sweep_result, study_result, best_model)}

@@ -378,7 +378,7 @@ def _of_parent(client: Any, parent: str) -> list[str]:
 
 def _finished_runs(client: Any, experiment_id: str, args: Any) -> list[Any]:
     from xp.errors import XPError, one_line
-    from xp.tracking.stores import search_all
+    from xp.readback.work import search_all
 
     runs: dict[str, Any] = {}
     for by in _of_parent(client, args.parent) if args.parent else [""]:

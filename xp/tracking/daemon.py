@@ -187,9 +187,7 @@ class ServedDrain(Drain):
 
 def _warm() -> None:
     """MLflow imported (once, on this thread: concurrent imports of it fail) and its SQLite store's modules."""
-    import mlflow.entities  # noqa: F401
-    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
-    import mlflow.tracking  # noqa: F401
+    import mlflow.entities, mlflow.store.tracking.sqlalchemy_store, mlflow.tracking  # noqa: F401, E401
 
 
 def _still_ours(path: Path, inode: int) -> bool:

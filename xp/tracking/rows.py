@@ -12,6 +12,7 @@ through MLflow's.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -81,6 +82,21 @@ def log_batch(client: Any, run_id: str, records: list[dict[str, Any]]) -> None:
         _params(session, run_id, params)
         _metrics(store, session, run_id, metrics)
         _tags(session, run_id, tags)
+
+
+def end_run(client: Any, run_id: str, status: str, end_time: int | None) -> None:
+    """`client.set_terminated(run_id, status, end_time)`; on SQLite one update (MLflow's reads the run back)."""
+    from mlflow.store.tracking.dbmodels.models import SqlRun
+    from sqlalchemy import update
+
+    store = _sqlite(client)
+    if store is None:
+        client.set_terminated(run_id, status, end_time=end_time)
+        return
+    with store.ManagedSessionMaker(read_only=False) as session:
+        store._check_run_is_active(store._get_run(session=session, run_uuid=run_id))
+        session.execute(update(SqlRun.__table__).where(SqlRun.__table__.c.run_uuid == run_id).values(
+            status=status, end_time=end_time or int(time.time() * 1000)))
 
 
 def _params(session: Any, run_id: str, params: list[Any]) -> None:

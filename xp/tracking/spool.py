@@ -125,6 +125,7 @@ class Drain:
         self._sent = 0.0  # when the drain last sent something (time.monotonic())
         self._thread: threading.Thread | None = None
         self.away_since: float | None = None  # when the store stopped answering (None: it answers)
+        self._mark_fd: int | None = None  # the `delivered` file, written in place (one write: whole or not at all)
 
     def _read(self) -> None:
         """The records appended since the last read (whole lines only: the writer may be mid-line)."""
@@ -166,20 +167,21 @@ class Drain:
         self.nudge()
 
     def drop(self) -> None:
-        """Deliver no more: the records left stay in the spool (its process was killed: the next command on the
-        store, or xp.sync, delivers them)."""
+        """Deliver no more: what is left stays in the spool (its process was killed: leftovers delivers it)."""
         self._abandoned.set()
         self.last()
 
     def close(self, timeout_s: float = FLUSH_S) -> bool:
-        """Wait (at most timeout_s) for the store to take every record; True if it did. The spool folder goes
-        when it is delivered; otherwise it stays, listed in the pending index."""
+        """Wait (timeout_s at most) for the store to take every record; True if it did (the spool folder goes)."""
         self.last()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():  # (the drain may close its own spool)
             thread.join(timeout=timeout_s)
         self._abandoned.set()
         done = not self.left()
+        if self._mark_fd is not None:
+            os.close(self._mark_fd)
+            self._mark_fd = None
         if done:
             shutil.rmtree(self.folder, ignore_errors=True)
             (pending_index() / self.folder.name).unlink(missing_ok=True)
@@ -238,8 +240,16 @@ class Drain:
         with self._lock:
             del self._queue[:len(records)]
             self._delivered = records[-1]["seq"]
-        _write_int(self.folder / DELIVERED, self._delivered)
+        self._mark(self._delivered)
         return True
+
+    def _mark(self, seq: int) -> None:
+        if self._mark_fd is None:
+            self._mark_fd = os.open(self.folder / DELIVERED, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.pwrite(self._mark_fd, b"%020d" % seq, 0)  # (fixed width: each overwrites the whole number)
+        if self._abandoned.is_set():  # (a send that outlived close(): the mark is not kept open)
+            os.close(self._mark_fd)
+            self._mark_fd = None
 
     def _send(self, records: list[dict[str, Any]]) -> None:
         client = self.client()
@@ -256,7 +266,7 @@ class Drain:
 
             send_model(client, self.run_id, self.folder, first)
         elif first["op"] == "end":
-            client.set_terminated(self.run_id, first["status"], end_time=first.get("time"))
+            rows.end_run(client, self.run_id, first["status"], first.get("time"))
         else:
             rows.log_batch(client, self.run_id, records)
 
@@ -322,8 +332,3 @@ def _read_int(path: Path) -> int:
         return int(path.read_text().strip() or 0)
     except (OSError, ValueError):
         return 0
-
-
-def _write_int(path: Path, value: int) -> None:
-    (tmp := path.with_name(path.name + ".tmp")).write_text(str(value))
-    os.replace(tmp, path)

@@ -202,20 +202,6 @@ def _artifact_root(uri: str) -> str | None:
     return None
 
 
-def search_all(client: Any, experiment_ids: list[str], filter_string: str = "", order_by: list[str] | None = None,
-               page: int = 1000) -> list[Any]:
-    """Every run the search finds, a page at a time (search_runs answers at most max_results runs: a study of
-    more trials than that would be counted short)."""
-    runs, token = [], None
-    while True:
-        found = client.search_runs(experiment_ids, filter_string, max_results=page, order_by=order_by,
-                                   page_token=token)
-        runs.extend(found)
-        token = found.token
-        if not token:
-            return runs
-
-
 # the store answered and refused the record (a changed param value, a deleted run): sending it again cannot help
 REFUSED = ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST", "INVALID_STATE")
 AWAY = ("Connection refused", "Max retries exceeded", "timed out", "database is locked", "Name or service not known",
