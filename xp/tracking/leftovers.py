@@ -55,35 +55,35 @@ def deliver(folder: Path, wait_s: float = WAIT_S) -> tuple[int, str]:
     drain = Drain(folder, meta["uri"], meta["run_id"], client)
     n, uri, ended = drain.left(), redact(meta["uri"]), drain.left("end") > 0
     deadline, was = time.monotonic() + wait_s, None
-    while drain.left():
-        try:
-            if was is None:  # a run ended (by its end record, or as an orphan) takes no more records: reopen it
-                was = client().get_run(drain.run_id).info.status
-                if was != RunStatus.RUNNING:
-                    client().update_run(drain.run_id, status=RunStatus.RUNNING)
-            if drain.deliver_some():
-                continue
-        except Exception as e:
-            if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
-                shutil.rmtree(folder, ignore_errors=True)
-                (pending_index() / folder.name).unlink(missing_ok=True)
-                return 0, f"{folder}: run {drain.run_id} no longer exists in {uri}; its {n} records dropped"
-            was = None
-        if time.monotonic() > deadline:
-            break
-        time.sleep(1.0)
-    left = drain.left()
-    if not left and not ended and was not in (None, RunStatus.RUNNING):
-        client().set_terminated(drain.run_id, was)  # as it was: its process ended it, or end_orphans did
+    try:
+        while drain.left():
+            try:
+                if was is None:  # a run ended (by its end record, or as an orphan) takes no more records: reopen it
+                    was = client().get_run(drain.run_id).info.status
+                    if was != RunStatus.RUNNING:
+                        client().update_run(drain.run_id, status=RunStatus.RUNNING)
+                if drain.deliver_some():
+                    continue
+            except Exception as e:
+                if getattr(e, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
+                    shutil.rmtree(folder, ignore_errors=True)
+                    (pending_index() / folder.name).unlink(missing_ok=True)
+                    return 0, f"{folder}: run {drain.run_id} no longer exists in {uri}; its {n} records dropped"
+                was = None  # (not reopened: asked again)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+    finally:  # a run reopened here ends as it was (by its process, end_orphans or end_lost), a stop or not
+        if was not in (None, RunStatus.RUNNING) and not (ended and not drain.left("end")):
+            client().set_terminated(drain.run_id, was)
     if drain.close(0):
         return 0, f"delivered {n} records of run {drain.run_id} to {uri}"
-    return left, f"{uri} is still away: {left} of {n} records of run {drain.run_id} wait in {folder}"
+    return (left := drain.left()), f"{uri} is still away: {left} of {n} records of run {drain.run_id} wait in {folder}"
 
 
 def deliver_left(uri: str, wait_s: float, run_id: str | None = None, any_host: bool = True) -> int:
-    """Deliver what gone processes left in the spools of store `uri` (of run `run_id`), within wait_s in all, a
-    line each: before a process writes to a run again (resumed, attached), at a sweep's end (its stopped workers'),
-    at a command's first run on the store (this host's: not `any_host`). Returns the records that still wait."""
+    """What gone processes left for store `uri` (run `run_id`'s) delivered in wait_s, a line each: before a run is
+    written again, at a sweep's end, at a command's first run (this host's: not `any_host`). Returns what waits."""
     deadline, left = time.monotonic() + wait_s, 0
     for folder in pending(uri, any_host):
         if run_id is not None and not folder.name.startswith(run_id + "-"):
