@@ -264,3 +264,35 @@ def test_after_a_stop_signal_a_half_made_objects_destructor_prints_no_traceback(
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("Exception ignored in") == 2, r.stderr
     assert r.stderr.count("no attribute 'handle'") == 1 and "ValueError: a real failure" in r.stderr, r.stderr
+
+
+def test_a_leftover_delivery_cut_short_by_a_stop_leaves_the_run_as_it_was(store, tmp_path, monkeypatch):
+    """A gone worker's spool, its run already ended (end_lost): the next start reopens the run to deliver, and a
+    stop (Ctrl-C) that lands in the middle leaves it ended as it was, not RUNNING."""
+    import json
+
+    from xp.tracking import leftovers
+    from xp.tracking.spool import RUN, Drain
+
+    monkeypatch.setenv("XP_TRACKING_SERVICE", "0")
+    t = Tracker(store, "xp", "lost", spool_dir=tmp_path / "spool", settle_later=True)
+    t.start()
+    client, folder = t.client, t._spool.folder
+    t._spool.drain.client = lambda: (_ for _ in ()).throw(OSError("the store does not answer"))
+    t.log_metrics({"val_accuracy": 0.5}, step=1)
+    t._spool.drain.drop()  # its process is gone ...
+    meta = json.loads((folder / RUN).read_text())
+    (folder / RUN).write_text(json.dumps({**meta, "pid": 0, "started": 0}))
+    client.set_terminated(t.run_id, "FAILED")  # ... and the scheduler ended its run
+
+    def stopped(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Drain, "deliver_some", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        leftovers.deliver(folder, 5.0)
+    assert client.get_run(t.run_id).info.status == "FAILED" and folder.exists()  # as it was; its records wait
+    monkeypatch.undo()
+    assert leftovers.deliver(folder, 5.0)[0] == 0
+    run = client.get_run(t.run_id)
+    assert run.info.status == "FAILED" and run.data.metrics == {"val_accuracy": 0.5} and not folder.exists()
