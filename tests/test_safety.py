@@ -96,8 +96,10 @@ def test_a_run_ended_without_waiting_reaches_the_store_when_settled(store, tmp_p
     t = Tracker(store, "xp", "trial", spool_dir=tmp_path / "spool", settle_later=True)
     t.start()
     t.log_metrics({"val_accuracy": 0.5}, step=1)
-    go, terminate = threading.Event(), t.client.set_terminated
-    t.client.set_terminated = lambda *a, **k: go.wait(30) and terminate(*a, **k)  # the store is slow to end it
+    from xp.tracking import rows
+
+    go, terminate = threading.Event(), rows.end_run
+    monkeypatch.setattr(rows, "end_run", lambda *a, **k: go.wait(30) and terminate(*a, **k))  # slow to end it
     t.end("FINISHED")  # returns with its end on the way
     assert t.client.get_run(t.run_id).info.status == "RUNNING" and (tmp_path / "spool").is_dir()
     t.end("FAILED")  # ended already: nothing more is put
