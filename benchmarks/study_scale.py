@@ -152,6 +152,7 @@ def one(args: argparse.Namespace) -> dict:
         result.update(shares(work / "spy.txt"))
     if args.resume_more:
         result.update(afterwards(args, argv, env, work, client, exp))
+        served_cpu(work / "state")  # (the service the resumed study started: stopped, not left idling)
     return result
 
 

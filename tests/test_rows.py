@@ -188,3 +188,16 @@ def test_a_run_ended_as_a_row_is_the_run_mlflow_ends_and_an_ended_run_is_refused
             end(run, "FINISHED", 9)
         refused.append((e.value.error_code, str(e.value).replace(run, "RUN")))
     assert refused[0] == refused[1], refused
+
+
+def test_a_new_store_writes_ahead_and_a_reader_sees_what_is_committed(tmp_path):
+    """A new SQLite store xp opens is in write-ahead-log mode (a commit: one append, not a rollback journal
+    and two syncs), which every connection to the file, MLflow's or another process's, then uses."""
+    from xp.tracking.stores import open_client
+
+    db = tmp_path / "mlflow.db"
+    client = open_client(f"sqlite:///{db}")
+    run_id = client.create_run(client.create_experiment("wal")).info.run_id
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert con.execute("SELECT status FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() == ("RUNNING",)

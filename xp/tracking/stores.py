@@ -192,7 +192,7 @@ def _mlflow_schema(path: Path) -> None:
 
     from xp.storefiles import schema_from_template
 
-    schema_from_template(path, f"mlflow-{mlflow.__version__}", create)
+    schema_from_template(path, f"mlflow-{mlflow.__version__}", create, wal=True)
 
 
 def _artifact_root(uri: str) -> str | None:
