@@ -41,6 +41,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))  # (xp's tracking service: measured and stopped by the ways that start it)
 
 STUDY = ("study_name: scale\nn_trials: {n}\nsampler: {sampler}\nsampler_seed: 1\npruner: median\n"
          "pruner_options: {{n_startup_trials: 5, n_warmup_steps: 1}}\n"
@@ -152,18 +153,23 @@ def one(args: argparse.Namespace) -> dict:
         result.update(shares(work / "spy.txt"))
     if args.resume_more:
         result.update(afterwards(args, argv, env, work, client, exp))
-        served_cpu(work / "state")  # (the service the resumed study started: stopped, not left idling)
+        stop_service(work / "state")  # (the one the resumed study started: not left idling)
     return result
 
 
 def served_cpu(state: Path) -> float:
     """The CPU s of the tracking service of state folder `state` (xp.tracking.service), which is then stopped."""
-    sys.path.insert(0, str(ROOT))
-    from xp.tracking.service import running, stop
+    from xp.tracking.service import running
 
     total = sum(t.user + t.system for t in (p.cpu_times() for p in running(state)))
-    stop(state)
+    stop_service(state)
     return total
+
+
+def stop_service(state: Path) -> None:
+    from xp.tracking.service import stop
+
+    stop(state)
 
 
 def afterwards(args: argparse.Namespace, argv: list[str], env: dict, work: Path, client, exp: str) -> dict:

@@ -100,11 +100,10 @@ def optuna_schema(path: Path) -> None:
     schema_from_template(path, f"optuna-{optuna.__version__}", create)
 
 
-def schema_from_template(path: Path, name: str, create: Callable[[str], None], wal: bool = False) -> None:
+def schema_from_template(path: Path, name: str, create: Callable[[str], None]) -> None:
     """Write the new SQLite file `path` as a copy of an empty database that `create(sqlite_url)` made once per
-    `name` (a library and its version) in xp's cache folder; `wal`: in SQLite's write-ahead-log mode (see
-    write_ahead). Anything unexpected (no cache folder, a library's function gone): nothing is written, and the
-    library creates the schema itself, as it would without xp."""
+    `name` (a library and its version) in xp's cache folder. Anything unexpected (no cache folder, a library's
+    function gone): nothing is written, and the library creates the schema itself, as it would without xp."""
     import shutil
     import tempfile
 
@@ -124,8 +123,6 @@ def schema_from_template(path: Path, name: str, create: Callable[[str], None], w
         os.close(os.open(new, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o666))  # the mode a new database gets
         try:
             shutil.copyfile(template, new)
-            if wal:
-                write_ahead(new)
             os.replace(new, path)
         finally:
             new.unlink(missing_ok=True)
@@ -134,8 +131,8 @@ def schema_from_template(path: Path, name: str, create: Callable[[str], None], w
 
 
 def write_ahead(path: Path) -> None:
-    """Put the SQLite file `path` (no other process has it open) in write-ahead-log mode, which the file keeps
-    for every connection: a commit appends to `NAME-wal` instead of writing a rollback journal, the database and
+    """Put the SQLite file `path` (no other process has it open) in write-ahead-log mode, which the file (and a
+    copy of it) keeps for every connection: a commit appends to `NAME-wal` instead of writing a rollback journal, the database and
     both their syncs, and readers do not block the writer. Measured: 0.09 ms of CPU a commit, not 0.29; the
     tracking service's CPU a trial in benchmarks/study_scale.py 25-27 ms, not 31-38. The file then needs its
     `-wal` beside it until SQLite folds it back (at the last connection's close): copy a live store with

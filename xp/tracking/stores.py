@@ -174,9 +174,11 @@ def _stamp(uri: str) -> tuple:
 def _mlflow_schema(path: Path) -> None:
     """A new SQLite store starts as a copy of an empty one with MLflow's whole schema: MLflow's own way runs its
     ~60 migrations on every new file (1.3 s; a sweep's or a test's fresh store paid that each time). The copy
-    holds no experiment: MLflow adds its default one, with this store's artifact root, as it opens the file."""
+    holds no experiment: MLflow adds its default one, with this store's artifact root, as it opens the file. The
+    template, and so each copy, is in SQLite's write-ahead-log mode (xp.storefiles.write_ahead)."""
     import mlflow
 
+    from xp.storefiles import schema_from_template, write_ahead
     from xp.tracking.gate import private_ok
 
     def create(url: str) -> None:
@@ -189,10 +191,9 @@ def _mlflow_schema(path: Path) -> None:
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         _initialize_tables(engine)
         engine.dispose()
+        write_ahead(Path(str(engine.url.database)))
 
-    from xp.storefiles import schema_from_template
-
-    schema_from_template(path, f"mlflow-{mlflow.__version__}", create, wal=True)
+    schema_from_template(path, f"mlflow-{mlflow.__version__}-wal", create)
 
 
 def _artifact_root(uri: str) -> str | None:
