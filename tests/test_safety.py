@@ -298,3 +298,49 @@ def test_a_leftover_delivery_cut_short_by_a_stop_leaves_the_run_as_it_was(store,
     assert leftovers.deliver(folder, 5.0)[0] == 0
     run = client.get_run(t.run_id)
     assert run.info.status == "FAILED" and run.data.metrics == {"val_accuracy": 0.5} and not folder.exists()
+
+
+STOPPED_AT_BIRTH = r'''
+import os, signal, sys
+from xp.errors import Terminated
+from xp.launching.trialworker import _stopped
+from xp.tracking import rows
+from xp.tracking.tracker import Tracker
+
+signal.signal(signal.SIGTERM, _stopped)  # as a study's worker
+made = rows.create_run
+
+
+def create_run(*args, **kwargs):
+    run = made(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)  # the study stops as the store's answer comes back
+    return run
+
+
+rows.create_run = create_run
+try:
+    with Tracker(sys.argv[1], "xp", "born stopped", settle_later=True):
+        print("went on", flush=True)
+except Terminated:
+    print("stopped", flush=True)
+'''
+
+
+def test_a_stop_while_the_store_makes_a_run_ends_the_run_killed_not_running(store, tmp_path, monkeypatch):
+    """A study's worker stopped (SIGTERM) while its run was made in a store it writes itself (a server: seen in CI
+    on the ssh hosts) raised before it knew the run's id: the run stayed RUNNING, its trial's number unknown to the
+    scheduler's end_lost search if it came first. The run is made, then ended KILLED (in its spool, as a stopped
+    worker's records are: the study's command delivers them), then the stop goes on."""
+    from mlflow.tracking import MlflowClient
+
+    from xp.tracking.leftovers import deliver_left
+
+    monkeypatch.setenv("XP_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("XP_TRACKING_SERVICE", "0")
+    r = subprocess.run([sys.executable, "-c", STOPPED_AT_BIRTH, store], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout == "stopped\n" and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    assert deliver_left(store, 30.0) == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("xp").experiment_id])
+    assert [(x.info.run_name, x.info.status) for x in runs] == [("born stopped", "KILLED")]

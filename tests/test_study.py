@@ -438,7 +438,7 @@ def test_new_sqlite_stores_start_as_copies_of_an_empty_schema_and_work_as_the_li
         client.log_metric(run.info.run_id, "m", 1.0)
         assert [e.name for e in client.search_experiments()] == [f"e{n}", "Default"]
     assert sorted(p.name for p in (tmp_path / "cache" / "xp").iterdir()) == [
-        f"mlflow-{__import__('mlflow').__version__}-schema.db", f"optuna-{optuna.__version__}-schema.db"]
+        f"mlflow-{__import__('mlflow').__version__}-wal-schema.db", f"optuna-{optuna.__version__}-schema.db"]
     broken = tmp_path / "broken.db"
     storefiles.schema_from_template(broken, "nothing", lambda url: 1 / 0)
     assert not broken.exists() and not list((tmp_path / "cache" / "xp").glob("nothing*"))

@@ -4,6 +4,7 @@ by another."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from xp.errors import one_line
@@ -12,6 +13,8 @@ from xp.states import RunStatus
 from xp.tracking.stores import open_client
 
 log = logging.getLogger("xp")
+
+TRIES = 3  # end_lost's tries at a store that errs
 
 
 def end_state(error: BaseException | None = None, failed: bool = False) -> RunStatus:
@@ -30,19 +33,22 @@ def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: R
     again to say so (end_orphans); the runs are found by their tags, which they carry from their creation (a worker
     may be gone before it said which run it made), in one search. A store that does not answer leaves them to
     end_orphans or xp.sync. Returns the runs ended."""
-    try:
-        client = open_client(uri)
-        experiment = client.get_run(parent).info.experiment_id
-        running = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
-                                                   f"attributes.status = '{RunStatus.RUNNING}'", max_results=1000)
-        numbers = {str(int(n)) for n in trial_numbers}
-        runs = [r.info.run_id for r in running if r.data.tags.get("optuna.trial_number") in numbers]
-        for run_id in runs:
-            end_for(client, run_id, why, state)
-        return runs
-    except Exception as e:
-        log.debug("could not end the runs of lost trials %s: %s", trial_numbers, one_line(e))
-        return []
+    numbers, ended = {str(int(n)) for n in trial_numbers}, list[str]()
+    for attempt in range(TRIES):  # (a busy store's error, under load, is tried again: a run left RUNNING is worse)
+        try:
+            client = open_client(uri)
+            experiment = client.get_run(parent).info.experiment_id
+            running = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
+                                                       f"attributes.status = '{RunStatus.RUNNING}'", max_results=1000)
+            for run_id in [r.info.run_id for r in running if r.data.tags.get("optuna.trial_number") in numbers]:
+                end_for(client, run_id, why, state)
+                ended.append(run_id)
+            return ended
+        except Exception as e:
+            log.debug("could not end the runs of lost trials %s: %s", trial_numbers, one_line(e))
+            if attempt + 1 < TRIES:
+                time.sleep(0.5)
+    return ended
 
 
 def end_for(client: Any, run_id: str, why: str, state: RunStatus) -> None:

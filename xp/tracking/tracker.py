@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from xp.errors import ConfigError, one_line, redact
+from xp.interrupts import held_interrupts
 from xp.states import RunStatus
 from xp.tracking import rows
 from xp.tracking.ending import end_state
@@ -189,7 +190,13 @@ class Tracker:
         deadline, pause, since = time.monotonic() + (STORE_WAIT_S if self.settle_later else 0.0), 0.5, None
         while True:
             try:
-                run = self._create()
+                with held_interrupts() as held:  # a stop while the store makes the run: made, then ended KILLED
+                    run = self._create()  # (else the run stays RUNNING, and no process knows it to end it)
+                if held.pending:
+                    self.run_id, self.artifact_uri = run
+                    self._spool = self._local_spool()
+                    self.end(RunStatus.KILLED)
+                    held.check()
                 if since is not None:
                     log.warning("tracking store %s is back after %.0f s: the trial's run starts", redact(self.uri),
                                 time.monotonic() - since)
