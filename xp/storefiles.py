@@ -132,8 +132,8 @@ def schema_from_template(path: Path, name: str, create: Callable[[str], None]) -
 
 def write_ahead(path: Path) -> None:
     """Put the SQLite file `path` (no other process has it open) in write-ahead-log mode, which the file (and a
-    copy of it) keeps for every connection: a commit appends to `NAME-wal` instead of writing a rollback journal, the database and
-    both their syncs, and readers do not block the writer. Measured: 0.09 ms of CPU a commit, not 0.29; the
+    copy of it) keeps for every connection: a commit appends to `NAME-wal` instead of writing a rollback journal,
+    the database and both their syncs, and readers do not block the writer. Measured: 0.09 ms of CPU a commit, not 0.29; the
     tracking service's CPU a trial in benchmarks/study_scale.py 25-27 ms, not 31-38. The file then needs its
     `-wal` beside it until SQLite folds it back (at the last connection's close): copy a live store with
     `sqlite3 FILE .backup`, not `cp`."""
