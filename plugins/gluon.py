@@ -81,6 +81,8 @@ class GluonBackend(MXNetBackend):
     def load_state(self, folder: Any) -> None:
         self.net.load_parameters(str(folder / "params"), ctx=self.contexts)
         self.trainer.load_states(str(folder / "trainer.states"))
+        if not self.server_updates:  # the commit's optimizer came with its momentum: this run's goes on (a PBT
+            self.trainer.optimizer.momentum = self.plan.momentum  # member's explored one)
 
     def predict(self, batch: Any) -> list[Any]:
         datas, _ = self.split(batch)

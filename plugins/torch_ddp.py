@@ -297,6 +297,8 @@ class TorchBackend(Backend):
         state = torch.load(folder / "state.pt", map_location=self.device, weights_only=True)
         self.net.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # (the commit's momentum came with it: this run's goes on)
+            group["momentum"] = self.plan.momentum
         self.scaler.load_state_dict(state["scaler"])
 
     # --- training -----------------------------------------------------------------------------------

@@ -41,3 +41,5 @@ class Ending(StrEnum):
     PRUNED = TrialState.PRUNED.value
     FAIL = TrialState.FAIL.value
     STOPPED = "STOPPED"
+
+INTERRUPTED = "xp.interrupted"  # user attribute of a trial its study stopped before it ended (Ctrl-C, SIGTERM)

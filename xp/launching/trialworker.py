@@ -139,7 +139,7 @@ def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:
     try:
         if msg.config:
             compose.seed(msg.base, msg.config)
-        with compose.applied(msg.base, msg.params) as cfg:
+        with compose.applied(msg.base, {**msg.params, **(msg.settings or {})}) as cfg:
             _save_yaml(plain(cfg, resolve=False), out / ".hydra" / "config.yaml")
             config = _resolved(cfg)
         _save_yaml(msg.task, out / ".hydra" / "overrides.yaml")
@@ -147,7 +147,7 @@ def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:
         spec = spec_from(config["sweep"], msg.sweep, search=False)
         trial = SlotTrial(channel, msg.number, msg.params, msg.study)
         job = JobInfo(overrides=msg.task, output_dir=out, log_file=out / "xp.log", parent_run_id=msg.parent,
-                      cwd=Path.cwd(), trial=StudyTrial(trial, spec), tags={**slot.tags(), "xp.cores": _cores()},
+                      cwd=Path.cwd(), trial=StudyTrial(trial, spec), tags={**slot.tags(), "xp.cores": _cores(), **(msg.tags or {})},
                       tidy=msg.first, started_ms=started_ms, settle_later=True)
         outcome = run(config, job)
         result.state, result.values = outcome.state, outcome.values

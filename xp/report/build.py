@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.report import claims, plots, study
+from xp.report import claims, plots, population, study
 from xp.states import RunStatus, TrialState
 from xp.report.table import COST, COST_NOTE, md_table, swept_columns
 from xp.tracking.models import RUN_TAG
@@ -239,6 +239,7 @@ def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str,
     files: list[Path] = []
     lines += claims.section(done, out, files, md_table, history)
     lines += study.sections(rows, studies or {}, out, files) + _repeats(done)
+    lines += population.section(runs, history, out, files) if history else []
     lines += _scaling_and_backends(done, out, files)
     lines += _elastic(runs, history, out, files) if history else []
     lines += _plots(done, out, files)

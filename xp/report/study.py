@@ -320,6 +320,9 @@ def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, ou
         study = rebuild(parent_params or {}, rows, declared or [k.split(":", 1)[1] for k, _, _ in searched])
     except Exception as e:  # runs of a study this xp cannot read back: the tables stand
         return [*lines, f"Optuna's plots: not drawn (the study could not be rebuilt: {str(e)[:160]}).", ""]
+    if (parent_params or {}).get("sweep.search") == "pbt":  # (its trials are a population's intervals)
+        return [*lines, "Its trials are the intervals of a population (search=pbt): the population's section "
+                "draws them.", ""]
     if study is not None:
         plots: list[Path] = []
         lines += ["### The study, as Optuna draws it", "", *optuna_plots(study, out, plots, prefix), ""]

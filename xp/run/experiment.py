@@ -206,13 +206,18 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Tracker, before: Any, tri
     sampled = telemetry(plan, system_log)
     history = History(done)
     restore = [checkpoint.Restore(before)] if before is not None else []
+    member = bool(trial) and getattr(trial.spec, "pbt", None) is not None  # (a PBT population keeps its own commits)
     objective = trial.spec.objectives[0] if trial and not trial.spec.multi_objective and not plan.elastic.enabled \
-        else None
+        and not member else None
     commits: list[Callback] = [
         checkpoint.Checkpointer(plan.checkpoint_dir, backend.save_state, lambda: history.epochs, plan.rank,
                                 plan.checkpoint_every, plan.checkpoint_keep, plan.epochs,
                                 objective and (objective.metric, objective.direction))
     ] if plan.checkpoint_dir else []
+    if member and plan.rank == 0:  # after the commit: what it ends with is what the next interval loads
+        from xp.run.lineage import Lineage
+
+        commits.append(Lineage(tracker, backend.get_params, dict(trial.optuna.params), plan.epochs))
     # test_io times the whole epoch: a reader's start (threads, files, the first decodes) is part of reading the data
     meter = ThroughputMeter(0, IO_THROUGHPUT) if plan.test_io else ThroughputMeter(plan.timing_warmup_batches)
     stop = StopAtMembershipChange(backend.gather, stop_flag, plan.epochs) if stop_flag else None  # elastic rounds

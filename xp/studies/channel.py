@@ -49,6 +49,8 @@ class RunTrial(Message):
     parent: str | None  # the study's MLflow parent run
     config: dict[str, Any] | None = None  # the study's composed config (its parameters are set on it)
     first: bool = True  # the worker's first trial (it tidies what a previous process left)
+    settings: dict[str, Any] | None = None  # config values beside its parameters (a PBT member's epochs, resume)
+    tags: dict[str, str] | None = None  # more tags of its run (a PBT member's lineage)
 
 
 @STUDY.kind("prune")

@@ -14,6 +14,7 @@ A study made before xp recorded its question gets it from the first command that
 from __future__ import annotations
 
 import datetime
+import dataclasses
 import json
 import logging
 import os
@@ -54,6 +55,8 @@ def question_of(config: dict[str, Any], spec: StudySpec) -> dict[str, str]:
     out["objectives"] = ", ".join(f"{o.direction} {o.metric}" for o in spec.objectives)
     if spec.settings:
         out["study.settings"] = " ".join(spec.settings)
+    if spec.pbt is not None:  # (a population of another size, interval or exploration asks another question)
+        out["study.pbt"] = json.dumps(dataclasses.asdict(spec.pbt), sort_keys=True)
     return out
 
 

@@ -12,11 +12,8 @@ a normal xp run); every epoch the trial's first objective goes to the scheduler,
 whether to prune; the scheduler tells Optuna how each trial ended. A study lives in its storage (SQLite in
 mlruns/ by default): the same command again continues it up to its budget.
 
-Trials of a sweeper that died (SIGKILL, OOM, a lost host) stay RUNNING in the storage. The
-sweeper records a heartbeat for every trial in flight (Optuna's RDB heartbeat); any sweeper
-of the study that starts or asks later marks trials silent for more than grace_s FAIL and
-retries each with the same parameters, at most max_retry times.
-"""
+A dead sweeper's trials (SIGKILL, a lost host), silent past grace_s, are FAIL and retried (max_retry). A study
+with search=pbt trains a population instead (xp.studies.pbt)."""
 
 from __future__ import annotations
 
@@ -36,6 +33,7 @@ import yaml
 from xp import shipped
 from xp.errors import ConfigError, one_line
 from xp.states import TRIAL_ENDS
+from xp.studies.pbt import pbt_from
 
 log = logging.getLogger("xp")
 
@@ -102,6 +100,7 @@ class StudySpec:
     question: dict[str, str] | None = None  # what its trials hold fixed (xp.studies.question), as the preflight read it
     confirm: int = 0  # its top trials retrained with this many other seeds (xp.studies.confirm)
     confirm_top: int = 3  # ... these many of them
+    pbt: Any = None  # search=pbt: its population (xp.studies.pbt.PbtSpec); None: Optuna's sampler searches
 
     @property
     def multi_objective(self) -> bool:
@@ -160,6 +159,8 @@ class StudyConf:
     confirm: int = 0  # after its trials, retrain its best ones with this many other seeds (seed+1...); its answer is
     # then the best by mean, with its spread (0: the best of one draw, as Optuna's)
     confirm_top: int = 3  # how many of its best trials sweep.confirm retrains
+    search: str = "optuna"  # optuna: its sampler proposes each trial | pbt: population-based training (pbt:)
+    pbt: dict[str, Any] | None = None  # search=pbt: population, interval (epochs), quantile, explore (xp.studies.pbt)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))
@@ -231,15 +232,12 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     if grace_s <= heartbeat_s:
         raise ConfigError(f"{where}: grace_s={grace_s} must be longer than heartbeat_s={heartbeat_s}, or live "
                           "trials are taken for dead ones")
-    scheduler = field("scheduler", "slots")
-    if scheduler not in ("slots", "hydra"):
-        raise ConfigError(f"{where}: scheduler={scheduler!r}: unknown; valid: slots (xp keeps a trial in flight on "
-                          "every slot), hydra (batches through Hydra's launcher)")
-    sampler, pruner = field("sampler", "tpe"), field("pruner", "median")
-    if sampler not in SAMPLERS:
-        raise ConfigError(f"{where}: sampler={sampler!r}: unknown; valid: {', '.join(SAMPLERS)}")
-    if pruner not in PRUNERS:
-        raise ConfigError(f"{where}: pruner={pruner!r}: unknown; valid: {', '.join(PRUNERS)}")
+    scheduler, sampler, pruner = field("scheduler", "slots"), field("sampler", "tpe"), field("pruner", "median")
+    for key, value, valid in (("scheduler", scheduler, ("slots (xp keeps a trial in flight on every slot)", "hydra "
+                                                         "(batches through Hydra's launcher)")),
+                              ("sampler", sampler, SAMPLERS), ("pruner", pruner, PRUNERS)):
+        if value not in [v.split()[0] for v in valid]:
+            raise ConfigError(f"{where}: {key}={value!r}: unknown; valid: {', '.join(valid)}")
 
     _recipe_steps(field("batch_ladder"), field("pretrain"), where)  # (before the search space they fill)
     objectives = _objectives(field("objectives"), where, sampler, pruner)
@@ -253,12 +251,14 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
         if sampler == sampler_name and importlib.util.find_spec(module) is None:
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
+    pbt = pbt_from(raw, params if search else None, fixed, where)  # (pbt: no pruner)
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
-                     sampler, field("sampler_seed"), pruner, dict(field("pruner_options") or {}), tuple(objectives), tuple(params),
-                     heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings, claim,
+                     sampler, field("sampler_seed"), "none" if pbt else pruner, dict(field("pruner_options") or {}),
+                     tuple(objectives), tuple(params), heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings,
+                     claim,
                      *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where),
                      fixed, _flag(field("continue_changed", False), "continue_changed", where), None, confirm,
-                     confirm_top)
+                     confirm_top, pbt)
 
 
 def _integers(where: str, given: tuple[tuple[str, Any, int], ...]) -> None:

@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 from xp.errors import redact
+from xp.studies.pbt import answers
 from xp.studies.study import FINISHED, StudySpec
 from xp.studies.trial import DUPLICATE, INTERRUPTED
 
@@ -53,7 +54,8 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None, base
 
     tally = counts(study)  # (its fail: less dropped proposals and trials stopped and requeued)
     states = {s: tally[s.lower()] for s in FINISHED}
-    front = [member(t, spec) for t in study.best_trials]
+    front = [member(t, spec) for t in (answers(study, spec.objectives[0].direction == "maximize") if spec.pbt
+                                        else study.best_trials)]
     log.info(f"study {spec.study_name}: {counts_line(tally)}")
     changes = changes_said(study)
     for line in changes:
@@ -105,6 +107,8 @@ class BestModel:
         self.maximize = spec.objectives[0].direction == "maximize"
         try:
             self.value: float | None = study.best_value  # a resumed study's best so far
+            if spec.pbt:  # (a population's: of the intervals that ended a member's training)
+                self.value = next((t.value for t in answers(study, self.maximize)), None)
         except ValueError:
             self.value = None
         self._waiting: Any = None  # the trial whose model is awaited

@@ -19,6 +19,7 @@ from xp.studies.budget import Budget
 from xp.studies.compose import as_override, job_config, plain
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
 from xp.studies.overrides import space_from_overrides
+from xp.studies.pbt import PBT_ATTR
 from xp.studies.proposals import propose
 from xp.studies.study import StudySpec, spec_from
 from xp.studies.summary import BestModel, summarize
@@ -171,8 +172,11 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
 
     base = _base_config(config, arguments, searchpath)
+    population = _population(study, spec, config, dists) if spec.pbt else None
 
     def ask() -> Any:  # (None: the budget is spent, or every proposal is a running trial's: wait for an end)
+        if population is not None:
+            return population.ask()
         while remaining() > 0:
             trials, reused = propose(study, dists, 1)
             if trials or not reused:
@@ -180,26 +184,33 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
         return None
 
     def remaining() -> int:
+        if population is not None:
+            return int(population.remaining())
         done, running = _counts(study)
         return spec.n_trials - done - running
 
     def trial_message(trial: Any, job: int) -> RunTrial:
         params = [as_override(k, v) for k, v in trial.params.items()]
+        settings = population.settings(trial) if population is not None else {}
         return RunTrial(trial.number, trial.params, spec.study_name, spec.name, [*searchpath, *arguments],
-                     [*arguments, *params], str(sweep_dir / str(job)), os.environ.get("XP_PARENT_RUN_ID"), base)
+                        [*arguments, *params, *(as_override(k, v) for k, v in settings.items())],
+                        str(sweep_dir / str(job)), os.environ.get("XP_PARENT_RUN_ID"), base, settings=settings,
+                        tags=population.tags(trial) if population is not None else None)
 
     def tell(trial: Any, msg: Done) -> str:
         state = msg.state
-        if state == Told.COMPLETE:
-            _completed(study, trial, msg.values, best)
+        if state == Told.COMPLETE:  # (a member's interval that does not end its training is no answer yet)
+            _completed(study, trial, msg.values, best if population is None or population.final(trial) else None)
         elif state == Told.PRUNED:
             study.tell(trial, state=TrialState.PRUNED)
         else:
             study.tell(trial, state=TrialState.FAIL)
             state = Told.FAIL
+        if population is not None:
+            population.told(trial, state)
         return state
 
-    ends = _Unended(study, spec, uri, os.environ.get("XP_PARENT_RUN_ID"))
+    ends = _Unended(study, spec, uri, os.environ.get("XP_PARENT_RUN_ID"), population)
     scheduler = Scheduler(pool, ask, remaining, trial_message, tell, ends.lost, spec.heartbeat_s,
                           None if spec.multi_objective else spec.objectives[0].direction,
                           mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=ends.give_back,
@@ -212,8 +223,9 @@ class _Unended:
     the study stops early (queued again), the one a gone worker finished last. Each one's run is ended in the store
     where its worker could not (gone, perhaps with its host: nothing there may ever start again to end it)."""
 
-    def __init__(self, study: Any, spec: StudySpec, uri: str | None, parent: str | None):
+    def __init__(self, study: Any, spec: StudySpec, uri: str | None, parent: str | None, population: Any = None):
         self.study, self.spec, self.uri, self.parent = study, spec, uri, parent
+        self.population = population  # search=pbt: a lost member's interval is replaced from the population
 
     def _end_runs(self, trials: list[Any], why: str, state: RunStatus) -> None:
         from xp.tracking import service
@@ -228,6 +240,9 @@ class _Unended:
 
         self._end_runs([trial], f"its worker was lost: {why}", RunStatus.FAILED)
         self.study.tell(trial, state=TrialState.FAIL)
+        if self.population is not None:
+            self.population.lost(trial)
+            return
         again = _retry(self.study, self.spec, trial._trial_id)
         log.warning(f"trial {trial.number} lost its worker ({why}): "
                     + ("retried with the same parameters" if again else "failed, retry limit reached"))
@@ -244,6 +259,19 @@ class _Unended:
     def unsettled(self, trial: Any, state: str | None, why: str) -> None:
         self._end_runs([trial], f"its worker went ({why}) before its records reached the store",
                       RunStatus.FINISHED if state in (Told.COMPLETE, Told.PRUNED) else RunStatus.FAILED)
+
+
+def _population(study: Any, spec: StudySpec, config: Any, dists: dict[str, Any]) -> Any:
+    """search=pbt: the study's population; its members commit under checkpoint_dir (or checkpoints/pbt-STUDY),
+    which every slot's host must reach (a shared file system where the slots are other hosts)."""
+    from pathlib import Path
+
+    from xp.studies.pbt import Population, check_run
+
+    check_run(spec.pbt, config.get("epochs"), spec.n_trials, f"sweep={spec.name}")
+    root = Path(config.get("checkpoint_dir") or Path("checkpoints") / f"pbt-{spec.study_name}").expanduser()
+    return Population(study, spec, dists, int(config.epochs), root.absolute(), spec.sampler_seed,
+                      (config.get("model") or {}).get("log") != "none")
 
 
 def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> dict[str, Any]:
@@ -291,7 +319,9 @@ def requeue(study: Any, trial: Any) -> None:
     study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params=frozen.params,
                                               distributions=frozen.distributions,
                                               system_attrs=frozen.system_attrs,
-                                              user_attrs={"interrupted_from": frozen.number}))
+                                              user_attrs={"interrupted_from": frozen.number,  # (a PBT member's
+                                                          **{k: v for k, v in frozen.user_attrs.items()  # lineage)
+                                                             if k == PBT_ATTR}}))
 
 
 def retry_orphans(study: Any, spec: StudySpec) -> list[str]:

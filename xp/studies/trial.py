@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from xp.errors import ConfigError, one_line, redact
-from xp.states import TrialState
+from xp.states import INTERRUPTED, TrialState
 from xp.storefiles import first_use
 from xp.storefiles import optuna_schema
 from xp.studies.study import FINISHED, StudySpec, spec_from
 
 log = logging.getLogger("xp")
 
-INTERRUPTED = "xp.interrupted"  # user attribute of a trial its study stopped before it ended (Ctrl-C, SIGTERM)
 DUPLICATE = "duplicate_of"  # user attribute of a proposal dropped because a trial in flight has its parameters
 
 

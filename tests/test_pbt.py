@@ -1,0 +1,193 @@
+"""Population-based training (sweep.search=pbt): members on fewer slots than members hand each other their exact
+weights, each interval's run logs its schedule and lineage, a killed member is replaced from the population,
+Ctrl-C and the same command again finish the population, and the report draws it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, mlflow_runs, run_xp, xp_args, xp_env
+from test_scheduler import default_sigint, workers_of
+
+POP = """\
+study_name: pop
+search: pbt
+pbt:
+  population: 4
+  interval: {interval}
+  quantile: 0.5
+  explore:
+    lr: {{factors: [0.8, 1.2], resample: 0.25}}
+n_trials: {n}
+sampler_seed: 1
+objectives:
+  - {{metric: val_accuracy, direction: maximize}}
+params:
+  lr: {{type: float, low: 0.002, high: 0.2, log: true}}
+  momentum: {{type: float, low: 0.5, high: 0.99}}
+"""
+
+
+def pop_env(tmp_path, interval: int, n: int) -> dict:
+    d = tmp_path / "sweeps"
+    d.mkdir(exist_ok=True)
+    (d / "pop.yaml").write_text(POP.format(interval=interval, n=n))
+    return {"XP_SWEEPS_DIR": str(d), "XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
+
+
+def study_trials(tmp_path):
+    import optuna
+
+    try:
+        return optuna.load_study(study_name="pop", storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()
+    except KeyError:  # (not made yet)
+        return []
+
+
+def intervals(store) -> dict[int, object]:
+    _, runs = mlflow_runs(store)
+    return {int(r.data.tags["optuna.trial_number"]): r for r in runs if "xp.pbt.member" in r.data.tags
+            and r.info.status == "FINISHED"}  # (a lost interval's run FAILED, a stopped one's KILLED)
+
+
+def check_lineage(store, epochs: int) -> dict[int, object]:
+    """Every interval that started from a commit started from exactly the weights that commit's interval ended
+    with; each logged its hyperparameters at each of its epochs; every member reached the last epoch."""
+    client, _ = mlflow_runs(store)
+    runs = intervals(store)
+    for n, r in runs.items():
+        t = r.data.tags
+        assert t["xp.pbt.weights_out"], (n, t)
+        first, last = map(int, t["xp.pbt.epochs"].split("-"))
+        if t["xp.pbt.from_trial"]:
+            source = runs[int(t["xp.pbt.from_trial"])].data.tags
+            assert t["xp.pbt.weights_in"] == source["xp.pbt.weights_out"], (n, t["xp.pbt.from_trial"])
+            assert int(source["xp.pbt.epochs"].split("-")[1]) == first - 1
+        lr = [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, "hp.lr")]
+        assert sorted(lr) == [(e, pytest.approx(float(r.data.params["lr"]))) for e in range(first, last + 1)], (n, lr)
+    ends = {}
+    for r in runs.values():
+        member, last = r.data.tags["xp.pbt.member"], int(r.data.tags["xp.pbt.epochs"].split("-")[1])
+        ends[member] = max(ends.get(member, 0), last)
+    assert ends == {str(m): epochs for m in range(4)}, ends
+    return runs
+
+
+@pytest.mark.slow
+def test_four_members_on_two_slots_hand_on_exact_weights_log_their_schedule_and_the_report_draws_them(tmp_path,
+                                                                                                       store):
+    """4 members, an interval of 1 epoch, 3 epochs, 2 slots: each interval resumes a commit through resume='s path
+    (the exploiting member's first epoch starts from the donor's bit-equal weights, its lr explored), the best
+    final member's model is registered, the commits of superseded intervals are gone, and the report has the
+    population's section with its two plots drawn."""
+    from matplotlib.image import imread
+
+    env = pop_env(tmp_path, 1, 12)
+    r = run_xp(tmp_path, store, "-m", "sweep=pop", "epochs=3", "sweep.parallel=2",
+               f"checkpoint_dir={tmp_path}/ckpt", env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    runs = check_lineage(store, 3)
+    trials = study_trials(tmp_path)
+    assert len(runs) == len([t for t in trials if t.state.name == "COMPLETE"]) >= 9
+    exploits = [r for r in runs.values() if r.data.tags["xp.pbt.donor_member"]]
+    assert exploits, "no member exploited"  # (quantile 0.5: the worse half copies the better half)
+    for x in exploits:
+        donor = runs[int(x.data.tags["xp.pbt.from_trial"])]
+        assert x.data.tags["xp.pbt.donor_member"] == donor.data.tags["xp.pbt.member"] != x.data.tags["xp.pbt.member"]
+        assert float(x.data.params["lr"]) != float(donor.data.params["lr"])  # explored
+    assert "takes member" in r.stdout + r.stderr
+    client, _ = mlflow_runs(store)
+    best = client.get_model_version_by_alias("pop", "best")
+    finals = {x.info.run_id: x for x in runs.values() if x.data.tags["xp.pbt.epochs"].endswith("-3")}
+    assert best.run_id in finals
+    assert finals[best.run_id].data.metrics["val_accuracy"] == max(f.data.metrics["val_accuracy"]
+                                                                    for f in finals.values())
+    kept = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert len(kept) == 4 and {f"trial-{n}" for n, x in runs.items() if x.info.run_id in finals} == set(kept), kept
+    parent = next(x for x in mlflow_runs(store)[1] if x.data.tags.get("xp.sweep") == "true").info.run_id
+    out = tmp_path / "report"
+    rep = subprocess.run([sys.executable, "-m", "xp.report", "--parent", parent, "--out", str(out), "--tracking-uri",
+                          store], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    md = (out / "report.md").read_text()
+    assert "## Population of pop" in md and "The winner's weights went through" in md
+    for name in ("pbt_pop_population.png", "pbt_pop_schedule.png"):
+        image = imread(out / name)[..., :3]
+        drawn = (image.min(axis=-1) < 0.9).mean()  # not white: axes, text and the lines
+        coloured = ((image.max(axis=-1) - image.min(axis=-1)) > 0.3).mean()  # the members' lines, in colour
+        assert drawn > 0.02 and coloured > 0.002, (name, drawn, coloured)
+
+
+@pytest.mark.slow
+def test_a_killed_member_is_replaced_and_ctrl_c_then_the_same_command_finishes_the_population(tmp_path, store):
+    """A member's worker SIGKILLed while both slots train a member's second interval: that interval is lost and
+    replaced from the population; Ctrl-C then stops the study (no interval or run left RUNNING); the same command
+    finishes every member, each interval still starting from its source's exact weights."""
+    env = pop_env(tmp_path, 20, 8)
+    args = ("-m", "sweep=pop", "epochs=40", "sweep.parallel=2", f"checkpoint_dir={tmp_path}/ckpt")
+    output = tmp_path / "output.txt"
+    with open(output, "w") as sink:
+        proc = subprocess.Popen(xp_args(tmp_path, *args), cwd=ROOT, env=xp_env(store, env), stdout=sink,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=default_sigint)
+
+    def until(what, check, timeout=300):
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert proc.poll() is None and time.monotonic() < deadline, f"{what}: " + output.read_text()[-3000:]
+            time.sleep(0.2)
+
+    def training_later_intervals():  # both slots in a member's second interval, whose run the study knows
+        running = [t for t in study_trials(tmp_path) if t.state.name == "RUNNING"]
+        return len(running) == 2 and all(t.user_attrs.get("xp.pbt", {}).get("generation", 0) >= 1
+                                         and "mlflow_run_id" in t.user_attrs for t in running)
+
+    try:
+        until("both slots in a second interval", training_later_intervals)
+        os.kill(workers_of(proc)[0].pid, signal.SIGKILL)
+        until("the lost interval replaced", lambda: "was lost: it is replaced from member" in output.read_text())
+        member = next(t for t in study_trials(tmp_path) if t.state.name == "FAIL").user_attrs["xp.pbt"]["member"]
+        until("the replacement training", lambda: any(
+            t.state.name == "RUNNING" and "mlflow_run_id" in t.user_attrs and t.user_attrs["xp.pbt"]["member"] == member
+            for t in study_trials(tmp_path)))
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    said = output.read_text()
+    assert proc.returncode == 130 and "Traceback" not in said, said[-3000:]
+    trials = study_trials(tmp_path)
+    assert "RUNNING" not in {t.state.name for t in trials}
+    lost = [t for t in trials if t.state.name == "FAIL" and not t.user_attrs.get("xp.interrupted")]
+    assert len(lost) == 1 and lost[0].user_attrs["xp.pbt"]["generation"] == 1, [(t.number, t.user_attrs) for t in lost]
+    assert "RUNNING" not in {x.info.status for x in mlflow_runs(store)[1]}
+    again = run_xp(tmp_path, store, *args, env=env, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    runs = check_lineage(store, 40)
+    replaced = [x for x in runs.values() if x.data.tags["xp.pbt.member"] == str(lost[0].user_attrs["xp.pbt"]["member"])
+                and x.data.tags["xp.pbt.generation"] == "1"]
+    assert [x.data.tags["xp.pbt.donor_member"] != "" for x in replaced] == [True], replaced
+    trials = study_trials(tmp_path)
+    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("sweep.n_trials=3",), "pbt.population=4 is larger than the budget of n_trials=3 intervals"),
+    (("sweep.pbt.interval=5", "epochs=4"), "pbt.interval=5 is longer than the experiment's epochs=4"),
+    (("lr=0.1",), "pbt.explore.lr: lr=0.1 on the command line fixed it: a fixed key is not explored"),
+    (("sweep.pbt.quantile=0.9",), "pbt.quantile=0.9: must be a fraction in (0, 0.5]"),
+    (("sweep.confirm=2",), "search=pbt: one objective, no confirm and no grid"),
+])
+def test_a_population_it_cannot_train_is_one_line_and_exit_2(tmp_path, store, args, message):
+    env = pop_env(tmp_path, 2, 16)
+    r = run_xp(tmp_path, store, "-m", "sweep=pop", "epochs=4", *args, env=env, timeout=120)
+    assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "optuna.db").exists()

@@ -1,0 +1,340 @@
+"""Population-based training (`sweep.search=pbt`): a population of members trains at once; every `interval`
+epochs a member in the worst `quantile` takes the weights and optimizer state of one in the best (exploit) and
+goes on with its hyperparameters perturbed (explore), so the study finds a schedule in the time of one training.
+
+Each member trains in intervals; an interval is one Optuna trial (its hyperparameters the trial's params) and
+one MLflow run under the study's parent, which starts from a commit through the path `resume=` takes (weights,
+optimizer state, epoch, random state: xp.run.checkpoint) and commits into its own folder. The lineage lives in
+the trials' user attribute PBT_ATTR (member, generation, whose commit it starts from), so the same command
+continues a stopped population from its storage. Decisions are asynchronous, as Ray Tune's: a member whose
+interval ends is ranked against every member's latest result, the slots never wait for the slowest.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import random
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xp.errors import ConfigError
+from xp.states import INTERRUPTED, TrialState
+
+log = logging.getLogger("xp")
+
+PBT_ATTR = "xp.pbt"  # a trial's user attribute: {member, generation, start, end, from, donor}
+SEARCHES = ("optuna", "pbt")
+FACTORS = (0.8, 1.2)  # a float's or an int's default explore: times one of these (Ray Tune's default)
+RESAMPLE = 0.25  # ... or, this often, a fresh draw from the space
+
+
+@dataclass(frozen=True)
+class Explore:
+    """How a member that exploited changes one hyperparameter: a fresh draw from the space with probability
+    `resample`, else times one of `factors` (a number) or a neighbouring choice (a categorical)."""
+    name: str
+    factors: tuple[float, ...] = FACTORS
+    resample: float = RESAMPLE
+
+
+@dataclass(frozen=True)
+class PbtSpec:
+    population: int  # members training at once
+    interval: int  # epochs between two exploit decisions
+    quantile: float  # the worst this fraction copy the best this fraction
+    explore: tuple[Explore, ...]  # one per searched parameter
+
+
+def pbt_from(study: dict[str, Any], params: list[Any] | None, fixed: tuple[str, ...], where: str) -> PbtSpec | None:
+    """The PBT settings of a study's fields (search=pbt), checked; None for an Optuna search. A rule for a key
+    the study does not search (or that the command line fixed) is one line. params None: a trial's view (it
+    needs to know it is a member, not how members explore)."""
+    search, raw = study.get("search", "optuna"), study.get("pbt")
+    if search not in SEARCHES:
+        raise ConfigError(f"{where}: search={search!r}: unknown; valid: {', '.join(SEARCHES)}")
+    if search != "pbt":
+        if raw:
+            raise ConfigError(f"{where}: pbt: settings for search=pbt, and this study's search is {search}")
+        return None
+    raw = dict(raw or {})
+    if unknown := set(raw) - {"population", "interval", "quantile", "explore"}:
+        raise ConfigError(f"{where}: pbt: unknown field(s) {', '.join(sorted(unknown))} (population, interval, "
+                          "quantile, explore)")
+    population, interval, quantile = raw.get("population", 4), raw.get("interval", 1), raw.get("quantile", 0.25)
+    for key, v in (("population", population), ("interval", interval)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < (2 if key == "population" else 1):
+            raise ConfigError(f"{where}: pbt.{key}={v!r}: must be an integer >= {2 if key == 'population' else 1}")
+    if not isinstance(quantile, (int, float)) or isinstance(quantile, bool) or not 0 < quantile <= 0.5:
+        raise ConfigError(f"{where}: pbt.quantile={quantile!r}: must be a fraction in (0, 0.5] (the worst this "
+                          "fraction copy the best this fraction)")
+    if len(study.get("objectives") or [1]) > 1 or study.get("confirm") or study.get("sampler") == "grid":
+        raise ConfigError(f"{where}: search=pbt: one objective, no confirm and no grid (a member's answer is its "
+                          "schedule, which another seed or a grid does not retrain)")
+    if study.get("scheduler") == "hydra":
+        raise ConfigError(f"{where}: search=pbt runs on xp's slots (scheduler: slots), not in Hydra's batches")
+    if params is None:
+        return PbtSpec(population, interval, float(quantile), ())
+    searched = {p.name: p for p in params}
+    rules = dict(raw.get("explore") or {})
+    for key in rules:
+        if key not in searched:
+            said = next((f for f in fixed if f.partition("=")[0] == key), None)
+            raise ConfigError(f"{where}: pbt.explore.{key}: " + (f"{said} on the command line fixed it: a fixed key "
+                              "is not explored" if said else f"the study does not search {key} (it searches "
+                              f"{', '.join(searched) or 'nothing'})"))
+    return PbtSpec(population, interval, float(quantile),
+                   tuple(_rule(p, rules.get(p.name), where) for p in params))
+
+
+def _rule(param: Any, raw: Any, where: str) -> Explore:
+    raw = dict(raw or {})
+    if unknown := set(raw) - {"factors", "resample"}:
+        raise ConfigError(f"{where}: pbt.explore.{param.name}: unknown field(s) {', '.join(sorted(unknown))} "
+                          "(factors, resample)")
+    factors, resample = raw.get("factors", list(FACTORS)), raw.get("resample", RESAMPLE)
+    if param.kind == "categorical" and "factors" in raw:
+        raise ConfigError(f"{where}: pbt.explore.{param.name}.factors: a categorical moves to a neighbouring "
+                          "choice, it is not multiplied")
+    if not isinstance(factors, list) or not factors or \
+            not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors):
+        raise ConfigError(f"{where}: pbt.explore.{param.name}.factors={factors!r}: a list of positive numbers")
+    if not isinstance(resample, (int, float)) or isinstance(resample, bool) or not 0 <= resample <= 1:
+        raise ConfigError(f"{where}: pbt.explore.{param.name}.resample={resample!r}: a probability in [0, 1]")
+    return Explore(param.name, tuple(float(f) for f in factors), float(resample))
+
+
+def check_run(pbt: PbtSpec, epochs: Any, n_trials: int, where: str) -> None:
+    """What a population needs of its experiment and budget (n_trials: intervals trained in all)."""
+    if not isinstance(epochs, int) or pbt.interval > epochs:
+        raise ConfigError(f"{where}: pbt.interval={pbt.interval} is longer than the experiment's epochs={epochs}: "
+                          "no member would ever exploit")
+    if pbt.population > n_trials:
+        raise ConfigError(f"{where}: pbt.population={pbt.population} is larger than the budget of n_trials="
+                          f"{n_trials} intervals: not every member would train once")
+
+
+def explored(params: dict[str, Any], space: list[Any], pbt: PbtSpec, rng: random.Random) -> dict[str, Any]:
+    """A donor's hyperparameters perturbed, each by its rule, within the space's bounds."""
+    rules, out = {r.name: r for r in pbt.explore}, {}
+    for p in space:
+        rule, value = rules[p.name], params[p.name]
+        if rng.random() < rule.resample:
+            out[p.name] = _draw(p, rng)
+        elif p.kind == "categorical":
+            i = list(p.choices).index(value) if value in p.choices else 0
+            out[p.name] = p.choices[min(len(p.choices) - 1, max(0, i + rng.choice((-1, 1))))]
+        else:
+            v = min(p.high, max(p.low, value * rng.choice(rule.factors)))
+            out[p.name] = int(round(v)) if p.kind == "int" else v
+    return out
+
+
+def _draw(p: Any, rng: random.Random) -> Any:
+    if p.kind == "categorical":
+        return rng.choice(list(p.choices))
+    if p.log:
+        v = math.exp(rng.uniform(math.log(p.low), math.log(p.high)))
+    else:
+        v = rng.uniform(p.low, p.high)
+    return int(round(v)) if p.kind == "int" else v
+
+
+class Population:
+    """The study's members, read from its trials: which interval runs next (`ask`), what each one's run is told
+    (`settings`, `tags`), and what follows an interval's end (`told`) or a lost worker (`lost`)."""
+
+    def __init__(self, study: Any, spec: Any, dists: dict[str, Any], epochs: int, root: Path, seed: int | None,
+                 log_model: bool = True):
+        self.study, self.spec, self.dists, self.epochs, self.root = study, spec, dists, epochs, Path(root)
+        self.log_model = log_model  # (model.log=none: no member logs one)
+        self.pbt: PbtSpec = spec.pbt
+        self.seed = 0 if seed is None else seed
+        self.generations = math.ceil(epochs / self.pbt.interval)
+        self.maximize = spec.objectives[0].direction == "maximize"
+
+    # --- the study's trials, as members ---------------------------------------------------------------------
+    def _trials(self, *states: TrialState) -> list[Any]:
+        return [t for t in self.study.get_trials(deepcopy=False) if PBT_ATTR in t.user_attrs
+                and (not states or t.state.name in states) and INTERRUPTED not in t.user_attrs]
+
+    def _latest(self) -> dict[int, Any]:
+        """Each member's latest complete interval (the weights it holds now)."""
+        out: dict[int, Any] = {}
+        for t in self._trials(TrialState.COMPLETE):
+            a = t.user_attrs[PBT_ATTR]
+            if a["member"] not in out or a["generation"] >= out[a["member"]].user_attrs[PBT_ATTR]["generation"]:
+                out[a["member"]] = t
+        return out
+
+    def _dropped(self) -> set[int]:
+        """Members whose intervals failed more than max_retry times: they train no more."""
+        fails: dict[int, int] = {}
+        for t in self._trials(TrialState.FAIL):
+            m = t.user_attrs[PBT_ATTR]["member"]
+            fails[m] = fails.get(m, 0) + 1
+        return {m for m, n in fails.items() if n > self.spec.max_retry}
+
+    def target(self) -> int:
+        """Intervals the study trains in all: those done, and every member's to its last epoch (a member that
+        took a member's weights further along skips what it skipped; a dropped one trains no more), within the
+        budget."""
+        latest, dropped = self._latest(), self._dropped()
+        done = collections.Counter(t.user_attrs[PBT_ATTR]["member"] for t in self._trials(TrialState.COMPLETE))
+        ahead = sum(0 if m in dropped else self.generations - (latest[m].user_attrs[PBT_ATTR]["generation"] + 1
+                                                                if m in latest else 0)
+                    for m in range(self.pbt.population))
+        return min(self.spec.n_trials, sum(done.values()) + ahead)
+
+    def remaining(self) -> int:
+        return self.target() - len(self._trials(TrialState.COMPLETE)) - len(self._trials(TrialState.RUNNING))
+
+    def ask(self) -> Any:
+        """The next interval: one queued (given back at a stop, or replacing a lost one), else the next of the
+        member furthest behind (a new member drawn by the study's sampler, or one whose interval ended: it goes on,
+        or exploits and explores, decided now against every member's latest result), else None (wait for an end).
+        Members furthest behind first: on fewer slots than members the population moves on together."""
+        if self.remaining() <= 0:
+            return None
+        if self.study.get_trials(deepcopy=False, states=(_state(TrialState.WAITING),)):
+            return self._ask()
+        latest, dropped = self._latest(), self._dropped()
+        busy = {t.user_attrs[PBT_ATTR]["member"] for t in self._trials(TrialState.RUNNING)}
+        started = {t.user_attrs[PBT_ATTR]["member"] for t in self._trials()}
+        behind = sorted((latest[m].user_attrs[PBT_ATTR]["generation"] + 1 if m in latest else 0, m)
+                        for m in range(self.pbt.population) if m not in busy and m not in dropped
+                        and (m in latest or m not in started))
+        behind = [(g, m) for g, m in behind if g < self.generations]
+        if not behind:
+            return None
+        g, member = behind[0]
+        if g == 0:
+            trial = self._ask()
+            trial.set_user_attr(PBT_ATTR, self._interval(member, 0, None, None))
+            return trial
+        self._next(latest[member], latest)
+        return self._ask()
+
+    def _ask(self) -> Any:
+        with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
+            warnings.simplefilter("ignore", UserWarning)
+            return self.study.ask(self.dists)
+
+    def _interval(self, member: int, generation: int, start_from: int | None, donor: int | None) -> dict[str, Any]:
+        start = generation * self.pbt.interval
+        return {"member": member, "generation": generation, "start": start,
+                "end": min(self.epochs, start + self.pbt.interval), "from": start_from, "donor": donor}
+
+    def settings(self, trial: Any) -> dict[str, Any]:
+        """The config values an interval's run is given beside its hyperparameters: its last epoch, where it
+        commits (checkpoint_dir/trial-N) and the commit it starts from."""
+        a = trial.user_attrs[PBT_ATTR]
+        out = {"epochs": a["end"], "checkpoint_dir": str(self.root),  # (a member's model: its weights at the end)
+               "model.log": "last" if a["end"] == self.epochs and self.log_model else "none"}
+        if a["from"] is not None:
+            out["resume"] = str(self.root / f"trial-{a['from']}")
+        return out
+
+    def tags(self, trial: Any) -> dict[str, str]:
+        a = trial.user_attrs[PBT_ATTR]
+        return {"xp.pbt.member": str(a["member"]), "xp.pbt.generation": str(a["generation"]),
+                "xp.pbt.epochs": f"{a['start'] + 1}-{a['end']}",
+                "xp.pbt.from_trial": "" if a["from"] is None else str(a["from"]),
+                "xp.pbt.donor_member": "" if a["donor"] is None else str(a["donor"])}
+
+    def final(self, trial: Any) -> bool:
+        """An interval that ends its member's training (the study's answer is among these)."""
+        return trial.user_attrs.get(PBT_ATTR, {}).get("end") == self.epochs
+
+    # --- what follows an interval ---------------------------------------------------------------------------
+    def told(self, trial: Any, state: TrialState | str) -> None:
+        """An interval ended (told to the study): a failed one is replaced (`lost`), and commits no interval needs
+        any more are removed (its member's next is decided when a slot asks for it)."""
+        if state == TrialState.FAIL:
+            self.lost(trial)
+        self._retain()
+
+    def _rng(self, trial: Any) -> random.Random:
+        return random.Random(f"{self.seed}-pbt-{trial.number}")  # (the same decisions when run again)
+
+    def _next(self, last: Any, latest: dict[int, Any]) -> None:
+        """The next interval of the member whose latest is `last`: in the worst quantile (and not in the best),
+        it takes the weights of one of the best and explores their hyperparameters; else it goes on as it was."""
+        a = last.user_attrs[PBT_ATTR]
+        scored = sorted(latest, key=lambda m: latest[m].value, reverse=self.maximize)  # best first
+        k = max(1, int(len(scored) * self.pbt.quantile))
+        member, g = a["member"], a["generation"] + 1
+        best = [m for m in scored[:k] if m != member and latest[m].user_attrs[PBT_ATTR]["end"] >= a["end"]]
+        if best and member in scored[-k:]:  # (a donor as far along as it, at least: no member trains back)
+            rng = self._rng(last)
+            donor = latest[rng.choice(best)]
+            params = explored(donor.params, list(self.spec.params), self.pbt, rng)
+            d = donor.user_attrs[PBT_ATTR]["member"]
+            log.info(f"pbt: member {member} ({last.value:.4g} at epoch {a['end']}) takes member {d}'s weights "
+                     f"(trial {donor.number}, {donor.value:.4g} at epoch {donor.user_attrs[PBT_ATTR]['end']}) and "
+                     "goes on with " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                               for k, v in params.items()))
+            self._queue(params, self._interval(member, donor.user_attrs[PBT_ATTR]["generation"] + 1, donor.number, d))
+        else:
+            self._queue(dict(last.params), self._interval(member, g, last.number, None))
+
+    def _queue(self, params: dict[str, Any], attr: dict[str, Any]) -> None:
+        self.study.enqueue_trial(params, user_attrs={PBT_ATTR: attr})
+
+    def lost(self, trial: Any) -> bool:
+        """A member's interval failed (its worker lost, its training failed): it is trained again, from the best
+        member's latest weights (explored) where another member has some, else from where it started; a member
+        that failed more than max_retry times trains no more."""
+        a = trial.user_attrs[PBT_ATTR]
+        if a["member"] in self._dropped():
+            log.warning(f"pbt: member {a['member']} failed {self.spec.max_retry + 1} times: it trains no more")
+            return False
+        latest = {m: t for m, t in self._latest().items() if m != a["member"] and
+                  a["start"] <= t.user_attrs[PBT_ATTR]["end"] < self.epochs}  # (as far as it got, or further)
+        if latest and a["generation"] > 0:
+            best = (max if self.maximize else min)(latest.values(), key=lambda t: t.value)
+            d = best.user_attrs[PBT_ATTR]
+            params = explored(best.params, list(self.spec.params), self.pbt, self._rng(trial))
+            log.warning(f"pbt: member {a['member']}'s interval (trial {trial.number}) was lost: it is replaced from "
+                        f"member {d['member']}'s weights (trial {best.number}, epoch {d['end']})")
+            attr = self._interval(a["member"], d["generation"] + 1, best.number, d["member"])
+            self._queue(params, attr)
+        else:
+            log.warning(f"pbt: member {a['member']}'s interval (trial {trial.number}) was lost: it runs again")
+            self._queue(dict(trial.params), dict(a))
+        return True
+
+    def _retain(self) -> None:
+        """Of the interval's commit folders, those a member holds now or a queued or running interval starts
+        from stay; the others go (a population of P keeps about P)."""
+        keep = {t.number for t in self._latest().values()}
+        waiting = (_state(TrialState.WAITING), _state(TrialState.RUNNING))
+        for t in self.study.get_trials(deepcopy=False, states=waiting):
+            start = t.user_attrs.get(PBT_ATTR, {}).get("from")
+            if start is not None:
+                keep.add(start)
+        for t in self._trials(TrialState.COMPLETE, TrialState.FAIL):
+            if t.number not in keep:
+                shutil.rmtree(self.root / f"trial-{t.number}", ignore_errors=True)
+
+
+def _state(state: TrialState) -> Any:
+    import optuna
+
+    return optuna.trial.TrialState[state]
+
+
+def answers(study: Any, maximize: bool) -> list[Any]:
+    """A population's answer: the best of the intervals that ended a member's training (the latest epoch any
+    reached); an interval that ended earlier is no answer (its epochs are fewer)."""
+    complete = study.get_trials(deepcopy=False, states=(_state(TrialState.COMPLETE),))
+    done = [t for t in complete if PBT_ATTR in t.user_attrs]
+    if not done:
+        return []
+    end = max(t.user_attrs[PBT_ATTR]["end"] for t in done)
+    finals = [t for t in done if t.user_attrs[PBT_ATTR]["end"] == end]
+    return [(max if maximize else min)(finals, key=lambda t: t.value)]
