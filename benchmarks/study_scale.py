@@ -22,6 +22,14 @@ MLflow), raytune (Ray Tune 2.60's default search and FIFO scheduler, S trials at
 Tune with OptunaSearch and its MLflowLoggerCallback): the same sleeping trial, the same S, on the same machine.
 Ray Tune's ways run --ray-trials trials (200: at ~1.6 s a trial, 1,000 would take half an hour); their
 per-trial figures compare.
+
+--ways xp-pbt,raytune-pbt: population-based training of the same sleeping trial (a member's training lasts
+--trial-s over --epochs; --population members, default one per slot; every --interval epochs the worst quarter
+takes the weights of the best quarter and explores lr and momentum by x0.8 / x1.2 or a fresh draw one time in
+four): xp's `search: pbt` (each interval a trial and an MLflow run resuming a commit) beside Ray Tune's
+PopulationBasedTraining (asynchronous, its trials checkpointing every interval), inside a network namespace.
+Reported: wall against the ideal (members x trial time / slots), exploits made, and the scheduler's CPU per
+interval and per exploit (xp: its study command's process; Ray: every process of its tree).
 """
 
 from __future__ import annotations
@@ -47,6 +55,18 @@ STUDY = ("study_name: scale\nn_trials: {n}\nsampler: {sampler}\nsampler_seed: 1\
          "pruner_options: {{n_startup_trials: 5, n_warmup_steps: 1}}\n"
          "params:\n  lr: {{type: float, low: 0.001, high: 1.0, log: true}}\n"
          "  momentum: {{type: float, low: 0.5, high: 0.99}}\n")
+
+
+PBT = ("study_name: scale\nsearch: pbt\nn_trials: {n}\nsampler_seed: 1\n"
+       "pbt: {{population: {population}, interval: {interval}, quantile: 0.25, explore: {{lr: {{}}, momentum: {{}}}}}}\n"
+       "params:\n  lr: {{type: float, low: 0.001, high: 1.0, log: true}}\n"
+       "  momentum: {{type: float, low: 0.5, high: 0.99}}\n")
+
+
+def study_yaml(args: argparse.Namespace, trials: int) -> str:
+    if args.pbt:
+        return PBT.format(n=trials, population=args.population, interval=args.interval)
+    return STUDY.format(n=trials, sampler=args.sampler)
 
 
 def storage_url(kind: str, work: Path) -> str:
@@ -92,7 +112,7 @@ def one(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="xp-bench-scale-"))
     plugins = sleep_backend.install(work / "site")
     (work / "sweeps").mkdir()
-    (work / "sweeps" / "scale.yaml").write_text(STUDY.format(n=args.trials, sampler=args.sampler))
+    (work / "sweeps" / "scale.yaml").write_text(study_yaml(args, args.trials))
     tracking = f"sqlite:///{work}/mlflow.db" if args.tracking == "sqlite" else args.tracking
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")]),
                XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=storage_url(args.storage, work),
@@ -100,7 +120,7 @@ def one(args: argparse.Namespace) -> dict:
     profiler = ["-m", "cProfile", "-o", str(work / "scheduler.prof")] if args.cprofile else []
     argv = [sys.executable, *profiler, "-m", "xp", "-m", "sweep=scale", f"sweep.parallel={args.slots}",
             "backend.name=sleep", f"epochs={args.epochs}", "batch=512", f"tracking_uri={tracking}",
-            "experiment=scale", f"hydra.sweep.dir={work}/sweep"]
+            "experiment=scale", f"hydra.sweep.dir={work}/sweep", f"checkpoint_dir={work}/ckpt"]
     seen: dict = {}
     t0, started = time.monotonic(), time.time()
     with open(work / "out.txt", "w") as out:
@@ -128,11 +148,11 @@ def one(args: argparse.Namespace) -> dict:
     client = MlflowClient(tracking)
     exp = client.get_experiment_by_name("scale").experiment_id
     runs = client.search_runs([exp], filter_string="tags.`optuna.trial_number` != ''", max_results=50000)
-    ideal = args.trials * args.trial_s / args.slots
+    ideal = args.trials * args.trial_s / args.slots / (args.epochs / args.interval if args.pbt else 1)
     first = min(r.info.start_time for r in runs) / 1000
     last = max(r.info.end_time or 0 for r in runs) / 1000
     uss, rss = list(seen.get("uss", {}).values()), list(seen.get("rss", {}).values())
-    result = {"way": "xp", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "sampler": args.sampler,
+    result = {"way": "xp-pbt" if args.pbt else "xp", "trials": args.trials, "slots": args.slots, "trial_s": args.trial_s, "sampler": args.sampler,
               "storage": args.storage, "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, "runs": len(runs),
               "pruned": sum(r.data.tags.get("optuna.trial_state") == "PRUNED" for r in runs),
               "own_ideal_s": sum((r.info.end_time - r.info.start_time) / 1000 for r in runs if r.info.end_time)
@@ -149,9 +169,11 @@ def one(args: argparse.Namespace) -> dict:
     result.update(workers_cpu_s=workers_cpu, workers_cpu_ms_per_trial=1000 * workers_cpu / args.trials,
                   cores_busy=busy / (wall * psutil.cpu_count()), service_cpu_s=service,
                   service_cpu_ms_per_trial=1000 * service / args.trials)
+    if args.pbt:
+        result.update(exploits=sum(r.data.tags.get("xp.pbt.donor_member", "") != "" for r in runs))
     if args.profile:
         result.update(shares(work / "spy.txt"))
-    if args.resume_more:
+    if args.resume_more and not args.pbt:
         result.update(afterwards(args, argv, env, work, client, exp))
         stop_service(work / "state")  # (the one the resumed study started: not left idling)
     return result
@@ -175,7 +197,7 @@ def stop_service(state: Path) -> None:
 def afterwards(args: argparse.Namespace, argv: list[str], env: dict, work: Path, client, exp: str) -> dict:
     """The finished study resumed (the same command, `--resume-more` more trials): how long until its first new
     trial's run starts; and its report (python -m xp.report --parent), start to exit."""
-    (work / "sweeps" / "scale.yaml").write_text(STUDY.format(n=args.trials + args.resume_more, sampler=args.sampler))
+    (work / "sweeps" / "scale.yaml").write_text(study_yaml(args, args.trials + args.resume_more))
     t0, wall0 = time.time(), time.monotonic()
     proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with open(work / "resume.txt", "w") as said:  # each line with when it came, s after the start
@@ -283,22 +305,24 @@ def raytune(args: argparse.Namespace, search: str) -> dict:
     space); search=optuna: OptunaSearch (TPE, seed 1) with Tune's MLflowLoggerCallback logging every trial to an
     MLflow SQLite store, as xp's trials are. Its CPU: every process of the tree (driver, raylet, GCS, workers)."""
     work = Path(tempfile.mkdtemp(prefix=f"xp-bench-raytune-{search}-"))
-    argv = [sys.executable, __file__, "--raytune-child", str(args.ray_trials), str(args.slots), str(args.trial_s),
-            str(args.epochs), search]
+    trials = args.population if search == "pbt" else args.ray_trials
+    argv = [sys.executable, __file__, "--raytune-child", str(trials), str(args.slots), str(args.trial_s),
+            str(args.epochs), search, str(args.interval)]
     env = {**os.environ, "HOME": str(work), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
            "MLFLOW_DISABLE_TELEMETRY": "true"}
     for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(k, None)
     wall, cpu = watched(own_network(argv), work, env, f"the Ray Tune study ({search})", tree=True)
     said = json.loads((work / "raytune.json").read_text())
-    ideal = args.ray_trials * args.trial_s / args.slots
-    return {"way": f"raytune-{search}", "trials": args.ray_trials, "slots": args.slots, "trial_s": args.trial_s,
-            "sampler": "random" if search == "default" else "tpe", "storage": "tune's files", "wall_s": wall,
-            "ideal_s": ideal, "overhead": wall / ideal, **said, "scheduler_cpu_s": cpu,
-            "scheduler_cpu_ms_per_trial": 1000 * cpu / args.ray_trials, "work": str(work)}
+    ideal = trials * args.trial_s / args.slots
+    intervals = trials * args.epochs / args.interval if search == "pbt" else trials  # (a PBT's: members x intervals)
+    return {"way": f"raytune-{search}", "trials": intervals, "slots": args.slots, "trial_s": args.trial_s,
+            "sampler": {"default": "random", "optuna": "tpe", "pbt": "pbt"}[search], "storage": "tune's files",
+            "wall_s": wall, "ideal_s": ideal, "overhead": wall / ideal, **said, "scheduler_cpu_s": cpu,
+            "scheduler_cpu_ms_per_trial": 1000 * cpu / intervals, "work": str(work)}
 
 
-def raytune_child(trials: int, slots: int, trial_s: float, epochs: int, search: str) -> None:
+def raytune_child(trials: int, slots: int, trial_s: float, epochs: int, search: str, interval: int) -> None:
     import ray
     from ray import tune
 
@@ -324,12 +348,28 @@ def raytune_child(trials: int, slots: int, trial_s: float, epochs: int, search: 
             time.sleep(1)
 
     def trainable(config: dict) -> None:
-        for epoch in range(1, epochs + 1):
+        start = 0
+        if (given := tune.get_checkpoint()) is not None:  # (PBT: the donor's, or this member's own paused one)
+            with given.as_directory() as folder:
+                start = int((Path(folder) / "epoch.txt").read_text())
+        for epoch in range(start + 1, epochs + 1):
             time.sleep(trial_s / epochs)
-            tune.report({"accuracy": accuracy(config["lr"], config["momentum"], epoch), "epoch": epoch})
+            metrics = {"accuracy": accuracy(config["lr"], config["momentum"], epoch), "epoch": epoch}
+            if search != "pbt" or epoch % interval:
+                tune.report(metrics)
+                continue
+            with tempfile.TemporaryDirectory() as folder:  # (a commit at each interval's end, as xp's member's)
+                (Path(folder) / "epoch.txt").write_text(str(epoch))
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
     space = {"lr": tune.loguniform(0.001, 1.0), "momentum": tune.uniform(0.5, 0.99)}
-    search_alg, callbacks = None, []
+    search_alg, callbacks, scheduler = None, [], None
+    if search == "pbt":
+        from ray.tune.schedulers import PopulationBasedTraining
+
+        scheduler = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=interval,
+                                            quantile_fraction=0.25, resample_probability=0.25,
+                                            hyperparam_mutations=dict(space))
     if search == "optuna":
         from ray.air.integrations.mlflow import MLflowLoggerCallback
         from ray.tune.search.optuna import OptunaSearch
@@ -338,12 +378,16 @@ def raytune_child(trials: int, slots: int, trial_s: float, epochs: int, search: 
         callbacks = [MLflowLoggerCallback(tracking_uri=f"sqlite:///{Path.cwd()}/mlflow.db", experiment_name="scale")]
     tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}), param_space=space,
                        tune_config=tune.TuneConfig(num_samples=trials, max_concurrent_trials=slots, search_alg=search_alg,
-                                                   metric="accuracy", mode="max"),
-                       run_config=tune.RunConfig(storage_path=str(Path.cwd() / "tune"), callbacks=callbacks, verbose=0))
+                                                   metric="accuracy", mode="max", scheduler=scheduler),
+                       run_config=tune.RunConfig(storage_path=str(Path.cwd() / "tune"), name="scale",
+                                                 callbacks=callbacks, verbose=0))
     grid = tuner.fit()
     own = sum(r.metrics.get("time_total_s", 0.0) for r in grid) / slots
-    Path("raytune.json").write_text(json.dumps({"runs": len(grid), "pruned": 0, "own_ideal_s": own,
-                                                "errors": grid.num_errors}))
+    policy = Path.cwd() / "tune" / "scale" / "pbt_global.txt"  # (PBT's own record: a line per exploit)
+    Path("raytune.json").write_text(json.dumps({
+        "runs": len(grid), "pruned": 0, "own_ideal_s": own, "errors": grid.num_errors,
+        "exploits": len(policy.read_text().splitlines()) if policy.exists() else 0,
+        "best": max((r.metrics.get("accuracy", 0.0) for r in grid), default=None)}))
     ray.shutdown()
     os.killpg(head.pid, signal.SIGTERM)
     head.wait(timeout=60)
@@ -373,7 +417,7 @@ def main() -> None:
         return bare_child(int(a[0]), int(a[1]), float(a[2]), int(a[3]), a[4], a[5])
     if sys.argv[1:2] == ["--raytune-child"]:
         a = sys.argv[2:]
-        return raytune_child(int(a[0]), int(a[1]), float(a[2]), int(a[3]), a[4])
+        return raytune_child(int(a[0]), int(a[1]), float(a[2]), int(a[3]), a[4], int(a[5]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--slots", type=int, default=16)
@@ -393,9 +437,12 @@ def main() -> None:
                          "raytune-optuna (Ray Tune with OptunaSearch and its MLflow callback)")
     ap.add_argument("--ray-trials", type=int, default=200,
                     help="the Ray Tune ways' trials (fewer: Ray Tune takes ~1.6 s a trial here; per-trial figures compare)")
+    ap.add_argument("--population", type=int, help="the PBT ways' members (default: one per slot)")
+    ap.add_argument("--interval", type=int, default=1, help="the PBT ways' epochs between two exploit decisions")
     ap.add_argument("--tracking", default="sqlite", help="sqlite (a fresh file), or an MLflow tracking URI")
     ap.add_argument("--profile", action="store_true", help="the scheduler under cProfile: the storage's share")
     args = ap.parse_args()
+    args.population, args.pbt = args.population or args.slots, False
     global PG
     if args.storage == "postgresql":
         sys.path.insert(0, str(ROOT / "tests"))
@@ -404,7 +451,8 @@ def main() -> None:
         PG = pg.Server("bench").start()
     try:
         ways = {"xp": one, "bare": bare, "raytune": lambda a: raytune(a, "default"),
-                "raytune-optuna": lambda a: raytune(a, "optuna")}
+                "raytune-optuna": lambda a: raytune(a, "optuna"), "xp-pbt": pbt_way(one), "raytune-pbt":
+                pbt_way(lambda a: raytune(a, "pbt"))}
         unknown = [w for w in args.ways.split(",") if w not in ways]
         if unknown:
             raise SystemExit(f"--ways: no way {unknown[0]!r}; valid: {', '.join(ways)}")
@@ -420,6 +468,15 @@ def main() -> None:
     out.write_text(json.dumps(results, indent=1))
 
 
+def pbt_way(way):
+    """A way run as population-based training: its study file searches by PBT, its trials the intervals."""
+    def run(args: argparse.Namespace) -> dict:
+        pbt = argparse.Namespace(**{**vars(args), "pbt": True, "sampler": "pbt",
+                                    "trials": args.population * -(-args.epochs // args.interval)})
+        return way(pbt)
+    return run
+
+
 def say(r: dict) -> None:
     print(f"{r['way']}: {r['trials']} trials of {r['trial_s']:g} s on {r['slots']} slots ({r['storage']}, "
           f"{r['sampler']}): "
@@ -427,7 +484,10 @@ def say(r: dict) -> None:
           f"slots {r['own_ideal_s']:.1f} s: {r['wall_s'] / r['own_ideal_s']:.2f}x); {r['runs']} trials "
           f"({r['pruned']} pruned); its process's CPU {r['scheduler_cpu_s']:.1f} s: "
           f"{r['scheduler_cpu_ms_per_trial']:.0f} ms a trial")
-    if r["way"] != "xp":
+    if "exploits" in r:
+        print(f"  {r['exploits']} exploits: the scheduler's CPU {1000 * r['scheduler_cpu_s'] / max(1, r['exploits']):.0f} "
+              f"ms an exploit (its whole CPU over the exploits)")
+    if r["way"] not in ("xp", "xp-pbt"):
         if r.get("errors"):
             print(f"  {r['errors']} trials failed")
         return

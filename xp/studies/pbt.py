@@ -7,7 +7,8 @@ one MLflow run under the study's parent, which starts from a commit through the 
 optimizer state, epoch, random state: xp.run.checkpoint) and commits into its own folder. The lineage lives in
 the trials' user attribute PBT_ATTR (member, generation, whose commit it starts from), so the same command
 continues a stopped population from its storage. Decisions are asynchronous, as Ray Tune's: a member whose
-interval ends is ranked against every member's latest result, the slots never wait for the slowest.
+interval ends is ranked against the members' latest results at the same epoch when a slot asks for its next,
+and the slots never wait for the slowest.
 """
 
 from __future__ import annotations
@@ -262,16 +263,18 @@ class Population:
         return random.Random(f"{self.seed}-pbt-{trial.number}")  # (the same decisions when run again)
 
     def _next(self, last: Any, latest: dict[int, Any]) -> None:
-        """The next interval of the member whose latest is `last`: in the worst quantile (and not in the best),
-        it takes the weights of one of the best and explores their hyperparameters; else it goes on as it was."""
+        """The next interval of the member whose latest is `last`. It is ranked against the members whose latest
+        ended at the same epoch (like with like: a member further along or behind scores at another epoch), once
+        at least twice the quantile's count of the population have: in the worst quantile, it takes the weights
+        of one of the best and explores their hyperparameters; else it goes on as it was."""
         a = last.user_attrs[PBT_ATTR]
-        scored = sorted(latest, key=lambda m: latest[m].value, reverse=self.maximize)  # best first
-        k = max(1, int(len(scored) * self.pbt.quantile))
+        peers = [m for m, t in latest.items() if t.user_attrs[PBT_ATTR]["end"] == a["end"]]
+        scored = sorted(peers, key=lambda m: latest[m].value, reverse=self.maximize)  # best first
+        k = max(1, int(self.pbt.population * self.pbt.quantile))
         member, g = a["member"], a["generation"] + 1
-        best = [m for m in scored[:k] if m != member and latest[m].user_attrs[PBT_ATTR]["end"] >= a["end"]]
-        if best and member in scored[-k:]:  # (a donor as far along as it, at least: no member trains back)
+        if len(scored) >= 2 * k and member in scored[-k:]:
             rng = self._rng(last)
-            donor = latest[rng.choice(best)]
+            donor = latest[rng.choice(scored[:k])]
             params = explored(donor.params, list(self.spec.params), self.pbt, rng)
             d = donor.user_attrs[PBT_ATTR]["member"]
             log.info(f"pbt: member {member} ({last.value:.4g} at epoch {a['end']}) takes member {d}'s weights "
