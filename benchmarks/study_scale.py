@@ -170,7 +170,7 @@ def one(args: argparse.Namespace) -> dict:
                   cores_busy=busy / (wall * psutil.cpu_count()), service_cpu_s=service,
                   service_cpu_ms_per_trial=1000 * service / args.trials)
     if args.pbt:
-        result.update(exploits=sum(r.data.tags.get("xp.pbt.donor_member", "") != "" for r in runs))
+        result.update(exploits=sum("xp.pbt.donor_member" in r.data.tags for r in runs))
     if args.profile:
         result.update(shares(work / "spy.txt"))
     if args.resume_more and not args.pbt:

@@ -474,7 +474,8 @@ def test_a_proposal_is_checked_against_one_read_of_the_study_so_a_trial_ending_m
 def test_the_scale_benchmark_in_small(tmp_path):
     """benchmarks/study_scale.py as CI runs it (its figures are a quiet machine's, in benchmarks/README.md): 24
     sleeping trials on 4 slots, every one a complete xp run with its MLflow child run, beside Optuna's own loop;
-    the finished study resumed with 2 more trials (the first new one's run found) and reported."""
+    the finished study resumed with 2 more trials (the first new one's run found) and reported; and its PBT way:
+    4 members of a third party's backend, 4 intervals each, every interval an xp run from its commit."""
     import json
     import subprocess
     import sys
@@ -483,14 +484,16 @@ def test_the_scale_benchmark_in_small(tmp_path):
     out = tmp_path / "figures.json"
     root = Path(__file__).resolve().parents[1]
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "study_scale.py"), "--trials", "24", "--slots", "4",
-                        "--storage", "journal", "--resume-more", "2", "--out", str(out)],
+                        "--storage", "journal", "--resume-more", "2", "--ways", "xp,bare,xp-pbt", "--interval", "1",
+                        "--out", str(out)],
                        cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, said(r)
-    xp_way, bare = json.loads(out.read_text())
+    xp_way, bare, pbt = json.loads(out.read_text())
     assert xp_way["way"] == "xp" and xp_way["runs"] == 24 and 0 < xp_way["wall_s"] and xp_way["peak_workers"] == 4
     assert 0 <= xp_way["pruned"] < 24 and xp_way["resume_first_trial_s"] > 0 and xp_way["report_s"] > 0
     assert bare["way"] == "bare" and bare["runs"] == 24
+    assert pbt["way"] == "xp-pbt" and pbt["runs"] == 16 and 0 <= pbt["exploits"] <= 12, pbt
 
 
 # --- a study is one question ------------------------------------------------------

@@ -36,8 +36,9 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
     for row, run in zip(rows, children):  # a run stopped before its summary (Ctrl-C): the epochs it logged
         if row["epochs"] is None and row["val_accuracy"] is not None:
             row["epochs"] = len(client.get_metric_history(run.info.run_id, "val_accuracy"))
+    ends = [int(r.data.tags["xp.pbt.epochs"].rpartition("-")[2]) for r in children if "xp.pbt.epochs" in r.data.tags]
     return {"rows": rows, "params": summary.parent_params(rows, children), "tags": summary.parent_tags(children),
-            "view": view.share(client, experiment_id, parent, kind, params, metrics, study)}
+            "view": view.share(client, experiment_id, parent, kind, params, metrics, study, max(ends, default=None))}
 
 
 def study_result(uri: str, parent: str | None, study: str, register_model: str, metric: str,

@@ -243,9 +243,9 @@ class Population:
     def tags(self, trial: Any) -> dict[str, str]:
         a = trial.user_attrs[PBT_ATTR]
         return {"xp.pbt.member": str(a["member"]), "xp.pbt.generation": str(a["generation"]),
-                "xp.pbt.epochs": f"{a['start'] + 1}-{a['end']}",
-                "xp.pbt.from_trial": "" if a["from"] is None else str(a["from"]),
-                "xp.pbt.donor_member": "" if a["donor"] is None else str(a["donor"])}
+                "xp.pbt.epochs": f"{a['start'] + 1}-{a['end']}",  # (and where it took its weights from, if it did)
+                **({} if a["from"] is None else {"xp.pbt.from_trial": str(a["from"])}),
+                **({} if a["donor"] is None else {"xp.pbt.donor_member": str(a["donor"])})}
 
     def final(self, trial: Any) -> bool:
         """An interval that ends its member's training (the study's answer is among these)."""
@@ -263,27 +263,43 @@ class Population:
         return random.Random(f"{self.seed}-pbt-{trial.number}")  # (the same decisions when run again)
 
     def _next(self, last: Any, latest: dict[int, Any]) -> None:
-        """The next interval of the member whose latest is `last`. It is ranked against the members whose latest
-        ended at the same epoch (like with like: a member further along or behind scores at another epoch), once
-        at least twice the quantile's count of the population have: in the worst quantile, it takes the weights
-        of one of the best and explores their hyperparameters; else it goes on as it was."""
+        """The next interval of the member whose latest is `last`. It is ranked, at the epoch its interval ended
+        (like with like: a score at another epoch is another question), against every member that trained through
+        that epoch (a member further along: its score then, reported by its interval); in the worst quantile of
+        them, and not in the best, it takes the latest weights of one of the best and explores their
+        hyperparameters; else it goes on as it was."""
         a = last.user_attrs[PBT_ATTR]
-        peers = [m for m, t in latest.items() if t.user_attrs[PBT_ATTR]["end"] == a["end"]]
-        scored = sorted(peers, key=lambda m: latest[m].value, reverse=self.maximize)  # best first
-        k = max(1, int(self.pbt.population * self.pbt.quantile))
+        at = self._scores(a["end"])
+        scored = sorted(at, key=lambda m: at[m], reverse=self.maximize)  # best first
+        k = max(1, int(len(scored) * self.pbt.quantile))
         member, g = a["member"], a["generation"] + 1
-        if len(scored) >= 2 * k and member in scored[-k:]:
-            rng = self._rng(last)
-            donor = latest[rng.choice(scored[:k])]
+        donors = [m for m in scored[:k] if m != member and latest[m].user_attrs[PBT_ATTR]["end"] < self.epochs]
+        if len(scored) >= 2 and member in scored[-k:] and member not in scored[:k] and donors:
+            rng = self._rng(last)  # (a donor's latest weights: at that epoch or further, with an epoch to train)
+            donor = latest[rng.choice(donors)]
             params = explored(donor.params, list(self.spec.params), self.pbt, rng)
             d = donor.user_attrs[PBT_ATTR]["member"]
             log.info(f"pbt: member {member} ({last.value:.4g} at epoch {a['end']}) takes member {d}'s weights "
-                     f"(trial {donor.number}, {donor.value:.4g} at epoch {donor.user_attrs[PBT_ATTR]['end']}) and "
+                     f"({at[d]:.4g} at epoch {a['end']}; trial {donor.number}'s, epoch "
+                     f"{donor.user_attrs[PBT_ATTR]['end']}) and "
                      "goes on with " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                for k, v in params.items()))
             self._queue(params, self._interval(member, donor.user_attrs[PBT_ATTR]["generation"] + 1, donor.number, d))
         else:
             self._queue(dict(last.params), self._interval(member, g, last.number, None))
+
+    def _scores(self, epoch: int) -> dict[int, float]:
+        """Each member's score at `epoch`, of the complete interval that trained its weights through it (the latest
+        generation's: a member that took another's weights trained a new lineage); members not there yet: none."""
+        through: dict[int, Any] = {}
+        for t in self._trials(TrialState.COMPLETE):
+            a = t.user_attrs[PBT_ATTR]
+            if a["start"] < epoch <= a["end"] and (a["member"] not in through or a["generation"] >
+                                                   through[a["member"]].user_attrs[PBT_ATTR]["generation"]):
+                through[a["member"]] = t
+        scores = {m: t.intermediate_values.get(epoch, t.value if t.user_attrs[PBT_ATTR]["end"] == epoch else None)
+                  for m, t in through.items()}
+        return {m: v for m, v in scores.items() if v is not None}
 
     def _queue(self, params: dict[str, Any], attr: dict[str, Any]) -> None:
         self.study.enqueue_trial(params, user_attrs={PBT_ATTR: attr})
@@ -341,3 +357,32 @@ def answers(study: Any, maximize: bool) -> list[Any]:
     end = max(t.user_attrs[PBT_ATTR]["end"] for t in done)
     finals = [t for t in done if t.user_attrs[PBT_ATTR]["end"] == end]
     return [(max if maximize else min)(finals, key=lambda t: t.value)]
+
+
+def schedule(study: Any, number: int) -> list[tuple[int, int, int, dict[str, Any]]]:
+    """The hyperparameters a member's weights trained with, to trial `number`'s end: (first epoch, last epoch,
+    member, params) per interval of its lineage, first to last; intervals in a row with the same member and
+    params are one."""
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    chain, at = [], trials.get(number)
+    while at is not None and PBT_ATTR in at.user_attrs:
+        a = at.user_attrs[PBT_ATTR]
+        chain.append((a["start"] + 1, a["end"], a["member"], dict(at.params)))
+        at = trials.get(a["from"]) if a["from"] is not None else None
+    out: list[tuple[int, int, int, dict[str, Any]]] = []
+    for first, last, member, params in reversed(chain):
+        if out and out[-1][2:] == (member, params):
+            out[-1] = (out[-1][0], last, member, params)
+        else:
+            out.append((first, last, member, params))
+    return out
+
+
+def schedule_line(study: Any, number: int) -> str:
+    """`its weights' schedule: epochs 1-4 (member 2) lr=0.02 momentum=0.9; epochs 5-10 (member 0) lr=0.016 ...`"""
+    def said(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    return "its weights' schedule: " + "; ".join(
+        f"epochs {first}-{last} (member {member}) " + " ".join(f"{k}={said(v)}" for k, v in params.items())
+        for first, last, member, params in schedule(study, number))

@@ -66,8 +66,9 @@ class Scheduler:
                  mark: Callable[[Any], None] = lambda trial: None,
                  give_back: Callable[[list[Any], str], None] = lambda trials, why: None,
                  unsettled: Callable[[Any, str | None, str], None] = lambda trial, state, why: None,
-                 budget: Any = None, label: str = "study"):
+                 budget: Any = None, label: str = "study", answers: Callable[[Any], bool] = lambda trial: True):
         self.pool, self.ask, self.remaining, self.mark = pool, ask, remaining, mark
+        self.answers = answers  # whether a trial's value can be the study's answer (a population's: its last epoch)
         self.label = label  # its progress lines' first word (a study's confirming runs: "confirm")
         self.waiting = False  # every proposal was a running trial's: none is asked until a trial ends
         self.trial_message = trial_message
@@ -283,7 +284,7 @@ class Scheduler:
         self.waiting = False  # (a trial ended: its parameters are a result to reuse now, not a run to wait for)
         t = self.tally
         t.states[state] = t.states.get(state, 0) + 1
-        value = msg.values[0] if state == TrialState.COMPLETE and msg.values else None
+        value = msg.values[0] if state == TrialState.COMPLETE and msg.values and self.answers(flight.trial) else None
         if value is not None and (t.best is None or (value > t.best if self.direction != "minimize" else
                                                      value < t.best)):
             t.best = value

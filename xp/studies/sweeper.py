@@ -214,7 +214,8 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
     scheduler = Scheduler(pool, ask, remaining, trial_message, tell, ends.lost, spec.heartbeat_s,
                           None if spec.multi_objective else spec.objectives[0].direction,
                           mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=ends.give_back,
-                          unsettled=ends.unsettled, budget=budget, label=label)
+                          unsettled=ends.unsettled, budget=budget, label=label,
+                          answers=population.final if population is not None else lambda trial: True)
     return scheduler.run()
 
 
