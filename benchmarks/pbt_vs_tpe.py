@@ -75,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="xp-bench-pbt-tpe-"))
     results = [run(search, seed, args.epochs, args.population, work) for seed in args.seeds for search in ("pbt", "tpe")]
-    print(f"| seed | PBT val acc | PBT epochs | TPE val acc | TPE epochs | PBT winner's schedule (epochs: lr, momentum) |")
+    print("| seed | PBT val acc | PBT epochs | TPE val acc | TPE epochs | PBT winner's schedule (epochs: lr, momentum) |")
     print("|---|---|---|---|---|---|")
     for seed in args.seeds:
         p, t = (next(r for r in results if r["seed"] == seed and r["search"] == s) for s in ("pbt", "tpe"))

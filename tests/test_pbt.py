@@ -50,17 +50,17 @@ def study_trials(tmp_path):
         return []
 
 
-def intervals(store) -> dict[int, object]:
-    _, runs = mlflow_runs(store)
+def intervals(store, experiment: str = "xp") -> dict[int, object]:
+    _, runs = mlflow_runs(store, experiment)
     return {int(r.data.tags["optuna.trial_number"]): r for r in runs if "xp.pbt.member" in r.data.tags
             and r.info.status == "FINISHED"}  # (a lost interval's run FAILED, a stopped one's KILLED)
 
 
-def check_lineage(store, epochs: int) -> dict[int, object]:
+def check_lineage(store, epochs: int, experiment: str = "xp") -> dict[int, object]:
     """Every interval that started from a commit started from exactly the weights that commit's interval ended
     with; each logged its hyperparameters at each of its epochs; every member reached the last epoch."""
-    client, _ = mlflow_runs(store)
-    runs = intervals(store)
+    client, _ = mlflow_runs(store, experiment)
+    runs = intervals(store, experiment)
     for n, r in runs.items():
         t = r.data.tags
         assert t["xp.pbt.weights_out"], (n, t)

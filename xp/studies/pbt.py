@@ -173,12 +173,7 @@ class Population:
         return out
 
     def _dropped(self) -> set[int]:
-        """Members whose intervals failed more than max_retry times: they train no more."""
-        fails: dict[int, int] = {}
-        for t in self._trials(TrialState.FAIL):
-            m = t.user_attrs[PBT_ATTR]["member"]
-            fails[m] = fails.get(m, 0) + 1
-        return {m for m, n in fails.items() if n > self.spec.max_retry}
+        return dropped(self.study, self.spec.max_retry)
 
     def target(self) -> int:
         """Intervals the study trains in all: those done, and every member's to its last epoch (a member that
@@ -339,6 +334,27 @@ class Population:
         for t in self._trials(TrialState.COMPLETE, TrialState.FAIL):
             if t.number not in keep:
                 shutil.rmtree(self.root / f"trial-{t.number}", ignore_errors=True)
+
+
+def dropped(study: Any, max_retry: int) -> set[int]:
+    """Members whose intervals failed more than max_retry times: they train no more."""
+    fails: dict[int, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(_state(TrialState.FAIL),)):
+        if PBT_ATTR in t.user_attrs and INTERRUPTED not in t.user_attrs:
+            m = t.user_attrs[PBT_ATTR]["member"]
+            fails[m] = fails.get(m, 0) + 1
+    return {m for m, n in fails.items() if n > max_retry}
+
+
+def dropped_line(study: Any, spec: Any) -> list[str]:
+    """What the answer lacks where members were dropped (none: nothing to say)."""
+    gone = sorted(dropped(study, spec.max_retry))
+    if not gone:
+        return []
+    return [f"population: member{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} trained no more (their "
+            f"intervals failed more than max_retry={spec.max_retry} times; a commit an interval could not load "
+            "says checkpoint_dir is not a folder every slot's host reaches): the answer is of the other "
+            f"{spec.pbt.population - len(gone)} of {spec.pbt.population} members"]
 
 
 def _state(state: TrialState) -> Any:

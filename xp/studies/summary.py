@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from xp.errors import redact
-from xp.studies.pbt import answers, schedule_line
+from xp.studies.pbt import answers, dropped_line, schedule_line
 from xp.studies.study import FINISHED, StudySpec
 from xp.studies.trial import DUPLICATE, INTERRUPTED
 
@@ -67,6 +67,9 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None, base
     lineage = [schedule_line(study, front[0]["trial"])] if spec.pbt and front else []  # (a population's answer)
     for line in lineage:
         log.info(f"  {line}")
+    lacking = dropped_line(study, spec) if spec.pbt else []
+    for line in lacking:
+        log.warning(f"  {line}")
     confirmed = confirm.results(study, spec, base_seed)
     metric = spec.objectives[0].metric
     confirmation = confirm.said(confirmed, metric)
@@ -75,13 +78,13 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None, base
     if confirmed and front and confirmed[0].trial != front[0]["trial"]:  # the best by mean is the study's answer
         front = [member(study.trials[confirmed[0].trial], spec)]
     summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "counts": tally,
-               "best": front, "schedule": lineage, "fixed_on_command_line": list(spec.fixed), "question_changes": changes,
+               "best": front, "schedule": lineage, "population_lacking": lacking, "fixed_on_command_line": list(spec.fixed), "question_changes": changes,
                "confirmed": [{"trial": c.trial, "params": c.params, "values": c.values, "mean": c.mean,
                               "std": None if len(c.values) < 2 else c.std} for c in confirmed]}
     description = "\n".join([f"**Study `{spec.study_name}`**: {counts_line(tally)}."
                              + (f" Fixed on the command line (not searched): {', '.join(spec.fixed)}." if spec.fixed
                                 else ""), *(f"- {c}" for c in changes),
-                             *(f"- The best member's {c[4:]}" for c in lineage),
+                             *(f"- The best member's {c[4:]}" for c in lineage), *(f"- {c}" for c in lacking),
                              *(f"- {c.strip()}" for c in confirmation)])
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
