@@ -339,7 +339,7 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
             raise ConfigError(f"{p.name}: not a parameter xp knows" + (f"; did you mean {close[0]}?" if close else ""))
     spec = study.spec_from(node, name, set(known), extra=space, overrides=base)
     if spec.pbt is not None:  # (a population needs its experiment's epochs and a budget for every member)
-        from xp.studies.pbt import check_run
+        from xp.studies.pbtspec import check_run
 
         check_run(spec.pbt, config.get("epochs"), spec.n_trials, f"sweep={name}")
     check_storage(spec.storage)

@@ -33,7 +33,7 @@ import yaml
 from xp import shipped
 from xp.errors import ConfigError, one_line
 from xp.states import TRIAL_ENDS
-from xp.studies.pbt import pbt_from
+from xp.studies.pbtspec import pbt_from
 
 log = logging.getLogger("xp")
 
@@ -100,7 +100,7 @@ class StudySpec:
     question: dict[str, str] | None = None  # what its trials hold fixed (xp.studies.question), as the preflight read it
     confirm: int = 0  # its top trials retrained with this many other seeds (xp.studies.confirm)
     confirm_top: int = 3  # ... these many of them
-    pbt: Any = None  # search=pbt: its population (xp.studies.pbt.PbtSpec); None: Optuna's sampler searches
+    pbt: Any = None  # search=pbt: its population (xp.studies.pbtspec.PbtSpec); None: Optuna's sampler searches
 
     @property
     def multi_objective(self) -> bool:
@@ -160,7 +160,7 @@ class StudyConf:
     # then the best by mean, with its spread (0: the best of one draw, as Optuna's)
     confirm_top: int = 3  # how many of its best trials sweep.confirm retrains
     search: str = "optuna"  # optuna: its sampler proposes each trial | pbt: population-based training (pbt:)
-    pbt: dict[str, Any] | None = None  # search=pbt: population, interval (epochs), quantile, explore (xp.studies.pbt)
+    pbt: dict[str, Any] | None = None  # search=pbt: population, interval (epochs), quantile, explore (xp.studies.pbtspec)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))

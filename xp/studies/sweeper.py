@@ -267,7 +267,8 @@ def _population(study: Any, spec: StudySpec, config: Any, dists: dict[str, Any])
     which every slot's host must reach (a shared file system where the slots are other hosts)."""
     from pathlib import Path
 
-    from xp.studies.pbt import Population, check_run
+    from xp.studies.pbt import Population
+    from xp.studies.pbtspec import check_run
 
     check_run(spec.pbt, config.get("epochs"), spec.n_trials, f"sweep={spec.name}")
     root = Path(config.get("checkpoint_dir") or Path("checkpoints") / f"pbt-{spec.study_name}").expanduser()
