@@ -147,7 +147,8 @@ def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:
         spec = spec_from(config["sweep"], msg.sweep, search=False)
         trial = SlotTrial(channel, msg.number, msg.params, msg.study)
         job = JobInfo(overrides=msg.task, output_dir=out, log_file=out / "xp.log", parent_run_id=msg.parent,
-                      cwd=Path.cwd(), trial=StudyTrial(trial, spec), tags={**slot.tags(), "xp.cores": _cores(), **(msg.tags or {})},
+                      cwd=Path.cwd(), trial=StudyTrial(trial, spec),
+                      tags={**slot.tags(), "xp.cores": _cores(), **(msg.tags or {})},
                       tidy=msg.first, started_ms=started_ms, settle_later=True)
         outcome = run(config, job)
         result.state, result.values = outcome.state, outcome.values

@@ -160,7 +160,7 @@ class StudyConf:
     # then the best by mean, with its spread (0: the best of one draw, as Optuna's)
     confirm_top: int = 3  # how many of its best trials sweep.confirm retrains
     search: str = "optuna"  # optuna: its sampler proposes each trial | pbt: population-based training (pbt:)
-    pbt: dict[str, Any] | None = None  # search=pbt: population, interval (epochs), quantile, explore (xp.studies.pbtspec)
+    pbt: dict[str, Any] | None = None  # search=pbt: population, interval (epochs), quantile, explore (pbtspec)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StudyConf))

@@ -78,7 +78,8 @@ def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None, base
     if confirmed and front and confirmed[0].trial != front[0]["trial"]:  # the best by mean is the study's answer
         front = [member(study.trials[confirmed[0].trial], spec)]
     summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "counts": tally,
-               "best": front, "schedule": lineage, "population_lacking": lacking, "fixed_on_command_line": list(spec.fixed), "question_changes": changes,
+               "best": front, "schedule": lineage, "population_lacking": lacking,
+               "fixed_on_command_line": list(spec.fixed), "question_changes": changes,
                "confirmed": [{"trial": c.trial, "params": c.params, "values": c.values, "mean": c.mean,
                               "std": None if len(c.values) < 2 else c.std} for c in confirmed]}
     description = "\n".join([f"**Study `{spec.study_name}`**: {counts_line(tally)}."
