@@ -132,6 +132,18 @@ def test_four_members_on_two_slots_hand_on_exact_weights_log_their_schedule_and_
 
 
 @pytest.mark.slow
+def test_a_population_on_the_torch_backend_hands_on_exact_weights(tmp_path, store):
+    """backend=torch: every interval starts from its source's bit-equal weights (through the backend's own
+    save_state / load_state), every member reaches the last epoch."""
+    env = pop_env(tmp_path, 1, 8)
+    r = run_xp(tmp_path, store, "-m", "sweep=pop", "backend=torch", "epochs=2", "sweep.parallel=2",
+               "sweep.pbt.quantile=0.5", f"checkpoint_dir={tmp_path}/ckpt", env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runs = check_lineage(store, 2)
+    assert len(runs) == 8 and {x.data.tags["xp.backend"] for x in runs.values()} == {"torch"}
+
+
+@pytest.mark.slow
 def test_a_killed_member_is_replaced_and_ctrl_c_then_the_same_command_finishes_the_population(tmp_path, store):
     """A member's worker SIGKILLed while both slots train a member's second interval: that interval is lost and
     replaced from the population; Ctrl-C then stops the study (no interval or run left RUNNING); the same command
