@@ -31,7 +31,8 @@ class PbtSpec:
     explore: tuple[Explore, ...]  # one per searched parameter
 
 
-def pbt_from(study: dict[str, Any], params: list[Any] | None, fixed: tuple[str, ...], where: str) -> PbtSpec | None:
+def pbt_from(study: dict[str, Any], params: list[Any] | None, fixed: tuple[str, ...], where: str,
+             scheduler: str = "slots") -> PbtSpec | None:
     """The PBT settings of a study's fields (search=pbt), checked; None for an Optuna search. A rule for a key
     the study does not search (or that the command line fixed) is one line. params None: a trial's view (it
     needs to know it is a member, not how members explore)."""
@@ -56,7 +57,7 @@ def pbt_from(study: dict[str, Any], params: list[Any] | None, fixed: tuple[str, 
     if len(study.get("objectives") or [1]) > 1 or study.get("confirm") or study.get("sampler") == "grid":
         raise ConfigError(f"{where}: search=pbt: one objective, no confirm and no grid (a member's answer is its "
                           "schedule, which another seed or a grid does not retrain)")
-    if study.get("scheduler") == "hydra":
+    if scheduler == "hydra":
         raise ConfigError(f"{where}: search=pbt runs on xp's slots (scheduler: slots), not in Hydra's batches")
     if params is None:
         return PbtSpec(population, interval, float(quantile), ())

@@ -251,7 +251,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
         if sampler == sampler_name and importlib.util.find_spec(module) is None:
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
-    pbt = pbt_from(raw, params if search else None, fixed, where)  # (pbt: no pruner)
+    pbt = pbt_from(raw, params if search else None, fixed, where, scheduler)  # (pbt: no pruner)
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, field("sampler_seed"), "none" if pbt else pruner, dict(field("pruner_options") or {}),
                      tuple(objectives), tuple(params), heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings,

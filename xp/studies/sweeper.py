@@ -49,7 +49,9 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
     for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec)]:
         log.warning(line)
     done, elsewhere = _counts(study)
-    remaining = spec.n_trials - done - elsewhere
+    remaining = spec.n_trials - done - elsewhere  # (a population's: its members' intervals to go, a lost one's
+    if spec.pbt:  # replacement among them; its failure spent no budget)
+        remaining = int(_population(study, spec, config, {}).remaining())
     log.info(f"study {spec.study_name} ({redact(spec.storage)}): {done} trials done, {elsewhere} running elsewhere, "
              f"{max(0, remaining)} to run "
              f"(sampler {spec.sampler}, pruner {spec.pruner}, objectives "
