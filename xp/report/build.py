@@ -239,7 +239,7 @@ def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str,
     files: list[Path] = []
     lines += claims.section(done, out, files, md_table, history)
     lines += study.sections(rows, studies or {}, out, files) + _repeats(done)
-    lines += population.section(runs, history, out, files) if history else []
+    lines += population.section(runs, history, out, files, studies or {}) if history else []
     lines += _scaling_and_backends(done, out, files)
     lines += _elastic(runs, history, out, files) if history else []
     lines += _plots(done, out, files)

@@ -10,8 +10,6 @@ from typing import Any, Callable
 
 from xp.report.plots import _pyplot, _save
 
-OBJECTIVE = "val_accuracy"
-
 
 @dataclass
 class Interval:
@@ -26,8 +24,9 @@ class Interval:
     hyper: dict[str, dict[int, float]]  # hp.KEY -> epoch -> value
 
 
-def intervals(runs: list[Any], history: Callable[[str, str], list[Any]]) -> dict[str, list[Interval]]:
-    """The members' intervals among `runs`, by study."""
+def intervals(runs: list[Any], history: Callable[[str, str], list[Any]],
+              metric_of: Callable[[Any], str]) -> dict[str, list[Interval]]:
+    """The members' intervals among `runs`, by study; each one's curve: its study's objective (metric_of(run))."""
     out: dict[str, list[Interval]] = {}
     for r in runs:
         t = r.data.tags
@@ -42,7 +41,7 @@ def intervals(runs: list[Any], history: Callable[[str, str], list[Any]]) -> dict
             int(t["optuna.trial_number"]), int(t["xp.pbt.member"]), int(first) - 1, int(last),
             int(t["xp.pbt.from_trial"]) if t.get("xp.pbt.from_trial") else None,
             int(t["xp.pbt.donor_member"]) if t.get("xp.pbt.donor_member") else None, r.info.run_id,
-            per_epoch(OBJECTIVE), {k: per_epoch(k) for k in r.data.metrics if k.startswith("hp.")}))
+            per_epoch(metric_of(r)), {k: per_epoch(k) for k in r.data.metrics if k.startswith("hp.")}))
     return out
 
 
@@ -56,27 +55,36 @@ def lineage(winner: Interval, by_trial: dict[int, Interval]) -> list[Interval]:
     return chain[::-1]
 
 
-def section(runs: list[Any], history: Callable[[str, str], list[Any]], out: Path, files: list[Path]) -> list[str]:
-    """A section per population-based study among the runs; nothing where there is none."""
+def section(runs: list[Any], history: Callable[[str, str], list[Any]], out: Path, files: list[Path],
+            parents: dict[str | None, Any]) -> list[str]:
+    """A section per population-based study among the runs, ranked by its objective (`parents`: the studies'
+    parent runs, xp.report.study.parents); nothing where there is none."""
+    from xp.report.study import first_objective
+
+    def objective(r: Any) -> tuple[str, bool]:
+        parent = parents.get(r.data.tags.get("mlflow.parentRunId"))
+        return first_objective(parent.params if parent is not None else {})
+
     lines: list[str] = []
-    for name, found in sorted(intervals(runs, history).items()):
+    for name, found in sorted(intervals(runs, history, lambda r: objective(r)[0]).items()):
         by_trial = {i.trial: i for i in found}
+        metric, maximize = objective(next(r for r in runs if r.info.run_id == found[0].run_id))
         end = max(i.end for i in found)
         finals = [i for i in found if i.end == end and i.curve.get(end) is not None]
         if not finals:
             continue
-        winner = max(finals, key=lambda i: i.curve[end])
+        winner = (max if maximize else min)(finals, key=lambda i: i.curve[end])
         chain = lineage(winner, by_trial)
         slug = "".join(c if c.isalnum() else "-" for c in name)
         pop, sched = out / f"pbt_{slug}_population.png", out / f"pbt_{slug}_schedule.png"
-        _population_plot(found, by_trial, pop, files)
+        _population_plot(found, by_trial, metric, pop, files)
         _schedule_plot(chain, winner, sched, files)
         lines += [f"## Population of {name}", "",
                   f"{len({i.member for i in found})} members, {len(found)} intervals up to epoch {end}; "
                   f"{sum(1 for i in found if i.donor is not None)} exploits (a member took another's weights). "
-                  f"The winner: member {winner.member} (trial {winner.trial}, {OBJECTIVE} {winner.curve[end]:.4f}).",
-                  "", "| member | trial | " + OBJECTIVE + " | exploits |", "|---|---|---|---|"]
-        for i in sorted(finals, key=lambda i: -i.curve[end]):
+                  f"The winner: member {winner.member} (trial {winner.trial}, {metric} {winner.curve[end]:.4f}).",
+                  "", "| member | trial | " + metric + " | exploits |", "|---|---|---|---|"]
+        for i in sorted(finals, key=lambda i: i.curve[end], reverse=maximize):
             took = sum(1 for j in found if j.member == i.member and j.donor is not None)
             lines.append(f"| {i.member} | {i.trial} | {i.curve[end]:.4f} | {took} |")
         lines += ["", "The winner's weights went through: " + "; ".join(
@@ -86,7 +94,8 @@ def section(runs: list[Any], history: Callable[[str, str], list[Any]], out: Path
     return lines
 
 
-def _population_plot(found: list[Interval], by_trial: dict[int, Interval], path: Path, files: list[Path]) -> None:
+def _population_plot(found: list[Interval], by_trial: dict[int, Interval], metric: str, path: Path,
+                     files: list[Path]) -> None:
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -104,7 +113,7 @@ def _population_plot(found: list[Interval], by_trial: dict[int, Interval], path:
                 ax.plot([s, steps[0]], [source.curve[s], i.curve[steps[0]]], "--" if i.donor is not None else "-",
                         color=colour, lw=1.2 if i.donor is not None else 1.0)
     ax.set_xlabel("epoch")
-    ax.set_ylabel(OBJECTIVE)
+    ax.set_ylabel(metric)
     ax.set_title("The population (dashed: a member took another's weights)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)

@@ -31,6 +31,17 @@ class StudyParent:
     changes: list[str] = field(default_factory=list)  # the changes of its question it was continued under
 
 
+def objectives_of(parent_params: dict[str, str]) -> list[dict[str, Any]]:
+    """A study's objectives as its parent run logged them (sweep.objectives); val_accuracy, maximized, if not."""
+    return _value(parent_params.get("sweep.objectives", "")) or [{"metric": "val_accuracy", "direction": "maximize"}]
+
+
+def first_objective(parent_params: dict[str, str]) -> tuple[str, bool]:
+    """(its first objective's metric, whether it is maximized)."""
+    first = objectives_of(parent_params)[0]
+    return first["metric"], first["direction"] == "maximize"
+
+
 def parents(client: Any, runs: list[Any]) -> dict[str | None, StudyParent]:
     """The parent run of each study whose trials are among `runs`, by its run id (one a store no longer has: known
     by its id only)."""
@@ -85,9 +96,7 @@ def confirmation(trials: list[dict[str, Any]], runs: list[dict[str, Any]], paren
         return []
     from xp.studies.confirm import Confirmed, within_noise
 
-    objectives = _value(parent_params.get("sweep.objectives", "")) or [{"metric": "val_accuracy",
-                                                                         "direction": "maximize"}]
-    metric, maximize = objectives[0]["metric"], objectives[0]["direction"] == "maximize"
+    metric, maximize = first_objective(parent_params)
     searched = sorted(declared_space(parent_params)) or sorted(
         {k for r in runs for k in r["settings"] if k != "seed" and len({str(x["settings"].get(k)) for x in runs}) > 1})
 
@@ -184,8 +193,7 @@ def rebuild(parent_params: dict[str, str], rows: list[dict[str, Any]], swept: li
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    objectives = _value(parent_params.get("sweep.objectives", "")) or [{"metric": "val_accuracy",
-                                                                         "direction": "maximize"}]
+    objectives = objectives_of(parent_params)
     trials = {r["trial"]: r for r in rows if r.get("trial") is not None}
     dists = space(parent_params, rows, swept)
     if not trials or not dists:
