@@ -137,8 +137,13 @@ def test_the_learning_rate_follows_the_global_batch():
 def _ranks_until(proc: subprocess.Popen, needle: str, n: int, timeout: float = 120) -> dict[int, str]:
     """Read the job's output until `needle`, collecting the workers' "worker rank R is pid P" lines."""
     ranks: dict[int, str] = {}
+    lines: list[str] = []  # all of them, for a job that fails first: its workers' errors are among them
     while True:
-        line = wait_for_line(proc, "", timeout=timeout)  # any line
+        try:
+            line = wait_for_line(proc, "", timeout=timeout)  # any line
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nthe job's output before:\n{''.join(lines)[-6000:]}") from None
+        lines.append(line)
         for m in re.finditer(r"xp: worker rank (\d+) is pid (\d+)", line):
             ranks[int(m.group(2))] = m.group(1)
         if needle in line:

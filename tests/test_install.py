@@ -3,6 +3,7 @@ experiment and a study from another directory, with conf/ and sweeps/ shipped in
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -14,9 +15,17 @@ from conftest import ROOT, mlflow_runs, xp_env
 
 @pytest.mark.slow
 def test_a_wheel_installed_in_a_fresh_venv_runs_outside_the_checkout(tmp_path, store):
-    wheels = tmp_path / "wheels"
+    # built from a copy of the tracked files: a build in the checkout rewrites its xp.egg-info in place, which the
+    # other tests' commands (run there, where it comes first on sys.path) would read half-written: "no backend"
+    src, wheels = tmp_path / "src", tmp_path / "wheels"
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True,
+                             check=True).stdout.split("\0")
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                    str(ROOT)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
+                    str(src)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
     wheel = next(wheels.glob("xp-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
