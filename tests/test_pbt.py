@@ -209,3 +209,38 @@ def test_a_population_it_cannot_train_is_one_line_and_exit_2(tmp_path, store, ar
     r = run_xp(tmp_path, store, "-m", "sweep=pop", "epochs=4", *args, env=env, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "optuna.db").exists()
+
+
+def test_a_lost_interval_is_replaced_from_the_member_best_at_the_epoch_it_started_from(tmp_path):
+    """Member 0 is ahead (0.95 at epoch 4) but was behind member 1 at epoch 2 (0.90 against 0.92), where member 2's
+    lost interval started: the replacement takes member 1's weights, ranked like with like, not the latest figure
+    of a member trained further."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from xp.studies.pbt import PBT_ATTR, Population
+    from xp.studies.study import load_spec
+    from xp.studies.trial import distributions
+
+    spec = load_spec("pbt_lr")
+    dists = distributions(spec)
+    study = optuna.create_study(direction="maximize")
+    pop = Population(study, spec, dists, 8, tmp_path, 0)
+
+    def interval(member, generation, values, state=TrialState.COMPLETE):
+        attr = {**pop._interval(member, generation, None, None)}
+        study.add_trial(create_trial(state=state, params={"lr": 0.01, "momentum": 0.9}, distributions=dists,
+                                     value=values[max(values)] if state == TrialState.COMPLETE else None,
+                                     intermediate_values=values, user_attrs={PBT_ATTR: attr}))
+        return study.trials[-1]
+
+    interval(0, 0, {1: 0.80, 2: 0.90})
+    ahead = interval(0, 1, {3: 0.93, 4: 0.95})
+    best_at_2 = interval(1, 0, {1: 0.85, 2: 0.92})
+    interval(2, 0, {1: 0.40, 2: 0.50})
+    lost = interval(2, 1, {3: 0.55}, TrialState.FAIL)
+    assert pop.lost(lost)
+    queued = study.get_trials(states=(TrialState.WAITING,))
+    assert len(queued) == 1
+    a = queued[0].user_attrs[PBT_ATTR]
+    assert (a["member"], a["from"], a["donor"], a["start"]) == (2, best_at_2.number, 1, 2), (a, ahead.number)

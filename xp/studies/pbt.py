@@ -209,21 +209,25 @@ class Population:
         self.study.enqueue_trial(params, user_attrs={PBT_ATTR: attr})
 
     def lost(self, trial: Any) -> bool:
-        """A member's interval failed (its worker lost, its training failed): it is trained again, from the best
-        member's latest weights (explored) where another member has some, else from where it started; a member
-        that failed more than max_retry times trains no more."""
+        """A member's interval failed (its worker lost, its training failed): it is trained again, from the latest
+        weights (explored) of the member best at the epoch the lost interval started from (like with like, as
+        `_next` ranks), where another member has some, else from where it started; a member that failed more
+        than max_retry times trains no more."""
         a = trial.user_attrs[PBT_ATTR]
         if a["member"] in self._dropped():
             log.warning(f"pbt: member {a['member']} failed {self.spec.max_retry + 1} times: it trains no more")
             return False
         latest = {m: t for m, t in self._latest().items() if m != a["member"] and
                   a["start"] <= t.user_attrs[PBT_ATTR]["end"] < self.epochs}  # (as far as it got, or further)
-        if latest and a["generation"] > 0:
-            best = (max if self.maximize else min)(latest.values(), key=lambda t: t.value)
+        at = self._scores(a["start"]) if a["generation"] > 0 else {}
+        ranked = [m for m in latest if m in at]
+        if ranked:
+            best = latest[(max if self.maximize else min)(ranked, key=at.__getitem__)]
             d = best.user_attrs[PBT_ATTR]
             params = explored(best.params, list(self.spec.params), self.pbt, self._rng(trial))
             log.warning(f"pbt: member {a['member']}'s interval (trial {trial.number}) was lost: it is replaced from "
-                        f"member {d['member']}'s weights (trial {best.number}, epoch {d['end']})")
+                        f"member {d['member']}'s weights ({at[d['member']]:.4g} at epoch {a['start']}; trial "
+                        f"{best.number}, epoch {d['end']})")
             attr = self._interval(a["member"], d["generation"] + 1, best.number, d["member"])
             self._queue(params, attr)
         else:
