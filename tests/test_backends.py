@@ -130,3 +130,20 @@ def test_mxnet_is_imported_without_what_xp_never_uses_and_those_import_after():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["[]", "object 2.0", "0.5 BaseEstimator"]
+
+
+@pytest.mark.parametrize("backend", ["gluon", "torch"])
+def test_a_resumed_run_goes_on_with_its_own_momentum_not_the_commits(tmp_path, backend):
+    """The commit's optimizer state carries the momentum it was trained with; a run resumed from it with another
+    momentum (a PBT member that took a donor's weights and explored) trains with its own."""
+    from xp.run.checkpoint import commit
+
+    part, history = train(backend, "epochs=1", "momentum=0.9")
+    commit(tmp_path, 1, history, part.save_state)
+    plan = build_plan(compose_config(f"backend={backend}", "epochs=2", "momentum=0.5", f"resume={tmp_path}"),
+                      visible_gpus=0)
+    resumed = Registry().load(backend).for_plan(plan)()
+    fit(plan, resumed, [], start_epoch=1)
+    groups = [resumed.trainer.optimizer.momentum] if backend == "gluon" else \
+        [g["momentum"] for g in resumed.optimizer.param_groups]
+    assert groups and set(groups) == {0.5}, groups
