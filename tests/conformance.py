@@ -7,10 +7,14 @@
 - study: a study's trials land on every host's or allocation's slots into one study and one MLflow parent; a
   worker killed (or its node lost) mid-trial loses exactly that trial, which is retried while its slot is
   refilled; an interrupted study leaves no process, job, RUNNING trial or RUNNING run, and the same command
-  finishes its budget.
+  finishes its budget;
+- population: a population-based study (sweep.search=pbt) trains on the launcher's slots, every interval starting
+  from the bit-equal weights its source interval ended with (commits in a folder every slot reaches), each logging
+  its schedule, every member reaching the last epoch.
 
 Each site's module runs the checks on the hosts it builds (local: test_distributed.py; ssh and the fixture
-launcher nsenter: test_multihost.py; slurm: test_slurm.py; ray: test_ray.py; a local study: test_scheduler.py)
+launcher nsenter: test_multihost.py; slurm: test_slurm.py; ray: test_ray.py; a local study: test_scheduler.py;
+a local population: test_pbt.py)
 and marks each such test with `@conformance(CHECK, ...)`. test_launchers.py fails when a registered launcher is missing from a check.
 """
 
@@ -23,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-CHECKS = ("exact", "killed", "study")
-MODULES = ("test_distributed", "test_multihost", "test_slurm", "test_scheduler", "test_ray")  # where the checks run
+CHECKS = ("exact", "killed", "study", "population")
+MODULES = ("test_distributed", "test_multihost", "test_slurm", "test_scheduler", "test_ray", "test_pbt")  # where the checks run
 SUITE: dict[str, set[str]] = {check: set() for check in CHECKS}  # check -> the launchers it runs on
 
 

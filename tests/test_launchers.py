@@ -35,7 +35,8 @@ def test_every_registered_launcher_runs_the_conformance_suite(third_party):
     assert "nsenter" in registered  # the test's own launcher is found like any plugin
     assert missing(registered) == {}, "launchers the conformance suite does not run (tests/conformance.py)"
     # a launcher someone registers without adding it to the suite fails it
-    assert missing([*registered, "k8s"]) == {"exact": ["k8s"], "killed": ["k8s"], "study": ["k8s"]}
+    assert missing([*registered, "k8s"]) == {"exact": ["k8s"], "killed": ["k8s"], "study": ["k8s"],
+                                                  "population": ["k8s"]}
 
 
 def test_a_launcher_registered_twice_is_refused(third_party):

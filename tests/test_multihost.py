@@ -343,10 +343,12 @@ def test_a_study_fills_every_hosts_slots_loses_only_a_killed_workers_trial_and_s
         assert secret not in said + r.stdout + r.stderr + recorded + " ".join(seen_commands)
 
 
-def test_a_population_trains_across_hosts_each_interval_from_its_sources_exact_weights(cluster, tmp_path):
-    """sweep.search=pbt on the hosts file's slots (h2:1, h3:1): 4 members, 2 epochs, an interval of 1; the
-    members' commits in a folder every host reaches; each interval on whichever host's slot asked, starting
-    from the bit-equal weights its source interval ended with. (Commits in /tmp, private on every host: intervals
+@conformance("population", "launcher", ["ssh", "nsenter"])
+def test_a_population_trains_across_hosts_each_interval_from_its_sources_exact_weights(cluster, tmp_path, launcher):
+    """sweep.search=pbt on the hosts file's slots (h2:1, h3:1), each a worker the launcher started (ssh; the
+    fixture launcher): 4 members, 2 epochs, an interval of 1; the members' commits in a folder every host reaches;
+    each interval on whichever host's slot asked, starting from the bit-equal weights its source interval ended
+    with. (Commits in /tmp, private on every host: intervals
     fail to load their sources when they move host; seen here, and said by the summary as members dropped.)"""
     from test_pbt import POP, check_lineage
 
@@ -355,12 +357,13 @@ def test_a_population_trains_across_hosts_each_interval_from_its_sources_exact_w
     (tmp_path / "sweeps").mkdir()
     (tmp_path / "sweeps" / "pop.yaml").write_text(POP.format(interval=1, n=8))
     study_env = dict(env(), XP_SWEEPS_DIR=str(tmp_path / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{tmp_path}/o.db")
-    r = subprocess.run(xp_on_launcher(c, tmp_path, "-m", "sweep=pop", "launcher=ssh", "epochs=2",
-                                      f"launcher.hosts_file={tmp_path / 'hosts'}", f"checkpoint_dir={c.shared}/pbt",
-                                      f"hydra.sweep.dir={tmp_path}/sweep", experiment="pbt-hosts"),
+    r = subprocess.run(xp_on_launcher(c, tmp_path, "-m", "sweep=pop", f"launcher={launcher}", "epochs=2",
+                                      f"launcher.hosts_file={tmp_path / 'hosts'}",
+                                      f"checkpoint_dir={c.shared}/pbt-{launcher}", f"hydra.sweep.dir={tmp_path}/sweep",
+                                      experiment=f"pbt-{launcher}"),
                        cwd=ROOT, env=study_env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, said(r)
-    ran = check_lineage(f"sqlite:///{c.db}", 2, "pbt-hosts")
+    ran = check_lineage(f"sqlite:///{c.db}", 2, f"pbt-{launcher}")
     assert len(ran) == 8 and {x.data.tags["xp.host"] for x in ran.values()} == {"h2", "h3"}
     assert "trained no more" not in r.stdout + r.stderr
     nothing_left(c)

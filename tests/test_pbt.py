@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conformance import conformance
 from conftest import ROOT, mlflow_runs, run_xp, xp_args, xp_env
 from test_scheduler import default_sigint, workers_of
 
@@ -80,8 +81,9 @@ def check_lineage(store, epochs: int, experiment: str = "xp") -> dict[int, objec
 
 
 @pytest.mark.slow
+@conformance("population", "launcher", ["local"])
 def test_four_members_on_two_slots_hand_on_exact_weights_log_their_schedule_and_the_report_draws_them(tmp_path,
-                                                                                                       store):
+                                                                                                       store, launcher):
     """4 members, an interval of 1 epoch, 3 epochs, 2 slots: each interval resumes a commit through resume='s path
     (the exploiting member's first epoch starts from the donor's bit-equal weights, its lr explored), the best
     final member's model is registered, the commits of superseded intervals are gone, and the report has the
@@ -89,7 +91,7 @@ def test_four_members_on_two_slots_hand_on_exact_weights_log_their_schedule_and_
     from matplotlib.image import imread
 
     env = pop_env(tmp_path, 1, 12)
-    r = run_xp(tmp_path, store, "-m", "sweep=pop", "epochs=3", "sweep.parallel=2",
+    r = run_xp(tmp_path, store, "-m", "sweep=pop", f"launcher={launcher}", "epochs=3", "sweep.parallel=2",
                f"checkpoint_dir={tmp_path}/ckpt", env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Traceback" not in r.stdout + r.stderr

@@ -364,6 +364,27 @@ def command_line(pid: int) -> str:
 
 
 # --- a study -----------------------------------------------------------------------------------------------
+@conformance("population", "launcher", ["ray"])
+def test_a_population_on_ray_trains_each_interval_from_its_sources_exact_weights(cluster, tmp_path, launcher):
+    """sweep.search=pbt on 2 actor slots: 4 members, 2 epochs, an interval of 1, the commits in a folder every
+    node reaches; each interval starts from the bit-equal weights its source interval ended with."""
+    from test_pbt import POP, check_lineage
+
+    c = cluster
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "pop.yaml").write_text(POP.format(interval=1, n=8))
+    study_env = dict(env(), XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=f"sqlite:///{tmp_path}/optuna.db")
+    r = subprocess.run(xp_on_ray(c, tmp_path, "-m", "sweep=pop", f"launcher={launcher}", "sweep.parallel=2",
+                                 "epochs=2", f"checkpoint_dir={c.shared}/ray-pbt", experiment="ray-pbt"),
+                       cwd=ROOT, env=study_env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, said(r)
+    ran = check_lineage(f"sqlite:///{c.db}", 2, "ray-pbt")
+    assert len(ran) == 8 and {x.data.tags["xp.host"] for x in ran.values()} <= {"h2", "h3"}  # on the Ray nodes
+    assert "trained no more" not in r.stdout + r.stderr
+    nothing_left(c)
+
+
 @conformance("study", "launcher", ["ray"])
 def test_a_study_on_ray_runs_on_both_nodes_follows_a_lost_and_a_joining_node_and_stops_clean(cluster, tmp_path,
                                                                                            launcher):

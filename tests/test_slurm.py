@@ -315,13 +315,14 @@ SMALL = ("study_name: small\nn_trials: {n}\nsampler: random\nsampler_seed: 5\npr
          "params:\n  lr: {{type: float, low: 0.001, high: 0.3, log: true}}\n")
 
 
-def slot_study(c, name: str, n: int, launcher: str, *args: str) -> tuple[list[str], str]:
-    """python -m xp -m sweep=small launcher=LAUNCHER (slurm; the scheduler on the login node; its study file and SQLite
-    storage in the shared folder, where the test reads them); returns the command line and the storage."""
+def slot_study(c, name: str, n: int, launcher: str, *args: str, study: str = SMALL) -> tuple[list[str], str]:
+    """python -m xp -m sweep=small launcher=LAUNCHER (slurm; the scheduler on the login node; its study file, `study`
+    with n trials, and SQLite storage in the shared folder, where the test reads them); returns the command line
+    and the storage."""
     folder = c.shared / name
     (folder / "sweeps").mkdir(parents=True)
     storage = f"sqlite:///{folder}/optuna.db"
-    (folder / "sweeps" / "small.yaml").write_text(SMALL.format(n=n) + f"storage: {storage}\n")
+    (folder / "sweeps" / "small.yaml").write_text(study.format(n=n) + f"storage: {storage}\n")
     argv = [sys.executable, "-m", "xp", "-m", "sweep=small", f"launcher={launcher}", f"tracking_uri={c.uri}",
             f"launcher.output_dir={c.shared}", "launcher.poll_s=0.5",
             f"hydra.sweep.dir={folder}/sweep", f"experiment={name}", *args]
@@ -357,6 +358,25 @@ def test_a_study_keeps_one_slurm_job_per_slot_busy_with_trial_after_trial(cluste
     assert len(children) == 12 and {ch.info.status for ch in children} == {"FINISHED"}
     jobs = set(worker_jobs(c)) - before
     assert len(jobs) == 2, jobs  # one long-lived job per slot
+    nothing_left(c)
+
+
+@conformance("population", "launcher", ["slurm"])
+def test_a_population_trains_on_two_slot_jobs_each_interval_from_its_sources_exact_weights(cluster, launcher):
+    """sweep.search=pbt on 2 slots (a worker job on each node): 4 members, 2 epochs, an interval of 1, the
+    commits in the shared folder; each interval on whichever node's slot asked, starting from the bit-equal weights
+    its source interval ended with."""
+    from test_pbt import POP, check_lineage
+
+    c = cluster
+    argv, _ = slot_study(c, "slurm-pbt", 8, launcher, "sweep.parallel=2", "epochs=2",
+                         f"checkpoint_dir={c.shared}/slurm-pbt/ckpt", study=POP.replace("{interval}", "1"))
+    r = subprocess.run(c.on_launcher(argv), cwd=ROOT, env=study_env(c, "slurm-pbt"), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, said(r)
+    ran = check_lineage(f"sqlite:///{c.db}", 2, "slurm-pbt")
+    assert len(ran) == 8 and {x.data.tags["xp.host"] for x in ran.values()} == {"h2", "h3"}
+    assert "trained no more" not in r.stdout + r.stderr
     nothing_left(c)
 
 
