@@ -348,8 +348,7 @@ def test_a_population_trains_across_hosts_each_interval_from_its_sources_exact_w
     """sweep.search=pbt on the hosts file's slots (h2:1, h3:1), each a worker the launcher started (ssh; the
     fixture launcher): 4 members, 2 epochs, an interval of 1; the members' commits in a folder every host reaches;
     each interval on whichever host's slot asked, starting from the bit-equal weights its source interval ended
-    with. (Commits in /tmp, private on every host: intervals
-    fail to load their sources when they move host; seen here, and said by the summary as members dropped.)"""
+    with."""
     from test_pbt import POP, check_lineage
 
     c = cluster
@@ -366,6 +365,36 @@ def test_a_population_trains_across_hosts_each_interval_from_its_sources_exact_w
     ran = check_lineage(f"sqlite:///{c.db}", 2, f"pbt-{launcher}")
     assert len(ran) == 8 and {x.data.tags["xp.host"] for x in ran.values()} == {"h2", "h3"}
     assert "trained no more" not in r.stdout + r.stderr
+    nothing_left(c)
+
+
+def test_a_population_whose_commits_each_host_keeps_to_itself_stops_at_the_first_move_with_one_line(cluster, tmp_path):
+    """checkpoint_dir in /tmp, each host's own: the first interval on another host than its source's finds no
+    commit there; the study stops then (exit 2) with one line naming the folder, not training on with members
+    dropped one by one; no trial or run left RUNNING, nothing left on any host."""
+    import optuna
+
+    from test_pbt import POP
+
+    c = cluster
+    (tmp_path / "hosts").write_text(f"{c.host('h2').address}:1\n{c.host('h3').address}:1\n")
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "pop.yaml").write_text(POP.format(interval=1, n=16))
+    storage = f"sqlite:///{tmp_path}/o.db"
+    study_env = dict(env(), XP_SWEEPS_DIR=str(tmp_path / "sweeps"), XP_OPTUNA_STORAGE=storage)
+    r = subprocess.run(xp_on_launcher(c, tmp_path, "-m", "sweep=pop", "launcher=ssh", "epochs=4",
+                                      f"launcher.hosts_file={tmp_path / 'hosts'}", "checkpoint_dir=/tmp/pbt-private",
+                                      f"hydra.sweep.dir={tmp_path}/sweep", experiment="pbt-private"),
+                       cwd=ROOT, env=study_env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, said(r)
+    assert "Traceback" not in r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("xp: error: checkpoint_dir=/tmp/pbt-private: member ") and "do not share" in last, last
+    trials = optuna.load_study(study_name="pop", storage=storage).trials
+    assert "RUNNING" not in {t.state.name for t in trials}
+    assert len([t for t in trials if t.state.name == "FAIL" and "xp.interrupted" not in t.user_attrs]) == 1
+    _, found = runs(c, "pbt-private")
+    assert found and "RUNNING" not in {x.info.status for x in found}, [(x.info.run_name, x.info.status) for x in found]
     nothing_left(c)
 
 

@@ -246,3 +246,48 @@ def test_a_lost_interval_is_replaced_from_the_member_best_at_the_epoch_it_starte
     assert len(queued) == 1
     a = queued[0].user_attrs[PBT_ATTR]
     assert (a["member"], a["from"], a["donor"], a["start"]) == (2, best_at_2.number, 1, 2), (a, ahead.number)
+
+
+def test_a_member_failing_past_max_retry_is_dropped_and_a_missing_commit_stops_the_study(tmp_path):
+    """An interval that failed for its training is replaced, up to max_retry times; past that its member trains no
+    more, the budget shrinks by its intervals and the summary's line says the answer lacks it. An interval that
+    found no commit where its complete source committed stops the study at once, naming checkpoint_dir."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from xp.errors import ConfigError
+    from xp.states import TrialState as Told  # (as the scheduler tells: xp's)
+    from xp.studies.pbt import PBT_ATTR, Population, dropped_line
+    from xp.studies.study import load_spec
+    from xp.studies.trial import distributions
+
+    spec = load_spec("pbt_lr")  # (4 members, 8 epochs, an interval of 2: 16 intervals; max_retry 2)
+    dists = distributions(spec)
+    study = optuna.create_study(direction="maximize")
+    pop = Population(study, spec, dists, 8, tmp_path, 0)
+
+    def interval(member, generation, start_from, state):
+        study.add_trial(create_trial(state=state, params={"lr": 0.01, "momentum": 0.9}, distributions=dists,
+                                     value=0.9 if state == TrialState.COMPLETE else None,
+                                     intermediate_values={generation * 2 + 1: 0.8},
+                                     user_attrs={PBT_ATTR: pop._interval(member, generation, start_from, None)}))
+        return study.trials[-1]
+
+    sources = [interval(m, 0, None, TrialState.COMPLETE) for m in range(4)]
+    assert pop.target() == 16
+    failed = interval(3, 1, sources[3].number, TrialState.FAIL)
+    for n in range(spec.max_retry + 1):
+        pop.told(failed, Told.FAIL, "training failed: FloatingPointError: loss is nan")
+        queued = study.get_trials(states=(TrialState.WAITING,))
+        assert len(queued) == (1 if n < spec.max_retry else 0), n
+        if queued:  # the replacement runs, and fails in turn
+            study._storage.set_trial_state_values(queued[0]._trial_id, TrialState.FAIL)
+            failed = study.trials[queued[0].number]
+    assert pop.target() == 4 + 3 * 3  # member 3's three intervals left are not trained
+    line = dropped_line(study, spec)
+    assert line and line[0].startswith("population: member 3 trained no more") and "3 of 4 members" in line[0], line
+
+    moved = interval(0, 1, sources[0].number, TrialState.FAIL)
+    missing = f"resume={tmp_path / f'trial-{sources[0].number}'}: no committed state there (it is written by ...)"
+    with pytest.raises(ConfigError, match=f"checkpoint_dir={tmp_path}: member 0's interval .* do not share"):
+        pop.told(moved, Told.FAIL, missing)

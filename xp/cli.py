@@ -220,7 +220,9 @@ def _mode_from_flags(argv: list[str]) -> Iterator[None]:
 def _stops_not_errors() -> Iterator[None]:
     """A stop (Ctrl-C, SIGTERM) that lands inside Hydra's or OmegaConf's own work may leave it failing otherwise
     ("'NoneType' object has no attribute '_invalidate_flags_cache'", full_key: defaults), which Hydra would print
-    and exit 1 for, a sweep's parent run ended FAILED: the stop is raised instead (xp.interrupts.stop_in)."""
+    and exit 1 for, a sweep's parent run ended FAILED: the stop is raised instead (xp.interrupts.stop_in). An
+    error of xp's that ends a sweep (a study that cannot go on as set) is its one line and exit code, not the
+    traceback Hydra prints for it."""
     from hydra._internal import utils
 
     original = getattr(utils, "run_and_report", None)
@@ -234,9 +236,12 @@ def _stops_not_errors() -> Iterator[None]:
                 return func()
             except Exception as e:
                 stop = stop_in(e)
-                if stop is None:
-                    raise
-                raise stop from None
+                if stop is not None:
+                    raise stop from None
+                if isinstance(e, XPError):
+                    log.debug("error", exc_info=True)
+                    raise SystemExit(error_line(e, e.exit_code)) from None
+                raise
 
         return original(checked)
 

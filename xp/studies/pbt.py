@@ -156,12 +156,28 @@ class Population:
         return trial.user_attrs.get(PBT_ATTR, {}).get("end") == self.epochs
 
     # --- what follows an interval ---------------------------------------------------------------------------
-    def told(self, trial: Any, state: TrialState | str) -> None:
+    def told(self, trial: Any, state: TrialState | str, error: str | None = None) -> None:
         """An interval ended (told to the study): a failed one is replaced (`lost`), and commits no interval needs
         any more are removed (its member's next is decided when a slot asks for it)."""
         if state == TrialState.FAIL:
+            self._reached(trial, error)
             self.lost(trial)
         self._retain()
+
+    def _reached(self, trial: Any, error: str | None) -> None:
+        """An interval that found no commit where its source interval committed (a complete one) was on a host
+        that does not share checkpoint_dir with the source's: every commit is only where it was written, which
+        no retry mends (each would train a member from scratch or fail): the study stops, saying so."""
+        a = trial.user_attrs[PBT_ATTR]
+        source = self.root / f"trial-{a['from']}"
+        if a["from"] is None or f"resume={source}: no committed state" not in (error or ""):
+            return
+        from xp.errors import ConfigError
+
+        raise ConfigError(f"checkpoint_dir={self.root}: member {a['member']}'s interval (trial {trial.number}) found "
+                          f"no commit of trial {a['from']} there, on its slot's host: the slots' hosts do not share "
+                          "that folder; a population across hosts needs a checkpoint_dir every slot's host reaches "
+                          "(a shared file system), in a new study (this one's commits stay where they were written)")
 
     def _rng(self, trial: Any) -> random.Random:
         return random.Random(f"{self.seed}-pbt-{trial.number}")  # (the same decisions when run again)
@@ -265,9 +281,8 @@ def dropped_line(study: Any, spec: Any) -> list[str]:
     if not gone:
         return []
     return [f"population: member{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} trained no more (their "
-            f"intervals failed more than max_retry={spec.max_retry} times; a commit an interval could not load "
-            "says checkpoint_dir is not a folder every slot's host reaches): the answer is of the other "
-            f"{spec.pbt.population - len(gone)} of {spec.pbt.population} members"]
+            f"intervals failed more than max_retry={spec.max_retry} times, each failure's line above): the answer "
+            f"is of the other {spec.pbt.population - len(gone)} of {spec.pbt.population} members"]
 
 
 def _state(state: TrialState) -> Any:

@@ -209,7 +209,7 @@ def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: li
             study.tell(trial, state=TrialState.FAIL)
             state = Told.FAIL
         if population is not None:
-            population.told(trial, state)
+            population.told(trial, state, msg.error)
         return state
 
     ends = _Unended(study, spec, uri, os.environ.get("XP_PARENT_RUN_ID"), population)
