@@ -31,7 +31,8 @@ def run(search: str, seed: int, epochs: int, population: int, work: Path) -> dic
     """One study of the pair: `python -m xp -m sweep=SEARCH_lr seed=S sweep.sampler_seed=S epochs=E`."""
     import optuna
 
-    from xp.studies.pbt import PBT_ATTR, answers, schedule
+    from xp.studies.answer import kept
+    from xp.studies.pbt import PBT_ATTR
 
     name = f"{search}_lr"
     storage = f"sqlite:///{work}/optuna.db"
@@ -50,12 +51,13 @@ def run(search: str, seed: int, epochs: int, population: int, work: Path) -> dic
         raise SystemExit(f"{study_name} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     study = optuna.load_study(study_name=study_name, storage=storage)
     done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    answer = kept(study)  # (the study's answer, as its search wrote it)
+    best = study.trials[answer.first.trial]
     if search == "pbt":
-        best = answers(study, maximize=True)[0]
         trained = sum(t.user_attrs[PBT_ATTR]["end"] - t.user_attrs[PBT_ATTR]["start"] for t in done)
-        steps = [(first, last, params) for first, last, _, params in schedule(study, best.number)]
+        steps = [(s["first"], s["last"], s["params"]) for s in answer.schedule]
     else:
-        best, trained = study.best_trial, epochs * len(done)
+        trained = epochs * len(done)
         steps = [(1, epochs, best.params)]
     return {"search": search, "seed": seed, "val_accuracy": best.value, "params": best.params,
             "schedule": steps, "epochs_trained": trained, "intervals_or_trials": len(done), "wall_s": wall}

@@ -241,7 +241,7 @@ def test_a_lost_interval_is_replaced_from_the_member_best_at_the_epoch_it_starte
     best_at_2 = interval(1, 0, {1: 0.85, 2: 0.92})
     interval(2, 0, {1: 0.40, 2: 0.50})
     lost = interval(2, 1, {3: 0.55}, TrialState.FAIL)
-    assert pop.lost(lost)
+    assert pop._replace(lost)
     queued = study.get_trials(states=(TrialState.WAITING,))
     assert len(queued) == 1
     a = queued[0].user_attrs[PBT_ATTR]
@@ -273,21 +273,24 @@ def test_a_member_failing_past_max_retry_is_dropped_and_a_missing_commit_stops_t
                                      user_attrs={PBT_ATTR: pop._interval(member, generation, start_from, None)}))
         return study.trials[-1]
 
+    def running(frozen):  # (the scheduler's trial, as a slot runs it)
+        return optuna.trial.Trial(study, frozen._trial_id)
+
     sources = [interval(m, 0, None, TrialState.COMPLETE) for m in range(4)]
     assert pop.target() == 16
-    failed = interval(3, 1, sources[3].number, TrialState.FAIL)
+    failed = running(interval(3, 1, sources[3].number, TrialState.RUNNING))
     for n in range(spec.max_retry + 1):
-        pop.told(failed, Told.FAIL, "training failed: FloatingPointError: loss is nan")
+        assert pop.told(failed, Told.FAIL, [], "training failed: FloatingPointError: loss is nan") == Told.FAIL
         queued = study.get_trials(states=(TrialState.WAITING,))
         assert len(queued) == (1 if n < spec.max_retry else 0), n
         if queued:  # the replacement runs, and fails in turn
-            study._storage.set_trial_state_values(queued[0]._trial_id, TrialState.FAIL)
-            failed = study.trials[queued[0].number]
+            study._storage.set_trial_state_values(queued[0]._trial_id, TrialState.RUNNING)
+            failed = running(queued[0])
     assert pop.target() == 4 + 3 * 3  # member 3's three intervals left are not trained
     line = dropped_line(study, spec)
     assert line and line[0].startswith("population: member 3 trained no more") and "3 of 4 members" in line[0], line
 
-    moved = interval(0, 1, sources[0].number, TrialState.FAIL)
+    moved = running(interval(0, 1, sources[0].number, TrialState.RUNNING))
     missing = f"resume={tmp_path / f'trial-{sources[0].number}'}: no committed state there (it is written by ...)"
     with pytest.raises(ConfigError, match=f"checkpoint_dir={tmp_path}: member 0's interval .* do not share"):
-        pop.told(moved, Told.FAIL, missing)
+        pop.told(moved, Told.FAIL, [], missing)

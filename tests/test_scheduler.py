@@ -269,7 +269,7 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
     from xp import interrupts
     from xp.studies.channel import Done, Exit, Inbox, RunTrial
     from xp.studies.scheduler import Scheduler
-    from xp.studies.sweeper import _Unended
+    from xp.studies.sweeper import Runs
 
     # the stop this test sends reaches this test process: what it records goes with the test
     monkeypatch.setattr(interrupts, "came", [])
@@ -301,10 +301,10 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
     told: list[int] = []
     interrupt = threading.Event()
 
-    def tell(trial, msg):
+    def tell(trial, state, values, error=None):
         if len(told) == 2:  # the third result's commit is interrupted
             interrupt.set()
-        study.tell(trial, msg.values)
+        study.tell(trial, values)
         told.append(trial.number)
         return "COMPLETE"
 
@@ -314,10 +314,11 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
             os.kill(os.getpid(), signal.SIGINT)
 
     event.listen(study._storage._backend.engine, "commit", on_commit)
-    scheduler = Scheduler(pool, ask=study.ask, remaining=lambda: 20 - scheduler.jobs,
-                          trial_message=lambda t, job: RunTrial(t.number, {}, "s", "s", [], [], "", None), tell=tell,
-                          lost=lambda t, why: None, heartbeat_s=60.0,
-                          give_back=_Unended(study, None, None, None).give_back)
+    search = SimpleNamespace(label="study", ask=study.ask, remaining=lambda: 20 - scheduler.jobs, told=tell,
+                             lost=lambda t, why: None, leader=lambda: None)
+    runs = Runs(study, None, search, None, None, None, [], [], "", None)
+    runs.message = lambda t, job: RunTrial(t.number, {}, "s", "s", [], [], "", None)
+    scheduler = Scheduler(pool, search, runs, heartbeat_s=60.0)
     with pytest.raises(KeyboardInterrupt):
         scheduler.run()
     for w in workers:
@@ -370,12 +371,14 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     pool.release = lambda w: (pool.workers.remove(w), pool.released.append(w), w.send(Exit()))
     numbers, told = iter(range(12)), []
     storage = SimpleNamespace()  # keeps no heartbeats
-    scheduler = Scheduler(pool, ask=lambda: SimpleNamespace(number=next(numbers),
-                                                            study=SimpleNamespace(_storage=storage)),
-                          remaining=lambda: 12 - scheduler.jobs,
-                          trial_message=lambda t, job: RunTrial(t.number, {}, "s", "s", [], [], "", None),
-                          tell=lambda t, msg: told.append(t.number) or "COMPLETE", lost=lambda t, why: None,
-                          heartbeat_s=60.0)
+    search = SimpleNamespace(label="study", ask=lambda: SimpleNamespace(number=next(numbers),
+                                                                        study=SimpleNamespace(_storage=storage)),
+                             remaining=lambda: 12 - scheduler.jobs,
+                             told=lambda t, state, values, error=None: told.append(t.number) or "COMPLETE",
+                             lost=lambda t, why: None, leader=lambda: None)
+    runs = SimpleNamespace(message=lambda t, job: RunTrial(t.number, {}, "s", "s", [], [], "", None),
+                           mark=lambda t: None, told=lambda t, state: None)
+    scheduler = Scheduler(pool, search, runs, heartbeat_s=60.0)
     tally = scheduler.run()
     for w in pool.workers:
         w.send(Exit())

@@ -654,7 +654,14 @@ def json_of(text):
 
 
 def test_a_confirmed_best_says_its_spread_and_whether_the_top_two_are_within_noise():
-    from xp.studies.confirm import Confirmed, said, within_noise
+    from xp.studies.answer import Answer
+    from xp.studies.confirm import Confirmed, verdict, within_noise
+
+    def said(confirmed, metric):
+        return Answer("s", "", [{"metric": metric, "direction": "maximize"}], [], verdict=verdict(confirmed),
+                      confirmed=[{"trial": c.trial, "values": c.values, "mean": c.mean,
+                                  "std": c.std if len(c.values) > 1 else None} for c in confirmed]
+                      ).confirmation_lines()
 
     a, b = Confirmed(3, {}, [0.90, 0.92, 0.91]), Confirmed(5, {}, [0.89, 0.93, 0.90])
     close, diff, bar = within_noise(a, b)

@@ -32,7 +32,8 @@ def sweep(argv: list[str], config: dict[str, Any], uri: str, hydra_main: Callabl
 
     overrides = [a for a in argv if a not in ("-m", "--multirun") and not a.startswith("hydra/sweeper=")]
     chosen = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("sweep=")), "")
-    kind = f"study {config['sweep'].get('name') or chosen}" if config.get("sweep") else "sweep"
+    study = config.get("sweep") or {}  # (a study's parent is named after the study, not the file that defines it)
+    kind = f"study {study.get('study_name') or study.get('name') or chosen}" if study else "sweep"
     experiment = config.get("experiment") or "xp"
     skey = sweepstate.key("sweep", experiment, overrides)
     recipe = set((config.get("sweep") or {}).get("settings") or ())  # a recipe's own: in its params, not its name
@@ -88,17 +89,34 @@ def _end(parent: Any, uri: str, config: dict[str, Any], swept: str, kind: str, s
 
 def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[str, Any]:
     """The sweep's children read back (xp.readback.work.sweep_result, by the tracking service where there is
-    one), and the UI's view of its runs written: a study's searched parameters, a sweep's varied keys, against
-    the objective(s)."""
+    one), and the UI's view of its runs written: a study's searched parameters and its answer first, as the
+    study's answer names them (xp.studies.answer), a sweep's varied keys, against the objective(s)."""
     from xp.tracking import service
     from xp.readback.work import sweep_result
 
     study = config.get("sweep") or {}
-    params = list(study.get("params") or {}) or [k for k in swept.split(",") if k]
+    params = [k for k in swept.split(",") if k]
     metrics = [o["metric"] for o in study.get("objectives") or []] or ["val_accuracy"]
     name = (study.get("study_name") or study.get("name")) if study else None
+    answer = _answer(study, name) if study else None
+    if study:
+        params = answer.searched if answer is not None else list(study.get("params") or {})
     return service.call(parent.uri, sweep_result, experiment_id=str(parent.experiment_id), parent=parent.run_id,
-                        kind=kind, params=params, metrics=metrics, study=name)
+                        kind=kind, params=params, metrics=metrics, study=name,
+                        pinned=answer.run_ids() if answer is not None else [],
+                        confirmed=bool(answer is not None and answer.confirmed))
+
+
+def _answer(study: dict[str, Any], name: str | None) -> Any:
+    """The answer the study's search wrote (None: none, or its storage away: the view goes without it)."""
+    from xp.studies import answer
+    from xp.studies.study import storage_url
+
+    try:
+        return answer.load(storage_url(study.get("storage")), str(name))
+    except Exception as e:  # (the study's error, if any, was said by its sweeper)
+        log.debug("the study's answer not read: %s", e)
+        return None
 
 
 def _say_table(parent: Any, rows: list[dict[str, Any]], status: str, view: str | None = None) -> None:

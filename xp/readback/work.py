@@ -10,6 +10,7 @@ on a SQLite store (2-3 s of CPU beside its trials on a 2-core machine); without 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -20,7 +21,8 @@ from xp.states import RunStatus
 
 
 def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: list[str],
-                 metrics: list[str], study: str | None = None) -> dict[str, Any]:
+                 metrics: list[str], study: str | None = None, pinned: list[str] | None = None,
+                 confirmed: bool = False) -> dict[str, Any]:
     """The sweep's children as its table's rows (one per job: a resumed sweep's latest), the parent's summary
     params and tags from them (the caller logs them on the parent, through its spool), and the key of the UI's
     view of its runs (None: not written)."""
@@ -38,31 +40,34 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
             row["epochs"] = len(client.get_metric_history(run.info.run_id, "val_accuracy"))
     ends = [int(r.data.tags["xp.pbt.epochs"].rpartition("-")[2]) for r in children if "xp.pbt.epochs" in r.data.tags]
     return {"rows": rows, "params": summary.parent_params(rows, children), "tags": summary.parent_tags(children),
-            "view": view.share(client, experiment_id, parent, kind, params, metrics, study, max(ends, default=None))}
+            "view": view.share(client, experiment_id, parent, kind, params, metrics, study, max(ends, default=None),
+                               pinned, confirmed)}
 
 
-def study_result(uri: str, parent: str | None, study: str, register_model: str, metric: str,
-                 multi_objective: bool, front: list[dict[str, Any]], summary: dict[str, Any],
-                 description: str = "") -> str | None:
-    """The study's result on its parent MLflow run (`parent`; through a spool of its own: a store that is away
-    takes it when it is back, or xp.sync delivers it): its best trial named in the run's description and tags,
-    linked to its model; and (`register_model`) its best trial's model, or every Pareto member's, in the Model
-    Registry; returns the line that says where, or None."""
+def study_result(uri: str, parent: str | None, register_model: str, answer: dict[str, Any],
+                 counts_line: str = "") -> str | None:
+    """A study's answer (xp.studies.answer, as its search wrote it) on its parent MLflow run (`parent`; through a
+    spool of its own: a store that is away takes it when it is back, or xp.sync delivers it): its best trial named
+    in the run's description and tags, linked to its model, the record itself as best_trial.json; and
+    (`register_model`) its best trial's model, or every Pareto member's, in the Model Registry; returns the line
+    that says where, or None."""
+    from xp.studies.answer import Answer
+
+    record = Answer.from_dict(answer)
+    front = [dataclasses.asdict(m) for m in record.best]
     versions: list[tuple[int, str]] = []
     said = None
     if register_model:
         from xp.readback.registry import register_front, registered_line
 
-        versions = register_front(uri, register_model, front, multi_objective)
-        said = registered_line(register_model, versions, multi_objective)
+        versions = register_front(uri, register_model, front, record.multi_objective)
+        said = registered_line(register_model, versions, record.multi_objective)
     if parent:
-        _on_parent(uri, parent, study, register_model, metric, multi_objective, front, summary,
-                   description, dict(versions))
+        _on_parent(uri, parent, register_model, record, counts_line, dict(versions))
     return said
 
 
-def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: str, multi_objective: bool,
-               front: list[dict[str, Any]], summary: dict[str, Any], description: str,
+def _on_parent(uri: str, parent: str, register_model: str, answer: Any, counts_line: str,
                versions: dict[int, str]) -> None:
     from xp.tracking.spool import state_dir
     from xp.tracking.tracker import Tracker
@@ -71,36 +76,16 @@ def _on_parent(uri: str, parent: str, study: str, register_model: str, metric: s
     tracker.start()
     folder = Path(tempfile.mkdtemp(prefix="xp-study-"))
     try:
-        best = front[0] if front and not multi_objective else None
-        params = best["params"] if best else {}
-        tags = {"optuna.study": study, "xp.register_model": register_model}
-        head, _, rest = description.partition("\n")  # the study's line, then its best, then the rest
-        lines = [head] if head else []
-        for member in front:
-            version = versions.get(int(member["trial"]))
-            model = f"models:/{register_model}/{version}" if version else None
-            lines.append(f"- {'best trial' if best else 'Pareto member'}: **trial {member['trial']}** "
-                         + ", ".join(f"{k} = {v:.4g}" for k, v in member["values"].items()) + "; "
-                         + ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
-                                     for k, v in member["params"].items())
-                         + (f"; its run: `{member['mlflow_run_id']}`" if member.get("mlflow_run_id") else "")
-                         + (f"; its model: `{model}`" + (f" (`models:/{register_model}@best`)" if best else "")
-                            if model else ""))
-        lines += [rest] if rest else []
-        if best:
-            tags.update({"xp.best_trial": str(best["trial"]), "xp.best_run_id": str(best.get("mlflow_run_id") or "")})
-            version = versions.get(int(best["trial"]))
-            if version:
-                tags["xp.best_model"] = f"models:/{register_model}/{version}"
-        if lines:
-            tags["mlflow.note.content"] = "\n".join(lines)  # the run page's description
-        if summary.get("question_changes"):  # (the report says them beside its trials)
-            tags["xp.study.changes"] = "\n".join(summary["question_changes"])
-        tracker.log(params={f"best.{k}": v for k, v in params.items()}, tags=tags)
-        if params:
-            tracker.log_metrics({f"best_{metric}": best["values"][metric]} if best else {})
-        name = folder / ("pareto_front.json" if multi_objective else "best_trial.json")
-        name.write_text(json.dumps(summary, indent=1, default=str))
+        best = answer.first
+        tags = {**answer.tags(), "xp.register_model": register_model,
+                "mlflow.note.content": answer.description(counts_line, versions, register_model)}
+        if best is not None and versions.get(best.trial):
+            tags["xp.best_model"] = f"models:/{register_model}/{versions[best.trial]}"
+        tracker.log(params={f"best.{k}": v for k, v in (best.params if best else {}).items()}, tags=tags)
+        if best is not None:
+            tracker.log_metrics({f"best_{answer.metric}": best.values[answer.metric]})
+        name = folder / answer.file
+        name.write_text(json.dumps(answer.as_dict(), indent=1, default=str))
         tracker.add_artifact_on_exit(name)
     finally:
         tracker.end(RunStatus.FINISHED)  # attached: its records only; the parent's own end is the sweep's

@@ -68,23 +68,31 @@ def section(runs: list[Any], history: Callable[[str, str], list[Any]], out: Path
     lines: list[str] = []
     for name, found in sorted(intervals(runs, history, lambda r: objective(r)[0]).items()):
         by_trial = {i.trial: i for i in found}
-        metric, maximize = objective(next(r for r in runs if r.info.run_id == found[0].run_id))
+        first = next(r for r in runs if r.info.run_id == found[0].run_id)
+        metric, maximize = objective(first)
         end = max(i.end for i in found)
         finals = [i for i in found if i.end == end and i.curve.get(end) is not None]
-        if not finals:
+        parent = parents.get(first.data.tags.get("mlflow.parentRunId"))
+        answer = getattr(parent, "answer", None)  # (the study's winner, as its search wrote it: not picked again)
+        winner = by_trial.get(answer.first.trial) if answer is not None and answer.first is not None else None
+        if not finals or winner is None or winner not in finals:
+            lines += [f"## Population of {name}", "", f"{len({i.member for i in found})} members, {len(found)} "
+                      "intervals; the study wrote no answer (stopped before its end): no winner to draw.", ""]
             continue
-        winner = (max if maximize else min)(finals, key=lambda i: i.curve[end])
         chain = lineage(winner, by_trial)
         slug = "".join(c if c.isalnum() else "-" for c in name)
         pop, sched = out / f"pbt_{slug}_population.png", out / f"pbt_{slug}_schedule.png"
-        _population_plot(found, by_trial, metric, pop, files)
-        _schedule_plot(chain, winner, sched, files)
+        drawn: list[Path] = []  # (shown here, beside its section, not again with the report's other plots)
+        _population_plot(found, by_trial, metric, pop, drawn)
+        _schedule_plot(chain, winner, sched, drawn)
         lines += [f"## Population of {name}", "",
                   f"{len({i.member for i in found})} members, {len(found)} intervals up to epoch {end}; "
                   f"{sum(1 for i in found if i.donor is not None)} exploits (a member took another's weights). "
-                  f"The winner: member {winner.member} (trial {winner.trial}, {metric} {winner.curve[end]:.4f}).",
+                  f"The winner: member {winner.member} (trial {winner.trial}, {metric} {winner.curve[end]:.4f}), "
+                  "the study's answer.",
                   "", "| member | trial | " + metric + " | exploits |", "|---|---|---|---|"]
-        for i in sorted(finals, key=lambda i: i.curve[end], reverse=maximize):
+        for i in sorted(finals, key=lambda i: (i.trial != winner.trial, -i.curve[end] if maximize else i.curve[end],
+                                               i.trial)):  # (the answer first; ties as the study broke them)
             took = sum(1 for j in found if j.member == i.member and j.donor is not None)
             lines.append(f"| {i.member} | {i.trial} | {i.curve[end]:.4f} | {took} |")
         lines += ["", "The winner's weights went through: " + "; ".join(

@@ -29,6 +29,7 @@ class StudyParent:
     params: dict[str, str] = field(default_factory=dict)
     registered: str | None = None
     changes: list[str] = field(default_factory=list)  # the changes of its question it was continued under
+    answer: Any = None  # the study's answer as its search wrote it (xp.studies.answer), None: none recorded
 
 
 def objectives_of(parent_params: dict[str, str]) -> list[dict[str, Any]]:
@@ -54,8 +55,27 @@ def parents(client: Any, runs: list[Any]) -> dict[str | None, StudyParent]:
             continue
         out[pid] = StudyParent(name=parent.data.tags.get("optuna.study") or parent.info.run_name or pid,
                                params=dict(parent.data.params), registered=registered(client, parent),
-                               changes=[c for c in parent.data.tags.get("xp.study.changes", "").split("\n") if c])
+                               changes=[c for c in parent.data.tags.get("xp.study.changes", "").split("\n") if c],
+                               answer=answer_of(client, pid))
     return out
+
+
+def answer_of(client: Any, run_id: str) -> Any:
+    """The answer a study's parent run holds (best_trial.json, or pareto_front.json), None if it holds none (a
+    study stopped before its end, or run by an xp that wrote no answer)."""
+    import json
+    import tempfile
+
+    from xp.studies.answer import FILE, FRONT_FILE, Answer
+
+    with tempfile.TemporaryDirectory(prefix="xp-answer-") as folder:
+        for name in (FILE, FRONT_FILE):
+            try:
+                d = json.loads(Path(client.download_artifacts(run_id, name, folder)).read_text())
+            except Exception:  # (not there)
+                continue
+            return Answer.from_dict(d) if "objectives" in d else None  # (an older xp's summary is no answer)
+    return None
 
 
 def sections(rows: list[dict[str, Any]], studies: dict[str | None, StudyParent], out: Path,
@@ -84,51 +104,30 @@ def sections(rows: list[dict[str, Any]], studies: dict[str | None, StudyParent],
         commands += [f"**Not one question**: the study was {c}; its trials compare unlike settings." for c in
                      parent.changes]
         lines += section(trials, parent.params, out, files, parent.registered, title=title, prefix=prefix,
-                         notes=commands)
-        lines += confirmation(trials, confirming.get(str(name), []), parent.params)
+                         notes=commands, answer=parent.answer)
+        lines += confirmation(parent.answer, confirming.get(str(name), []))
     return lines
 
 
-def confirmation(trials: list[dict[str, Any]], runs: list[dict[str, Any]], parent_params: dict[str, str]) -> list[str]:
+def confirmation(answer: Any, runs: list[dict[str, Any]]) -> list[str]:
     """sweep.confirm: each of the study's top trials with its runs at other seeds, best mean first, and whether the
-    top two are within each other's noise (xp.studies.confirm's rule)."""
-    if not runs:
-        return []
-    from xp.studies.confirm import Confirmed, within_noise
-
-    metric, maximize = first_objective(parent_params)
-    searched = sorted(declared_space(parent_params)) or sorted(
-        {k for r in runs for k in r["settings"] if k != "seed" and len({str(x["settings"].get(k)) for x in runs}) > 1})
-
-    def key(r: dict[str, Any]) -> tuple[str, ...]:
-        return tuple(str(r["settings"].get(k)) for k in searched)
-
-    out = []
-    for t in trials:
-        again = [r for r in runs if key(r) == key(t) and r.get(metric) is not None]
-        if again and t["state"] == Told.COMPLETE and t.get(metric) is not None:
-            values = [float(t[metric]), *(float(r[metric]) for r in again)]
-            c = Confirmed(int(t["trial"]), {k: t["settings"].get(k) for k in searched}, values)
-            out.append((c, " ".join(sorted({str(t.get("seed"))} | {str(r.get("seed")) for r in again}, key=int_or))))
-    if not out:
-        return []
-    out.sort(key=lambda cs: -cs[0].mean if maximize else cs[0].mean)
-    rows = [{"trial": c.trial, **{f"p:{k}": short(v) for k, v in c.params.items()}, "seeds": seeds,
-             "n": len(c.values), "mean": c.mean, "std": c.std if len(c.values) > 1 else None,
-             "range": f"{min(c.values):.4f} - {max(c.values):.4f}"} for c, seeds in out]
+    top two are within each other's noise: as the study's answer holds them (xp.studies.answer)."""
+    if answer is None or not answer.confirmed:
+        return ["### The best, confirmed across seeds", "", f"{len(runs)} runs retrained the study's best with other "
+                "seeds; the study wrote no answer (stopped before its end): run its command again to finish it.",
+                ""] if runs else []
+    searched = answer.searched
+    rows = [{"trial": c["trial"], **{f"p:{k}": short(c["params"].get(k)) for k in searched},
+             "seeds": " ".join(map(str, c.get("seeds") or [])), "n": len(c["values"]), "mean": c["mean"],
+             "std": c.get("std"), "range": f"{min(c['values']):.4f} - {max(c['values']):.4f}"}
+            for c in answer.confirmed]
     columns = [("trial", "trial", "{}"), *((f"p:{k}", k, "{}") for k in searched), ("seeds", "seeds", "{}"),
-               ("n", "runs", "{}"), ("mean", f"{metric}, mean", "{:.4f}"), ("std", "std", "{:.4f}"),
+               ("n", "runs", "{}"), ("mean", f"{answer.metric}, mean", "{:.4f}"), ("std", "std", "{:.4f}"),
                ("range", "range", "{}")]
-    lines = ["### The best, confirmed across seeds", "",
-             "The study's best trials retrained with other seeds (sweep.confirm): its answer is the best by mean.", "",
-             md_table(rows, columns), ""]
-    if len(out) > 1:
-        close, diff, bar = within_noise(out[0][0], out[1][0])
-        lines += [f"Trials {out[0][0].trial} and {out[1][0].trial}, the top two by mean, are "
-                  + (f"**within each other's noise** (their means differ by {diff:.4f}, less than two standard "
-                     f"errors, {bar:.4f}): either may be best." if close else
-                     f"apart (their means differ by {diff:.4f}, at least two standard errors, {bar:.4f})."), ""]
-    return lines
+    return ["### The best, confirmed across seeds", "",
+            f"The study's best trials retrained with other seeds (sweep.confirm): its answer is the best by mean, "
+            f"trial {answer.confirmed[0]['trial']}.", "", md_table(rows, columns), "",
+            *([f"Of the top two by mean, {answer.verdict[len('the top two '):]}.", ""] if answer.verdict else [])]
 
 
 def int_or(text: str) -> tuple[int, str]:
@@ -298,14 +297,15 @@ def _empty(fig: Any) -> bool:
 
 def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, out: Path, files: list[Path],
             registered_line: str | None = None, title: str = "## Trials", prefix: str = "study_",
-            notes: list[str] | None = None) -> list[str]:
+            notes: list[str] | None = None, answer: Any = None) -> list[str]:
     """A study's trials: the parameters it searched as columns, each trial's state, pruned trials apart (stopped
     early, at a lower accuracy than they would have reached: not comparable with complete ones), its registered
     model, Optuna's plots of it. Nothing for runs that are not a study's trials."""
     rows = [r for r in rows if r["trial"] is not None]
     if not rows:
         return []
-    declared = sorted(declared_space(parent_params or {}))
+    declared = sorted(k for k in declared_space(parent_params or {})  # (less what the command line fixed)
+                      if answer is None or k in answer.searched)
     if declared:  # what the study file searched, as its parent run logged it
         for r in rows:
             r.update({f"swept:{k}": short(r["settings"].get(k)) for k in declared})
@@ -318,8 +318,8 @@ def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, ou
     complete = sorted((r for r in rows if r["state"] != Told.PRUNED), key=lambda r: r["trial"] or 0)
     pruned = sorted((r for r in rows if r["state"] == Told.PRUNED), key=lambda r: r["trial"] or 0)
     lines = [title, "", f"Searched: {', '.join(t for _, t, _ in searched) or '-'}. {len(complete)} complete, "
-             f"{len(pruned)} pruned.", "", *(f"{n}\n" for n in notes or []), md_table(complete, columns), "", *([registered_line, ""] if registered_line
-                                                                           else [])]
+             f"{len(pruned)} pruned.", "", *(f"{n}\n" for n in notes or []), *answer_lines(answer),
+             md_table(complete, columns), "", *([registered_line, ""] if registered_line else [])]
     if pruned:
         lines += ["### Pruned trials", "", "Stopped early by the pruner: their accuracy is that of the epoch they "
                   "stopped at, not comparable with complete trials (left out of the table above and the plots).", "",
@@ -336,6 +336,16 @@ def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, ou
         lines += ["### The study, as Optuna draws it", "", *optuna_plots(study, out, plots, prefix), ""]
         lines += [f"![{f.stem}]({f.name})\n" for f in plots]
     return lines
+
+
+def answer_lines(answer: Any) -> list[str]:
+    """The study's answer, as its search wrote it (the console and its parent run say the same)."""
+    if answer is None:
+        return ["The study wrote no answer (stopped before its end, or run by an older xp).", ""]
+    said = answer.best_lines() + ([answer.schedule_line()] if answer.schedule else [])
+    return [f"**Its answer** ({answer.search}; {answer.rule}):", "", *(f"- {line.strip()}" for line in said),
+            *(f"- Fixed on the command line (not searched): {', '.join(answer.fixed)}" for _ in answer.fixed[:1]),
+            *(f"- {line}" for line in answer.lacking), ""]
 
 
 def registered(client: Any, parent: Any) -> str | None:

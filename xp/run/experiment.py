@@ -95,10 +95,34 @@ def run(config: dict[str, Any], job: JobInfo | None = None) -> Outcome:
             log.info(f"stopping after epoch {len(cbs.history.epochs)}: the workers change; the launcher goes on")
             return Outcome(Ending.STOPPED, float(cbs.history.epochs[-1].get("val_accuracy", 0.0)))
         ending = Ending(state) if trial else Ending.FINISHED
-        summary = summarize(cbs.history.epochs, plan.cost_per_hour, cbs.meter.name)
+        summary = own_summary(cbs.history.epochs, inherited(config, before, reopen, job), plan, cbs.meter.name)
         tracker.log(params=as_params(summary, cbs.meter.name))
         log.info("\n" + record.summary_table(plan, tracker.run_name, summary, ending, uri, tracker))
     return outcome(plan, trial, summary, ending)
+
+
+def inherited(config: dict[str, Any], before: Any, reopen: str | None, job: JobInfo) -> int:
+    """The epochs a run took from a commit another run made (resume=PATH: a PBT interval, a fine-tune going on):
+    not its own. A run that goes on itself (resume=true reopens its MLflow run; an elastic group's next round)
+    has trained them all."""
+    if before is None or reopen or job.resumed or config.get("resume") is None:
+        return 0
+    return int(before.epoch)
+
+
+def own_summary(history: list[dict[str, float]], inherited: int, plan: Plan, meter: str) -> dict[str, Any]:
+    """The run's figures from the epochs it trained itself; those it took from a commit are named as inherited
+    (summary.inherited_epochs, and the commit's best val_accuracy as summary.inherited_best_val_accuracy), not
+    shown as its own best."""
+    summary = summarize(history[inherited:], plan.cost_per_hour, meter)
+    if inherited:
+        before = summarize(history[:inherited], 0.0, meter)
+        summary.update({"inherited_epochs": inherited, "first_epoch": inherited + 1,
+                        **({"inherited_best_val_accuracy": before["best_val_accuracy"]}
+                           if "best_val_accuracy" in before else {})})
+        if "best_epoch" in summary:
+            summary["best_epoch"] += inherited  # (the epoch's number in the training, as its metrics' steps)
+    return summary
 
 
 def planned(config: dict[str, Any], job: JobInfo, uri: str) -> tuple[Plan, Any, Any, str | None]:

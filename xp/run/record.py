@@ -26,9 +26,10 @@ def name_of(plan: Plan, job: Any, trial: Any) -> str:
     if plan.run_name:
         return plan.run_name
     if trial:
-        from xp.studies.confirm import SUFFIX
+        from xp.studies.confirm import study_of
 
-        kind = "confirm" if trial.optuna.study.study_name.endswith(SUFFIX) else "trial"  # (sweep.confirm's runs)
+        name = trial.optuna.study.study_name  # (sweep.confirm's runs: "confirm N")
+        kind = "trial" if study_of(name) == name else "confirm"
         return f"{kind} {trial.optuna.number}: " + " ".join(f"{k}={_short(v)}" for k, v in trial.optuna.params.items())
     swept = [o for o in job.overrides if o.lstrip("+~").split("=", 1)[0] in job.swept]
     return " ".join(swept) or run_name(job.overrides or ()) or f"{plan.model.name}-{plan.dataset.name}-{plan.backend}"
@@ -60,8 +61,11 @@ def open_run(plan: Plan, backend_cls: type[Backend], backend: Any, uri: str, job
     if backend is not None:
         tags["xp.input"] = backend.input_path  # where the batches are made (a fallback shows)
     if trial:
+        from xp.studies.confirm import study_of
+
         tags.update({"optuna.study": trial.optuna.study.study_name, "optuna.trial_number": str(trial.optuna.number),
-                     "optuna.trial_state": TrialState.RUNNING})
+                     "optuna.trial_state": TrialState.RUNNING,
+                     "xp.study": study_of(trial.optuna.study.study_name)})  # (the study it answers for)
         if job.run_id:  # a launched trial (sweep.scheduler=hydra): its launcher named the run by its command line
             tags["mlflow.runName"] = name
         spec = trial.spec

@@ -28,6 +28,11 @@ def name_of(study_name: str) -> str:
     return study_name + SUFFIX
 
 
+def study_of(name: str) -> str:
+    """The study a study's runs answer for: its own name, or (a confirming study's) the study it confirms."""
+    return name[:-len(SUFFIX)] if name.endswith(SUFFIX) else name
+
+
 def seeds(spec: StudySpec, base_seed: int) -> list[int]:
     return [base_seed + i for i in range(1, spec.confirm + 1)]
 
@@ -85,6 +90,7 @@ class Confirmed:
     trial: int
     params: dict[str, Any]
     values: list[float]
+    seeds: list[int] = dataclasses.field(default_factory=list)  # each value's seed, in the same order
 
     @property
     def mean(self) -> float:
@@ -115,12 +121,13 @@ def results(study: Any, spec: StudySpec, base_seed: int) -> list[Confirmed]:
         runs = []
     out = []
     for t in best:
-        values = [t.values[0]] + [r.values[0] for r in runs if r.values and math.isfinite(r.values[0])
-                                  and {k: v for k, v in r.params.items() if k != "seed"} == t.params
-                                  and r.params.get("seed") in seeds(spec, base_seed)]
-        out.append(Confirmed(t.number, dict(t.params), values))
+        again = [r for r in runs if r.values and math.isfinite(r.values[0])
+                 and {k: v for k, v in r.params.items() if k != "seed"} == t.params
+                 and r.params.get("seed") in seeds(spec, base_seed)]
+        out.append(Confirmed(t.number, dict(t.params), [t.values[0], *(r.values[0] for r in again)],
+                             [base_seed, *(int(r.params["seed"]) for r in again)]))
     maximize = spec.objectives[0].direction == "maximize"
-    return sorted(out, key=lambda c: -c.mean if maximize else c.mean)
+    return sorted(out, key=lambda c: (-c.mean if maximize else c.mean, c.trial))  # (ties: the first reached)
 
 
 def within_noise(a: Confirmed, b: Confirmed) -> tuple[bool, float, float]:
@@ -132,17 +139,129 @@ def within_noise(a: Confirmed, b: Confirmed) -> tuple[bool, float, float]:
     return abs(a.mean - b.mean) < 2 * se, abs(a.mean - b.mean), 2 * se
 
 
-def said(confirmed: list[Confirmed], metric: str) -> list[str]:
-    """The confirmation in lines: the best by mean, each top trial's spread, whether the top two are within noise."""
-    if not confirmed:
-        return []
-    lines = [f"confirmed across seeds: best by mean is {confirmed[0].line(metric)}"]
-    lines += [f"  {c.line(metric)}" for c in confirmed[1:]]
-    if len(confirmed) > 1:
-        close, diff, bar = within_noise(confirmed[0], confirmed[1])
-        lines.append(f"  the top two (trials {confirmed[0].trial} and {confirmed[1].trial}) are "
-                     + (f"within each other's noise (difference {diff:.4f} < {bar:.4f}, two standard errors): "
-                        "either may be best" if close and math.isfinite(bar) else
-                        "within each other's noise (too few seeds to tell)" if close else
-                        f"apart (difference {diff:.4f} >= {bar:.4f}, two standard errors)"))
-    return lines
+def verdict(confirmed: list[Confirmed]) -> str:
+    """Whether the top two are within each other's noise, in a line ('' with fewer than two)."""
+    if len(confirmed) < 2:
+        return ""
+    close, diff, bar = within_noise(confirmed[0], confirmed[1])
+    return (f"the top two (trials {confirmed[0].trial} and {confirmed[1].trial}) are "
+            + (f"within each other's noise (difference {diff:.4f} < {bar:.4f}, two standard errors): "
+               "either may be best" if close and math.isfinite(bar) else
+               "within each other's noise (too few seeds to tell)" if close else
+               f"apart (difference {diff:.4f} >= {bar:.4f}, two standard errors)"))
+
+
+class Confirmation:
+    """A search around another (xp.studies.search): the inner search runs its budget; then its `confirm_top` best
+    trials are retrained with `confirm` other seeds, as the trials of the confirming study, on the same slots; its
+    answer is the best by mean over each one's runs, with their spread. Its leader, before any retraining ends, is
+    the inner search's."""
+
+    def __init__(self, inner: Any, study: Any, spec: StudySpec, base_seed: int):
+        self.inner, self.study, self.spec, self.base_seed = inner, study, spec, base_seed
+        self.confirming: tuple[Any, StudySpec] | None = None  # (its study, its spec), once the inner search is done
+
+    @property
+    def label(self) -> str:
+        return "confirm" if self.confirming is not None else self.inner.label
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}; its {self.spec.confirm_top} best confirmed with {self.spec.confirm} more seeds"
+
+    def _started(self) -> tuple[Any, StudySpec] | None:
+        """The confirming study, made (its retrainings enqueued) once the inner search has nothing left or running."""
+        from optuna.trial import TrialState
+
+        if self.confirming is None and self.inner.remaining() <= 0 and not self.study.get_trials(
+                deepcopy=False, states=(TrialState.RUNNING,)):
+            self.confirming = prepared(self.study, self.spec, self.base_seed)
+            if self.confirming is not None:
+                import logging
+
+                from xp.studies.trial import _counts
+
+                done, running = _counts(self.confirming[0])
+                logging.getLogger("xp").info(
+                    f"study {self.spec.study_name}: its {self.spec.confirm_top} best trials retrained with "
+                    f"{self.spec.confirm} other seeds each ({self.confirming[1].study_name}: "
+                    f"{self.confirming[1].n_trials - done - running} runs to go)")
+        return self.confirming
+
+    def remaining(self) -> int:
+        """The inner search's, then the retrainings' (before they are made: as many as there may be)."""
+        from xp.studies.trial import _counts
+
+        left, most = self.inner.remaining(), self.spec.confirm * self.spec.confirm_top
+        if left > 0:
+            return left + most
+        if self._started() is None:  # (its last trials still running: confirmed once they end)
+            return most if self.study.get_trials(deepcopy=False, states=(_running(),)) else 0
+        cstudy, cspec = self.confirming  # type: ignore[misc]
+        done, running = _counts(cstudy)
+        return cspec.n_trials - done - running
+
+    def ask(self) -> Any:
+        if self.inner.remaining() > 0:
+            return self.inner.ask()
+        if self._started() is None or self.remaining() <= 0:
+            return None
+        from xp.studies.trial import distributions
+
+        cstudy, cspec = self.confirming  # type: ignore[misc]
+        return cstudy.ask(distributions(cspec))  # (each enqueued with its parameters and seed)
+
+    def _mine(self, trial: Any) -> bool:
+        return self.confirming is not None and trial.study.study_name == self.confirming[1].study_name
+
+    def run_settings(self, trial: Any) -> tuple[dict[str, Any], dict[str, str] | None]:
+        return ({"sweep.pruner": "none"}, None) if self._mine(trial) else self.inner.run_settings(trial)
+
+    def told(self, trial: Any, state: str, values: list[float], error: str | None = None) -> str:
+        from xp.studies.search import tell
+
+        if self.confirming is not None and self._mine(trial):
+            return tell(self.confirming[0], trial, state, values)
+        return str(self.inner.told(trial, state, values, error))
+
+    def lost(self, trial: Any, why: str) -> str:
+        if not self._mine(trial):
+            return str(self.inner.lost(trial, why))
+        from optuna.trial import TrialState
+
+        from xp.studies.search import retry
+
+        cstudy, cspec = self.confirming  # type: ignore[misc]
+        cstudy.tell(trial, state=TrialState.FAIL)
+        return "retried with the same seed" if retry(cstudy, cspec, trial._trial_id) else \
+            "failed, retry limit reached"
+
+    def leader(self) -> Any:
+        confirmed = results(self.study, self.spec, self.base_seed)
+        if not confirmed or len(confirmed[0].values) < 2:
+            return self.inner.leader()
+        from xp.studies.answer import member
+
+        return member(self.study.trials[confirmed[0].trial], [self.spec.objectives[0].metric])
+
+    def answer(self) -> Any:
+        import dataclasses
+
+        from xp.studies.answer import member
+
+        answer = self.inner.answer()
+        confirmed = results(self.study, self.spec, self.base_seed)
+        if not confirmed:
+            return answer
+        rows = [{"trial": c.trial, "params": c.params, "values": c.values, "seeds": c.seeds, "mean": c.mean,
+                 "std": None if len(c.values) < 2 else c.std} for c in confirmed]
+        return dataclasses.replace(
+            answer, best=[member(self.study.trials[confirmed[0].trial], [self.spec.objectives[0].metric])],
+            ties=[], confirmed=rows, verdict=verdict(confirmed),
+            rule=f"the best mean of {self.spec.objectives[0].metric} over each top trial's runs across seeds "
+                 "(its own and the retrainings')")
+
+
+def _running() -> Any:
+    from optuna.trial import TrialState
+
+    return TrialState.RUNNING

@@ -54,9 +54,24 @@ def _draw(p: Any, rng: random.Random) -> Any:
     return int(round(v)) if p.kind == "int" else v
 
 
+def population(study: Any, spec: Any, config: Any) -> Population:
+    """search=pbt: the study's population; its members commit under checkpoint_dir (or checkpoints/pbt-STUDY),
+    which every slot's host must reach (a shared file system where the slots are other hosts)."""
+    from xp.studies.pbtspec import check_run
+    from xp.studies.trial import distributions
+
+    check_run(spec.pbt, config.get("epochs"), spec.n_trials, f"sweep={spec.name}")
+    root = Path(config.get("checkpoint_dir") or Path("checkpoints") / f"pbt-{spec.study_name}").expanduser()
+    return Population(study, spec, distributions(spec), int(config.epochs), root.absolute(), spec.sampler_seed,
+                      (config.get("model") or {}).get("log") != "none")
+
+
 class Population:
-    """The study's members, read from its trials: which interval runs next (`ask`), what each one's run is told
-    (`settings`, `tags`), and what follows an interval's end (`told`) or a lost worker (`lost`)."""
+    """The study's members, read from its trials, as a search (xp.studies.search): which interval runs next
+    (`ask`), what each one's run is told (`run_settings`), what follows an interval's end (`told`) or a lost
+    worker (`lost`), and the answer: the best member at the last epoch, with the schedule its weights followed."""
+
+    label = "study"
 
     def __init__(self, study: Any, spec: Any, dists: dict[str, Any], epochs: int, root: Path, seed: int | None,
                  log_model: bool = True):
@@ -134,6 +149,13 @@ class Population:
         return {"member": member, "generation": generation, "start": start,
                 "end": min(self.epochs, start + self.pbt.interval), "from": start_from, "donor": donor}
 
+    def describe(self) -> str:
+        return (f"population of {self.pbt.population} (pbt), exploiting every {self.pbt.interval} epoch"
+                + ("s" if self.pbt.interval > 1 else ""))
+
+    def run_settings(self, trial: Any) -> tuple[dict[str, Any], dict[str, str] | None]:
+        return self.settings(trial), self.tags(trial)
+
     def settings(self, trial: Any) -> dict[str, Any]:
         """The config values an interval's run is given beside its hyperparameters: its last epoch, where it
         commits (checkpoint_dir/trial-N) and the commit it starts from."""
@@ -151,18 +173,54 @@ class Population:
                 **({} if a["from"] is None else {"xp.pbt.from_trial": str(a["from"])}),
                 **({} if a["donor"] is None else {"xp.pbt.donor_member": str(a["donor"])})}
 
-    def final(self, trial: Any) -> bool:
-        """An interval that ends its member's training (the study's answer is among these)."""
-        return trial.user_attrs.get(PBT_ATTR, {}).get("end") == self.epochs
+    # --- its answer -----------------------------------------------------------------------------------------
+    def _finals(self) -> list[Any]:
+        """The complete intervals that ended a member's training at the latest epoch any reached (an interval that
+        ended earlier is no answer: its epochs are fewer)."""
+        done = self._trials(TrialState.COMPLETE)
+        end = max((t.user_attrs[PBT_ATTR]["end"] for t in done), default=None)
+        return [t for t in done if t.user_attrs[PBT_ATTR]["end"] == end and t.values
+                and math.isfinite(t.values[0])]
+
+    def leader(self) -> Any:
+        from xp.studies.answer import best_of, member
+
+        best, _ = best_of(self._finals(), self.maximize)
+        return None if best is None else member(best, [self.spec.objectives[0].metric])
+
+    def answer(self) -> Any:
+        from xp.studies.answer import Answer, best_of, member
+        from xp.studies.search import rule
+
+        best, tied = best_of(self._finals(), self.maximize)
+        return Answer(self.spec.study_name, self.describe(),
+                      [{"metric": o.metric, "direction": o.direction} for o in self.spec.objectives],
+                      [] if best is None else [member(best, [self.spec.objectives[0].metric])],
+                      rule=rule(self.spec) + " (of the intervals that ended a member's training)",
+                      ties=[t.number for t in tied],
+                      schedule=[] if best is None else [{"first": f, "last": last, "member": m, "params": p}
+                                                        for f, last, m, p in schedule(self.study, best.number)],
+                      lacking=dropped_line(self.study, self.spec))
 
     # --- what follows an interval ---------------------------------------------------------------------------
-    def told(self, trial: Any, state: TrialState | str, error: str | None = None) -> None:
-        """An interval ended (told to the study): a failed one is replaced (`lost`), and commits no interval needs
-        any more are removed (its member's next is decided when a slot asks for it)."""
+    def told(self, trial: Any, state: str, values: list[float], error: str | None = None) -> str:
+        """An interval ended: told to the study; a failed one is replaced (`_replace`), and commits no interval
+        needs any more are removed (its member's next is decided when a slot asks for it)."""
+        from xp.studies.search import tell
+
+        state = tell(self.study, trial, state, values)
         if state == TrialState.FAIL:
             self._reached(trial, error)
-            self.lost(trial)
+            self._replace(trial)
         self._retain()
+        return state
+
+    def lost(self, trial: Any, why: str) -> str:
+        """An interval's worker was lost: FAIL, and replaced from the population."""
+        from optuna.trial import TrialState as OptunaState
+
+        self.study.tell(trial, state=OptunaState.FAIL)
+        return "replaced from the population" if self._replace(trial) else "its member trains no more"
 
     def _reached(self, trial: Any, error: str | None) -> None:
         """An interval that found no commit where its source interval committed (a complete one) was on a host
@@ -193,11 +251,12 @@ class Population:
         scored = sorted(at, key=lambda m: at[m], reverse=self.maximize)  # best first
         k = max(1, int(len(scored) * self.pbt.quantile))
         member, g = a["member"], a["generation"] + 1
-        donors = [m for m in scored[:k] if m != member and latest[m].user_attrs[PBT_ATTR]["end"] < self.epochs]
+        donors = [m for m in scored[:k] if m != member and latest[m].user_attrs[PBT_ATTR]["end"] < self.epochs
+                  and member in at and self._better(at[m], at[member])]  # (equal scores: no copy, it goes on)
         if len(scored) >= 2 and member in scored[-k:] and member not in scored[:k] and donors:
             rng = self._rng(last)  # (a donor's latest weights: at that epoch or further, with an epoch to train)
             donor = latest[rng.choice(donors)]
-            params = explored(donor.params, list(self.spec.params), self.pbt, rng)
+            params = self._explored(donor, rng)
             d = donor.user_attrs[PBT_ATTR]["member"]
             log.info(f"pbt: member {member} ({last.value:.4g} at epoch {a['end']}) takes member {d}'s weights "
                      f"({at[d]:.4g} at epoch {a['end']}; trial {donor.number}'s, epoch "
@@ -207,6 +266,24 @@ class Population:
             self._queue(params, self._interval(member, donor.user_attrs[PBT_ATTR]["generation"] + 1, donor.number, d))
         else:
             self._queue(dict(last.params), self._interval(member, g, last.number, None))
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.maximize else a < b
+
+    def _explored(self, donor: Any, rng: random.Random, tries: int = 32) -> dict[str, Any]:
+        """The donor's hyperparameters explored, unlike those of every interval that starts from the same commit
+        (two members that take one donor's weights would otherwise train the same copy, a slot spent twice): drawn
+        again while they match one, then drawn from the space."""
+        taken = [t.params or t.system_attrs.get("fixed_params", {}) for t in self.study.get_trials(deepcopy=False)
+                 if t.user_attrs.get(PBT_ATTR, {}).get("from") == donor.number and INTERRUPTED not in t.user_attrs
+                 and t.state.name != TrialState.FAIL] + [dict(donor.params)]  # (going on as it was: the donor's)
+        for _ in range(tries):
+            params = explored(donor.params, list(self.spec.params), self.pbt, rng)
+            if params not in taken:
+                return params
+        while (params := {p.name: _draw(p, rng) for p in self.spec.params}) in taken and tries:
+            tries -= 1
+        return params
 
     def _scores(self, epoch: int) -> dict[int, float]:
         """Each member's score at `epoch`, of the complete interval that trained its weights through it (the latest
@@ -224,7 +301,7 @@ class Population:
     def _queue(self, params: dict[str, Any], attr: dict[str, Any]) -> None:
         self.study.enqueue_trial(params, user_attrs={PBT_ATTR: attr})
 
-    def lost(self, trial: Any) -> bool:
+    def _replace(self, trial: Any) -> bool:
         """A member's interval failed (its worker lost, its training failed): it is trained again, from the latest
         weights (explored) of the member best at the epoch the lost interval started from (like with like, as
         `_next` ranks), where another member has some, else from where it started; a member that failed more
@@ -240,7 +317,7 @@ class Population:
         if ranked:
             best = latest[(max if self.maximize else min)(ranked, key=at.__getitem__)]
             d = best.user_attrs[PBT_ATTR]
-            params = explored(best.params, list(self.spec.params), self.pbt, self._rng(trial))
+            params = self._explored(best, self._rng(trial))
             log.warning(f"pbt: member {a['member']}'s interval (trial {trial.number}) was lost: it is replaced from "
                         f"member {d['member']}'s weights ({at[d['member']]:.4g} at epoch {a['start']}; trial "
                         f"{best.number}, epoch {d['end']})")
@@ -291,17 +368,6 @@ def _state(state: TrialState) -> Any:
     return optuna.trial.TrialState[state]
 
 
-def answers(study: Any, maximize: bool) -> list[Any]:
-    """A population's answer: the best of the intervals that ended a member's training (the latest epoch any
-    reached); an interval that ended earlier is no answer (its epochs are fewer)."""
-    complete = study.get_trials(deepcopy=False, states=(_state(TrialState.COMPLETE),))
-    done = [t for t in complete if PBT_ATTR in t.user_attrs]
-    if not done:
-        return []
-    end = max(t.user_attrs[PBT_ATTR]["end"] for t in done)
-    finals = [t for t in done if t.user_attrs[PBT_ATTR]["end"] == end]
-    return [(max if maximize else min)(finals, key=lambda t: t.value)]
-
 
 def schedule(study: Any, number: int) -> list[tuple[int, int, int, dict[str, Any]]]:
     """The hyperparameters a member's weights trained with, to trial `number`'s end: (first epoch, last epoch,
@@ -320,13 +386,3 @@ def schedule(study: Any, number: int) -> list[tuple[int, int, int, dict[str, Any
         else:
             out.append((first, last, member, params))
     return out
-
-
-def schedule_line(study: Any, number: int) -> str:
-    """`its weights' schedule: epochs 1-4 (member 2) lr=0.02 momentum=0.9; epochs 5-10 (member 0) lr=0.016 ...`"""
-    def said(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    return "its weights' schedule: " + "; ".join(
-        f"epochs {first}-{last} (member {member}) " + " ".join(f"{k}={said(v)}" for k, v in params.items())
-        for first, last, member, params in schedule(study, number))

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from xp.interrupts import held_interrupts
 from xp.states import TRIAL_ENDS, TrialState
@@ -41,18 +41,18 @@ class Flight:
 class Tally:
     """What the study did in this process, for the progress lines."""
     states: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TRIAL_ENDS, 0))
-    best: float | None = None
     busy_s: float = 0.0  # slot-seconds spent running trials
     started: float = field(default_factory=time.monotonic)
     first: float | None = None  # when the first trial started
 
 
 class Scheduler:
-    """Keeps every slot of `pool` busy with a trial of `study` until `remaining()` is 0 and none is in flight.
-    `ask()` gives the next trial (None: nothing to run now), `trial_message(trial, job)` its message for a worker,
-    `tell(trial, result)` records how it ended, `lost(trial, why)` a trial whose worker died, `mark(trial)` who
-    runs it, `unsettled(trial, state, why)` the trial a gone worker finished last (its run's last records may have
-    gone with it: its worker sends them while it runs the next).
+    """Keeps every slot of `pool` busy with a trial of `search` (xp.studies.search) until it has none left to start
+    and none is in flight. The search gives the next trial and is told how each ended (or that its worker was
+    lost); `runs` (xp.studies.sweeper.Runs) makes each trial's message for a worker, marks who runs it, and ends
+    the runs that do not end on their own: given back at a stop (`give_back`), lost, or the trial a gone worker
+    finished last (`unsettled`: its run's last records may have gone with it: its worker sends them while it runs
+    the next). The scheduler never asks which search it drives.
 
     The scheduler holds the next trials asked (`ready`, one per slot) while every slot runs one: the first slot
     to free starts the oldest the moment it reports, without waiting for the scheduler to tell and ask (tens of
@@ -60,21 +60,10 @@ class Scheduler:
     in the order they were asked, on whichever slot frees first: none waits behind a long trial while another
     slot is free. The sampler proposes each without the results of the trials in flight when it was asked."""
 
-    def __init__(self, pool: Any, ask: Callable[[], Any], remaining: Callable[[], int],
-                 trial_message: Callable[[Any, int], RunTrial], tell: Callable[[Any, Done], str],
-                 lost: Callable[[Any, str], None], heartbeat_s: float, direction: str | None = None,
-                 mark: Callable[[Any], None] = lambda trial: None,
-                 give_back: Callable[[list[Any], str], None] = lambda trials, why: None,
-                 unsettled: Callable[[Any, str | None, str], None] = lambda trial, state, why: None,
-                 budget: Any = None, label: str = "study", answers: Callable[[Any], bool] = lambda trial: True):
-        self.pool, self.ask, self.remaining, self.mark = pool, ask, remaining, mark
-        self.answers = answers  # whether a trial's value can be the study's answer (a population's: its last epoch)
-        self.label = label  # its progress lines' first word (a study's confirming runs: "confirm")
+    def __init__(self, pool: Any, search: Any, runs: Any, heartbeat_s: float, budget: Any = None):
+        self.pool, self.search, self.runs = pool, search, runs
         self.waiting = False  # every proposal was a running trial's: none is asked until a trial ends
-        self.trial_message = trial_message
-        self.tell, self.lost, self.heartbeat_s, self.direction = tell, lost, heartbeat_s, direction
-        self.give_back = give_back  # trials in flight or held when the study stops early, handed back to it
-        self.unsettled = unsettled
+        self.heartbeat_s = heartbeat_s
         self.budget = budget  # its time and money (xp.studies.budget), or None
         self.stopped: str | None = None  # why no more trials start before the trial budget is spent
         self.flights: dict[Any, Flight] = {}  # worker -> the trial it runs
@@ -148,14 +137,14 @@ class Scheduler:
         for worker in stopped:
             if worker.previous is not None:
                 trial, state = worker.previous
-                self.unsettled(trial, state, why)
+                self.runs.unsettled(trial, state, why)
         trials = [f.trial for f in [*self.flights.values(), *self.ready]]
         self.flights.clear()
         self.ready.clear()
         while self.ended:
             self._count(*self.ended.pop(0))
         if trials:
-            self.give_back(trials, why)
+            self.runs.give_back(trials, why)
 
     def _last_words(self, stopped: list[Any], within_s: float = 2.0) -> None:
         """What stopped workers said before they went (a trial's MLflow run id) is recorded on their trials: read
@@ -194,7 +183,7 @@ class Scheduler:
             log.info(f"study: no more trials start: {why}")
         self.left = 0
         if self.ready:
-            self.give_back([f.trial for f in self.ready], "out of budget")
+            self.runs.give_back([f.trial for f in self.ready], "out of budget")
             self.ready.clear()
         return True
 
@@ -205,20 +194,20 @@ class Scheduler:
     def _next(self) -> Flight | None:
         """The next trial asked, with its worker's message; None when the budget is spent, or while every proposal
         is a trial running already (`waiting`: asked again once a trial ends, not at every turn of the loop)."""
-        self.left = self.remaining()
+        self.left = self.search.remaining()
         if self.left <= 0 or self._refused() or self.waiting:
             return None
-        trial = self.ask()
+        trial = self.search.ask()
         if trial is not None and self.budget is not None and self._refused():  # spent while it was asked (a
-            self.give_back([trial], "out of budget")  # loaded machine's ask takes long): it starts not
+            self.runs.give_back([trial], "out of budget")  # loaded machine's ask takes long): it starts not
             return None
         if trial is None:
-            self.waiting = self.remaining() > 0
+            self.waiting = self.search.remaining() > 0
             return None
         self.jobs += 1
-        self.mark(trial)
+        self.runs.mark(trial)
         _beat([trial])  # alive from the start: a later sweeper does not take it for a lost one
-        return Flight(trial, 0.0, self.jobs - 1, self.trial_message(trial, self.jobs - 1))
+        return Flight(trial, 0.0, self.jobs - 1, self.runs.message(trial, self.jobs - 1))
 
     def _start(self, worker: Any, flight: Flight) -> None:
         worker.send(flight.message)
@@ -252,7 +241,7 @@ class Scheduler:
             nxt = self._held() if worker is not None else None
             if nxt is not None:  # the trial held ready starts at once; the scheduler tells and asks meanwhile
                 self._start(worker, nxt)
-            self.ended.append((flight, msg, self.tell(flight.trial, msg)))  # counted once the slot is refilled
+            self.ended.append((flight, msg, self._told(flight.trial, msg)))  # counted once the slot is refilled
             return [worker] if nxt is None and worker is not None else []
         return []
 
@@ -262,13 +251,18 @@ class Scheduler:
         flight = self.flights.pop(worker, None)
         if flight is not None:
             self.tally.busy_s += time.monotonic() - flight.started
-            self.lost(flight.trial, why)
+            self.runs.lost(flight.trial, why)
             self.tally.states[TrialState.FAIL] += 1
         if worker.previous is not None:
             trial, state = worker.previous
-            self.unsettled(trial, state, why)
+            self.runs.unsettled(trial, state, why)
         fresh = self.pool.replace(worker)
         return [fresh] if fresh is not None else []  # (None: its slot was dropped)
+
+    def _told(self, trial: Any, msg: Done) -> str:
+        state = self.search.told(trial, msg.state, list(msg.values or []), msg.error)
+        self.runs.told(trial, state)
+        return state
 
     def _summary(self) -> None:
         t = self.tally
@@ -277,26 +271,24 @@ class Scheduler:
         if t.first is None:
             return
         span, slots = time.monotonic() - t.first, self.slots
-        log.info(f"{self.label}: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
+        log.info(f"{self.search.label}: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
                  f"the slots were busy {t.busy_s / (slots * span):.0%} of the time after the first trial started")
 
     def _count(self, flight: Flight, msg: Done, state: str) -> None:
         self.waiting = False  # (a trial ended: its parameters are a result to reuse now, not a run to wait for)
         t = self.tally
         t.states[state] = t.states.get(state, 0) + 1
-        value = msg.values[0] if state == TrialState.COMPLETE and msg.values and self.answers(flight.trial) else None
-        if value is not None and (t.best is None or (value > t.best if self.direction != "minimize" else
-                                                     value < t.best)):
-            t.best = value
+        leader = self.search.leader()  # (the search's best so far, by its own rule: the answer it would give now)
         done = sum(t.states.values())
         elapsed = time.monotonic() - t.started
         left = self.left + len(self.flights) + len(self.ready)
         eta = f", about {elapsed / done * left / max(1, self.slots):.0f} s left" if left and done else ""
         error = f": {msg.error}" if msg.error else ""
-        print(f"{self.label}: trial {flight.trial.number} {state.lower()}{error} after "
+        print(f"{self.search.label}: trial {flight.trial.number} {state.lower()}{error} after "
               f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states[TrialState.COMPLETE]} complete, "
               f"{t.states[TrialState.PRUNED]} pruned, {t.states[TrialState.FAIL]} failed), {len(self.flights)} running on "
-              f"{len(self.pool.workers)} slots" + (f", best {t.best:.4g}" if t.best is not None else "") + eta
+              f"{len(self.pool.workers)} slots" + (f", best trial {leader.trial} " + " ".join(f"{k}={v:.4g}" for k, v in leader.values.items())
+                 if leader is not None else "") + eta
               + (f" | budget {self.budget.line()}" if self.budget is not None else ""), flush=True, file=sys.stdout)
         if self.budget is not None:
             self.budget.save()

@@ -1,26 +1,21 @@
-"""A study's result: its best trial (or Pareto front) said, logged on the sweep's parent run, and its model in the
-Model Registry: alias `best` moved to each new best trial's model as it reaches the store (BestModel), and the
-final best registered at the study's end (summarize)."""
+"""A study's result: its search's answer (xp.studies.answer) written once at its end and said, logged on the sweep's
+parent run, its model in the Model Registry (summarize); while it runs, the registry's alias `best` follows the
+search's leader as each new one's model reaches the store (BestModel)."""
 
 from __future__ import annotations
 
 import logging
+import dataclasses
 import os
 import threading
 from typing import Any
 
 from xp.errors import redact
-from xp.studies.pbt import answers, dropped_line, schedule_line
-from xp.studies.study import FINISHED, StudySpec
+from xp.studies.answer import Answer, Member, keep
+from xp.studies.study import StudySpec
 from xp.studies.trial import DUPLICATE, INTERRUPTED
 
 log = logging.getLogger("xp")
-
-
-def member(trial: Any, spec: StudySpec) -> dict[str, Any]:
-    """A trial of the best (or the Pareto front), as the summary and the registry take it."""
-    return {"trial": trial.number, "values": dict(zip([o.metric for o in spec.objectives], trial.values)),
-            "params": trial.params, "mlflow_run_id": trial.user_attrs.get("mlflow_run_id")}
 
 
 def counts(study: Any) -> dict[str, int]:
@@ -46,94 +41,62 @@ def counts_line(c: dict[str, int]) -> str:
     return line + ")" + (f"; Optuna also holds {', '.join(extra)}" if extra else "")
 
 
-def summarize(study: Any, spec: StudySpec, tracking_uri: str | None = None, base_seed: int = 0) -> dict[str, Any]:
-    """Print the best trial (or the Pareto front), log it on the sweep's parent MLflow run, register its model.
-    With sweep.confirm, the best is the best by mean across seeds (xp.studies.confirm), said with its spread."""
-    from xp.studies import confirm
+def summarize(study: Any, spec: StudySpec, search: Any, tracking_uri: str | None = None) -> Answer:
+    """The search's answer (xp.studies.answer), completed with what every study has (its counts, what the command
+    line fixed, how its question changed), written once: kept in the study's storage, said on the console, and
+    on the sweep's parent MLflow run (description, tags, best_trial.json), its best trial's model registered."""
+    import dataclasses
+
     from xp.studies.question import changes_said
 
     tally = counts(study)  # (its fail: less dropped proposals and trials stopped and requeued)
-    states = {s: tally[s.lower()] for s in FINISHED}
-    front = [member(t, spec) for t in (answers(study, spec.objectives[0].direction == "maximize") if spec.pbt
-                                        else study.best_trials)]
+    answer = dataclasses.replace(search.answer(), counts=tally, fixed=list(spec.fixed), changes=changes_said(study),
+                                 searched=[p.name for p in spec.params],
+                                 storage=redact(spec.storage))
+    keep(study, answer)
     log.info(f"study {spec.study_name}: {counts_line(tally)}")
-    changes = changes_said(study)
-    for line in changes:
-        log.info(f"  {line}")
-    title = "Pareto front" if spec.multi_objective else "best trial"
-    for f in front:
-        log.info(f"  {title}: trial {f['trial']}  " + "  ".join(f"{k}={v:.4g}" for k, v in f["values"].items())
-                 + "  " + " ".join(f"{k}={v}" for k, v in f["params"].items()))
-    lineage = [schedule_line(study, front[0]["trial"])] if spec.pbt and front else []  # (a population's answer)
-    for line in lineage:
-        log.info(f"  {line}")
-    lacking = dropped_line(study, spec) if spec.pbt else []
-    for line in lacking:
-        log.warning(f"  {line}")
-    confirmed = confirm.results(study, spec, base_seed)
-    metric = spec.objectives[0].metric
-    confirmation = confirm.said(confirmed, metric)
-    for line in confirmation:
-        log.info(f"  {line}")
-    if confirmed and front and confirmed[0].trial != front[0]["trial"]:  # the best by mean is the study's answer
-        front = [member(study.trials[confirmed[0].trial], spec)]
-    summary = {"study": spec.study_name, "storage": redact(spec.storage), "trials": states, "counts": tally,
-               "best": front, "schedule": lineage, "population_lacking": lacking,
-               "fixed_on_command_line": list(spec.fixed), "question_changes": changes,
-               "confirmed": [{"trial": c.trial, "params": c.params, "values": c.values, "mean": c.mean,
-                              "std": None if len(c.values) < 2 else c.std} for c in confirmed]}
-    description = "\n".join([f"**Study `{spec.study_name}`**: {counts_line(tally)}."
-                             + (f" Fixed on the command line (not searched): {', '.join(spec.fixed)}." if spec.fixed
-                                else ""), *(f"- {c}" for c in changes),
-                             *(f"- The best member's {c[4:]}" for c in lineage), *(f"- {c}" for c in lacking),
-                             *(f"- {c.strip()}" for c in confirmation)])
+    for line in answer.lines():
+        (log.warning if line in answer.lacking else log.info)(f"  {line}")
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
         from xp.tracking import service
         from xp.readback.work import study_result
 
-        said = service.call(tracking_uri, study_result, parent=parent, study=spec.study_name,
-                            register_model=spec.register_model or "", metric=spec.objectives[0].metric,
-                            multi_objective=spec.multi_objective, front=front, summary=summary,
-                            description=description)
+        said = service.call(tracking_uri, study_result, parent=parent, register_model=spec.register_model or "",
+                            answer=answer.as_dict(), counts_line=counts_line(tally))
         if said:
             log.info(f"  {said}")
-    return summary
+    return answer
 
 
 class BestModel:
-    """While a single-objective study runs, the registry's alias `best` follows its best trial: a trial told
-    better than every one before it is registered, and the alias moved to it, once its run's model is in the store
-    (a study's trial reports before its worker's spool has sent the run's records: this thread waits for the
-    model, off the scheduler's path; a newer best replaces the one it waits for; a run that ended without a model
-    is let go). The study's end registers its final best either way (summarize)."""
+    """While a single-objective study runs, the registry's alias `best` follows its search's leader (the answer
+    it would give now, xp.studies.search): a new leader is registered, and the alias moved to it, once its run's
+    model is in the store (a study's trial reports before its worker's spool has sent the run's records: this
+    thread waits for the model, off the scheduler's path; a newer leader replaces the one it waits for; a run
+    that ended without a model is let go). The study's end registers its answer's best either way (summarize)."""
 
     POLL_S = 0.5
 
-    def __init__(self, study: Any, spec: StudySpec, uri: str):
-        self.study, self.spec, self.uri = study, spec, uri
-        self.maximize = spec.objectives[0].direction == "maximize"
-        try:
-            self.value: float | None = study.best_value  # a resumed study's best so far
-            if spec.pbt:  # (a population's: of the intervals that ended a member's training)
-                self.value = next((t.value for t in answers(study, self.maximize)), None)
-        except ValueError:
-            self.value = None
-        self._waiting: Any = None  # the trial whose model is awaited
+    def __init__(self, search: Any, spec: StudySpec, uri: str):
+        self.search, self.spec, self.uri = search, spec, uri
+        leader = search.leader()  # a resumed study's best so far
+        self.trial: int | None = leader.trial if leader is not None else None
+        self._waiting: Member | None = None  # the leader whose model is awaited
         self._wake, self._closing = threading.Event(), False
         self._thread = threading.Thread(target=self._loop, name="xp-best-model", daemon=True)
         self._thread.start()
 
     @classmethod
-    def of(cls, study: Any, spec: StudySpec, uri: str | None) -> BestModel | None:
+    def of(cls, search: Any, spec: StudySpec, uri: str | None) -> BestModel | None:
         """One for a study that registers a single objective's best into a tracking store; else None."""
-        return cls(study, spec, uri) if uri and spec.register_model and not spec.multi_objective else None
+        return cls(search, spec, uri) if uri and spec.register_model and not spec.multi_objective else None
 
-    def told(self, trial: Any, values: list[float]) -> None:
-        """The scheduler told the study `trial` completed with `values`."""
-        value = values[0]
-        if self.value is None or (value > self.value if self.maximize else value < self.value):
-            self.value, self._waiting = value, trial
+    def told(self) -> None:
+        """A trial completed: the search's leader may be another."""
+        leader = self.search.leader()
+        if leader is not None and leader.trial != self.trial:
+            self.trial, self._waiting = leader.trial, leader
             self._wake.set()
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -149,19 +112,20 @@ class BestModel:
         while not self._closing:
             self._wake.wait(timeout=self.POLL_S if self._waiting is not None else None)
             self._wake.clear()
-            trial = self._waiting
-            if trial is None or self._closing:
+            leader = self._waiting
+            if leader is None or self._closing:
                 continue
             try:
-                best = self.study._storage.get_trial(trial._trial_id)  # its run id, set by its worker
-                if best.user_attrs.get("mlflow_run_id"):  # (by the tracking service, where there is one)
+                if leader.mlflow_run_id is None:  # (its worker sets it as the run starts: read it again)
+                    leader.mlflow_run_id = self.search.leader().mlflow_run_id
+                if leader.mlflow_run_id:  # (by the tracking service, where there is one)
                     answer = service.call(self.uri, best_model, name=self.spec.register_model or "",
-                                          member=member(best, self.spec))
+                                          member=dataclasses.asdict(leader))
                     if answer["said"]:
                         log.info(f"study {self.spec.study_name}: {answer['said']}")
                     elif answer["waiting"]:
                         continue  # its records are on their way
-                if self._waiting is trial:  # (a newer best may have come meanwhile)
+                if self._waiting is leader:  # (a newer leader may have come meanwhile)
                     self._waiting = None
             except Exception as e:  # the store away, say: the study goes on; its end registers its best
                 log.debug("study %s: the best model is not registered yet (%s)", self.spec.study_name, e)

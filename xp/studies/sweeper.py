@@ -1,39 +1,37 @@
-"""The study's sweeper: ask Optuna for trials, launch each as an xp run through Hydra's launcher, tell Optuna how
-it ended, until the budget is spent; then report the best trial (or the Pareto front) on the parent run.
+"""The study's sweeper: its search (xp.studies.search) asked for trials, each launched as an xp run on the slots
+(xp.studies.scheduler) or through Hydra's launcher, and told how it ended, until the search has nothing left to
+run; then its answer written once (xp.studies.summary).
 (plugins/optuna_sweeper is the Hydra shim that calls run_study.)"""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
-import warnings
 from typing import Any
 
 from xp.errors import redact
-from xp.states import RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
-from xp.studies.channel import Done, RunTrial
+from xp.states import INTERRUPTED, RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
+from xp.studies.channel import RunTrial
 from xp.studies import question
 from xp.studies.budget import Budget
 from xp.studies.compose import as_override, job_config, plain
 from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
 from xp.studies.overrides import space_from_overrides
-from xp.studies.pbt import PBT_ATTR
-from xp.studies.proposals import propose
+from xp.studies.search import Search, search_for
 from xp.studies.study import StudySpec, spec_from
 from xp.studies.summary import BestModel, summarize
-from xp.studies.trial import INTERRUPTED, _counts, distributions, heartbeat, open_study, retry_dead_trials
+from xp.studies.trial import _counts, heartbeat, open_study, retry_dead_trials
 
 log = logging.getLogger("xp")
 
 
 def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
               at_once: int | None = None) -> list[Any]:
-    """Run trials until the study has n_trials finished ones; report the best. Where its `placement`
-    (xp.launching.placement) gives it a pool of slots, its scheduler keeps a trial in flight on every slot;
-    otherwise (a cluster's Hydra launcher, submitit) trials go to Hydra's `launcher` in batches of sweep.parallel
-    (or `at_once`, the jobs a parallel Hydra launcher runs at once, if more)."""
+    """Run the study's search (xp.studies.search) until it has nothing left to run; write its answer. Where its
+    `placement` (xp.launching.placement) gives it a pool of slots, its scheduler keeps a trial in flight on every
+    slot; otherwise (a cluster's Hydra launcher, submitit) trials go to Hydra's `launcher` in batches of
+    sweep.parallel (or `at_once`, the jobs a parallel Hydra launcher runs at once, if more)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from xp.tracking.stores import resolve_uri
@@ -46,23 +44,14 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
     if spec.fixed:
         log.info(f"study {spec.study_name}: {', '.join(spec.fixed)} fixed on the command line: not searched; it "
                  f"searches {', '.join(p.name for p in spec.params)}")
-    for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec)]:
+    search = search_for(study, spec, config)  # (the one place that knows which)
+    for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec, search)]:
         log.warning(line)
     done, elsewhere = _counts(study)
-    remaining = spec.n_trials - done - elsewhere  # (a population's: its members' intervals to go, a lost one's
-    if spec.pbt:  # replacement among them; its failure spent no budget)
-        remaining = int(_population(study, spec, config, {}).remaining())
+    remaining = search.remaining()
     log.info(f"study {spec.study_name} ({redact(spec.storage)}): {done} trials done, {elsewhere} running elsewhere, "
-             f"{max(0, remaining)} to run "
-             f"(sampler {spec.sampler}, pruner {spec.pruner}, objectives "
+             f"{max(0, remaining)} to run ({search.describe()}; objectives "
              + ", ".join(f"{o.direction} {o.metric}" for o in spec.objectives) + ")")
-    if spec.sampler == "grid":
-        import itertools
-
-        combos = list(itertools.product(*(p.choices for p in spec.params)))
-        spec = dataclasses.replace(spec, n_trials=min(spec.n_trials, len(combos)))  # the grid, at most
-        for combo in combos:
-            study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
     where = placement.chosen(config, spec)  # the slots of its launcher, or a Hydra launcher's batches
     pool = placement.pool(config, remaining) if remaining > 0 else None
     budget = Budget.of(spec, study, config, hosts=len({s.host for s in pool.slots}) if pool is not None else 1)
@@ -70,69 +59,48 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
         log.info(f"study budget: {budget.line()} spent before this command"
                  + (f" (at ${budget.usd_per_s * 3600:g}/h)" if budget.usd_per_s else ""))
     uri = resolve_uri(config.get("tracking_uri"))
-    best = BestModel.of(study, spec, uri)  # the registry's alias `best` follows the best trial as the study runs
+    best = BestModel.of(search, spec, uri)  # the registry's alias `best` follows the search's leader as it runs
     parallel = max(where.parallel or 1, at_once or 1)  # a parallel Hydra launcher: as many at a time as it runs
     try:
         if pool is not None:
             with pool:
-                returns = [scheduled(study, spec, pool, config, arguments, budget, best, uri)]
+                returns = [scheduled(study, spec, search, pool, config, arguments, budget, best, uri)]
         else:
-            returns = _in_batches(study, spec, arguments, launcher, parallel, budget, best) if remaining > 0 else []
-        returns += _confirmations(study, spec, config, arguments, placement, launcher, parallel, budget, uri)
+            returns = _in_batches(study, spec, search, arguments, launcher, parallel, budget, best) \
+                if remaining > 0 else []
     finally:
         if best is not None:
             best.close()
-    summarize(study, spec, uri, base_seed=int(config.get("seed") or 0))
+    summarize(study, spec, search, uri)
     return returns
 
 
-def _confirmations(study: Any, spec: StudySpec, config: Any, arguments: list[str], placement: Any, launcher: Any,
-                   parallel: int, budget: Any, uri: str | None) -> list[Any]:
-    """sweep.confirm=K: the study's best trials retrained with K other seeds (xp.studies.confirm), as the trials of
-    its confirming study, on slots (workers started anew: the study's gave theirs back as its budget ran out) or
-    in Hydra's batches. A study stopped (Ctrl-C) starts none (its stop ends the command first); a spent time or
-    money budget starts none (the budget refuses them as it would a trial)."""
-    from xp.studies import confirm
-
-    made = confirm.prepared(study, spec, int(config.get("seed") or 0))
-    if made is None:
-        return []
-    cstudy, cspec = made
-    done, running = _counts(cstudy)
-    todo = cspec.n_trials - done - running
-    if todo <= 0:
-        return []
-    log.info(f"study {spec.study_name}: its {spec.confirm_top} best trials retrained with {spec.confirm} other "
-             f"seeds each ({cspec.study_name}: {todo} runs to go)")
-    pool = placement.pool(config, todo)
-    if pool is not None:
-        with pool:
-            return [scheduled(cstudy, cspec, pool, config, arguments, budget, None, uri, label="confirm")]
-    return _in_batches(cstudy, cspec, [*arguments, "sweep.pruner=none"], launcher, parallel, budget, None)
-
-
-def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any, parallel: int,
+def _in_batches(study: Any, spec: StudySpec, search: Search, arguments: list[str], launcher: Any, parallel: int,
                 budget: Any = None, best: BestModel | None = None) -> list[Any]:
-    """Ask `parallel` trials, launch them as one batch of Hydra jobs, tell, until the budget is spent (the trials'
-    number, or the time or money: no batch starts that it would not see to its end, as long as the last one)."""
-    done, elsewhere = _counts(study)
-    remaining, returns, job, took = spec.n_trials - done - elsewhere, [], 0, 0.0
-    while remaining > 0:
+    """Ask up to `parallel` trials, launch them as one batch of Hydra jobs, tell, until the search has nothing left
+    (or the time or money budget: no batch starts that it would not see to its end, as long as the last one)."""
+    from hydra.core.utils import JobStatus
+
+    returns, job, took = [], 0, 0.0
+    while (remaining := search.remaining()) > 0:
         if budget is not None and (why := budget.refuses(took)):
             log.info(f"study: no more trials start: {why}")
             break
         started = time.monotonic()
         for line in retry_dead_trials(study, spec):
             log.warning(line)
-        trials, reused = propose(study, distributions(spec), min(parallel, remaining))
-        remaining -= reused
-        if not trials and not reused:  # every proposal is another sweeper's running trial: theirs to finish
+        trials: list[Any] = []
+        while len(trials) < min(parallel, remaining) and (t := search.ask()) is not None:
+            trials.append(t)
+        if not trials:  # every proposal is another sweeper's running trial: theirs to finish
             log.info("study: every proposal is a trial another sweeper is running: this one ends, they go on")
             break
-        if not trials:
-            continue
-        jobs = [[*arguments, *(as_override(k, v) for k, v in t.params.items()), f"optuna.study={spec.study_name}",
-                 f"optuna.storage='{spec.storage}'", f"optuna.trial_id={t._trial_id}"] for t in trials]
+        jobs = []
+        for t in trials:
+            settings, _ = search.run_settings(t)
+            jobs.append([*arguments, *(as_override(k, v) for k, v in {**t.params, **settings}.items()),
+                         f"optuna.study={t.study.study_name}", f"optuna.storage='{spec.storage}'",
+                         f"optuna.trial_id={t._trial_id}"])
         with heartbeat(study, trials):
             try:
                 results = launcher.launch(jobs, initial_job_idx=job)
@@ -140,14 +108,15 @@ def _in_batches(study: Any, spec: StudySpec, arguments: list[str], launcher: Any
                 from xp.errors import XPError, one_line
 
                 raise XPError(f"hydra/launcher ({type(launcher).__name__}) failed: {one_line(e)[:300]}") from None
-        _tell(study, trials, results, best)
+        for t, r in zip(trials, results):  # how each ended, as its job returned it (xp.cli: {"state", "values"})
+            out = r._return_value if r.status == JobStatus.COMPLETED and isinstance(r._return_value, dict) else {}
+            if search.told(t, str(out.get("state")), out.get("values") or []) == Told.COMPLETE and best:
+                best.told()
         took = time.monotonic() - started
         if budget is not None:
             budget.save(force=True)
         returns.append(results)
         job += len(trials)
-        done, elsewhere = _counts(study)
-        remaining = spec.n_trials - done - elsewhere
     return returns
 
 
@@ -159,76 +128,47 @@ def _spec_here(config: Any, space: tuple[Any, ...], arguments: list[str]) -> Stu
     return spec_from(node, name, extra=space, overrides=arguments)
 
 
-def scheduled(study: Any, spec: StudySpec, pool: Any, config: Any, arguments: list[str], budget: Any = None,
-              best: BestModel | None = None, uri: str | None = None, label: str = "study") -> Any:
-    """The study's trials kept in flight on the pool's slots (xp.studies.scheduler); returns its tally."""
+def scheduled(study: Any, spec: StudySpec, search: Search, pool: Any, config: Any, arguments: list[str],
+              budget: Any = None, best: BestModel | None = None, uri: str | None = None) -> Any:
+    """The search's trials kept in flight on the pool's slots (xp.studies.scheduler); returns its tally."""
     from pathlib import Path
 
-    from optuna.trial import TrialState
-
-    dists, mark = distributions(spec), scheduler_mark()
     sweep_dir = Path(str(config.hydra.sweep.dir))
     # the user's config folders (--config-dir, hydra.searchpath), as the jobs of a sweep see them
     paths = [f"{s.schema}://{s.path}" for s in config.hydra.runtime.config_sources
              if s.provider in ("command-line", "hydra.searchpath in command-line", "hydra.searchpath in main")]
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
-
-    base = _base_config(config, arguments, searchpath)
-    population = _population(study, spec, config, dists) if spec.pbt else None
-
-    def ask() -> Any:  # (None: the budget is spent, or every proposal is a running trial's: wait for an end)
-        if population is not None:
-            return population.ask()
-        while remaining() > 0:
-            trials, reused = propose(study, dists, 1)
-            if trials or not reused:
-                return trials[0] if trials else None
-        return None
-
-    def remaining() -> int:
-        if population is not None:
-            return int(population.remaining())
-        done, running = _counts(study)
-        return spec.n_trials - done - running
-
-    def trial_message(trial: Any, job: int) -> RunTrial:
-        params = [as_override(k, v) for k, v in trial.params.items()]
-        settings = population.settings(trial) if population is not None else {}
-        return RunTrial(trial.number, trial.params, spec.study_name, spec.name, [*searchpath, *arguments],
-                        [*arguments, *params, *(as_override(k, v) for k, v in settings.items())],
-                        str(sweep_dir / str(job)), os.environ.get("XP_PARENT_RUN_ID"), base, settings=settings,
-                        tags=population.tags(trial) if population is not None else None)
-
-    def tell(trial: Any, msg: Done) -> str:
-        state = msg.state
-        if state == Told.COMPLETE:  # (a member's interval that does not end its training is no answer yet)
-            _completed(study, trial, msg.values, best if population is None or population.final(trial) else None)
-        elif state == Told.PRUNED:
-            study.tell(trial, state=TrialState.PRUNED)
-        else:
-            study.tell(trial, state=TrialState.FAIL)
-            state = Told.FAIL
-        if population is not None:
-            population.told(trial, state, msg.error)
-        return state
-
-    ends = _Unended(study, spec, uri, os.environ.get("XP_PARENT_RUN_ID"), population)
-    scheduler = Scheduler(pool, ask, remaining, trial_message, tell, ends.lost, spec.heartbeat_s,
-                          None if spec.multi_objective else spec.objectives[0].direction,
-                          mark=lambda trial: trial.set_user_attr(SCHEDULER_ATTR, mark), give_back=ends.give_back,
-                          unsettled=ends.unsettled, budget=budget, label=label,
-                          answers=population.final if population is not None else lambda trial: True)
-    return scheduler.run()
+    runs = Runs(study, spec, search, uri, os.environ.get("XP_PARENT_RUN_ID"), best,
+                [*searchpath, *arguments], arguments, sweep_dir, _base_config(config, arguments, searchpath))
+    return Scheduler(pool, search, runs, spec.heartbeat_s, budget=budget).run()
 
 
-class _Unended:
-    """The trials that do not end on their own: one whose worker was lost (retried), those in flight or held when
-    the study stops early (queued again), the one a gone worker finished last. Each one's run is ended in the store
-    where its worker could not (gone, perhaps with its host: nothing there may ever start again to end it)."""
+class Runs:
+    """The runs of a study's trials, as the scheduler starts and ends them: each trial's message to its worker and
+    who runs it; the registry's `best` told of each complete trial; and the runs that do not end on their own: one
+    whose worker was lost, those in flight or held when the study stops early (queued again), the one a gone worker
+    finished last. Each one's run is ended in the store where its worker could not (gone, perhaps with its host:
+    nothing there may ever start again to end it)."""
 
-    def __init__(self, study: Any, spec: StudySpec, uri: str | None, parent: str | None, population: Any = None):
-        self.study, self.spec, self.uri, self.parent = study, spec, uri, parent
-        self.population = population  # search=pbt: a lost member's interval is replaced from the population
+    def __init__(self, study: Any, spec: StudySpec, search: Search, uri: str | None, parent: str | None,
+                 best: BestModel | None, base: list[str], arguments: list[str], sweep_dir: Any,
+                 config: dict[str, Any] | None):
+        self.study, self.spec, self.search, self.uri, self.parent, self.best = study, spec, search, uri, parent, best
+        self.base, self.arguments, self.sweep_dir, self.config = base, arguments, sweep_dir, config
+        self.who = scheduler_mark()
+
+    def message(self, trial: Any, job: int) -> RunTrial:
+        settings, tags = self.search.run_settings(trial)
+        return RunTrial(trial.number, trial.params, trial.study.study_name, self.spec.name, self.base,
+                        [*self.arguments, *(as_override(k, v) for k, v in {**trial.params, **settings}.items())],
+                        str(self.sweep_dir / str(job)), self.parent, self.config, settings=settings, tags=tags)
+
+    def mark(self, trial: Any) -> None:
+        trial.set_user_attr(SCHEDULER_ATTR, self.who)
+
+    def told(self, trial: Any, state: str) -> None:
+        if state == Told.COMPLETE and self.best is not None:
+            self.best.told()
 
     def _end_runs(self, trials: list[Any], why: str, state: RunStatus) -> None:
         from xp.tracking import service
@@ -239,43 +179,21 @@ class _Unended:
                          state=state)
 
     def lost(self, trial: Any, why: str) -> None:
-        from optuna.trial import TrialState
-
         self._end_runs([trial], f"its worker was lost: {why}", RunStatus.FAILED)
-        self.study.tell(trial, state=TrialState.FAIL)
-        if self.population is not None:
-            self.population.lost(trial)
-            return
-        again = _retry(self.study, self.spec, trial._trial_id)
-        log.warning(f"trial {trial.number} lost its worker ({why}): "
-                    + ("retried with the same parameters" if again else "failed, retry limit reached"))
+        log.warning(f"trial {trial.number} lost its worker ({why}): {self.search.lost(trial, why)}")
 
     def give_back(self, trials: list[Any], why: str) -> None:
         # (a worker, stopped, did not end its run in time)
         self._end_runs(trials, f"the study was {why}", RunStatus.KILLED)
         for t in trials:
-            requeue(self.study, t)
+            requeue(t)
         log.warning(f"study {why}: trial{'s' if len(trials) > 1 else ''} "
                     + ", ".join(str(t.number) for t in trials)
                     + " given back to the study (the same command runs them first)")
 
     def unsettled(self, trial: Any, state: str | None, why: str) -> None:
         self._end_runs([trial], f"its worker went ({why}) before its records reached the store",
-                      RunStatus.FINISHED if state in (Told.COMPLETE, Told.PRUNED) else RunStatus.FAILED)
-
-
-def _population(study: Any, spec: StudySpec, config: Any, dists: dict[str, Any]) -> Any:
-    """search=pbt: the study's population; its members commit under checkpoint_dir (or checkpoints/pbt-STUDY),
-    which every slot's host must reach (a shared file system where the slots are other hosts)."""
-    from pathlib import Path
-
-    from xp.studies.pbt import Population
-    from xp.studies.pbtspec import check_run
-
-    check_run(spec.pbt, config.get("epochs"), spec.n_trials, f"sweep={spec.name}")
-    root = Path(config.get("checkpoint_dir") or Path("checkpoints") / f"pbt-{spec.study_name}").expanduser()
-    return Population(study, spec, dists, int(config.epochs), root.absolute(), spec.sampler_seed,
-                      (config.get("model") or {}).get("log") != "none")
+                       RunStatus.FINISHED if state in (Told.COMPLETE, Told.PRUNED) else RunStatus.FAILED)
 
 
 def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> dict[str, Any]:
@@ -295,71 +213,43 @@ def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> di
     return plain(compose("config", overrides=[*searchpath, *arguments]), resolve=False)
 
 
-def _retry(study: Any, spec: StudySpec, trial_id: int) -> bool:
-    """Queue a failed trial again with its parameters (as Optuna's retry of stale trials does), up to
-    max_retry times; whether it was queued."""
-    import optuna
-
-    frozen = study._storage.get_trial(trial_id)
-    before = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)(study, frozen)
-    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))) > before
-
-
-def requeue(study: Any, trial: Any) -> None:
+def requeue(trial: Any) -> None:
     """A trial the study stops before it ends: FAIL, marked INTERRUPTED (not counted: trial._counts), and queued
-    again with its parameters (WAITING: the next ask takes it first), not counted against max_retry (the trial did
-    nothing wrong)."""
+    again in its own study with its parameters and what its search noted on it (WAITING: the next ask takes it
+    first), not counted against max_retry (the trial did nothing wrong)."""
     import optuna
     from optuna.trial import TrialState
 
+    study = trial.study
     frozen = study._storage.get_trial(trial._trial_id)
     if frozen.state != TrialState.RUNNING:  # told already (the stop came as it was)
         return
     study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
     study.tell(trial, state=TrialState.FAIL)
+    noted = {k: v for k, v in frozen.user_attrs.items() if k not in RUN_ATTRS}  # (a PBT member's lineage)
     study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params=frozen.params,
                                               distributions=frozen.distributions,
                                               system_attrs=frozen.system_attrs,
-                                              user_attrs={"interrupted_from": frozen.number,  # (a PBT member's
-                                                          **{k: v for k, v in frozen.user_attrs.items()  # lineage)
-                                                             if k == PBT_ATTR}}))
+                                              user_attrs={**noted, "interrupted_from": frozen.number}))
 
 
-def retry_orphans(study: Any, spec: StudySpec) -> list[str]:
-    """Trials left RUNNING by a scheduler of this host whose process is gone (SIGKILL, out of memory): FAIL at
-    once, each retried with its parameters (up to max_retry times), without waiting for grace_s."""
+RUN_ATTRS = {"mlflow_run_id", SCHEDULER_ATTR, INTERRUPTED, "interrupted_from"}  # a trial's run's, not its search's
+
+
+def retry_orphans(study: Any, spec: StudySpec, search: Search) -> list[str]:
+    """Trials left RUNNING by a scheduler of this host whose process is gone (SIGKILL, out of memory): lost at
+    once (the search retries them as it sees fit), without waiting for grace_s."""
     from optuna.trial import TrialState
 
     lines = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if orphaned(t.user_attrs.get(SCHEDULER_ATTR)):
-            study.tell(t.number, state=TrialState.FAIL)
-            again = _retry(study, spec, t._trial_id)
-            lines.append(f"trial {t.number} lost its sweeper (its process is gone): "
-                         + ("retried with the same parameters" if again else "failed, retry limit reached"))
+            outcome = search.lost(optuna_trial(study, t), "its sweeper's process is gone")
+            lines.append(f"trial {t.number} lost its sweeper (its process is gone): {outcome}")
     return lines
 
 
-def _completed(study: Any, trial: Any, values: list[float], best: BestModel | None) -> None:
-    """Tell the study a trial completed, and its registry's alias (BestModel) that it may be the best."""
-    study.tell(trial, values)
-    if best is not None:
-        best.told(trial, values)
+def optuna_trial(study: Any, frozen: Any) -> Any:
+    import optuna
 
-
-def _tell(study: Any, trials: list[Any], results: list[Any], best: BestModel | None = None) -> None:
-    """How each launched trial ended, as its job returned it (xp.cli: {"state", "values"})."""
-    from hydra.core.utils import JobStatus
-    from optuna.trial import TrialState
-
-    for t, r in zip(trials, results):
-        out = r._return_value if r.status == JobStatus.COMPLETED and isinstance(r._return_value, dict) else {}
-        if out.get("state") == Told.COMPLETE:
-            _completed(study, t, out["values"], best)
-        elif out.get("state") == Told.PRUNED:
-            study.tell(t, state=TrialState.PRUNED)
-        else:
-            study.tell(t, state=TrialState.FAIL)
+    return optuna.trial.Trial(study, frozen._trial_id)
