@@ -152,10 +152,10 @@ def test_a_studys_spec_is_read_once_by_the_preflight_and_its_slots_asked_once(tm
     from xp import preflight
     from xp.launching.launcher import Local
     from xp.launching.placement import OnSlots, Placement, choose
-    from xp.studies import study
+    from xp.studies import studyfile
     from xp.studies.study import StudySpec
 
-    study.register(typed=["lr_batch"])
+    studyfile.register(typed=["lr_batch"])
     checked = preflight.preflight(["-m", "sweep=lr_batch", "sweep.parallel=2", "lr=interval(0.01,0.1)",
                                    f"tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
     spec = checked.study

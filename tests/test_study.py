@@ -9,6 +9,7 @@ import yaml
 from conftest import mlflow_client, mlflow_runs, run_xp, said, wait_for_line, xp_process
 from xp.studies import study
 from xp.studies import trial
+from xp.studies import studyfile
 from xp.errors import ConfigError
 
 KNOWN = {"lr", "batch", "momentum", "wd", "warmup_epochs", "epochs"}
@@ -19,6 +20,7 @@ def sweeps(tmp_path, monkeypatch):
     d = tmp_path / "sweeps"
     d.mkdir()
     monkeypatch.setattr(study, "SWEEPS_DIR", d)
+    monkeypatch.setattr(studyfile, "SWEEPS_DIR", d)
 
     def write(name, text):
         (d / f"{name}.yaml").write_text(textwrap.dedent(text))
@@ -405,7 +407,7 @@ def test_the_config_shipped_to_a_studys_workers_is_the_trials_composed_base(monk
     from xp import shipped
     from xp.studies.sweeper import _base_config
 
-    study.register()
+    studyfile.register()
     arguments = overrides if arguments is None else arguments
     with initialize_config_dir(str(shipped("conf")), version_base="1.3", job_name="xp"):
         swept = GlobalHydra.instance().hydra.compose_config("config", overrides, run_mode=RunMode.MULTIRUN)
@@ -513,6 +515,54 @@ def test_the_command_line_wins_over_the_search_space():
                         overrides=["batch=32"])
 
 
+def test_every_key_of_conf_declares_whether_it_is_part_of_a_studys_question():
+    """Each key of conf/ says, where it is defined, whether it can change a trial's result (xp.confref.QUESTION):
+    a key added without it fails here; a condition names a key that exists."""
+    from xp.confref import TAG, questions
+    from xp.preflight import CONF_DIR
+
+    declared = questions(CONF_DIR)
+    assert len(declared) > 100
+    unclassified = sorted(k for k, v in declared.items() if not v or not TAG.fullmatch(f"[{v}]"))
+    assert not unclassified, f"keys of conf/ that do not say whether they are part of a study's question: " \
+                             f"{unclassified} (end the comment with [result], [measured], [how] or [result if KEY])"
+    named = {v.split(" if ", 1)[1].partition("=")[0] for v in declared.values() if " if " in v}
+    assert named and named <= set(declared), named - set(declared)
+
+
+@pytest.mark.parametrize("setting", ["target_accuracy=0.9", "diagnose_steps=10", "auto_batch_memory_mb=100",
+                                     "timing_warmup_batches=5", "pricing=spot", "data_nthreads=2",
+                                     "model.log=none", "checkpoint.keep_last=1"])
+def test_a_setting_that_cannot_change_a_result_is_not_the_question(setting):
+    """Each of these, on a study made without it, was refused as 'its answer would mix both' (diagnose off, batch
+    searched, local hardware's price 0, the digits in memory): none changes what a trial trains or measures."""
+    from conftest import compose_config
+    from xp.studies import question
+
+    spec = study.spec_from({"params": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
+                                       "batch": {"type": "categorical", "choices": [16, 32]}}}, "q", KNOWN)
+    assert question.differences(question.question_of(compose_config(), spec),
+                                question.question_of(compose_config(setting), spec)) == {}
+
+
+@pytest.mark.parametrize("setting, objective", [
+    ("epochs=2", "val_accuracy"), ("backend=torch", "val_accuracy"), ("model=resnet18", "val_accuracy"),
+    ("dataset=synthetic", "val_accuracy"), ("dtype=float16", "val_accuracy"), ("momentum=0.5", "val_accuracy"),
+    ("timing_warmup_batches=5", "throughput"), ("data_nthreads=2 dataset=digits_jpeg", "val_accuracy"),
+    ("diagnose=true diagnose_steps=10", "val_accuracy"), ("batch=auto auto_batch_memory_mb=100", "val_accuracy")])
+def test_a_setting_that_can_change_a_result_still_asks_another_question(setting, objective):
+    """The refusals that are right stay: what a trial trains, and what is measured where an objective is
+    measured; a conditional key counts while its condition holds."""
+    from conftest import compose_config
+    from xp.studies import question
+
+    spec = study.spec_from({"params": {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
+                            "objectives": [{"metric": objective, "direction": "maximize"}]}, "q", KNOWN)
+    *before, last = setting.split()
+    assert question.differences(question.question_of(compose_config(*before), spec),
+                                question.question_of(compose_config(*before, last), spec)), setting
+
+
 def test_a_studys_question_holds_what_changes_a_result_and_names_each_difference():
     from xp.studies import question
 
@@ -574,7 +624,7 @@ def test_the_preflights_question_is_the_one_the_sweeper_would_compute_from_hydra
     from xp.studies.compose import plain
     from xp.studies.compose import job_config
 
-    study.register()
+    studyfile.register()
     overrides = ["sweep=lr_batch", "epochs=2", "model=resnet18", "batch=32"]
     with initialize_config_dir(str(shipped("conf")), version_base="1.3", job_name="xp"):
         swept = GlobalHydra.instance().hydra.compose_config("config", overrides, run_mode=RunMode.MULTIRUN)

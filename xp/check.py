@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from xp.cli import error_line
     from xp.launching.launcher import offer_options
     from xp.run.backend_plan import plan_and_backend
-    from xp.studies import study
+    from xp.studies import studyfile
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         if flags:
             raise ConfigError(f"{flags[0]}: python -m xp.check takes KEY=VALUE settings (model=NAME dataset=NAME "
                               "backend=NAME ...), --config-dir DIR (your own options) or --list")
-        study.register()
+        studyfile.register()
         offer_options()
         plugins.offer_options()
         configs = preflight.preflight([*argv, "workers=1"]).configs

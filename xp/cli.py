@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from xp import recipes
     from xp.data import plugins
     from xp.launching.launcher import offer_options
-    from xp.studies import study
+    from xp.studies import studyfile
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = normalize_argv(argv)
     if any(a in PASSTHROUGH or a.split("=")[0] in PASSTHROUGH for a in argv):
         # the study files are options of the config group `sweep`; the help only lists them
-        study.register(names_only=all(a in HELP for a in argv))
+        studyfile.register(names_only=all(a in HELP for a in argv))
         offer_options()
         plugins.offer_options()
         _help_resolver()
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             from xp.launching.placement import Placement
 
             placement = Placement.with_zygote()  # first: its worker's imports overlap all that follows
-        study.register(typed=_studies_chosen(argv))
+        studyfile.register(typed=_studies_chosen(argv))
         offer_options()
         plugins.offer_options()  # a package's networks and data sets, as options of model and dataset
         _remember_command(argv)

@@ -14,12 +14,24 @@ SECTION = re.compile(r"^#\s*---\s*(?P<title>.*?)\s*-*\s*$")
 NOT_USERS = ("defaults", "hydra", "optuna")  # config.yaml's keys a user does not set (Hydra's, a study's trial's)
 
 
+TAG = re.compile(r"\s*\[(?P<tag>(?:result|measured|how)(?: if [\w.]+(?:=[^\]\s]+)?)?)\]\s*$")
+HEADER = re.compile(r"^#\s*xp\.question:\s*(?P<tag>\S.*?)\s*$")  # a file's default for its untagged keys
+# Whether a key can change a trial's result, declared at the end of its comment (or by its file's header
+# `# xp.question: CLASS`, or by the node above it), read by xp.studies.question:
+QUESTION = {"result": "part of a study's question: it changes what a trial trains",
+            "measured": "part of it only where an objective is measured (throughput, time, cost): it changes what is "
+                        "measured of a trial, not what it trains",
+            "how": "never part of it: where or how a trial runs, or what is recorded besides its result",
+            "result if KEY[=VALUE]": "part of it only while KEY is set (to VALUE)"}
+
+
 @dataclass(frozen=True)
 class Key:
     key: str  # dotted: checkpoint.keep_last
     default: str  # as written in the file ("" for a node of keys)
     comment: str
     section: str = ""  # the "# --- title ---" it comes under
+    question: str = ""  # result | measured | how | result if KEY[=VALUE] ("": not declared)
 
 
 @dataclass(frozen=True)
@@ -33,11 +45,14 @@ class Group:
 def keys(path: Path, skip: tuple[str, ...] = NOT_USERS) -> list[Key]:
     """The keys of one YAML file of conf/, nested keys dotted, with their default and comment."""
     out: list[Key] = []
-    stack: list[tuple[int, str]] = []  # (indent, key) of the nodes above
-    section = ""
+    stack: list[tuple[int, str, str]] = []  # (indent, key, its question) of the nodes above
+    section, default = "", ""
     for line in path.read_text().splitlines():
         if m := SECTION.match(line):
             section = m["title"]
+            continue
+        if m := HEADER.match(line):
+            default = m["tag"]
             continue
         m = LINE.match(line)
         if not m or line.lstrip().startswith("#"):
@@ -45,11 +60,26 @@ def keys(path: Path, skip: tuple[str, ...] = NOT_USERS) -> list[Key]:
         indent = len(m["indent"])
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        dotted = ".".join([k for _, k in stack] + [m["key"]])
-        stack.append((indent, m["key"]))
+        dotted = ".".join([k for _, k, _ in stack] + [m["key"]])
+        comment = (m["comment"] or "").strip()
+        tag = TAG.search(comment)
+        question = tag["tag"] if tag else stack[-1][2] if stack else default  # (its own, its node's, its file's)
+        stack.append((indent, m["key"], question))
         if dotted.split(".")[0] in skip:
             continue
-        out.append(Key(dotted, m["value"].strip(), (m["comment"] or "").strip(), section))
+        out.append(Key(dotted, m["value"].strip(), comment[:tag.start()] if tag else comment, section, question))
+    return out
+
+
+def questions(conf: Path) -> dict[str, str]:
+    """Every key of conf/ (a group's dotted under its group: model.log) with what it is to a study's question
+    (QUESTION). A key two options of a group declare differently counts as `result` (the safe side)."""
+    out = {k.key: k.question for k in keys(conf / "config.yaml", skip=("defaults", "hydra"))}
+    for folder in sorted(p for p in conf.iterdir() if p.is_dir() and p.name != "hydra"):
+        for path in sorted(folder.glob("*.yaml")):
+            for k in keys(path, skip=()):
+                name = f"{folder.name}.{k.key}"
+                out[name] = k.question if out.get(name, k.question) == k.question else "result"
     return out
 
 
@@ -72,7 +102,8 @@ def first_comment(path: Path) -> str:
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
-        said.append(line.lstrip("# ").strip())
+        if not HEADER.match(line):
+            said.append(line.lstrip("# ").strip())
     return " ".join(s for s in said if s)
 
 
@@ -104,17 +135,21 @@ def reference(conf: Path) -> str:
         for option, comment in g.options.items():
             out += [f"- **`{g.name}={option}`**: {comment or '-'}"]
             for k in keys(folder / f"{option}.yaml", skip=()) if folder else []:
-                out.append(f"    - `{g.name}.{k.key}` = `{k.default}`: {k.comment or '-'}" if k.default else
-                           f"    - `{g.name}.{k.key}`: {k.comment or '-'}")
+                out.append(f"    - `{g.name}.{k.key}` = `{k.default}`: {k.comment or '-'} ({k.question})" if k.default
+                           else f"    - `{g.name}.{k.key}`: {k.comment or '-'} ({k.question})")
         out.append("")
-    out += ["## Keys", ""]
+    out += ["## Keys", "", "The last column says whether a key is part of a study's *question* (a study refuses a "
+            "command that changes such a key under its name, xp.studies.question), as its comment in `conf/` "
+            "declares it (the value in parentheses after a group's key says the same):", "",
+            *(f"- **{k}**: {v}." for k, v in QUESTION.items()), ""]
     section = None
     for k in keys(conf / "config.yaml"):
         if k.section != section:
             section = k.section
-            out += ["", f"### {section[:1].upper() + section[1:]}", "", "| key | default | meaning |", "|---|---|---|"]
-        out.append(f"| `{k.key}` | `{k.default}` | {k.comment.replace('|', '/') or '-'} |" if k.default else
-                   f"| `{k.key}` | | {k.comment.replace('|', '/') or '-'} |")
+            out += ["", f"### {section[:1].upper() + section[1:]}", "", "| key | default | meaning | question |",
+                    "|---|---|---|---|"]
+        out.append(f"| `{k.key}` | {f'`{k.default}`' if k.default else ''} | {k.comment.replace('|', '/') or '-'} | "
+                   f"{k.question} |")
     return "\n".join(out) + "\n"
 
 

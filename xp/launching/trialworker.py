@@ -313,9 +313,9 @@ class _Hydra:
             from xp import shipped
             from xp.data import plugins
             from xp.launching.launcher import offer_options
-            from xp.studies import study
+            from xp.studies import studyfile
 
-            study.register()  # the study files are options of the config group `sweep`
+            studyfile.register()  # the study files are options of the config group `sweep`
             offer_options()  # and the launchers of the config group `launcher`
             plugins.offer_options()  # and the registered networks and data sets
             initialize_config_dir(str(shipped("conf")), version_base="1.3", job_name="xp").__enter__()

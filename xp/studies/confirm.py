@@ -175,12 +175,12 @@ class Confirmation:
         if self.confirming is None and self.inner.remaining() <= 0 and not self.study.get_trials(
                 deepcopy=False, states=(TrialState.RUNNING,)):
             self.confirming = prepared(self.study, self.spec, self.base_seed)
-            if self.confirming is not None:
+            from xp.studies.trial import _counts
+
+            done, running = _counts(self.confirming[0]) if self.confirming is not None else (0, 0)
+            if self.confirming is not None and self.confirming[1].n_trials - done - running > 0:
                 import logging
 
-                from xp.studies.trial import _counts
-
-                done, running = _counts(self.confirming[0])
                 logging.getLogger("xp").info(
                     f"study {self.spec.study_name}: its {self.spec.confirm_top} best trials retrained with "
                     f"{self.spec.confirm} other seeds each ({self.confirming[1].study_name}: "

@@ -1,12 +1,12 @@
 """What a study asks: the settings its trials hold fixed, recorded in the study, so that a command that changes
 them under the same name is refused (or continued on the user's word, recorded) instead of mixing answers.
 
-A study's *question* is everything that changes a trial's result: the composed config (model and its options,
-dataset, backend, dtype, epochs, the hyperparameters it does not search, hardware and its price), the search
-space and the objectives, and a recipe's own settings. What only says where or how the trials run (the launcher
-and its hosts, slots, budgets, the tracking store, checkpoints, timeouts, the study's bookkeeping fields) is not
-part of it. The question is a flat {key: value} dict; the study keeps it as its user attribute QUESTION, and
-every change the user accepted (sweep.continue_changed=true) in CHANGES.
+A study's *question* is everything that changes a trial's result: the composed config's keys that can (the
+model and its options, dataset, backend, dtype, epochs, the hyperparameters it does not search, ...), the search
+space and the objectives, and a recipe's own settings. Whether a key can change a result is declared where the key
+is defined, at the end of its comment in conf/ (xp.confref.QUESTION: result, measured, how, result if KEY), and
+a test holds every key of conf/ to it. The question is a flat {key: value} dict; the study keeps it as its user
+attribute QUESTION, and every change the user accepted (sweep.continue_changed=true) in CHANGES.
 
 A study made before xp recorded its question gets it from the first command that continues it.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -28,12 +29,31 @@ log = logging.getLogger("xp")
 QUESTION = "xp.question"  # the study's user attribute: its question ({key: value as JSON})
 CHANGES = "xp.question_changes"  # ... and the changes the user accepted: [{"at", "changed": {key: [was, now]}}]
 
-# Top-level keys (and their subtrees) that say where or how a trial runs, or how it is recorded: not its result.
-NOT_THE_QUESTION = ("sweep", "optuna", "hydra", "launcher", "experiment", "tracking_uri", "run_name", "host_ip",
-                    "network_interface", "port", "dist_timeout_s", "save_params", "checkpoint_dir",
-                    "checkpoint_every", "checkpoint", "resume", "telemetry_interval_s", "system_metrics_interval_s",
-                    "elastic.poll_s", "elastic.wait_s", "elastic.max_restarts", "model.log", "hardware.price_date",
-                    "hardware.price_source")
+# What a study's objective can be that is measured of a trial rather than trained into it: a `measured` key counts
+MEASURED = ("throughput", "cost_usd", "train_time_s", "epoch_time_s")
+NOT_SETTINGS = ("sweep", "hydra")  # the study's own node (its space and objectives count below) and Hydra's
+
+
+@functools.lru_cache(maxsize=1)
+def declared() -> dict[str, str]:
+    from xp.confref import questions
+    from xp.preflight import CONF_DIR
+
+    return questions(CONF_DIR)
+
+
+def asks(key: str, flat: dict[str, Any], measured: bool) -> bool:
+    """Whether `key` of a composed config (flattened) is part of the question, as conf/ declares it (a key conf/
+    does not know, a user's own, counts: the safe side)."""
+    if key.split(".")[0] in NOT_SETTINGS:
+        return False
+    classes, parts = declared(), key.split(".")
+    klass = next((classes[".".join(parts[:n])] for n in range(len(parts), 0, -1)
+                  if classes.get(".".join(parts[:n]))), "result")
+    if klass.startswith("result if "):
+        on, eq, value = klass[len("result if "):].partition("=")
+        return (str(flat.get(on)).lower() == value.lower()) if eq else flat.get(on) not in (None, False, 0, "")
+    return klass == "result" or klass == "measured" and measured
 
 
 def _space(p: Param) -> str:
@@ -49,8 +69,9 @@ def question_of(config: dict[str, Any], spec: StudySpec) -> dict[str, str]:
     from xp.studies.compose import flatten
 
     searched = {p.name for p in spec.params}
-    out = {k: json.dumps(v, sort_keys=True) for k, v in flatten(dict(config)).items()
-           if k not in searched and not any(k == n or k.startswith(n + ".") for n in NOT_THE_QUESTION)}
+    flat = flatten(dict(config))
+    measured = any(o.metric in MEASURED for o in spec.objectives)
+    out = {k: json.dumps(v, sort_keys=True) for k, v in flat.items() if k not in searched and asks(k, flat, measured)}
     out.update({f"space.{p.name}": _space(p) for p in spec.params})
     out["objectives"] = ", ".join(f"{o.direction} {o.metric}" for o in spec.objectives)
     if spec.settings:

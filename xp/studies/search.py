@@ -105,10 +105,14 @@ class Sampled:
         from xp.studies.proposals import propose
 
         while self.remaining() > 0:
+            self.proposing()
             trials, reused = propose(self.study, self.dists, 1)
             if trials or not reused:  # (reused: an earlier result told at once; none: wait for an end)
                 return trials[0] if trials else None
         return None
+
+    def proposing(self) -> None:
+        """Before each proposal is asked (a warm start queues its own here: xp.studies.warm)."""
 
     def run_settings(self, trial: Any) -> tuple[dict[str, Any], dict[str, str] | None]:
         return {}, None
@@ -184,6 +188,10 @@ def search_for(study: Any, spec: StudySpec, config: Any) -> Search:
         from xp.studies.pbt import population
 
         search = population(study, spec, config)
+    elif spec.warm_start:
+        from xp.studies.warm import WarmStart
+
+        search = WarmStart(study, spec)
     else:
         search = Sampled(study, spec)
     if spec.confirm:

@@ -1,0 +1,120 @@
+"""A warm start (`sweep.warm_start=OLD`): a study that begins from an earlier study's results, the usual next step
+after its question changed (epochs=2, then epochs=6; gluon, then torch; a narrower range).
+
+The earlier study's finished trials whose parameters lie in this study's space seed its sampler; they never enter
+this study: its trials, budget and answer are its own. The seeding goes through Optuna's public API only: a
+study in memory (the *shadow*) holds the earlier trials and, as they end, this study's own; each proposal is asked
+of the shadow, with the study's sampler, and enqueued in this study, which runs it as any proposal (reused if it
+ran, dropped if another slot claimed it). It is said in one line and recorded in the study (WARM_ATTR), and in
+its answer (what it searched with: `extra["warm_start"]`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from xp.errors import ConfigError
+from xp.studies.answer import Answer
+from xp.studies.search import Sampled
+from xp.studies.study import StudySpec
+
+log = logging.getLogger("xp")
+
+WARM_ATTR = "xp.warm_start"  # the study's user attribute: {"from": the earlier study, "trials": how many seeded it}
+
+
+def warm_from(raw: dict[str, Any], where: str) -> str | None:
+    """A study file's warm_start: the earlier study's name, checked (None: a cold start)."""
+    name = raw.get("warm_start")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: warm_start={name!r}: the name of an earlier study in the same storage")
+    if raw.get("search", "optuna") != "optuna" or raw.get("sampler") == "grid":
+        raise ConfigError(f"{where}: warm_start={name}: seeds an Optuna sampler (search=optuna, not grid); this "
+                          f"study's search is {raw.get('search', 'optuna')}, its sampler {raw.get('sampler', 'tpe')}")
+    if name == raw.get("study_name"):
+        raise ConfigError(f"{where}: warm_start={name}: that is this study; the same command continues it")
+    return name.strip()
+
+
+class WarmStart(Sampled):
+    """Optuna's search (Sampled), its proposals asked of a shadow study that also holds the earlier study's
+    finished trials in this space."""
+
+    def __init__(self, study: Any, spec: StudySpec):
+        import optuna
+
+        from xp.studies.trial import make_sampler, storage_of
+
+        super().__init__(study, spec)
+        source_name = str(spec.warm_start)
+        try:
+            source = optuna.load_study(study_name=source_name, storage=storage_of(spec.storage))
+        except KeyError:
+            names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage_of(spec.storage)))
+            raise ConfigError(f"sweep.warm_start={source_name}: no such study in this storage; it holds: "
+                              f"{', '.join(n for n in names if n != spec.study_name) or 'no other'}") from None
+        wanted = [o.metric for o in spec.objectives]
+        directions = [o.direction for o in spec.objectives]
+        have = source.metric_names or wanted
+        if list(have) != wanted or [d.name.lower() for d in source.directions] != directions:
+            raise ConfigError(f"sweep.warm_start={source_name}: it optimises "
+                              + ", ".join(f"{d.name.lower()} {m}" for d, m in zip(source.directions, have))
+                              + f"; this study {', '.join(f'{d} {m}' for d, m in zip(directions, wanted))}: its "
+                              "values would mean something else here")
+        self.source = source_name
+        self.shadow = optuna.create_study(directions=directions, sampler=make_sampler(spec))  # (in memory)
+        finished = source.get_trials(deepcopy=False, states=(_state("COMPLETE"), _state("PRUNED")))
+        seeds = [t for t in finished if self._fits(t)]
+        for t in seeds:
+            self.shadow.add_trial(self._copy(t))
+        self.seeded, self.copied = len(seeds), set[int]()
+        study.set_user_attr(WARM_ATTR, {"from": source_name, "trials": self.seeded, "of": len(finished)})
+        log.info(f"study {spec.study_name}: warm start from study {source_name}: {self.seeded} of its "
+                 f"{len(finished)} finished trials lie in this space; they seed the sampler, never the answer")
+
+    def _fits(self, trial: Any) -> bool:
+        """Whether an earlier trial's parameters are exactly this study's, each in its range."""
+        return set(trial.params) == set(self.dists) and all(
+            self.dists[k]._contains(self.dists[k].to_internal_repr(v)) for k, v in trial.params.items())
+
+    def _copy(self, trial: Any) -> Any:
+        from optuna.trial import create_trial
+
+        complete = trial.state.name == "COMPLETE"
+        return create_trial(state=trial.state, params=dict(trial.params), distributions=self.dists,
+                            values=list(trial.values) if complete else None,
+                            intermediate_values=dict(trial.intermediate_values))
+
+    def describe(self) -> str:
+        return f"{super().describe()}, warm-started from study {self.source} ({self.seeded} trials)"
+
+    def proposing(self) -> None:
+        """Before each proposal: the study's trials that ended since are copied into the shadow, and, where no
+        trial waits in the study's queue (given back, retried: those run first), the shadow's next proposal is
+        queued in it."""
+        from optuna.trial import TrialState
+
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if t.number not in self.copied and self._fits(t):
+                self.shadow.add_trial(self._copy(t))
+                self.copied.add(t.number)
+        if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return
+        proposal = self.shadow.ask(self.dists)
+        self.shadow.tell(proposal, state=TrialState.FAIL)  # (asked only: its result comes as the study's trial's)
+        self.study.enqueue_trial(proposal.params)
+
+    def answer(self) -> Answer:
+        answer = super().answer()
+        return dataclasses.replace(answer, extra={**answer.extra, "warm_start": {"from": self.source,
+                                                                                  "trials": self.seeded}})
+
+
+def _state(name: str) -> Any:
+    from optuna.trial import TrialState
+
+    return TrialState[name]
