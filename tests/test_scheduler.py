@@ -314,7 +314,7 @@ def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_ru
             os.kill(os.getpid(), signal.SIGINT)
 
     event.listen(study._storage._backend.engine, "commit", on_commit)
-    search = SimpleNamespace(label="study", ask=study.ask, remaining=lambda: 20 - scheduler.jobs, told=tell,
+    search = SimpleNamespace(label=lambda t: "study", ask=study.ask, remaining=lambda: 20 - scheduler.jobs, told=tell,
                              lost=lambda t, why: None, leader=lambda: None)
     runs = Runs(study, None, search, None, None, None, [], [], "", None)
     runs.message = lambda t, job: RunTrial(t.number, {}, "s", "s", [], [], "", None)
@@ -371,7 +371,7 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
     pool.release = lambda w: (pool.workers.remove(w), pool.released.append(w), w.send(Exit()))
     numbers, told = iter(range(12)), []
     storage = SimpleNamespace()  # keeps no heartbeats
-    search = SimpleNamespace(label="study", ask=lambda: SimpleNamespace(number=next(numbers),
+    search = SimpleNamespace(label=lambda t: "study", ask=lambda: SimpleNamespace(number=next(numbers),
                                                                         study=SimpleNamespace(_storage=storage)),
                              remaining=lambda: 12 - scheduler.jobs,
                              told=lambda t, state, values, error=None: told.append(t.number) or "COMPLETE",

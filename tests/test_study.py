@@ -651,9 +651,11 @@ def test_a_study_reached_with_other_settings_is_refused_in_one_line_and_continue
     best = s.best_trial
     tags = parent.data.tags
     assert tags["xp.best_trial"] == str(best.number) and tags["xp.best_run_id"] == best.user_attrs["mlflow_run_id"]
-    assert f"**trial {best.number}**" in tags["mlflow.note.content"] and "models:/small/1" in tags["mlflow.note.content"]
     client = mlflow_runs(store)[0]
-    version = client.get_model_version_by_alias("small", "best")
+    version = client.get_model_version_by_alias("small", "best")  # (its number: in the order the trials ended)
+    assert version.tags["trial"] == str(best.number) and version.run_id == best.user_attrs["mlflow_run_id"]
+    assert f"**trial {best.number}**" in tags["mlflow.note.content"]
+    assert f"models:/small/{version.version}" in tags["mlflow.note.content"]
     assert tags["xp.best_model"] == f"models:/small/{version.version}"
     model_id = version.model_id or version.source.split("/", 1)[1].lstrip("/")
     assert json_of(client.get_logged_model(model_id).tags["mlflow.modelVersions"]) == [

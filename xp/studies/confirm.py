@@ -161,9 +161,8 @@ class Confirmation:
         self.inner, self.study, self.spec, self.base_seed = inner, study, spec, base_seed
         self.confirming: tuple[Any, StudySpec] | None = None  # (its study, its spec), once the inner search is done
 
-    @property
-    def label(self) -> str:
-        return "confirm" if self.confirming is not None else self.inner.label
+    def label(self, trial: Any) -> str:
+        return "confirm" if self._mine(trial) else str(self.inner.label(trial))
 
     def describe(self) -> str:
         return f"{self.inner.describe()}; its {self.spec.confirm_top} best confirmed with {self.spec.confirm} more seeds"
@@ -207,8 +206,12 @@ class Confirmation:
             return None
         from xp.studies.trial import distributions
 
+        import warnings
+
         cstudy, cspec = self.confirming  # type: ignore[misc]
-        return cstudy.ask(distributions(cspec))  # (each enqueued with its parameters and seed)
+        with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": xp beats itself
+            warnings.simplefilter("ignore", UserWarning)
+            return cstudy.ask(distributions(cspec))  # (each enqueued with its parameters and seed)
 
     def _mine(self, trial: Any) -> bool:
         return self.confirming is not None and trial.study.study_name == self.confirming[1].study_name
@@ -239,14 +242,19 @@ class Confirmation:
         confirmed = results(self.study, self.spec, self.base_seed)
         if not confirmed or len(confirmed[0].values) < 2:
             return self.inner.leader()
+        return self._member(confirmed[0])
+
+    def _member(self, c: Confirmed) -> Any:
+        """A confirmed trial as the answer's member: its own run's figures, judged by its mean across seeds."""
         from xp.studies.answer import member
 
-        return member(self.study.trials[confirmed[0].trial], [self.spec.objectives[0].metric])
+        m = member(self.study.trials[c.trial], [self.spec.objectives[0].metric])
+        m.judged = f"mean {c.mean:.4f}" + (f" +- {c.std:.4f}" if len(c.values) > 1 else "") + \
+            f" over {len(c.values)} seeds"
+        return m
 
     def answer(self) -> Any:
         import dataclasses
-
-        from xp.studies.answer import member
 
         answer = self.inner.answer()
         confirmed = results(self.study, self.spec, self.base_seed)
@@ -255,7 +263,7 @@ class Confirmation:
         rows = [{"trial": c.trial, "params": c.params, "values": c.values, "seeds": c.seeds, "mean": c.mean,
                  "std": None if len(c.values) < 2 else c.std} for c in confirmed]
         return dataclasses.replace(
-            answer, best=[member(self.study.trials[confirmed[0].trial], [self.spec.objectives[0].metric])],
+            answer, best=[self._member(confirmed[0])],
             ties=[], confirmed=rows, verdict=verdict(confirmed),
             rule=f"the best mean of {self.spec.objectives[0].metric} over each top trial's runs across seeds "
                  "(its own and the retrainings')")

@@ -71,7 +71,8 @@ class Population:
     (`ask`), what each one's run is told (`run_settings`), what follows an interval's end (`told`) or a lost
     worker (`lost`), and the answer: the best member at the last epoch, with the schedule its weights followed."""
 
-    label = "study"
+    def label(self, trial: Any) -> str:
+        return "study"
 
     def __init__(self, study: Any, spec: Any, dists: dict[str, Any], epochs: int, root: Path, seed: int | None,
                  log_model: bool = True):

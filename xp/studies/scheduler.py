@@ -271,7 +271,7 @@ class Scheduler:
         if t.first is None:
             return
         span, slots = time.monotonic() - t.first, self.slots
-        log.info(f"{self.search.label}: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
+        log.info(f"study: {sum(t.states.values())} trials on {slots} slot{'s' if slots > 1 else ''} in {span:.1f} s; "
                  f"the slots were busy {t.busy_s / (slots * span):.0%} of the time after the first trial started")
 
     def _count(self, flight: Flight, msg: Done, state: str) -> None:
@@ -284,11 +284,11 @@ class Scheduler:
         left = self.left + len(self.flights) + len(self.ready)
         eta = f", about {elapsed / done * left / max(1, self.slots):.0f} s left" if left and done else ""
         error = f": {msg.error}" if msg.error else ""
-        print(f"{self.search.label}: trial {flight.trial.number} {state.lower()}{error} after "
+        print(f"{self.search.label(flight.trial)}: trial {flight.trial.number} {state.lower()}{error} after "
               f"{time.monotonic() - flight.started:.1f} s | {done} done ({t.states[TrialState.COMPLETE]} complete, "
               f"{t.states[TrialState.PRUNED]} pruned, {t.states[TrialState.FAIL]} failed), {len(self.flights)} running on "
               f"{len(self.pool.workers)} slots" + (f", best trial {leader.trial} " + " ".join(f"{k}={v:.4g}" for k, v in leader.values.items())
-                 if leader is not None else "") + eta
+                 + (f" ({leader.judged})" if leader.judged else "") if leader is not None else "") + eta
               + (f" | budget {self.budget.line()}" if self.budget is not None else ""), flush=True, file=sys.stdout)
         if self.budget is not None:
             self.budget.save()

@@ -22,9 +22,8 @@ log = logging.getLogger("xp")
 
 
 class Search(Protocol):
-    @property
-    def label(self) -> str:
-        """Its progress lines' first word ("study"; a confirmation's runs: "confirm")."""
+    def label(self, trial: Any) -> str:
+        """A trial's progress line's first word ("study"; a confirmation's runs: "confirm")."""
 
     def describe(self) -> str:
         """How it searches, in words: `tpe sampler, median pruner`."""
@@ -77,8 +76,6 @@ class Sampled:
     """Optuna's sampler proposes, its pruner stops trials early (in the run, asked over the channel); a lost
     trial is retried with its parameters up to max_retry times."""
 
-    label = "study"
-
     def __init__(self, study: Any, spec: StudySpec):
         from xp.studies.trial import distributions
 
@@ -91,6 +88,9 @@ class Sampled:
             self.n_trials = min(spec.n_trials, len(combos))
             for combo in combos:
                 study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
+
+    def label(self, trial: Any) -> str:
+        return "study"
 
     def describe(self) -> str:
         return f"{self.spec.sampler} sampler, {self.spec.pruner} pruner"
