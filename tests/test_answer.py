@@ -72,11 +72,19 @@ def read_everywhere(tmp_path, store, proc, study: str, registered: str) -> dict[
              "tag": int(tags["xp.best_trial"]),
              "best_trial.json": answer["best"][0]["trial"],
              "@best": int(client.get_model_version_by_alias(registered, "best").tags["trial"]),
-             "UI link's first row": int(client.get_run(view["runsPinned"][0]).data.tags["optuna.trial_number"]),
+             "UI link's first row": first_row(client, parent.info.experiment_id, view),
              "report": int(re.search(r"- best trial: trial (\d+)", md)[1])}
     if winner := re.search(r"The winner: member \d+ \(trial (\d+)", md):
         found["report's population"] = int(winner[1])
     return found
+
+
+def first_row(client, experiment_id: str, view: dict) -> int:
+    """The first row of the UI's shared view, as MLflow's UI asks for it (its filter, its one sort key)."""
+    kind, key = view["orderByKey"].split(".", 1)
+    order = f"{kind}.{key} {'ASC' if view['orderByAsc'] else 'DESC'}"
+    first = client.search_runs([experiment_id], view["searchFilter"], order_by=[order], max_results=1)[0]
+    return int(first.data.tags["optuna.trial_number"])
 
 
 def one_answer(found: dict[str, int]) -> int:

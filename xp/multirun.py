@@ -103,8 +103,9 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
         params = answer.searched if answer is not None else list(study.get("params") or {})
     return service.call(parent.uri, sweep_result, experiment_id=str(parent.experiment_id), parent=parent.run_id,
                         kind=kind, params=params, metrics=metrics, study=name,
-                        pinned=answer.run_ids() if answer is not None else [],
-                        confirmed=bool(answer is not None and answer.confirmed))
+                        ranked=bool(answer is not None and answer.ranking),
+                        confirmed=bool(answer is not None and answer.confirmed),
+                        last_epoch=answer.extra.get("last_epoch") if answer is not None else None)
 
 
 def _answer(study: dict[str, Any], name: str | None) -> Any:

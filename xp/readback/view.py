@@ -18,6 +18,7 @@ from typing import Any
 log = logging.getLogger("xp")
 
 SHARED = "mlflow.sharedViewState."  # the experiment tag's prefix MLflow's UI reads
+RANK = "xp.rank"  # a study's trial run's tag: its place in the study's answer (00000: the best), ordered as text
 MAX_TAG = 5000  # the characters an experiment tag's value may hold in every store MLflow has
 
 
@@ -27,11 +28,12 @@ def column(kind: str, key: str) -> str:
 
 
 def state(parent_run_id: str, name: str, params: list[str], metrics: list[str],
-          study: str | None = None, last_epoch: int | None = None, pinned: list[str] | None = None,
+          study: str | None = None, last_epoch: int | None = None, ranked: bool = False,
           confirmed: bool = False) -> dict[str, Any]:
     """The runs page's state: this parent's runs (a study's: every trial of the study, whichever command ran it;
     a confirmed study's: and the runs that retrained its best with other seeds), the study's answer first (its
-    run ids `pinned`, as the study's answer names them: xp.studies.answer), then best first, the metrics and
+    trials' runs ordered by their rank in its answer, `ranked`: xp.studies.answer; MLflow's shared views drop
+    pinned rows), else best first, the metrics and
     parameters as columns (a study's: and each trial's state, so a pruned trial, whose objective is a partial one,
     is told from a complete one). A population's (last_epoch: the latest epoch its members reached): its intervals
     that ended there only, the candidates of its answer (an interval that ended earlier scores at fewer epochs),
@@ -40,29 +42,31 @@ def state(parent_run_id: str, name: str, params: list[str], metrics: list[str],
     (report/report.html on its parent run) draws them readably."""
     state_column = [column("tags", "optuna.trial_state")] if study else []
     where = f"tags.`optuna.study` = '{study}'" if study else f"tags.`mlflow.parentRunId` = '{parent_run_id}'"
+    where += f" and tags.`{RANK}` LIKE '%'" if ranked else ""  # (its trials' runs: not the parent's own)
     if study and confirmed:  # (its trials and its confirming runs: the study they answer for, xp.run.record)
         where = f"tags.`xp.study` = '{study}'"
         state_column += [column("tags", "optuna.study"), column("params", "seed")]
     if last_epoch is not None:
         where += f" and tags.`xp.pbt.epochs` LIKE '%-{last_epoch}'"
         state_column += [column("tags", f"xp.pbt.{t}") for t in ("member", "epochs", "from_trial", "donor_member")]
-    return {"searchFilter": where,
-            "orderByKey": column("metrics", metrics[0]), "orderByAsc": False, "startTime": "ALL",
+    return {"searchFilter": where,  # (the study's ranking, where it wrote one: its answer first, then by its rule)
+            "orderByKey": column("tags", RANK) if ranked else column("metrics", metrics[0]), "orderByAsc": ranked,
+            "startTime": "ALL",
             "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
             "selectedColumns": [*state_column, *(column("metrics", m) for m in metrics),
                                 *(column("params", p) for p in params)],
-            "runsPinned": list(pinned or []), "runsHiddenMode": "SHOW_ALL"}
+            "runsHiddenMode": "SHOW_ALL"}
 
 
 def share(client: Any, experiment_id: str, parent_run_id: str, name: str, params: list[str],
           metrics: list[str], study: str | None = None, last_epoch: int | None = None,
-          pinned: list[str] | None = None, confirmed: bool = False) -> str | None:
+          ranked: bool = False, confirmed: bool = False) -> str | None:
     """Write the view of a parent's runs on its experiment; its key (None if it cannot be written: the printed
     link then opens the parent's page, as before)."""
     if not params or not metrics:
         return None
     key = f"xp-{parent_run_id}"
-    value = json.dumps(state(parent_run_id, name, params, metrics, study, last_epoch, pinned, confirmed),
+    value = json.dumps(state(parent_run_id, name, params, metrics, study, last_epoch, ranked, confirmed),
                        separators=(",", ":"))
     if len(value) > MAX_TAG:
         return None

@@ -21,8 +21,8 @@ from xp.states import RunStatus
 
 
 def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: list[str],
-                 metrics: list[str], study: str | None = None, pinned: list[str] | None = None,
-                 confirmed: bool = False) -> dict[str, Any]:
+                 metrics: list[str], study: str | None = None, ranked: bool = False,
+                 confirmed: bool = False, last_epoch: int | None = None) -> dict[str, Any]:
     """The sweep's children as its table's rows (one per job: a resumed sweep's latest), the parent's summary
     params and tags from them (the caller logs them on the parent, through its spool), and the key of the UI's
     view of its runs (None: not written)."""
@@ -38,10 +38,9 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
     for row, run in zip(rows, children):  # a run stopped before its summary (Ctrl-C): the epochs it logged
         if row["epochs"] is None and row["val_accuracy"] is not None:
             row["epochs"] = len(client.get_metric_history(run.info.run_id, "val_accuracy"))
-    ends = [int(r.data.tags["xp.pbt.epochs"].rpartition("-")[2]) for r in children if "xp.pbt.epochs" in r.data.tags]
     return {"rows": rows, "params": summary.parent_params(rows, children), "tags": summary.parent_tags(children),
-            "view": view.share(client, experiment_id, parent, kind, params, metrics, study, max(ends, default=None),
-                               pinned, confirmed)}
+            "view": view.share(client, experiment_id, parent, kind, params, metrics, study, last_epoch, ranked,
+                               confirmed)}
 
 
 def study_result(uri: str, parent: str | None, register_model: str, answer: dict[str, Any],
@@ -64,7 +63,35 @@ def study_result(uri: str, parent: str | None, register_model: str, answer: dict
         said = registered_line(register_model, versions, record.multi_objective)
     if parent:
         _on_parent(uri, parent, register_model, record, counts_line, dict(versions))
+        _rank(uri, parent, record)
     return said
+
+
+def _rank(uri: str, parent: str, answer: Any) -> None:
+    """Each of the study's trial runs tagged with its place in the answer's ranking (xp.rank; a run no longer
+    ranked loses it): the UI's view of the study orders by it, its answer first (MLflow's shared views keep no
+    pinned rows). A store that is away leaves the ranks as they were: the view still shows every trial."""
+    import logging
+
+    from xp.readback.view import RANK
+    from xp.tracking.stores import open_client
+
+    place = {n: f"{i:05d}" for i, n in enumerate(answer.ranking)}
+    try:
+        client = open_client(uri)
+        runs = search_all(client, [client.get_run(parent).info.experiment_id],
+                          f"tags.`optuna.study` = '{answer.study}'", order_by=["attributes.start_time ASC"])
+        latest = {r.data.tags["optuna.trial_number"]: r for r in runs if "optuna.trial_number" in r.data.tags}
+        for number, run in latest.items():  # (a retried trial: its latest run)
+            want, have = place.get(int(number)), run.data.tags.get(RANK)
+            if want is not None and want != have:
+                client.set_tag(run.info.run_id, RANK, want)
+            elif want is None and have is not None:
+                client.delete_tag(run.info.run_id, RANK)
+    except Exception as e:
+        from xp.errors import one_line
+
+        logging.getLogger("xp").debug("the study's ranks not written: %s", one_line(e))
 
 
 def _on_parent(uri: str, parent: str, register_model: str, answer: Any, counts_line: str,

@@ -328,7 +328,7 @@ def section(rows: list[dict[str, Any]], parent_params: dict[str, str] | None, ou
         study = rebuild(parent_params or {}, rows, declared or [k.split(":", 1)[1] for k, _, _ in searched])
     except Exception as e:  # runs of a study this xp cannot read back: the tables stand
         return [*lines, f"Optuna's plots: not drawn (the study could not be rebuilt: {str(e)[:160]}).", ""]
-    if (parent_params or {}).get("sweep.search") == "pbt":  # (its trials are a population's intervals)
+    if answer is not None and answer.schedule:  # (its answer is a lineage: its trials are a population's intervals)
         return [*lines, "Its trials are the intervals of a population (search=pbt): the population's section "
                 "draws them.", ""]
     if study is not None:
@@ -343,7 +343,8 @@ def answer_lines(answer: Any) -> list[str]:
     if answer is None:
         return ["The study wrote no answer (stopped before its end, or run by an older xp).", ""]
     said = answer.best_lines() + ([answer.schedule_line()] if answer.schedule else [])
-    return [f"**Its answer** ({answer.search}; {answer.rule}):", "", *(f"- {line.strip()}" for line in said),
+    return [f"**Its answer** ({answer.search}; {answer.rule.split('; a tie')[0]}):", "",
+            *(f"- {line.strip()}" for line in said),
             *(f"- Fixed on the command line (not searched): {', '.join(answer.fixed)}" for _ in answer.fixed[:1]),
             *(f"- {line}" for line in answer.lacking), ""]
 

@@ -23,8 +23,11 @@ def md_table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
 
 
 def varying(rows: list[dict[str, Any]], leave_out: tuple[str, ...] = ()) -> list[str]:
-    """The settings whose values differ between these runs (what a sweep or study varied)."""
-    keys = sorted({k for r in rows for k in r["settings"]} - set(leave_out))
+    """The settings whose values differ between these runs (what a sweep or study varied), less those that cannot
+    change a result (as conf/ declares them: where a run committed, what it logged; a PBT interval's resume=)."""
+    from xp.studies.question import never_asks
+
+    keys = sorted(k for k in {k for r in rows for k in r["settings"]} - set(leave_out) if not never_asks(k))
     return [k for k in keys if len({r["settings"].get(k) for r in rows}) > 1]
 
 

@@ -13,7 +13,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+
 
 ANSWER_ATTR = "xp.answer"  # the Optuna study's user attribute holding its latest answer (JSON of Answer)
 FILE = "best_trial.json"  # the parent run's artifact holding it (a multi-objective study's: pareto_front.json)
@@ -39,6 +44,7 @@ class Answer:
     best: list[Member]  # the best trial (a single objective) or the Pareto front; empty: no complete trial
     rule: str = ""  # how the best was chosen, with its tie-break
     ties: list[int] = field(default_factory=list)  # other trials whose figure equals the best's
+    ranking: list[int] = field(default_factory=list)  # its candidates' trial numbers, best first, by its rule
     searched: list[str] = field(default_factory=list)  # the parameters it searched
     fixed: list[str] = field(default_factory=list)  # KEY=VALUE fixed on the command line (not searched)
     changes: list[str] = field(default_factory=list)  # how its question changed under continue_changed
@@ -76,10 +82,6 @@ class Answer:
     @property
     def file(self) -> str:
         return FRONT_FILE if self.multi_objective else FILE
-
-    def run_ids(self) -> list[str]:
-        """The MLflow runs of the answer, best first: a view shows them first."""
-        return [m.mlflow_run_id for m in self.best if m.mlflow_run_id]
 
     # --- what every view says ---------------------------------------------------------------------------------
     def best_lines(self) -> list[str]:
@@ -151,18 +153,21 @@ class Answer:
         return out
 
 
-def best_of(trials: list[Any], maximize: bool, value: Any = lambda t: t.values[0]) -> tuple[Any, list[Any]]:
-    """The best of complete trials by `value`, with the one tie-break rule (RULE): (best, the others tied with it).
-    Every search picks its best through this."""
+def ranked(trials: list[Any], maximize: bool, value: Any = lambda t: t.values[0]) -> list[Any]:
+    """Complete trials best first by `value`, with the one tie-break rule (RULE). Every search ranks through this."""
     scored = [t for t in trials if value(t) is not None and math.isfinite(value(t))]
-    if not scored:
+    return sorted(scored, key=lambda t: ((-value(t) if maximize else value(t)), t.number))
+
+
+def best_of(trials: list[Any], maximize: bool, value: Any = lambda t: t.values[0]) -> tuple[Any, list[Any]]:
+    """The best of complete trials (`ranked`'s first), and the others tied with it."""
+    order = ranked(trials, maximize, value)
+    if not order:
         return None, []
-    ranked = sorted(scored, key=lambda t: ((-value(t) if maximize else value(t)), t.number))
-    top = ranked[0]
-    return top, [t for t in ranked[1:] if value(t) == value(top)]
+    return order[0], [t for t in order[1:] if value(t) == value(order[0])]
 
 
-def member(trial: Any, metrics: list[str]) -> Member:
+def member(trial: FrozenTrial, metrics: list[str]) -> Member:
     """An Optuna trial as a member of the answer (its own figures)."""
     return Member(trial.number, dict(zip(metrics, trial.values)), dict(trial.params),
                   trial.user_attrs.get("mlflow_run_id"))
@@ -179,12 +184,12 @@ def _line(c: dict[str, Any], metric: str) -> str:
 
 
 # --- the record kept -----------------------------------------------------------------------------------------
-def keep(study: Any, answer: Answer) -> None:
+def keep(study: Study, answer: Answer) -> None:
     """The answer into the study's storage: the same command's views, and the next command's, read it."""
     study.set_user_attr(ANSWER_ATTR, json.dumps(answer.as_dict(), default=str))
 
 
-def kept(study: Any) -> Answer | None:
+def kept(study: Study) -> Answer | None:
     """The answer the study's last command wrote (None: none yet)."""
     text = study.user_attrs.get(ANSWER_ATTR)
     return Answer.from_dict(json.loads(text)) if text else None

@@ -16,9 +16,16 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.studies.study import Param, StudySpec
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+
+    from xp.studies.search import Search
+
 
 SUFFIX = ".confirm"  # the confirming study's name: the study's and this
 SEEDS = 2 ** 31  # the seeds a confirming study's trials may have
@@ -37,7 +44,7 @@ def seeds(spec: StudySpec, base_seed: int) -> list[int]:
     return [base_seed + i for i in range(1, spec.confirm + 1)]
 
 
-def top(study: Any, spec: StudySpec) -> list[Any]:
+def top(study: Study, spec: StudySpec) -> list[Any]:
     """The study's `confirm_top` best complete trials, one per parameter set (a reused result is its original's)."""
     from optuna.trial import TrialState
 
@@ -56,7 +63,7 @@ def top(study: Any, spec: StudySpec) -> list[Any]:
     return out[:spec.confirm_top]
 
 
-def prepared(study: Any, spec: StudySpec, base_seed: int) -> tuple[Any, StudySpec] | None:
+def prepared(study: Study, spec: StudySpec, base_seed: int) -> tuple[Any, StudySpec] | None:
     """The confirming study and its spec, its retrainings not yet run enqueued (None: sweep.confirm=0, or no
     complete trial to confirm). Its n_trials: what it has finished and what it has to run."""
     if not spec.confirm or spec.multi_objective:
@@ -106,7 +113,7 @@ class Confirmed:
         return f"trial {self.trial}: {metric} {self.mean:.4f}{spread} over {len(self.values)} seeds"
 
 
-def results(study: Any, spec: StudySpec, base_seed: int) -> list[Confirmed]:
+def results(study: Study, spec: StudySpec, base_seed: int) -> list[Confirmed]:
     """The top trials with their values across seeds (what the confirming study has finished), best mean first."""
     import optuna
     from optuna.trial import TrialState
@@ -157,11 +164,11 @@ class Confirmation:
     answer is the best by mean over each one's runs, with their spread. Its leader, before any retraining ends, is
     the inner search's."""
 
-    def __init__(self, inner: Any, study: Any, spec: StudySpec, base_seed: int):
+    def __init__(self, inner: Search, study: Study, spec: StudySpec, base_seed: int):
         self.inner, self.study, self.spec, self.base_seed = inner, study, spec, base_seed
         self.confirming: tuple[Any, StudySpec] | None = None  # (its study, its spec), once the inner search is done
 
-    def label(self, trial: Any) -> str:
+    def label(self, trial: Trial) -> str:
         return "confirm" if self._mine(trial) else str(self.inner.label(trial))
 
     def describe(self) -> str:
@@ -213,20 +220,20 @@ class Confirmation:
             warnings.simplefilter("ignore", UserWarning)
             return cstudy.ask(distributions(cspec))  # (each enqueued with its parameters and seed)
 
-    def _mine(self, trial: Any) -> bool:
+    def _mine(self, trial: Trial) -> bool:
         return self.confirming is not None and trial.study.study_name == self.confirming[1].study_name
 
-    def run_settings(self, trial: Any) -> tuple[dict[str, Any], dict[str, str] | None]:
+    def run_settings(self, trial: Trial) -> tuple[dict[str, Any], dict[str, str] | None]:
         return ({"sweep.pruner": "none"}, None) if self._mine(trial) else self.inner.run_settings(trial)
 
-    def told(self, trial: Any, state: str, values: list[float], error: str | None = None) -> str:
+    def told(self, trial: Trial, state: str, values: list[float], error: str | None = None) -> str:
         from xp.studies.search import tell
 
         if self.confirming is not None and self._mine(trial):
             return tell(self.confirming[0], trial, state, values)
         return str(self.inner.told(trial, state, values, error))
 
-    def lost(self, trial: Any, why: str) -> str:
+    def lost(self, trial: Trial, why: str) -> str:
         if not self._mine(trial):
             return str(self.inner.lost(trial, why))
         from optuna.trial import TrialState
@@ -265,6 +272,7 @@ class Confirmation:
         return dataclasses.replace(
             answer, best=[self._member(confirmed[0])],
             ties=[], confirmed=rows, verdict=verdict(confirmed),
+            ranking=[*(c.trial for c in confirmed), *(n for n in answer.ranking if n not in {c.trial for c in confirmed})],
             rule=f"the best mean of {self.spec.objectives[0].metric} over each top trial's runs across seeds "
                  "(its own and the retrainings')")
 

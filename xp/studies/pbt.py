@@ -20,10 +20,16 @@ import random
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.states import INTERRUPTED, TrialState
 from xp.studies.pbtspec import PbtSpec
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+    from xp.studies.study import StudySpec
+
 
 log = logging.getLogger("xp")
 
@@ -54,7 +60,7 @@ def _draw(p: Any, rng: random.Random) -> Any:
     return int(round(v)) if p.kind == "int" else v
 
 
-def population(study: Any, spec: Any, config: Any) -> Population:
+def population(study: Study, spec: StudySpec, config: Any) -> Population:
     """search=pbt: the study's population; its members commit under checkpoint_dir (or checkpoints/pbt-STUDY),
     which every slot's host must reach (a shared file system where the slots are other hosts)."""
     from xp.studies.pbtspec import check_run
@@ -71,10 +77,10 @@ class Population:
     (`ask`), what each one's run is told (`run_settings`), what follows an interval's end (`told`) or a lost
     worker (`lost`), and the answer: the best member at the last epoch, with the schedule its weights followed."""
 
-    def label(self, trial: Any) -> str:
+    def label(self, trial: Trial) -> str:
         return "study"
 
-    def __init__(self, study: Any, spec: Any, dists: dict[str, Any], epochs: int, root: Path, seed: int | None,
+    def __init__(self, study: Study, spec: StudySpec, dists: dict[str, Any], epochs: int, root: Path, seed: int | None,
                  log_model: bool = True):
         self.study, self.spec, self.dists, self.epochs, self.root = study, spec, dists, epochs, Path(root)
         self.log_model = log_model  # (model.log=none: no member logs one)
@@ -154,10 +160,10 @@ class Population:
         return (f"population of {self.pbt.population} (pbt), exploiting every {self.pbt.interval} epoch"
                 + ("s" if self.pbt.interval > 1 else ""))
 
-    def run_settings(self, trial: Any) -> tuple[dict[str, Any], dict[str, str] | None]:
+    def run_settings(self, trial: Trial) -> tuple[dict[str, Any], dict[str, str] | None]:
         return self.settings(trial), self.tags(trial)
 
-    def settings(self, trial: Any) -> dict[str, Any]:
+    def settings(self, trial: Trial) -> dict[str, Any]:
         """The config values an interval's run is given beside its hyperparameters: its last epoch, where it
         commits (checkpoint_dir/trial-N) and the commit it starts from."""
         a = trial.user_attrs[PBT_ATTR]
@@ -167,7 +173,7 @@ class Population:
             out["resume"] = str(self.root / f"trial-{a['from']}")
         return out
 
-    def tags(self, trial: Any) -> dict[str, str]:
+    def tags(self, trial: Trial) -> dict[str, str]:
         a = trial.user_attrs[PBT_ATTR]
         return {"xp.pbt.member": str(a["member"]), "xp.pbt.generation": str(a["generation"]),
                 "xp.pbt.epochs": f"{a['start'] + 1}-{a['end']}",  # (and where it took its weights from, if it did)
@@ -190,7 +196,7 @@ class Population:
         return None if best is None else member(best, [self.spec.objectives[0].metric])
 
     def answer(self) -> Any:
-        from xp.studies.answer import Answer, best_of, member
+        from xp.studies.answer import Answer, best_of, member, ranked
         from xp.studies.search import rule
 
         best, tied = best_of(self._finals(), self.maximize)
@@ -198,13 +204,14 @@ class Population:
                       [{"metric": o.metric, "direction": o.direction} for o in self.spec.objectives],
                       [] if best is None else [member(best, [self.spec.objectives[0].metric])],
                       rule=rule(self.spec) + " (of the intervals that ended a member's training)",
-                      ties=[t.number for t in tied],
+                      ties=[t.number for t in tied], ranking=[t.number for t in ranked(self._finals(), self.maximize)],
                       schedule=[] if best is None else [{"first": f, "last": last, "member": m, "params": p}
                                                         for f, last, m, p in schedule(self.study, best.number)],
-                      lacking=dropped_line(self.study, self.spec))
+                      lacking=dropped_line(self.study, self.spec),
+                      extra={"last_epoch": best.user_attrs[PBT_ATTR]["end"]} if best is not None else {})
 
     # --- what follows an interval ---------------------------------------------------------------------------
-    def told(self, trial: Any, state: str, values: list[float], error: str | None = None) -> str:
+    def told(self, trial: Trial, state: str, values: list[float], error: str | None = None) -> str:
         """An interval ended: told to the study; a failed one is replaced (`_replace`), and commits no interval
         needs any more are removed (its member's next is decided when a slot asks for it)."""
         from xp.studies.search import tell
@@ -216,14 +223,14 @@ class Population:
         self._retain()
         return state
 
-    def lost(self, trial: Any, why: str) -> str:
+    def lost(self, trial: Trial, why: str) -> str:
         """An interval's worker was lost: FAIL, and replaced from the population."""
         from optuna.trial import TrialState as OptunaState
 
         self.study.tell(trial, state=OptunaState.FAIL)
         return "replaced from the population" if self._replace(trial) else "its member trains no more"
 
-    def _reached(self, trial: Any, error: str | None) -> None:
+    def _reached(self, trial: Trial, error: str | None) -> None:
         """An interval that found no commit where its source interval committed (a complete one) was on a host
         that does not share checkpoint_dir with the source's: every commit is only where it was written, which
         no retry mends (each would train a member from scratch or fail): the study stops, saying so."""
@@ -238,10 +245,10 @@ class Population:
                           "that folder; a population across hosts needs a checkpoint_dir every slot's host reaches "
                           "(a shared file system), in a new study (this one's commits stay where they were written)")
 
-    def _rng(self, trial: Any) -> random.Random:
+    def _rng(self, trial: Trial | FrozenTrial) -> random.Random:
         return random.Random(f"{self.seed}-pbt-{trial.number}")  # (the same decisions when run again)
 
-    def _next(self, last: Any, latest: dict[int, Any]) -> None:
+    def _next(self, last: FrozenTrial, latest: dict[int, Any]) -> None:
         """The next interval of the member whose latest is `last`. It is ranked, at the epoch its interval ended
         (like with like: a score at another epoch is another question), against every member that trained through
         that epoch (a member further along: its score then, reported by its interval); in the worst quantile of
@@ -271,7 +278,7 @@ class Population:
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.maximize else a < b
 
-    def _explored(self, donor: Any, rng: random.Random, tries: int = 32) -> dict[str, Any]:
+    def _explored(self, donor: FrozenTrial, rng: random.Random, tries: int = 32) -> dict[str, Any]:
         """The donor's hyperparameters explored, unlike those of every interval that starts from the same commit
         (two members that take one donor's weights would otherwise train the same copy, a slot spent twice): drawn
         again while they match one, then drawn from the space."""
@@ -302,7 +309,7 @@ class Population:
     def _queue(self, params: dict[str, Any], attr: dict[str, Any]) -> None:
         self.study.enqueue_trial(params, user_attrs={PBT_ATTR: attr})
 
-    def _replace(self, trial: Any) -> bool:
+    def _replace(self, trial: Trial) -> bool:
         """A member's interval failed (its worker lost, its training failed): it is trained again, from the latest
         weights (explored) of the member best at the epoch the lost interval started from (like with like, as
         `_next` ranks), where another member has some, else from where it started; a member that failed more
@@ -343,7 +350,7 @@ class Population:
                 shutil.rmtree(self.root / f"trial-{t.number}", ignore_errors=True)
 
 
-def dropped(study: Any, max_retry: int) -> set[int]:
+def dropped(study: Study, max_retry: int) -> set[int]:
     """Members whose intervals failed more than max_retry times: they train no more."""
     fails: dict[int, int] = {}
     for t in study.get_trials(deepcopy=False, states=(_state(TrialState.FAIL),)):
@@ -353,7 +360,7 @@ def dropped(study: Any, max_retry: int) -> set[int]:
     return {m for m, n in fails.items() if n > max_retry}
 
 
-def dropped_line(study: Any, spec: Any) -> list[str]:
+def dropped_line(study: Study, spec: StudySpec) -> list[str]:
     """What the answer lacks where members were dropped (none: nothing to say)."""
     gone = sorted(dropped(study, spec.max_retry))
     if not gone:
@@ -370,7 +377,7 @@ def _state(state: TrialState) -> Any:
 
 
 
-def schedule(study: Any, number: int) -> list[tuple[int, int, int, dict[str, Any]]]:
+def schedule(study: Study, number: int) -> list[tuple[int, int, int, dict[str, Any]]]:
     """The hyperparameters a member's weights trained with, to trial `number`'s end: (first epoch, last epoch,
     member, params) per interval of its lineage, first to last; intervals in a row with the same member and
     params are one."""

@@ -42,14 +42,25 @@ def declared() -> dict[str, str]:
     return questions(CONF_DIR)
 
 
+def klass_of(key: str) -> str:
+    """What conf/ declares `key` to be to a study's question (its own, or its nearest node's; a key conf/ does not
+    know: result)."""
+    classes, parts = declared(), key.split(".")
+    return next((classes[".".join(parts[:n])] for n in range(len(parts), 0, -1) if classes.get(".".join(parts[:n]))),
+                "result")
+
+
+def never_asks(key: str) -> bool:
+    """A key that can never change a trial's result (where or how it runs, what is recorded besides)."""
+    return key.split(".")[0] in NOT_SETTINGS or klass_of(key) == "how"
+
+
 def asks(key: str, flat: dict[str, Any], measured: bool) -> bool:
     """Whether `key` of a composed config (flattened) is part of the question, as conf/ declares it (a key conf/
     does not know, a user's own, counts: the safe side)."""
     if key.split(".")[0] in NOT_SETTINGS:
         return False
-    classes, parts = declared(), key.split(".")
-    klass = next((classes[".".join(parts[:n])] for n in range(len(parts), 0, -1)
-                  if classes.get(".".join(parts[:n]))), "result")
+    klass = klass_of(key)
     if klass.startswith("result if "):
         on, eq, value = klass[len("result if "):].partition("=")
         return (str(flat.get(on)).lower() == value.lower()) if eq else flat.get(on) not in (None, False, 0, "")

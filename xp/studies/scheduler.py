@@ -17,11 +17,18 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.interrupts import held_interrupts
 from xp.states import TRIAL_ENDS, TrialState
 from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, RunTrial
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+
+    from xp.studies.search import Search
+
 
 log = logging.getLogger("xp")
 
@@ -31,7 +38,7 @@ SCHEDULER_ATTR = "xp.scheduler"  # a trial's user attribute: host:pid:start of t
 
 @dataclass
 class Flight:
-    trial: Any  # the Optuna trial (the scheduler's)
+    trial: Trial  # the Optuna trial (the scheduler's)
     started: float  # when it was sent to its worker (0.0 while the scheduler holds it ready)
     job: int
     message: RunTrial  # what its worker was sent
@@ -60,7 +67,7 @@ class Scheduler:
     in the order they were asked, on whichever slot frees first: none waits behind a long trial while another
     slot is free. The sampler proposes each without the results of the trials in flight when it was asked."""
 
-    def __init__(self, pool: Any, search: Any, runs: Any, heartbeat_s: float, budget: Any = None):
+    def __init__(self, pool: Any, search: Search, runs: Any, heartbeat_s: float, budget: Any = None):
         self.pool, self.search, self.runs = pool, search, runs
         self.waiting = False  # every proposal was a running trial's: none is asked until a trial ends
         self.heartbeat_s = heartbeat_s
@@ -259,7 +266,7 @@ class Scheduler:
         fresh = self.pool.replace(worker)
         return [fresh] if fresh is not None else []  # (None: its slot was dropped)
 
-    def _told(self, trial: Any, msg: Done) -> str:
+    def _told(self, trial: Trial, msg: Done) -> str:
         state = self.search.told(trial, msg.state, list(msg.values or []), msg.error)
         self.runs.told(trial, state)
         return state

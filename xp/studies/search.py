@@ -12,17 +12,22 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from xp.states import TrialState as Told
-from xp.studies.answer import Answer, Member, best_of, member
+from xp.studies.answer import Answer, Member, best_of, member, ranked
 from xp.studies.study import StudySpec
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+
 
 log = logging.getLogger("xp")
 
 
 class Search(Protocol):
-    def label(self, trial: Any) -> str:
+    def label(self, trial: Trial) -> str:
         """A trial's progress line's first word ("study"; a confirmation's runs: "confirm")."""
 
     def describe(self) -> str:
@@ -34,13 +39,13 @@ class Search(Protocol):
     def ask(self) -> Any:
         """The next trial to run (an Optuna trial), or None: none now (the budget is spent, or wait for an end)."""
 
-    def run_settings(self, trial: Any) -> tuple[dict[str, Any], dict[str, str] | None]:
+    def run_settings(self, trial: Trial) -> tuple[dict[str, Any], dict[str, str] | None]:
         """The config values a trial's run is given beside its parameters, and the tags its run carries."""
 
-    def told(self, trial: Any, state: str, values: list[float], error: str | None = None) -> str:
+    def told(self, trial: Trial, state: str, values: list[float], error: str | None = None) -> str:
         """A trial ended: tell the study (COMPLETE with its values, PRUNED, else FAIL); returns the state told."""
 
-    def lost(self, trial: Any, why: str) -> str:
+    def lost(self, trial: Trial, why: str) -> str:
         """A trial's worker was lost: the study told FAIL; retried as the search sees fit, which it says
         ("retried with the same parameters")."""
 
@@ -59,7 +64,7 @@ def maximize(spec: StudySpec) -> bool:
     return spec.objectives[0].direction == "maximize"
 
 
-def answerable(study: Any) -> list[Any]:
+def answerable(study: Study) -> list[Any]:
     """The study's complete trials that can be its answer: not a reused copy of an earlier one's result, not a
     proposal dropped as a duplicate, with finite values."""
     from optuna.trial import TrialState
@@ -76,7 +81,7 @@ class Sampled:
     """Optuna's sampler proposes, its pruner stops trials early (in the run, asked over the channel); a lost
     trial is retried with its parameters up to max_retry times."""
 
-    def __init__(self, study: Any, spec: StudySpec):
+    def __init__(self, study: Study, spec: StudySpec):
         from xp.studies.trial import distributions
 
         self.study, self.spec, self.dists = study, spec, distributions(spec)
@@ -89,7 +94,7 @@ class Sampled:
             for combo in combos:
                 study.enqueue_trial(dict(zip((p.name for p in spec.params), combo)), skip_if_exists=True)
 
-    def label(self, trial: Any) -> str:
+    def label(self, trial: Trial) -> str:
         return "study"
 
     def describe(self) -> str:
@@ -114,13 +119,13 @@ class Sampled:
     def proposing(self) -> None:
         """Before each proposal is asked (a warm start queues its own here: xp.studies.warm)."""
 
-    def run_settings(self, trial: Any) -> tuple[dict[str, Any], dict[str, str] | None]:
+    def run_settings(self, trial: Trial) -> tuple[dict[str, Any], dict[str, str] | None]:
         return {}, None
 
-    def told(self, trial: Any, state: str, values: list[float], error: str | None = None) -> str:
+    def told(self, trial: Trial, state: str, values: list[float], error: str | None = None) -> str:
         return tell(self.study, trial, state, values)
 
-    def lost(self, trial: Any, why: str) -> str:
+    def lost(self, trial: Trial, why: str) -> str:
         from optuna.trial import TrialState
 
         self.study.tell(trial, state=TrialState.FAIL)
@@ -138,12 +143,15 @@ class Sampled:
         if self.spec.multi_objective:
             front = {t.number for t in self.study.best_trials}
             best, ties = sorted((t for t in trials if t.number in front), key=lambda t: t.number), []
+            order = [*best, *(t for t in trials if t.number not in front)]
         else:
+            order = ranked(trials, maximize(self.spec))
             top, tied = best_of(trials, maximize(self.spec))
             best, ties = ([top] if top is not None else []), [t.number for t in tied]
         return Answer(self.spec.study_name, self.describe(),
                       [{"metric": o.metric, "direction": o.direction} for o in self.spec.objectives],
-                      [member(t, metrics(self.spec)) for t in best], rule=rule(self.spec), ties=ties)
+                      [member(t, metrics(self.spec)) for t in best], rule=rule(self.spec), ties=ties,
+                      ranking=[t.number for t in order])
 
 
 def rule(spec: StudySpec) -> str:
@@ -154,7 +162,7 @@ def rule(spec: StudySpec) -> str:
     return f"the {'highest' if maximize(spec) else 'lowest'} {spec.objectives[0].metric}; {RULE}"
 
 
-def tell(study: Any, trial: Any, state: str, values: list[float]) -> str:
+def tell(study: Study, trial: Trial, state: str, values: list[float]) -> str:
     """Tell `study` how `trial` ended: COMPLETE with its values, PRUNED, or FAIL (anything else)."""
     from optuna.trial import TrialState
 
@@ -168,7 +176,7 @@ def tell(study: Any, trial: Any, state: str, values: list[float]) -> str:
     return Told.FAIL
 
 
-def retry(study: Any, spec: StudySpec, trial_id: int) -> bool:
+def retry(study: Study, spec: StudySpec, trial_id: int) -> bool:
     """Queue a failed trial again with its parameters (as Optuna's retry of stale trials does), up to
     max_retry times; whether it was queued."""
     import optuna
@@ -181,7 +189,7 @@ def retry(study: Any, spec: StudySpec, trial_id: int) -> bool:
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))) > before
 
 
-def search_for(study: Any, spec: StudySpec, config: Any) -> Search:
+def search_for(study: Study, spec: StudySpec, config: Any) -> Search:
     """The search the study file names: the one place that knows which."""
     search: Search
     if spec.pbt is not None:

@@ -8,17 +8,24 @@ import logging
 import dataclasses
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.errors import redact
 from xp.studies.answer import Answer, Member, keep
 from xp.studies.study import StudySpec
 from xp.studies.trial import DUPLICATE, INTERRUPTED
 
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+
+    from xp.studies.search import Search
+
+
 log = logging.getLogger("xp")
 
 
-def counts(study: Any) -> dict[str, int]:
+def counts(study: Study) -> dict[str, int]:
     """The study's trials by how they ended, as Optuna holds them: its FAIL trials split into those that failed,
     those given back at a stop (queued again: not failures) and proposals dropped as duplicates of a running one."""
     out = {"complete": 0, "pruned": 0, "fail": 0, "given back": 0, "duplicate": 0, "running": 0, "waiting": 0}
@@ -41,7 +48,7 @@ def counts_line(c: dict[str, int]) -> str:
     return line + ")" + (f"; Optuna also holds {', '.join(extra)}" if extra else "")
 
 
-def summarize(study: Any, spec: StudySpec, search: Any, tracking_uri: str | None = None) -> Answer:
+def summarize(study: Study, spec: StudySpec, search: Search, tracking_uri: str | None = None) -> Answer:
     """The search's answer (xp.studies.answer), completed with what every study has (its counts, what the command
     line fixed, how its question changed), written once: kept in the study's storage, said on the console, and
     on the sweep's parent MLflow run (description, tags, best_trial.json), its best trial's model registered."""
@@ -78,7 +85,7 @@ class BestModel:
 
     POLL_S = 0.5
 
-    def __init__(self, search: Any, spec: StudySpec, uri: str):
+    def __init__(self, search: Search, spec: StudySpec, uri: str):
         self.search, self.spec, self.uri = search, spec, uri
         leader = search.leader()  # a resumed study's best so far
         self.trial: int | None = leader.trial if leader is not None else None
@@ -88,7 +95,7 @@ class BestModel:
         self._thread.start()
 
     @classmethod
-    def of(cls, search: Any, spec: StudySpec, uri: str | None) -> BestModel | None:
+    def of(cls, search: Search, spec: StudySpec, uri: str | None) -> BestModel | None:
         """One for a study that registers a single objective's best into a tracking store; else None."""
         return cls(search, spec, uri) if uri and spec.register_model and not spec.multi_objective else None
 
@@ -116,8 +123,9 @@ class BestModel:
             if leader is None or self._closing:
                 continue
             try:
-                if leader.mlflow_run_id is None:  # (its worker sets it as the run starts: read it again)
-                    leader.mlflow_run_id = self.search.leader().mlflow_run_id
+                now = self.search.leader() if leader.mlflow_run_id is None else None  # (its worker sets it as
+                if now is not None and now.trial == leader.trial:  # the run starts: read it again)
+                    leader.mlflow_run_id = now.mlflow_run_id
                 if leader.mlflow_run_id:  # (by the tracking service, where there is one)
                     answer = service.call(self.uri, best_model, name=self.spec.register_model or "",
                                           member=dataclasses.asdict(leader))

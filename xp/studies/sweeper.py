@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.errors import redact
 from xp.states import INTERRUPTED, RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
@@ -22,6 +22,11 @@ from xp.studies.search import Search, search_for
 from xp.studies.study import StudySpec, spec_from
 from xp.studies.summary import BestModel, summarize
 from xp.studies.trial import _counts, heartbeat, open_study, retry_dead_trials
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+
 
 log = logging.getLogger("xp")
 
@@ -75,7 +80,7 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
     return returns
 
 
-def _in_batches(study: Any, spec: StudySpec, search: Search, arguments: list[str], launcher: Any, parallel: int,
+def _in_batches(study: Study, spec: StudySpec, search: Search, arguments: list[str], launcher: Any, parallel: int,
                 budget: Any = None, best: BestModel | None = None) -> list[Any]:
     """Ask up to `parallel` trials, launch them as one batch of Hydra jobs, tell, until the search has nothing left
     (or the time or money budget: no batch starts that it would not see to its end, as long as the last one)."""
@@ -128,7 +133,7 @@ def _spec_here(config: Any, space: tuple[Any, ...], arguments: list[str]) -> Stu
     return spec_from(node, name, extra=space, overrides=arguments)
 
 
-def scheduled(study: Any, spec: StudySpec, search: Search, pool: Any, config: Any, arguments: list[str],
+def scheduled(study: Study, spec: StudySpec, search: Search, pool: Any, config: Any, arguments: list[str],
               budget: Any = None, best: BestModel | None = None, uri: str | None = None) -> Any:
     """The search's trials kept in flight on the pool's slots (xp.studies.scheduler); returns its tally."""
     from pathlib import Path
@@ -150,23 +155,23 @@ class Runs:
     finished last. Each one's run is ended in the store where its worker could not (gone, perhaps with its host:
     nothing there may ever start again to end it)."""
 
-    def __init__(self, study: Any, spec: StudySpec, search: Search, uri: str | None, parent: str | None,
+    def __init__(self, study: Study, spec: StudySpec, search: Search, uri: str | None, parent: str | None,
                  best: BestModel | None, base: list[str], arguments: list[str], sweep_dir: Any,
                  config: dict[str, Any] | None):
         self.study, self.spec, self.search, self.uri, self.parent, self.best = study, spec, search, uri, parent, best
         self.base, self.arguments, self.sweep_dir, self.config = base, arguments, sweep_dir, config
         self.who = scheduler_mark()
 
-    def message(self, trial: Any, job: int) -> RunTrial:
+    def message(self, trial: Trial, job: int) -> RunTrial:
         settings, tags = self.search.run_settings(trial)
         return RunTrial(trial.number, trial.params, trial.study.study_name, self.spec.name, self.base,
                         [*self.arguments, *(as_override(k, v) for k, v in {**trial.params, **settings}.items())],
                         str(self.sweep_dir / str(job)), self.parent, self.config, settings=settings, tags=tags)
 
-    def mark(self, trial: Any) -> None:
+    def mark(self, trial: Trial) -> None:
         trial.set_user_attr(SCHEDULER_ATTR, self.who)
 
-    def told(self, trial: Any, state: str) -> None:
+    def told(self, trial: Trial, state: str) -> None:
         if state == Told.COMPLETE and self.best is not None:
             self.best.told()
 
@@ -178,7 +183,7 @@ class Runs:
             service.call(self.uri, end_lost, parent=self.parent, trial_numbers=[t.number for t in trials], why=why,
                          state=state)
 
-    def lost(self, trial: Any, why: str) -> None:
+    def lost(self, trial: Trial, why: str) -> None:
         self._end_runs([trial], f"its worker was lost: {why}", RunStatus.FAILED)
         log.warning(f"trial {trial.number} lost its worker ({why}): {self.search.lost(trial, why)}")
 
@@ -191,7 +196,7 @@ class Runs:
                     + ", ".join(str(t.number) for t in trials)
                     + " given back to the study (the same command runs them first)")
 
-    def unsettled(self, trial: Any, state: str | None, why: str) -> None:
+    def unsettled(self, trial: Trial, state: str | None, why: str) -> None:
         self._end_runs([trial], f"its worker went ({why}) before its records reached the store",
                        RunStatus.FINISHED if state in (Told.COMPLETE, Told.PRUNED) else RunStatus.FAILED)
 
@@ -213,7 +218,7 @@ def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> di
     return plain(compose("config", overrides=[*searchpath, *arguments]), resolve=False)
 
 
-def requeue(trial: Any) -> None:
+def requeue(trial: Trial) -> None:
     """A trial the study stops before it ends: FAIL, marked INTERRUPTED (not counted: trial._counts), and queued
     again in its own study with its parameters and what its search noted on it (WAITING: the next ask takes it
     first), not counted against max_retry (the trial did nothing wrong)."""
@@ -236,7 +241,7 @@ def requeue(trial: Any) -> None:
 RUN_ATTRS = {"mlflow_run_id", SCHEDULER_ATTR, INTERRUPTED, "interrupted_from"}  # a trial's run's, not its search's
 
 
-def retry_orphans(study: Any, spec: StudySpec, search: Search) -> list[str]:
+def retry_orphans(study: Study, spec: StudySpec, search: Search) -> list[str]:
     """Trials left RUNNING by a scheduler of this host whose process is gone (SIGKILL, out of memory): lost at
     once (the search retries them as it sees fit), without waiting for grace_s."""
     from optuna.trial import TrialState
@@ -249,7 +254,7 @@ def retry_orphans(study: Any, spec: StudySpec, search: Search) -> list[str]:
     return lines
 
 
-def optuna_trial(study: Any, frozen: Any) -> Any:
+def optuna_trial(study: Study, frozen: FrozenTrial) -> Any:
     import optuna
 
     return optuna.trial.Trial(study, frozen._trial_id)

@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xp.errors import ConfigError
 from xp.studies.answer import Answer
 from xp.studies.search import Sampled
 from xp.studies.study import StudySpec
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+
 
 log = logging.getLogger("xp")
 
@@ -44,7 +49,7 @@ class WarmStart(Sampled):
     """Optuna's search (Sampled), its proposals asked of a shadow study that also holds the earlier study's
     finished trials in this space."""
 
-    def __init__(self, study: Any, spec: StudySpec):
+    def __init__(self, study: Study, spec: StudySpec):
         import optuna
 
         from xp.studies.trial import make_sampler, storage_of
@@ -76,12 +81,12 @@ class WarmStart(Sampled):
         log.info(f"study {spec.study_name}: warm start from study {source_name}: {self.seeded} of its "
                  f"{len(finished)} finished trials lie in this space; they seed the sampler, never the answer")
 
-    def _fits(self, trial: Any) -> bool:
+    def _fits(self, trial: FrozenTrial) -> bool:
         """Whether an earlier trial's parameters are exactly this study's, each in its range."""
         return set(trial.params) == set(self.dists) and all(
             self.dists[k]._contains(self.dists[k].to_internal_repr(v)) for k, v in trial.params.items())
 
-    def _copy(self, trial: Any) -> Any:
+    def _copy(self, trial: FrozenTrial) -> FrozenTrial:
         from optuna.trial import create_trial
 
         complete = trial.state.name == "COMPLETE"
