@@ -31,7 +31,7 @@ def run(search: str, seed: int, epochs: int, population: int, work: Path) -> dic
     """One study of the pair: `python -m xp -m sweep=SEARCH_lr seed=S sweep.sampler_seed=S epochs=E`."""
     import optuna
 
-    from xp.studies.answer import kept
+    from xp.studies.summary import kept
     from xp.studies.pbt import PBT_ATTR
 
     name = f"{search}_lr"

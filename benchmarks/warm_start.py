@@ -4,7 +4,7 @@ study's trials (`sweep.warm_start=EARLIER`). For each pair and seed S (the train
 `sweep.sampler_seed` both S): the earlier study, then the cold and the warm study at the same budget, on
 sweeps/lr_batch.yaml's space (lr, batch, momentum) of the default experiment (LeNet on digits).
 
-Reported per pair, from each study's answer (xp.studies.answer) and its trials in their order: how many trials
+Reported per pair, from each study's answer (xp.answers) and its trials in their order: how many trials
 the warm study needs to reach the cold study's final best (median over seeds, and as a share of the budget), and
 the two final bests (mean +- standard error across seeds).
 
@@ -42,7 +42,7 @@ def study(name: str, seed: int, trials: int, settings: list[str], work: Path, wa
     """One study: `python -m xp -m sweep=lr_batch ...`; its answer and its trials' values in their order."""
     import optuna
 
-    from xp.studies.answer import kept
+    from xp.studies.summary import kept
 
     storage = f"sqlite:///{work}/optuna.db"
     t0 = time.perf_counter()

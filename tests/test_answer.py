@@ -1,4 +1,4 @@
-"""A study's answer, written once by its search and read by every view (xp.studies.answer): the console summary,
+"""A study's answer, written once by its search and read by every view (xp.answers): the console summary,
 the progress line, the parent run's description and tags, best_trial.json, the registry's @best, the UI link's
 first row and xp.report name the same trial, for a TPE study with tied trials, a confirmed study and a PBT study;
 a run that resumes another's commit reports its own epochs; PBT spends no slot on a copy."""

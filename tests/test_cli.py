@@ -184,7 +184,7 @@ def test_help_is_fast_and_imports_no_framework(tmp_path):
     assert "HEAVY []" in proc.stdout
     assert "model: lenet, resnet152, resnet18, resnet50" in proc.stdout
     # what each group and key means, from conf/'s comments, and an example of each way to use xp
-    from xp.confref import keys
+    from xp.confkeys import keys
 
     for k in keys(ROOT / "conf" / "config.yaml"):
         assert f"  {k.key + ('=' + k.default if k.default else ''):<30} {k.comment}".rstrip() in proc.stdout, k

@@ -516,9 +516,9 @@ def test_the_command_line_wins_over_the_search_space():
 
 
 def test_every_key_of_conf_declares_whether_it_is_part_of_a_studys_question():
-    """Each key of conf/ says, where it is defined, whether it can change a trial's result (xp.confref.QUESTION):
+    """Each key of conf/ says, where it is defined, whether it can change a trial's result (xp.confkeys.QUESTION):
     a key added without it fails here; a condition names a key that exists."""
-    from xp.confref import TAG, questions
+    from xp.confkeys import TAG, questions
     from xp.preflight import CONF_DIR
 
     declared = questions(CONF_DIR)
@@ -706,7 +706,7 @@ def json_of(text):
 
 
 def test_a_confirmed_best_says_its_spread_and_whether_the_top_two_are_within_noise():
-    from xp.studies.answer import Answer
+    from xp.answers import Answer
     from xp.studies.confirm import Confirmed, verdict, within_noise
 
     def said(confirmed, metric):

@@ -90,7 +90,7 @@ def _end(parent: Any, uri: str, config: dict[str, Any], swept: str, kind: str, s
 def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[str, Any]:
     """The sweep's children read back (xp.readback.work.sweep_result, by the tracking service where there is
     one), and the UI's view of its runs written: a study's searched parameters and its answer first, as the
-    study's answer names them (xp.studies.answer), a sweep's varied keys, against the objective(s)."""
+    study's answer names them (xp.answers), a sweep's varied keys, against the objective(s)."""
     from xp.tracking import service
     from xp.readback.work import sweep_result
 
@@ -110,11 +110,11 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
 
 def _answer(study: dict[str, Any], name: str | None) -> Any:
     """The answer the study's search wrote (None: none, or its storage away: the view goes without it)."""
-    from xp.studies import answer
     from xp.studies.study import storage_url
+    from xp.studies.summary import load
 
     try:
-        return answer.load(storage_url(study.get("storage")), str(name))
+        return load(storage_url(study.get("storage")), str(name))
     except Exception as e:  # (the study's error, if any, was said by its sweeper)
         log.debug("the study's answer not read: %s", e)
         return None

@@ -32,7 +32,7 @@ def state(parent_run_id: str, name: str, params: list[str], metrics: list[str],
           confirmed: bool = False) -> dict[str, Any]:
     """The runs page's state: this parent's runs (a study's: every trial of the study, whichever command ran it;
     a confirmed study's: and the runs that retrained its best with other seeds), the study's answer first (its
-    trials' runs ordered by their rank in its answer, `ranked`: xp.studies.answer; MLflow's shared views drop
+    trials' runs ordered by their rank in its answer, `ranked`: xp.answers; MLflow's shared views drop
     pinned rows), else best first, the metrics and
     parameters as columns (a study's: and each trial's state, so a pruned trial, whose objective is a partial one,
     is told from a complete one). A population's (last_epoch: the latest epoch its members reached): its intervals

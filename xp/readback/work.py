@@ -45,12 +45,12 @@ def sweep_result(uri: str, experiment_id: str, parent: str, kind: str, params: l
 
 def study_result(uri: str, parent: str | None, register_model: str, answer: dict[str, Any],
                  counts_line: str = "") -> str | None:
-    """A study's answer (xp.studies.answer, as its search wrote it) on its parent MLflow run (`parent`; through a
+    """A study's answer (xp.answers, as its search wrote it) on its parent MLflow run (`parent`; through a
     spool of its own: a store that is away takes it when it is back, or xp.sync delivers it): its best trial named
     in the run's description and tags, linked to its model, the record itself as best_trial.json; and
     (`register_model`) its best trial's model, or every Pareto member's, in the Model Registry; returns the line
     that says where, or None."""
-    from xp.studies.answer import Answer
+    from xp.answers import Answer
 
     record = Answer.from_dict(answer)
     front = [dataclasses.asdict(m) for m in record.best]

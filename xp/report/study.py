@@ -29,7 +29,7 @@ class StudyParent:
     params: dict[str, str] = field(default_factory=dict)
     registered: str | None = None
     changes: list[str] = field(default_factory=list)  # the changes of its question it was continued under
-    answer: Any = None  # the study's answer as its search wrote it (xp.studies.answer), None: none recorded
+    answer: Any = None  # the study's answer as its search wrote it (xp.answers), None: none recorded
 
 
 def objectives_of(parent_params: dict[str, str]) -> list[dict[str, Any]]:
@@ -66,7 +66,7 @@ def answer_of(client: Any, run_id: str) -> Any:
     import json
     import tempfile
 
-    from xp.studies.answer import FILE, FRONT_FILE, Answer
+    from xp.answers import FILE, FRONT_FILE, Answer
 
     with tempfile.TemporaryDirectory(prefix="xp-answer-") as folder:
         for name in (FILE, FRONT_FILE):
@@ -111,7 +111,7 @@ def sections(rows: list[dict[str, Any]], studies: dict[str | None, StudyParent],
 
 def confirmation(answer: Any, runs: list[dict[str, Any]]) -> list[str]:
     """sweep.confirm: each of the study's top trials with its runs at other seeds, best mean first, and whether the
-    top two are within each other's noise: as the study's answer holds them (xp.studies.answer)."""
+    top two are within each other's noise: as the study's answer holds them (xp.answers)."""
     if answer is None or not answer.confirmed:
         return ["### The best, confirmed across seeds", "", f"{len(runs)} runs retrained the study's best with other "
                 "seeds; the study wrote no answer (stopped before its end): run its command again to finish it.",

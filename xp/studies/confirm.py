@@ -22,7 +22,7 @@ from xp.studies.study import Param, StudySpec
 
 if TYPE_CHECKING:
     from optuna import Study
-    from optuna.trial import FrozenTrial, Trial
+    from optuna.trial import Trial
 
     from xp.studies.search import Search
 
@@ -253,7 +253,7 @@ class Confirmation:
 
     def _member(self, c: Confirmed) -> Any:
         """A confirmed trial as the answer's member: its own run's figures, judged by its mean across seeds."""
-        from xp.studies.answer import member
+        from xp.answers import member
 
         m = member(self.study.trials[c.trial], [self.spec.objectives[0].metric])
         m.judged = f"mean {c.mean:.4f}" + (f" +- {c.std:.4f}" if len(c.values) > 1 else "") + \

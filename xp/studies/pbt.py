@@ -190,13 +190,13 @@ class Population:
                 and math.isfinite(t.values[0])]
 
     def leader(self) -> Any:
-        from xp.studies.answer import best_of, member
+        from xp.answers import best_of, member
 
         best, _ = best_of(self._finals(), self.maximize)
         return None if best is None else member(best, [self.spec.objectives[0].metric])
 
     def answer(self) -> Any:
-        from xp.studies.answer import Answer, best_of, member, ranked
+        from xp.answers import Answer, best_of, member, ranked
         from xp.studies.search import rule
 
         best, tied = best_of(self._finals(), self.maximize)

@@ -4,7 +4,7 @@ them under the same name is refused (or continued on the user's word, recorded) 
 A study's *question* is everything that changes a trial's result: the composed config's keys that can (the
 model and its options, dataset, backend, dtype, epochs, the hyperparameters it does not search, ...), the search
 space and the objectives, and a recipe's own settings. Whether a key can change a result is declared where the key
-is defined, at the end of its comment in conf/ (xp.confref.QUESTION: result, measured, how, result if KEY), and
+is defined, at the end of its comment in conf/ (xp.confkeys.QUESTION: result, measured, how, result if KEY), and
 a test holds every key of conf/ to it. The question is a flat {key: value} dict; the study keeps it as its user
 attribute QUESTION, and every change the user accepted (sweep.continue_changed=true) in CHANGES.
 
@@ -36,10 +36,10 @@ NOT_SETTINGS = ("sweep", "hydra")  # the study's own node (its space and objecti
 
 @functools.lru_cache(maxsize=1)
 def declared() -> dict[str, str]:
-    from xp.confref import questions
-    from xp.preflight import CONF_DIR
+    from xp import shipped
+    from xp.confkeys import questions
 
-    return questions(CONF_DIR)
+    return questions(shipped("conf"))
 
 
 def klass_of(key: str) -> str:

@@ -24,8 +24,7 @@ from xp.states import TRIAL_ENDS, TrialState
 from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, RunTrial
 
 if TYPE_CHECKING:
-    from optuna import Study
-    from optuna.trial import FrozenTrial, Trial
+    from optuna.trial import Trial
 
     from xp.studies.search import Search
 

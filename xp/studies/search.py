@@ -1,6 +1,6 @@
 """How a study searches: one seam. The runners (xp.studies.scheduler's slots, the sweeper's Hydra batches) drive a
 `Search` and never ask which one it is: what to run next (`ask`), a result told (`told`), a trial lost (`lost`),
-what remains (`remaining`), the best so far (`leader`) and its answer (`answer`, xp.studies.answer).
+what remains (`remaining`), the best so far (`leader`) and its answer (`answer`, xp.answers).
 
 Implementations side by side: Optuna's sampler and pruner (`Sampled`, here), the population (xp.studies.pbt), the
 confirmation across seeds (xp.studies.confirm, around another search), a warm start (xp.studies.warm, around
@@ -15,12 +15,12 @@ import warnings
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xp.states import TrialState as Told
-from xp.studies.answer import Answer, Member, best_of, member, ranked
+from xp.answers import Answer, Member, best_of, member, ranked
 from xp.studies.study import StudySpec
 
 if TYPE_CHECKING:
     from optuna import Study
-    from optuna.trial import FrozenTrial, Trial
+    from optuna.trial import Trial
 
 
 log = logging.getLogger("xp")
@@ -155,7 +155,7 @@ class Sampled:
 
 
 def rule(spec: StudySpec) -> str:
-    from xp.studies.answer import RULE
+    from xp.answers import RULE
 
     if spec.multi_objective:
         return "the Pareto front: the trials no other beats on every objective"

@@ -17,7 +17,6 @@ with search=pbt trains a population instead (xp.studies.pbt)."""
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib.util
 import logging

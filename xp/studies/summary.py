@@ -1,4 +1,4 @@
-"""A study's result: its search's answer (xp.studies.answer) written once at its end and said, logged on the sweep's
+"""A study's result: its search's answer (xp.answers) written once at its end and said, logged on the sweep's
 parent run, its model in the Model Registry (summarize); while it runs, the registry's alias `best` follows the
 search's leader as each new one's model reaches the store (BestModel)."""
 
@@ -6,23 +6,25 @@ from __future__ import annotations
 
 import logging
 import dataclasses
+import json
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xp.errors import redact
-from xp.studies.answer import Answer, Member, keep
+from xp.answers import Answer, Member
 from xp.studies.study import StudySpec
 from xp.studies.trial import DUPLICATE, INTERRUPTED
 
 if TYPE_CHECKING:
     from optuna import Study
-    from optuna.trial import FrozenTrial, Trial
 
     from xp.studies.search import Search
 
 
 log = logging.getLogger("xp")
+
+ANSWER_ATTR = "xp.answer"  # the Optuna study's user attribute holding its latest answer (JSON of Answer)
 
 
 def counts(study: Study) -> dict[str, int]:
@@ -49,7 +51,7 @@ def counts_line(c: dict[str, int]) -> str:
 
 
 def summarize(study: Study, spec: StudySpec, search: Search, tracking_uri: str | None = None) -> Answer:
-    """The search's answer (xp.studies.answer), completed with what every study has (its counts, what the command
+    """The search's answer (xp.answers), completed with what every study has (its counts, what the command
     line fixed, how its question changed), written once: kept in the study's storage, said on the console, and
     on the sweep's parent MLflow run (description, tags, best_trial.json), its best trial's model registered."""
     import dataclasses
@@ -137,3 +139,26 @@ class BestModel:
                     self._waiting = None
             except Exception as e:  # the store away, say: the study goes on; its end registers its best
                 log.debug("study %s: the best model is not registered yet (%s)", self.spec.study_name, e)
+
+
+def keep(study: Study, answer: Answer) -> None:
+    """The answer into the study's storage: the same command's views, and the next command's, read it."""
+    study.set_user_attr(ANSWER_ATTR, json.dumps(answer.as_dict(), default=str))
+
+
+def kept(study: Study) -> Answer | None:
+    """The answer the study's last command wrote (None: none yet)."""
+    text = study.user_attrs.get(ANSWER_ATTR)
+    return Answer.from_dict(json.loads(text)) if text else None
+
+
+def load(storage: str, study_name: str) -> Answer | None:
+    """The answer a study in `storage` keeps (None: no such study, or no answer yet)."""
+    import optuna
+
+    from xp.studies.trial import storage_of
+
+    try:
+        return kept(optuna.load_study(study_name=study_name, storage=storage_of(storage)))
+    except KeyError:
+        return None

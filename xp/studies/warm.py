@@ -16,13 +16,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from xp.errors import ConfigError
-from xp.studies.answer import Answer
+from xp.answers import Answer
 from xp.studies.search import Sampled
 from xp.studies.study import StudySpec
 
 if TYPE_CHECKING:
     from optuna import Study
-    from optuna.trial import FrozenTrial, Trial
+    from optuna.trial import FrozenTrial
 
 
 log = logging.getLogger("xp")

@@ -2,7 +2,7 @@
 seeds), where its weights came from (a population's schedule), what the question held fixed and how it changed.
 
 Each search (xp.studies.search) derives its answer once, at the study's end, into an `Answer`. The study keeps it
-in its storage (the Optuna study's user attribute ANSWER_ATTR) and on its parent MLflow run (best_trial.json, the
+in its storage (xp.studies.summary.keep) and on its parent MLflow run (best_trial.json, the
 tags xp.best_*, the description); every view reads that record and derives nothing again: the console summary
 (`lines`), the parent run (`description`, `tags`), the registry's `@best`, the UI link's pinned first row and
 columns (xp.readback.view), and `xp.report`.
@@ -10,17 +10,14 @@ columns (xp.readback.view), and `xp.report`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from optuna import Study
-    from optuna.trial import FrozenTrial, Trial
+    from optuna.trial import FrozenTrial
 
 
-ANSWER_ATTR = "xp.answer"  # the Optuna study's user attribute holding its latest answer (JSON of Answer)
 FILE = "best_trial.json"  # the parent run's artifact holding it (a multi-objective study's: pareto_front.json)
 FRONT_FILE = "pareto_front.json"
 RULE = "a tie goes to the lowest trial number (the one proposed first)"
@@ -181,27 +178,3 @@ def _line(c: dict[str, Any], metric: str) -> str:
     spread = f" +- {c['std']:.4f} (std), {min(c['values']):.4f} - {max(c['values']):.4f}" if c.get(
         "std") is not None else ""
     return f"trial {c['trial']}: {metric} {c['mean']:.4f}{spread} over {len(c['values'])} seeds"
-
-
-# --- the record kept -----------------------------------------------------------------------------------------
-def keep(study: Study, answer: Answer) -> None:
-    """The answer into the study's storage: the same command's views, and the next command's, read it."""
-    study.set_user_attr(ANSWER_ATTR, json.dumps(answer.as_dict(), default=str))
-
-
-def kept(study: Study) -> Answer | None:
-    """The answer the study's last command wrote (None: none yet)."""
-    text = study.user_attrs.get(ANSWER_ATTR)
-    return Answer.from_dict(json.loads(text)) if text else None
-
-
-def load(storage: str, study_name: str) -> Answer | None:
-    """The answer a study in `storage` keeps (None: no such study, or no answer yet)."""
-    import optuna
-
-    from xp.studies.trial import storage_of
-
-    try:
-        return kept(optuna.load_study(study_name=study_name, storage=storage_of(storage)))
-    except KeyError:
-        return None
