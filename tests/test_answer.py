@@ -228,3 +228,44 @@ def test_two_members_that_take_one_donor_explore_differently(tmp_path):
     params = [t.system_attrs["fixed_params"] for t in queued]
     donor = study.trials[sources.pop()]
     assert len(queued) == 2 and not sources and params[0] != params[1] and donor.params not in params, params
+
+
+# --- a warm start, through the seam ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_warm_start_seeds_the_sampler_from_an_earlier_study_and_never_its_answer(tmp_path, store):
+    """sweep.warm_start=old: old's finished trials in this space seed the new study's sampler (each proposal asked
+    of a study that holds them, then run in the new one); the new study's trials, budget and answer are its own;
+    said in one line and recorded. A study it cannot start from is one line, exit 2, before anything runs."""
+    import optuna
+
+    env = study_env(tmp_path, "small", CONFIRMED)
+    storage = env["XP_OPTUNA_STORAGE"]
+    old = run_xp(tmp_path, store, "-m", "sweep=small", "sweep.study_name=old", "epochs=1", "sweep.n_trials=4",
+                 env=env, timeout=300)
+    assert old.returncode == 0, said(old)
+    warm = run_xp(tmp_path, store, "-m", "sweep=small", "sweep.study_name=new", "epochs=2", "sweep.n_trials=3",
+                  "sweep.warm_start=old", env=env, timeout=300)
+    assert warm.returncode == 0, said(warm)
+    assert "warm start from study old: 4 of its 4 finished trials lie in this space; they seed the sampler, never " \
+           "the answer" in warm.stdout + warm.stderr
+    new = optuna.load_study(study_name="new", storage=storage)
+    assert len(new.trials) == 3 and new.user_attrs["xp.warm_start"] == {"from": "old", "trials": 4, "of": 4}
+    assert all("fixed_params" in t.system_attrs for t in new.trials)  # (each proposed by the seeded sampler)
+    answer = json.loads(new.user_attrs["xp.answer"])
+    assert answer["best"][0]["trial"] in (0, 1, 2) and answer["extra"]["warm_start"] == {"from": "old", "trials": 4}
+    assert "warm-started from study old (4 trials)" in answer["search"]
+    cold = run_xp(tmp_path, store, "-m", "sweep=small", "sweep.study_name=cold", "epochs=2", "sweep.n_trials=3",
+                  env=env, timeout=300)
+    assert cold.returncode == 0, said(cold)
+    assert [t.params for t in optuna.load_study(study_name="cold", storage=storage).trials] != \
+        [t.params for t in new.trials]
+
+    for args, line in ((["sweep.warm_start=nosuch"], "sweep.warm_start=nosuch: no such study in this storage; it "
+                                                      "holds: cold, new, old"),
+                       (["sweep.warm_start=old", "sweep.objectives=[{metric: throughput, direction: maximize}]"],
+                        "sweep.warm_start=old: it optimises maximize val_accuracy; this study maximize throughput")):
+        refused = run_xp(tmp_path, store, "-m", "sweep=small", "sweep.study_name=other", *args, env=env, timeout=120)
+        assert refused.returncode == 2 and line in refused.stderr and "Traceback" not in refused.stderr, said(refused)
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "other" not in [s.study_name for s in optuna.get_all_study_summaries(storage)]

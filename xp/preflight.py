@@ -343,6 +343,10 @@ def _study_jobs(jobs: list[list[str]], multirun: bool, known: Sequence[str], com
 
         check_run(spec.pbt, config.get("epochs"), spec.n_trials, f"sweep={name}")
     check_storage(spec.storage)
+    if spec.warm_start:  # (the earlier study it starts from: there, and asking the same objectives)
+        from xp.studies.warm import source_of
+
+        source_of(spec)
     check_budget(spec, config, here)
     from dataclasses import replace
 

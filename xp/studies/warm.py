@@ -45,6 +45,36 @@ def warm_from(raw: dict[str, Any], where: str) -> str | None:
     return name.strip()
 
 
+def source_of(spec: StudySpec) -> Any:
+    """The earlier study `spec.warm_start` names, in the study's storage, checked: it exists (read without creating
+    anything) and optimises the same objectives; else one line."""
+    import optuna
+
+    from xp.storefiles import first_use, sqlite_path
+    from xp.studies.trial import storage_of
+
+    name, path = str(spec.warm_start), sqlite_path(spec.storage)
+    if path is not None and not (path.exists() and path.stat().st_size > 0):
+        raise ConfigError(f"sweep.warm_start={name}: no such study in {spec.storage} (the storage holds no study yet)")
+    with first_use(spec.storage, "sweep.storage"):
+        storage = storage_of(spec.storage)
+        try:
+            source = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name != spec.study_name)
+            raise ConfigError(f"sweep.warm_start={name}: no such study in this storage; it holds: "
+                              f"{', '.join(names) or 'no other'}") from None
+    wanted = [o.metric for o in spec.objectives]
+    directions = [o.direction for o in spec.objectives]
+    have = source.metric_names or wanted
+    if list(have) != wanted or [d.name.lower() for d in source.directions] != directions:
+        raise ConfigError(f"sweep.warm_start={name}: it optimises "
+                          + ", ".join(f"{d.name.lower()} {m}" for d, m in zip(source.directions, have))
+                          + f"; this study {', '.join(f'{d} {m}' for d, m in zip(directions, wanted))}: its "
+                          "values would mean something else here")
+    return source
+
+
 class WarmStart(Sampled):
     """Optuna's search (Sampled), its proposals asked of a shadow study that also holds the earlier study's
     finished trials in this space."""
@@ -52,24 +82,11 @@ class WarmStart(Sampled):
     def __init__(self, study: Study, spec: StudySpec):
         import optuna
 
-        from xp.studies.trial import make_sampler, storage_of
+        from xp.studies.trial import make_sampler
 
         super().__init__(study, spec)
-        source_name = str(spec.warm_start)
-        try:
-            source = optuna.load_study(study_name=source_name, storage=storage_of(spec.storage))
-        except KeyError:
-            names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage_of(spec.storage)))
-            raise ConfigError(f"sweep.warm_start={source_name}: no such study in this storage; it holds: "
-                              f"{', '.join(n for n in names if n != spec.study_name) or 'no other'}") from None
-        wanted = [o.metric for o in spec.objectives]
-        directions = [o.direction for o in spec.objectives]
-        have = source.metric_names or wanted
-        if list(have) != wanted or [d.name.lower() for d in source.directions] != directions:
-            raise ConfigError(f"sweep.warm_start={source_name}: it optimises "
-                              + ", ".join(f"{d.name.lower()} {m}" for d, m in zip(source.directions, have))
-                              + f"; this study {', '.join(f'{d} {m}' for d, m in zip(directions, wanted))}: its "
-                              "values would mean something else here")
+        source = source_of(spec)
+        source_name, directions = str(spec.warm_start), [o.direction for o in spec.objectives]
         self.source = source_name
         self.shadow = optuna.create_study(directions=directions, sampler=make_sampler(spec))  # (in memory)
         finished = source.get_trials(deepcopy=False, states=(_state("COMPLETE"), _state("PRUNED")))
