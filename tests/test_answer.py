@@ -145,6 +145,8 @@ def test_a_population_names_its_winner_everywhere_and_its_intervals_figures_are_
     winner = one_answer(read_everywhere(tmp_path, store, proc, "pop", "pop"))
     md = (tmp_path / "report-pop" / "report.md").read_text()
     assert md.count("pbt_pop_population.png") == 1 and md.count("pbt_pop_schedule.png") == 1
+    header = md.split("\n| trial |", 1)[1].split("\n", 1)[0]  # (the runs' table: what they varied, as columns)
+    assert " lr " in header and not any(k in header for k in ("model.log", "resume", "checkpoint_dir")), header
     client, runs = mlflow_runs(store)
     second = [r for r in runs if r.data.tags.get("xp.pbt.epochs") == "2-2"]
     assert second, "no interval trained epoch 2"

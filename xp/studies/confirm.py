@@ -172,7 +172,8 @@ class Confirmation:
         return "confirm" if self._mine(trial) else str(self.inner.label(trial))
 
     def describe(self) -> str:
-        return f"{self.inner.describe()}; its {self.spec.confirm_top} best confirmed with {self.spec.confirm} more seeds"
+        k = self.spec.confirm
+        return f"{self.inner.describe()}; its {self.spec.confirm_top} best confirmed with {k} more seed{'s' * (k > 1)}"
 
     def _started(self) -> tuple[Any, StudySpec] | None:
         """The confirming study, made (its retrainings enqueued) once the inner search has nothing left or running."""
@@ -189,7 +190,7 @@ class Confirmation:
 
                 logging.getLogger("xp").info(
                     f"study {self.spec.study_name}: its {self.spec.confirm_top} best trials retrained with "
-                    f"{self.spec.confirm} other seeds each ({self.confirming[1].study_name}: "
+                    f"{self.spec.confirm} other seed{'s' * (self.spec.confirm > 1)} each ({self.confirming[1].study_name}: "
                     f"{self.confirming[1].n_trials - done - running} runs to go)")
         return self.confirming
 
