@@ -213,7 +213,8 @@ def elastic_timeline(runs: list[Any], history: Callable[[str, str], list[Any]]) 
 
 
 ACCURACY_NOTE = ("val acc (last epoch) is the accuracy the run ended with; val acc (best epoch) the highest any "
-                 "of its epochs reached (best_val_accuracy; on a sweep's parent, the highest of its runs').")
+                 "of the epochs it trained reached (best_val_accuracy; a run that started from another's commit, a "
+                 "PBT interval: of its own epochs; on a sweep's parent, the highest of its runs').")
 
 
 def build_report(runs: list[Any], out: Path, title: str, history: Callable[[str, str], list[Any]] | None = None,
