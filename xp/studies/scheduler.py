@@ -259,6 +259,9 @@ class Scheduler:
             self.tally.busy_s += time.monotonic() - flight.started
             self.runs.lost(flight.trial, why)
             self.tally.states[TrialState.FAIL] += 1
+            if self.ready:  # (queued again behind the lost one's retry: they run in the order they were asked, and
+                self.runs.put_back([f.trial for f in self.ready])  # each proposal sees what it would have seen
+                self.ready.clear()  # had nothing been lost: xp.studies.trial.proposal_number)
         if worker.previous is not None:
             trial, state = worker.previous
             self.runs.unsettled(trial, state, why)

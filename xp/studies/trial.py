@@ -42,12 +42,9 @@ def distributions(spec: StudySpec) -> dict[str, Any]:
 
 
 def trial_seed(spec: StudySpec, number: int) -> int | None:
-    """The sampler's seed for trial `number` of the study: derived from (sampler_seed, number), None when the
-    spec asks for a random sampler. Trial numbers are unique in a study's storage, so sweepers that start
-    together on one study (several processes or machines on one PostgreSQL study) never draw the same
-    proposals from the same seed (four together ran 12 trials with 6 distinct parameter sets), a resumed
-    study explores instead of replaying its first trials, and the same command on a new storage still
-    proposes the same trials. (Optuna cannot store a sampler's random state in the study.)"""
+    """The sampler's seed for the study's proposal `number` (proposal_number): derived from (sampler_seed, number),
+    None when the spec asks for a random sampler. (Optuna cannot store a sampler's random state in the study: its
+    state is this number and the study's trials, both in the storage.)"""
     if spec.sampler_seed is None:
         return None
     import zlib
@@ -55,8 +52,25 @@ def trial_seed(spec: StudySpec, number: int) -> int | None:
     return zlib.crc32(f"{spec.sampler_seed}:{number}".encode())
 
 
+def replay(trial: Any) -> bool:
+    """A trial that runs parameters given to it, not the sampler's: queued (enqueue_trial: a grid, a population,
+    a confirmation, a warm start), a lost trial's retry, or a trial given back at a stop and queued again. Each is
+    marked so from its creation."""
+    return "fixed_params" in trial.system_attrs or "failed_trial" in trial.system_attrs or \
+        "interrupted_from" in trial.user_attrs
+
+
+def proposal_number(study: Any, trial: Any) -> int:
+    """Which of the study's sampler proposals `trial` is: its number less the replays numbered below it. A study
+    stopped at any moment and run again (its lost and given-back trials retried as replays) proposes the same
+    parameters in the same order as the same study never interrupted, with one slot (each proposal then sees the
+    same finished trials); proposals are distinct numbers, so sweepers that ask together on one study never draw
+    from the same seed, and a resumed study goes on instead of replaying its first proposals."""
+    return trial.number - sum(1 for t in study.get_trials(deepcopy=False) if t.number < trial.number and replay(t))
+
+
 def make_sampler(spec: StudySpec) -> Any:
-    """The spec's sampler, reseeded for every trial by its number (trial_seed)."""
+    """The spec's sampler, reseeded for every trial by its proposal number (trial_seed, proposal_number)."""
     import optuna
 
     factories = {"tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True),
@@ -70,7 +84,7 @@ def make_sampler(spec: StudySpec) -> Any:
     make = factories[spec.sampler]
 
     class PerTrialSeed(optuna.samplers.BaseSampler):
-        """Delegates to a sampler made afresh for each trial, seeded by its number. The samplers keep what they
+        """Delegates to a sampler made afresh for each trial, seeded by its proposal number. The samplers keep what they
         learn in the study (its trials, their system attributes), so nothing is lost by making them anew."""
 
         def __init__(self):
@@ -78,7 +92,7 @@ def make_sampler(spec: StudySpec) -> Any:
 
         def before_trial(self, study, trial):
             kept = getattr(self.inner, "_search_space", None)  # TPE's search space so far, kept: made afresh, it
-            self.inner = make(trial_seed(spec, trial.number))  # reads every trial of the study again at each ask
+            self.inner = make(trial_seed(spec, proposal_number(study, trial)))  # reads every trial again at each ask
             if kept is not None and hasattr(self.inner, "_search_space"):
                 self.inner._search_space = kept
             self.inner.before_trial(study, trial)
