@@ -16,6 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from xp.errors import ConfigError
+from xp.states import TrialState as Told  # (Optuna's TrialState is its own class)
 from xp.answers import Answer
 from xp.studies.search import Sampled
 from xp.studies.study import StudySpec
@@ -89,7 +90,7 @@ class WarmStart(Sampled):
         source_name, directions = str(spec.warm_start), [o.direction for o in spec.objectives]
         self.source = source_name
         self.shadow = optuna.create_study(directions=directions, sampler=make_sampler(spec))  # (in memory)
-        finished = source.get_trials(deepcopy=False, states=(_state("COMPLETE"), _state("PRUNED")))
+        finished = source.get_trials(deepcopy=False, states=(_state(Told.COMPLETE), _state(Told.PRUNED)))
         seeds = [t for t in finished if self._fits(t)]
         for t in seeds:
             self.shadow.add_trial(self._copy(t))
@@ -100,13 +101,12 @@ class WarmStart(Sampled):
 
     def _fits(self, trial: FrozenTrial) -> bool:
         """Whether an earlier trial's parameters are exactly this study's, each in its range."""
-        return set(trial.params) == set(self.dists) and all(
-            self.dists[k]._contains(self.dists[k].to_internal_repr(v)) for k, v in trial.params.items())
+        return set(trial.params) == set(self.dists) and all(inside(self.dists[k], v) for k, v in trial.params.items())
 
     def _copy(self, trial: FrozenTrial) -> FrozenTrial:
         from optuna.trial import create_trial
 
-        complete = trial.state.name == "COMPLETE"
+        complete = trial.state.name == Told.COMPLETE
         return create_trial(state=trial.state, params=dict(trial.params), distributions=self.dists,
                             values=list(trial.values) if complete else None,
                             intermediate_values=dict(trial.intermediate_values))
@@ -134,6 +134,16 @@ class WarmStart(Sampled):
         answer = super().answer()
         return dataclasses.replace(answer, extra={**answer.extra, "warm_start": {"from": self.source,
                                                                                   "trials": self.seeded}})
+
+
+def inside(dist: Any, value: Any) -> bool:
+    """Whether a value lies in an Optuna distribution (a choice of a categorical one; within a numeric one's
+    bounds), read from its public fields."""
+    from optuna.distributions import CategoricalDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return value in dist.choices
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and dist.low <= value <= dist.high
 
 
 def _state(name: str) -> Any:
