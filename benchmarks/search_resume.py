@@ -119,7 +119,8 @@ def main() -> None:
     cut, complete = proposals(work, "cut")
     same = cut == straight
     first = next((i for i, (a, b) in enumerate(zip(cut, straight)) if a != b), None)
-    print("| kills (command / a worker, then the command) | trials | proposals equal to the uninterrupted run's | wall s |")
+    print("| kills (command / a worker, then the command) | trials | proposals equal to the uninterrupted run's "
+          "| wall s |")
     print("|---|---|---|---|")
     print(f"| {kinds['command']} / {kinds['worker then command']} | {complete} complete, {len(cut)} proposals | "
           f"{'yes' if same else f'no (first differs at proposal {first})'} | {time.perf_counter() - t0:.0f} |")

@@ -108,7 +108,8 @@ def main() -> None:
         summary[pair] = {"warm_needs_median": statistics.median(warm_needs), "cold_needs_median":
                          statistics.median(cold_needs), "cold_best": [cm, cse], "warm_best": [wm, wse],
                          "within_se": ok, "never_reached": sum(r["warm_needs"] is None for r in mine)}
-        print(f"| {pair} | {args.trials} | {statistics.median(warm_needs):g} ({statistics.median(warm_needs) / args.trials:.0%})"
+        median = statistics.median(warm_needs)
+        print(f"| {pair} | {args.trials} | {median:g} ({median / args.trials:.0%})"
               f" | {statistics.median(cold_needs):g} | {cm:.4f} +- {cse:.4f} | {wm:.4f} +- {wse:.4f} | "
               f"{'yes' if ok else 'no'} |")
     print(f"(seeds {args.seeds}; a warm study that never reached the cold best counts as {args.trials + 1}; "

@@ -139,7 +139,8 @@ def test_a_population_names_its_winner_everywhere_and_its_intervals_figures_are_
     is the best of the epochs it trained (what it took from its source is inherited, said apart); the report
     draws each population plot once; the first line says how it searches."""
     env = pop_env(tmp_path, interval=1, n=8)
-    proc = run_xp(tmp_path, store, "-m", "sweep=pop", "epochs=2", env=env, timeout=600)
+    proc = run_xp(tmp_path, store, "-m", "sweep=pop", "epochs=2", f"checkpoint_dir={tmp_path}/ckpt", env=env,
+                  timeout=600)
     assert proc.returncode == 0, said(proc)
     assert "population of 4 (pbt)" in proc.stdout + proc.stderr and "sampler tpe" not in proc.stdout + proc.stderr
     winner = one_answer(read_everywhere(tmp_path, store, proc, "pop", "pop"))
