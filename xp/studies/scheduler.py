@@ -259,9 +259,9 @@ class Scheduler:
             self.tally.busy_s += time.monotonic() - flight.started
             self.runs.lost(flight.trial, why)
             self.tally.states[TrialState.FAIL] += 1
-            if self.ready:  # (queued again behind the lost one's retry: they run in the order they were asked, and
-                self.runs.put_back([f.trial for f in self.ready])  # each proposal sees what it would have seen
-                self.ready.clear()  # had nothing been lost: xp.studies.trial.proposal_number)
+            if self.ready and (retry := self._next()) is not None:  # the lost one's retry starts before the
+                self.ready.appendleft(retry)  # trials held behind it: the trials run in the order they were asked,
+                # and each proposal sees what it would have seen had nothing been lost (trial.proposal_number)
         if worker.previous is not None:
             trial, state = worker.previous
             self.runs.unsettled(trial, state, why)

@@ -44,8 +44,7 @@ def counts_line(c: dict[str, int]) -> str:
     ran = c["complete"] + c["pruned"] + c["fail"] + c["running"]
     line = f"{ran} trials ({c['complete']} complete, {c['pruned']} pruned, {c['fail']} fail"
     line += f", {c['running']} running" if c["running"] else ""
-    extra = [f"{c['given back']} given back (at a stop, or asked behind a lost trial) and queued again"
-             ] if c["given back"] else []
+    extra = [f"{c['given back']} given back at a stop and queued again"] if c["given back"] else []
     extra += [f"{c['duplicate']} proposals dropped as duplicates"] if c["duplicate"] else []
     extra += [f"{c['waiting']} queued"] if c["waiting"] else []
     return line + ")" + (f"; Optuna also holds {', '.join(extra)}" if extra else "")

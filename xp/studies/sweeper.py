@@ -196,13 +196,6 @@ class Runs:
                     + ", ".join(str(t.number) for t in trials)
                     + " given back to the study (the same command runs them first)")
 
-    def put_back(self, trials: list[Trial]) -> None:
-        """Trials asked and held, not started (no run yet), queued again behind a lost trial's retry."""
-        for t in trials:
-            requeue(t)
-        log.info(f"study: trial{'s' if len(trials) > 1 else ''} {', '.join(str(t.number) for t in trials)} queued "
-                 "again behind the lost trial's retry (the trials run in the order they were asked)")
-
     def unsettled(self, trial: Trial, state: str | None, why: str) -> None:
         self._end_runs([trial], f"its worker went ({why}) before its records reached the store",
                        RunStatus.FINISHED if state in (Told.COMPLETE, Told.PRUNED) else RunStatus.FAILED)
