@@ -91,6 +91,11 @@ def make_sampler(spec: StudySpec) -> Any:
             self.inner = make(trial_seed(spec, 0))
 
         def before_trial(self, study, trial):
+            from xp.studies.scheduler import SCHEDULER_ATTR, scheduler_mark
+
+            # who asked, the moment the trial exists (a command killed while it samples leaves no unmarked
+            # RUNNING trial, which no later command could tell from another sweeper's: orphaned() finds it)
+            study._storage.set_trial_user_attr(trial._trial_id, SCHEDULER_ATTR, scheduler_mark())
             kept = getattr(self.inner, "_search_space", None)  # TPE's search space so far, kept: made afresh, it
             self.inner = make(trial_seed(spec, proposal_number(study, trial)))  # reads every trial again at each ask
             if kept is not None and hasattr(self.inner, "_search_space"):
