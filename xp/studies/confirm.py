@@ -13,6 +13,7 @@ under the study's parent run, tagged optuna.study=NAME.confirm.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import statistics
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
     from xp.studies.search import Search
 
+
+log = logging.getLogger("xp")
 
 SUFFIX = ".confirm"  # the confirming study's name: the study's and this
 SEEDS = 2 ** 31  # the seeds a confirming study's trials may have
@@ -185,13 +188,10 @@ class Confirmation:
             from xp.studies.trial import _counts
 
             done, running = _counts(self.confirming[0]) if self.confirming is not None else (0, 0)
-            if self.confirming is not None and self.confirming[1].n_trials - done - running > 0:
-                import logging
-
-                logging.getLogger("xp").info(
-                    f"study {self.spec.study_name}: its {self.spec.confirm_top} best trials retrained with "
-                    f"{self.spec.confirm} other seed{'s' * (self.spec.confirm > 1)} each ({self.confirming[1].study_name}: "
-                    f"{self.confirming[1].n_trials - done - running} runs to go)")
+            if self.confirming is not None and (todo := self.confirming[1].n_trials - done - running) > 0:
+                k = self.spec.confirm
+                log.info(f"study {self.spec.study_name}: its {self.spec.confirm_top} best trials retrained with {k} "
+                         f"other seed{'s' * (k > 1)} each ({self.confirming[1].study_name}: {todo} runs to go)")
         return self.confirming
 
     def remaining(self) -> int:
