@@ -377,7 +377,7 @@ def test_trials_start_in_the_order_asked_on_whichever_slot_frees_first():
                              told=lambda t, state, values, error=None: told.append(t.number) or "COMPLETE",
                              lost=lambda t, why: None, leader=lambda: None)
     runs = SimpleNamespace(message=lambda t, job: RunTrial(t.number, {}, "s", "s", [], [], "", None),
-                           mark=lambda t: None, told=lambda t, state: None)
+                           told=lambda t, state, leader: None)
     scheduler = Scheduler(pool, search, runs, heartbeat_s=60.0)
     tally = scheduler.run()
     for w in pool.workers:

@@ -247,6 +247,8 @@ class Confirmation:
             "failed, retry limit reached"
 
     def leader(self) -> Any:
+        if self.confirming is None:  # (no retraining yet: the inner search's, without reading the confirmations)
+            return self.inner.leader()
         confirmed = results(self.study, self.spec, self.base_seed)
         if not confirmed or len(confirmed[0].values) < 2:
             return self.inner.leader()

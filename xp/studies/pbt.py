@@ -199,12 +199,13 @@ class Population:
         from xp.answers import Answer, best_of, member, ranked
         from xp.studies.search import rule
 
-        best, tied = best_of(self._finals(), self.maximize)
+        finals = self._finals()
+        best, tied = best_of(finals, self.maximize)
         return Answer(self.spec.study_name, self.describe(),
                       [{"metric": o.metric, "direction": o.direction} for o in self.spec.objectives],
                       [] if best is None else [member(best, [self.spec.objectives[0].metric])],
                       rule=rule(self.spec) + " (of the intervals that ended a member's training)",
-                      ties=[t.number for t in tied], ranking=[t.number for t in ranked(self._finals(), self.maximize)],
+                      ties=[t.number for t in tied], ranking=[t.number for t in ranked(finals, self.maximize)],
                       schedule=[] if best is None else [{"first": f, "last": last, "member": m, "params": p}
                                                         for f, last, m, p in schedule(self.study, best.number)],
                       lacking=dropped_line(self.study, self.spec),

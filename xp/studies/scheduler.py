@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,7 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("xp")
 
 ALIVE_S = 2.0  # how often the workers running a trial are checked for a process that ended without a word
-SCHEDULER_ATTR = "xp.scheduler"  # a trial's user attribute: host:pid:start of the scheduler running it
 
 
 @dataclass
@@ -76,6 +73,7 @@ class Scheduler:
         self.ready: collections.deque[Flight] = collections.deque()  # the next trials, asked and not sent yet
         self.ended: list[tuple[Flight, Done, str]] = []  # trials told, not yet counted
         self.jobs = 0
+        self.leader: Any = None  # the search's best so far, as of the last trial told
         self.left = 0  # trials the budget has left, as last asked
         self.tally = Tally()
 
@@ -210,8 +208,7 @@ class Scheduler:
         if trial is None:
             self.waiting = self.search.remaining() > 0
             return None
-        self.jobs += 1
-        self.runs.mark(trial)
+        self.jobs += 1  # (who asked it is on the trial already: xp.studies.trial.make_sampler marks it)
         _beat([trial])  # alive from the start: a later sweeper does not take it for a lost one
         return Flight(trial, 0.0, self.jobs - 1, self.runs.message(trial, self.jobs - 1))
 
@@ -270,7 +267,8 @@ class Scheduler:
 
     def _told(self, trial: Trial, msg: Done) -> str:
         state = self.search.told(trial, msg.state, list(msg.values or []), msg.error)
-        self.runs.told(trial, state)
+        self.leader = self.search.leader()  # (the search's best so far, by its own rule: the answer it would give
+        self.runs.told(trial, state, self.leader)  # now; read once a trial end, by the progress line and @best)
         return state
 
     def _summary(self) -> None:
@@ -287,7 +285,7 @@ class Scheduler:
         self.waiting = False  # (a trial ended: its parameters are a result to reuse now, not a run to wait for)
         t = self.tally
         t.states[state] = t.states.get(state, 0) + 1
-        leader = self.search.leader()  # (the search's best so far, by its own rule: the answer it would give now)
+        leader = self.leader
         done = sum(t.states.values())
         elapsed = time.monotonic() - t.started
         left = self.left + len(self.flights) + len(self.ready)
@@ -312,20 +310,3 @@ def _beat(trials: list[Any]) -> None:
                 record(t._trial_id)
             except Exception as e:  # a database hiccup must not end the study; the next beat tries again
                 log.warning(f"heartbeat of trial {t.number}: {e}")
-
-
-def scheduler_mark() -> str:
-    """This scheduler process, as a trial records it: host:pid:start (xp.processes.same_process)."""
-    from xp.processes import started
-
-    return f"{socket.gethostname()}:{os.getpid()}:{started(os.getpid()):.2f}"
-
-
-def orphaned(mark: str | None) -> bool:
-    """Whether a trial marked by `mark` lost its scheduler: one of this host whose process is gone."""
-    from xp.processes import same_process
-
-    if not mark or mark.count(":") < 2:
-        return False
-    host, pid, start = mark.rsplit(":", 2)
-    return host == socket.gethostname() and pid.isdigit() and not same_process(int(pid), start)

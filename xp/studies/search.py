@@ -4,7 +4,7 @@ what remains (`remaining`), the best so far (`leader`) and its answer (`answer`,
 
 Implementations side by side: Optuna's sampler and pruner (`Sampled`, here), the population (xp.studies.pbt), the
 confirmation across seeds (xp.studies.confirm, around another search), a warm start (xp.studies.warm, around
-Optuna's). A study file picks one in one place: `search_for`.
+Optuna's). A study file picks one in one place: xp.studies.searches.search_for.
 """
 
 from __future__ import annotations
@@ -187,23 +187,3 @@ def retry(study: Study, spec: StudySpec, trial_id: int) -> bool:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)(study, frozen)
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))) > before
-
-
-def search_for(study: Study, spec: StudySpec, config: Any) -> Search:
-    """The search the study file names: the one place that knows which."""
-    search: Search
-    if spec.pbt is not None:
-        from xp.studies.pbt import population
-
-        search = population(study, spec, config)
-    elif spec.warm_start:
-        from xp.studies.warm import WarmStart
-
-        search = WarmStart(study, spec)
-    else:
-        search = Sampled(study, spec)
-    if spec.confirm:
-        from xp.studies.confirm import Confirmation
-
-        search = Confirmation(search, study, spec, int(config.get("seed") or 0))
-    return search

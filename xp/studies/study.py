@@ -188,7 +188,6 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
             raise ConfigError(f"{where}: sampler={sampler_name} needs the {pkg} package: pip install {pkg}")
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
     pbt = pbt_from(raw, params if search else None, fixed, where, scheduler)  # (pbt: no pruner)
-    from xp.studies.warm import warm_from  # (the warm start's module is a search: it needs this one first)
 
     return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, field("sampler_seed"), "none" if pbt else pruner, dict(field("pruner_options") or {}),
@@ -336,3 +335,18 @@ def _search_space(space: Any, where: str, known_keys: set[str] | None) -> list[P
             raise ConfigError(f"{at}: an int parameter needs integer low and high")
         params.append(Param(pname, p["type"], low, high, log_scale))
     return params
+
+
+def warm_from(raw: dict[str, Any], where: str) -> str | None:
+    """A study file's warm_start: the earlier study's name, checked (None: a cold start)."""
+    name = raw.get("warm_start")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: warm_start={name!r}: the name of an earlier study in the same storage")
+    if raw.get("search", "optuna") != "optuna" or raw.get("sampler") == "grid":
+        raise ConfigError(f"{where}: warm_start={name}: seeds an Optuna sampler (search=optuna, not grid); this "
+                          f"study's search is {raw.get('search', 'optuna')}, its sampler {raw.get('sampler', 'tpe')}")
+    if name == raw.get("study_name"):
+        raise ConfigError(f"{where}: warm_start={name}: that is this study; the same command continues it")
+    return name.strip()

@@ -101,9 +101,8 @@ class BestModel:
         """One for a study that registers a single objective's best into a tracking store; else None."""
         return cls(search, spec, uri) if uri and spec.register_model and not spec.multi_objective else None
 
-    def told(self) -> None:
-        """A trial completed: the search's leader may be another."""
-        leader = self.search.leader()
+    def told(self, leader: Member | None) -> None:
+        """A trial completed: the search's leader (as the runner read it) may be another."""
         if leader is not None and leader.trial != self.trial:
             self.trial, self._waiting = leader.trial, leader
             self._wake.set()

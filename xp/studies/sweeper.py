@@ -10,18 +10,20 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from xp.answers import Member
 from xp.errors import redact
 from xp.states import INTERRUPTED, RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
 from xp.studies.channel import RunTrial
 from xp.studies import question
 from xp.studies.budget import Budget
 from xp.studies.compose import as_override, job_config, plain
-from xp.studies.scheduler import SCHEDULER_ATTR, Scheduler, orphaned, scheduler_mark
+from xp.studies.scheduler import Scheduler
 from xp.studies.overrides import space_from_overrides
-from xp.studies.search import Search, search_for
+from xp.studies.search import Search
+from xp.studies.searches import search_for
 from xp.studies.study import StudySpec, spec_from
 from xp.studies.summary import BestModel, summarize
-from xp.studies.trial import _counts, heartbeat, open_study, retry_dead_trials
+from xp.studies.trial import SCHEDULER_ATTR, _counts, heartbeat, open_study, orphaned, retry_dead_trials
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -116,7 +118,7 @@ def _in_batches(study: Study, spec: StudySpec, search: Search, arguments: list[s
         for t, r in zip(trials, results):  # how each ended, as its job returned it (xp.cli: {"state", "values"})
             out = r._return_value if r.status == JobStatus.COMPLETED and isinstance(r._return_value, dict) else {}
             if search.told(t, str(out.get("state")), out.get("values") or []) == Told.COMPLETE and best:
-                best.told()
+                best.told(search.leader())
         took = time.monotonic() - started
         if budget is not None:
             budget.save(force=True)
@@ -160,7 +162,6 @@ class Runs:
                  config: dict[str, Any] | None):
         self.study, self.spec, self.search, self.uri, self.parent, self.best = study, spec, search, uri, parent, best
         self.base, self.arguments, self.sweep_dir, self.config = base, arguments, sweep_dir, config
-        self.who = scheduler_mark()
 
     def message(self, trial: Trial, job: int) -> RunTrial:
         settings, tags = self.search.run_settings(trial)
@@ -168,12 +169,9 @@ class Runs:
                         [*self.arguments, *(as_override(k, v) for k, v in {**trial.params, **settings}.items())],
                         str(self.sweep_dir / str(job)), self.parent, self.config, settings=settings, tags=tags)
 
-    def mark(self, trial: Trial) -> None:
-        trial.set_user_attr(SCHEDULER_ATTR, self.who)
-
-    def told(self, trial: Trial, state: str) -> None:
+    def told(self, trial: Trial, state: str, leader: Member | None) -> None:
         if state == Told.COMPLETE and self.best is not None:
-            self.best.told()
+            self.best.told(leader)
 
     def _end_runs(self, trials: list[Any], why: str, state: RunStatus) -> None:
         from xp.tracking import service

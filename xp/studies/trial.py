@@ -4,6 +4,8 @@ that is one of its trials (attach, TrialReporter). Optuna is imported lazily: a 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import warnings
 from contextlib import contextmanager
@@ -18,6 +20,7 @@ from xp.studies.study import FINISHED, StudySpec, spec_from
 
 log = logging.getLogger("xp")
 
+SCHEDULER_ATTR = "xp.scheduler"  # a trial's user attribute: host:pid:start of the scheduler running it
 DUPLICATE = "duplicate_of"  # user attribute of a proposal dropped because a trial in flight has its parameters
 
 
@@ -91,8 +94,6 @@ def make_sampler(spec: StudySpec) -> Any:
             self.inner = make(trial_seed(spec, 0))
 
         def before_trial(self, study, trial):
-            from xp.studies.scheduler import SCHEDULER_ATTR, scheduler_mark
-
             # who asked, the moment the trial exists (a command killed while it samples leaves no unmarked
             # RUNNING trial, which no later command could tell from another sweeper's: orphaned() finds it)
             study._storage.set_trial_user_attr(trial._trial_id, SCHEDULER_ATTR, scheduler_mark())
@@ -276,3 +277,20 @@ def attach(settings: Any) -> StudyTrial | None:
         study = optuna.load_study(study_name=settings.study, storage=storage_of(settings.storage),
                                   pruner=make_pruner(spec))
     return StudyTrial(optuna.trial.Trial(study, settings.trial_id), spec)
+
+
+def scheduler_mark() -> str:
+    """This scheduler process, as a trial records it: host:pid:start (xp.processes.same_process)."""
+    from xp.processes import started
+
+    return f"{socket.gethostname()}:{os.getpid()}:{started(os.getpid()):.2f}"
+
+
+def orphaned(mark: str | None) -> bool:
+    """Whether a trial marked by `mark` lost its scheduler: one of this host whose process is gone."""
+    from xp.processes import same_process
+
+    if not mark or mark.count(":") < 2:
+        return False
+    host, pid, start = mark.rsplit(":", 2)
+    return host == socket.gethostname() and pid.isdigit() and not same_process(int(pid), start)

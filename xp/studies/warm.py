@@ -31,21 +31,6 @@ log = logging.getLogger("xp")
 WARM_ATTR = "xp.warm_start"  # the study's user attribute: {"from": the earlier study, "trials": how many seeded it}
 
 
-def warm_from(raw: dict[str, Any], where: str) -> str | None:
-    """A study file's warm_start: the earlier study's name, checked (None: a cold start)."""
-    name = raw.get("warm_start")
-    if name is None:
-        return None
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{where}: warm_start={name!r}: the name of an earlier study in the same storage")
-    if raw.get("search", "optuna") != "optuna" or raw.get("sampler") == "grid":
-        raise ConfigError(f"{where}: warm_start={name}: seeds an Optuna sampler (search=optuna, not grid); this "
-                          f"study's search is {raw.get('search', 'optuna')}, its sampler {raw.get('sampler', 'tpe')}")
-    if name == raw.get("study_name"):
-        raise ConfigError(f"{where}: warm_start={name}: that is this study; the same command continues it")
-    return name.strip()
-
-
 def source_of(spec: StudySpec) -> Any:
     """The earlier study `spec.warm_start` names, in the study's storage, checked: it exists (read without creating
     anything) and optimises the same objectives; else one line."""
