@@ -55,7 +55,7 @@ def proposals(work: Path, name: str) -> tuple[list[dict], int]:
     except KeyError:  # (not made yet)
         return [], 0
     return ([t.params for t in trials if "failed_trial" not in t.system_attrs and "interrupted_from" not in
-             t.user_attrs], sum(t.state.name == "COMPLETE" for t in trials))
+             t.user_attrs and "xp.void" not in t.user_attrs], sum(t.state.name == "COMPLETE" for t in trials))
 
 
 def trial_workers(pid: int) -> list[psutil.Process]:

@@ -1,9 +1,10 @@
-"""Acceptance: each process of a record's path killed with SIGKILL at a random moment, 20 times each: the run's
-process (delivering through the tracking service, and by itself), the tracking service, and the store (an MLflow
-server: each restart 3-8 s, the 20 rounds 162 s here; XP_KILL_STORE_ROUNDS sets another count). After each kill and
-the next command on the store, every point the run logged is there once (the points form one unbroken prefix of
-what it meant to log, and hold every one it said it logged), every run has ended, and nothing is RUNNING. The
-random moments come from a seed printed with any failure (XP_KILL_SEED repeats it)."""
+"""Acceptance: each process of a record's path killed with SIGKILL at a random moment, several times each: the
+run's process (delivering through the tracking service, and by itself), the tracking service (10 rounds each;
+XP_KILL_ROUNDS sets another count), and the store (an MLflow server, each restart 3-8 s: 6 rounds;
+XP_KILL_STORE_ROUNDS=20 as before). After each kill and the next command on the store, every point the run logged
+is there once (the points form one unbroken prefix of what it meant to log, and hold every one it said it logged),
+every run has ended, and nothing is RUNNING. The random moments come from a seed printed with any failure
+(XP_KILL_SEED repeats it)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from xp.tracking.tracker import Tracker
 
 pytestmark = pytest.mark.slow
 
-ROUNDS, STEPS = 20, 30
-STORE_ROUNDS = int(os.environ.get("XP_KILL_STORE_ROUNDS", ROUNDS))
+ROUNDS, STEPS = int(os.environ.get("XP_KILL_ROUNDS", 10)), 30
+STORE_ROUNDS = int(os.environ.get("XP_KILL_STORE_ROUNDS", 6))
 SEED = int(os.environ.get("XP_KILL_SEED", random.randrange(1 << 30)))
 
 WRITER = textwrap.dedent("""

@@ -4,6 +4,8 @@ never interrupted (xp.studies.trial.proposal_number: the sampler's state is the 
 
 from __future__ import annotations
 
+import os
+import random
 import time
 
 import psutil
@@ -13,6 +15,7 @@ from conftest import run_xp, said, wait_for_line, xp_process
 from test_scheduler import workers_of
 
 N = 13  # past TPE's 10 random start-up trials: the last proposals are its model's
+SEED = int(os.environ.get("XP_KILL_SEED", random.randrange(1 << 30)))  # the kills' moments; said with a failure
 STUDY = """\
 study_name: {name}
 n_trials: {n}
@@ -40,7 +43,8 @@ def proposals(tmp_path, name: str) -> list[dict]:
     trials = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()
     assert sum(t.state.name == "COMPLETE" for t in trials) == N and not [t for t in trials if t.state.name == "RUNNING"]
     return [t.params for t in trials if "failed_trial" not in t.system_attrs  # (Optuna's retry of a lost trial)
-            and "interrupted_from" not in t.user_attrs]  # (xp's: a trial given back, queued again)
+            and "interrupted_from" not in t.user_attrs  # (xp's: a trial given back, queued again)
+            and "xp.void" not in t.user_attrs]  # (killed while its parameters were drawn: no proposal)
 
 
 def gone(processes: list[psutil.Process], timeout: float = 30) -> bool:
@@ -58,10 +62,11 @@ def test_a_seeded_study_killed_and_run_again_proposes_what_it_would_have_uninter
                       timeout=600)
     assert straight.returncode == 0, said(straight)
     env = env_for(tmp_path, "cut")
-    args = ("-m", "sweep=cut", "epochs=1")
+    args, rng = ("-m", "sweep=cut", "epochs=1"), random.Random(SEED)
     for kill, after in (("command", 2), ("command", 3), ("worker", 2)):  # (the last command goes on to the end)
         with xp_process(tmp_path, store, *args, env=env) as proc:
             wait_for_line(proc, f"| {after} done (", timeout=300)  # (the trials this command ended so far)
+            time.sleep(rng.uniform(0.0, 0.5))  # a random moment: as the next trial is asked, drawn, run
             if kill == "command":
                 workers = workers_of(proc, zygote=True)
                 proc.kill()  # SIGKILL: its workers die with it; the next command retries what it ran and held
@@ -72,4 +77,41 @@ def test_a_seeded_study_killed_and_run_again_proposes_what_it_would_have_uninter
                 proc.wait(timeout=300)
                 assert proc.returncode == 0, proc.stderr.read()[-3000:]
     cut = proposals(tmp_path, "cut")
-    assert len(cut) == N and cut == proposals(tmp_path, "straight")
+    assert len(cut) == N and cut == proposals(tmp_path, "straight"), f"XP_KILL_SEED={SEED}"
+
+
+def test_a_trial_killed_while_its_parameters_were_drawn_is_no_proposal(tmp_path):
+    """A command killed inside the sampler leaves a RUNNING trial without parameters, marked with its gone
+    process: the next command voids it (not run, not counted, not retried) and its next proposal draws what the
+    uninterrupted study drew there."""
+    import socket
+
+    from xp.studies.search import Sampled
+    from xp.studies.study import spec_from
+    from xp.studies.summary import counts, counts_line
+    from xp.studies.sweeper import retry_orphans
+    from xp.studies.trial import SCHEDULER_ATTR, _counts, open_study
+
+    def study(name: str):
+        raw = {"study_name": name, "storage": f"sqlite:///{tmp_path}/optuna.db", "n_trials": 4, "sampler": "tpe",
+               "sampler_seed": 3, "pruner": "none",
+               "params": {"lr": {"type": "float", "low": 0.002, "high": 0.2, "log": True},
+                          "momentum": {"type": "float", "low": 0.5, "high": 0.95}}}
+        spec = spec_from(raw, name)
+        s = open_study(spec)
+        return s, spec, Sampled(s, spec)
+
+    straight, _, search = study("straight")
+    first = search.ask()
+    assert set(first.params) == {"lr", "momentum"}
+
+    cut, spec, search = study("cut")
+    dead = cut.ask()  # created, marked, no parameter drawn yet: as a SIGKILL inside the sampler leaves it
+    cut._storage.set_trial_user_attr(dead._trial_id, SCHEDULER_ATTR, f"{socket.gethostname()}:4194303:1.00")
+    assert _counts(cut) == (0, 1)
+    [line] = retry_orphans(cut, spec, search)
+    assert "killed while its parameters were drawn" in line, line
+    assert _counts(cut) == (0, 0) and search.remaining() == 4  # not run, not in the budget
+    assert "1 cut short while their parameters were drawn" in counts_line(counts(cut))
+    again = search.ask()
+    assert again.number == 1 and again.params == first.params  # the proposal the uninterrupted study made

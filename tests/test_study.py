@@ -292,6 +292,13 @@ def test_multi_objective_study_in_parallel_saves_the_pareto_front(tmp_path, stor
     ("storage: postgresql://xp@127.0.0.1:9/none\nparams: {lr: {type: float, low: 0.1, high: 1}}", [],
      "storage postgresql://xp@127.0.0.1:9/none"),
     ("params: {batch: {type: categorical, choices: [16, 4096]}}", [], "batch=4096: the global batch"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}", ["sweep.pruner=pareto"],
+     "pruner=pareto compares two or more objectives; this study has one (val_accuracy)"),
+    ("pruner: pareto\nobjectives: [{metric: val_accuracy, direction: maximize}, {metric: train_time_s, direction: "
+     "minimize}]\nparams: {lr: {type: float, low: 0.1, high: 1}}", [],
+     "pruner=pareto needs each objective every epoch; train_time_s is known only at a run's end"),
+    ("params: {lr: {type: float, low: 0.1, high: 1}}\nobjectives: " + TWO, ["sweep.pruner=median"],
+     "Optuna prunes single-objective studies only; with 2 objectives use pruner: pareto"),
 ])
 def test_bad_study_on_the_command_line(tmp_path, store, sweeps, body, args, message):
     d = sweeps("bad", body)

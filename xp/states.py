@@ -43,3 +43,6 @@ class Ending(StrEnum):
     STOPPED = "STOPPED"
 
 INTERRUPTED = "xp.interrupted"  # user attribute of a trial its study stopped before it ended (Ctrl-C, SIGTERM)
+# user attribute of a trial whose command was killed while the sampler drew its parameters: never run, not a
+# proposal (xp.studies.trial.proposal_number: the next one draws what it would have), not counted
+VOID = "xp.void"

@@ -147,7 +147,7 @@ def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:
         spec = spec_from(config["sweep"], msg.sweep, search=False)
         trial = SlotTrial(channel, msg.number, msg.params, msg.study)
         job = JobInfo(overrides=msg.task, output_dir=out, log_file=out / "xp.log", parent_run_id=msg.parent,
-                      cwd=Path.cwd(), trial=StudyTrial(trial, spec),
+                      cwd=Path.cwd(), trial=StudyTrial(trial, spec, trial),
                       tags={**slot.tags(), "xp.cores": _cores(), **(msg.tags or {})},
                       tidy=msg.first, started_ms=started_ms, settle_later=True)
         outcome = run(config, job)
@@ -174,15 +174,16 @@ class SlotTrial:
         self.channel, self.number, self.params = channel, number, params
         self.study = type("Study", (), {"study_name": study_name})()
 
-    def report(self, value: float, step: int) -> None:
-        self.channel.send(Report(float(value), int(step)))
+    def report(self, values: list[float], step: int) -> None:
+        self.channel.send(Report([float(v) for v in values], int(step)))
 
-    def should_prune(self) -> bool:
+    def should_prune(self) -> str | None:
+        """Why the study's pruner stops the trial now, or None."""
         self.channel.send(ShouldPrune())
         answer = self.channel.recv_kind(Prune)  # (the worker's next trial may come first: it is held)
         if answer is None:
             raise ConnectionError("the study's scheduler is gone")
-        return answer.prune
+        return (answer.why or "pruned") if answer.prune else None
 
     def set_user_attr(self, key: str, value: Any) -> None:
         self.channel.send(Attr(key, value))

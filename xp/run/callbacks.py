@@ -225,19 +225,20 @@ class TrackingCallback(Callback):
 
 
 class TrialReporter(Callback):
-    """Reports the first objective after every epoch and raises TrialPruned when told to stop."""
+    """Tells the study's pruner the objectives after every epoch (xp.studies.trial.StudyTrial.pruner) and raises
+    TrialPruned when it stops the trial."""
 
-    def __init__(self, trial: Any, metric: str, epochs: int):
-        self.trial, self.metric, self.epochs = trial, metric, epochs
+    def __init__(self, pruner: Any, metrics: list[str], epochs: int):
+        self.pruner, self.metrics, self.epochs = pruner, metrics, epochs
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
-        if self.metric in metrics:
-            self.trial.report(metrics[self.metric], epoch)
+        if all(m in metrics for m in self.metrics):
+            self.pruner.report([metrics[m] for m in self.metrics], epoch)
             # after the last epoch there is nothing left to save: the trial is complete
-            if epoch < self.epochs and self.trial.should_prune():
+            if epoch < self.epochs and (why := self.pruner.should_prune()) is not None:
                 from xp.studies.trial import TrialPruned
 
-                raise TrialPruned(f"pruned after epoch {epoch}")
+                raise TrialPruned(f"pruned after epoch {epoch} ({why})")
 
 
 # --- elastic training, the worker's side --------------------------------------------------------

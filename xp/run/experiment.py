@@ -25,6 +25,7 @@ from xp.run.backend_plan import plan_and_backend
 from xp.run.telemetry import telemetry
 from xp.run.train import train_run
 from xp.states import Ending, TrialState
+from xp.studies.pruning import PER_EPOCH
 from xp.studies.trial import attach
 from xp.readback import sweepstate
 from xp.tracking.stores import resolve_uri
@@ -256,7 +257,8 @@ def build_callbacks(plan: Plan, backend: Any, tracker: Tracker, before: Any, tri
                                                              if plan.save_params and plan.rank == 0 else [])],
         "print": [ProgressBar(plan.steps_per_epoch, plan.worker_batch), ProgressPrinter(plan.epochs)],
         "decide": [*([stop] if stop else []),
-                   *([TrialReporter(trial.optuna, trial.spec.objectives[0].metric, plan.epochs)]
-                     if trial and not trial.spec.multi_objective else [])],
+                   *([TrialReporter(trial.pruner, [PER_EPOCH.get(o.metric, o.metric) for o in trial.spec.objectives],
+                                    plan.epochs)]
+                     if trial and (not trial.spec.multi_objective or trial.spec.pruner == "pareto") else [])],
     }
     return RunCallbacks([cb for group in phases.values() for cb in group], meter, history, stop)

@@ -57,6 +57,7 @@ class RunTrial(Message):
 @dataclass
 class Prune(Message):
     prune: bool
+    why: str = ""  # the pruner's reason (xp.studies.pruning.should_prune)
 
 
 @STUDY.kind("exit")
@@ -101,7 +102,7 @@ class Error(Message):
 @STUDY.kind("report")
 @dataclass
 class Report(Message):
-    value: float
+    values: list[float]  # the study's objectives after epoch `step`
     step: int
 
 

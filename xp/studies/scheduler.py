@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from xp.interrupts import held_interrupts
 from xp.states import TRIAL_ENDS, TrialState
 from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, RunTrial
+from xp.studies.pruning import Pruning
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -223,13 +224,14 @@ class Scheduler:
         """Answer a worker's message; returns it when it is free again (or its replacement)."""
         flight = self.flights.get(worker)
         if isinstance(msg, (Report, ShouldPrune, Attr)):  # (of the trial in flight on it)
-            trial = self.flights[worker].trial
+            trial = Pruning(self.flights[worker].trial, self.runs.spec)
             if isinstance(msg, Report):
-                trial.report(msg.value, msg.step)
+                trial.report(msg.values, msg.step)
             elif isinstance(msg, ShouldPrune):
-                worker.send(Prune(bool(trial.should_prune())))
+                why = trial.should_prune()
+                worker.send(Prune(why is not None, why or ""))
             else:
-                trial.set_user_attr(msg.key, msg.value)
+                trial.trial.set_user_attr(msg.key, msg.value)
         elif isinstance(msg, Ready):  # a worker on a slot the site added (xp.launching.pool: the cluster grew)
             self.slots = max(self.slots, len(self.pool.workers))
             return self._died(worker) if worker.gone() else [worker]

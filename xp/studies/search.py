@@ -128,6 +128,14 @@ class Sampled:
     def lost(self, trial: Trial, why: str) -> str:
         from optuna.trial import TrialState
 
+        from xp.states import VOID
+        from xp.studies.trial import replay
+
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        if not replay(frozen) and set(frozen.params) != set(self.dists):  # killed while the sampler drew them
+            self.study._storage.set_trial_user_attr(trial._trial_id, VOID, why)
+            self.study.tell(trial, state=TrialState.FAIL)
+            return "killed while its parameters were drawn: the next proposal draws them again"
         self.study.tell(trial, state=TrialState.FAIL)
         again = retry(self.study, self.spec, trial._trial_id)
         return "retried with the same parameters" if again else "failed, retry limit reached"

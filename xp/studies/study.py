@@ -32,13 +32,14 @@ import yaml
 from xp.errors import ConfigError, one_line
 from xp.states import TRIAL_ENDS
 from xp.studies.pbtspec import pbt_from
+from xp.studies.pruning import pareto_rule
 from xp.studies.studyfile import FIELDS, SWEEPS_DIR
 
 log = logging.getLogger("xp")
 
 DEFAULT_STORAGE = "sqlite:///mlruns/optuna.db"
 SAMPLERS = ("tpe", "random", "grid", "gp", "nsga2", "cmaes")
-PRUNERS = ("none", "median", "hyperband", "successive_halving")
+PRUNERS = ("none", "median", "hyperband", "successive_halving", "pareto")
 # What a trial can be judged by: keys of the run's summary (xp.results.summarize).
 METRICS = ("val_accuracy", "best_val_accuracy", "throughput", "cost_usd", "train_time_s", "epoch_time_s")
 FINISHED = TRIAL_ENDS  # (xp.states)
@@ -189,13 +190,16 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
     pbt = pbt_from(raw, params if search else None, fixed, where, scheduler)  # (pbt: no pruner)
 
-    return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
+    spec = StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, field("sampler_seed"), "none" if pbt else pruner, dict(field("pruner_options") or {}),
                      tuple(objectives), tuple(params), heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings,
                      claim,
                      *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where),
                      fixed, _flag(field("continue_changed", False), "continue_changed", where), None, confirm,
                      confirm_top, pbt, warm_from(raw, where))
+    if spec.pruner == "pareto":
+        pareto_rule(spec, where)
+    return spec
 
 
 def _integers(where: str, given: tuple[tuple[str, Any, int], ...]) -> None:
@@ -295,9 +299,9 @@ def _objectives(given: Any, where: str, sampler: str, pruner: str) -> list[Objec
             raise ConfigError(f"{where}: objectives[{i}]={o!r}: needs metric (one of {', '.join(METRICS)}) "
                               "and direction (maximize or minimize)")
         objectives.append(Objective(o["metric"], o["direction"]))
-    if len(objectives) > 1 and pruner != "none":
-        raise ConfigError(f"{where}: pruner={pruner}: Optuna prunes single-objective studies only; "
-                          f"use pruner: none with {len(objectives)} objectives")
+    if len(objectives) > 1 and pruner not in ("none", "pareto"):
+        raise ConfigError(f"{where}: pruner={pruner}: Optuna prunes single-objective studies only; with "
+                          f"{len(objectives)} objectives use pruner: pareto (xp's, xp.studies.pruning) or none")
     if len(objectives) > 1 and sampler == "cmaes":
         raise ConfigError(f"{where}: sampler=cmaes optimises one objective; use nsga2 or tpe")
     return objectives

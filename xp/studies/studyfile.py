@@ -34,7 +34,7 @@ class StudyConf:
     scheduler: str = "slots"  # slots: a trial in flight on every slot; hydra: batches of `parallel` via Hydra's launcher
     sampler: str = "tpe"  # tpe | random | grid | gp | nsga2 | cmaes
     sampler_seed: int | None = None  # the sampler's seed (null = random)
-    pruner: str = "median"  # none | median | hyperband | successive_halving
+    pruner: str = "median"  # none | median | hyperband | successive_halving | pareto (two or more objectives)
     pruner_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     objectives: list[Any] | None = None  # [{metric, direction}]; null: maximize val_accuracy
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # search space (also KEY=interval(...) ...)

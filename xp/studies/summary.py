@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from xp.errors import redact
 from xp.answers import Answer, Member
 from xp.studies.study import StudySpec
+from xp.states import VOID
 from xp.studies.trial import DUPLICATE, INTERRUPTED
 
 if TYPE_CHECKING:
@@ -30,11 +31,13 @@ ANSWER_ATTR = "xp.answer"  # the Optuna study's user attribute holding its lates
 def counts(study: Study) -> dict[str, int]:
     """The study's trials by how they ended, as Optuna holds them: its FAIL trials split into those that failed,
     those given back at a stop (queued again: not failures) and proposals dropped as duplicates of a running one."""
-    out = {"complete": 0, "pruned": 0, "fail": 0, "given back": 0, "duplicate": 0, "running": 0, "waiting": 0}
+    out = {"complete": 0, "pruned": 0, "fail": 0, "given back": 0, "duplicate": 0, "void": 0, "running": 0,
+           "waiting": 0}
     for t in study.get_trials(deepcopy=False):
         name = t.state.name.lower()
         if name == "fail":
-            name = "given back" if INTERRUPTED in t.user_attrs else "duplicate" if DUPLICATE in t.user_attrs else "fail"
+            name = "given back" if INTERRUPTED in t.user_attrs else "duplicate" if DUPLICATE in t.user_attrs \
+                else "void" if VOID in t.user_attrs else "fail"
         out[name] = out.get(name, 0) + 1
     return out
 
@@ -46,6 +49,7 @@ def counts_line(c: dict[str, int]) -> str:
     line += f", {c['running']} running" if c["running"] else ""
     extra = [f"{c['given back']} given back at a stop and queued again"] if c["given back"] else []
     extra += [f"{c['duplicate']} proposals dropped as duplicates"] if c["duplicate"] else []
+    extra += [f"{c['void']} cut short while their parameters were drawn"] if c["void"] else []
     extra += [f"{c['waiting']} queued"] if c["waiting"] else []
     return line + ")" + (f"; Optuna also holds {', '.join(extra)}" if extra else "")
 

@@ -14,6 +14,7 @@ from xp.answers import Member
 from xp.errors import redact
 from xp.states import INTERRUPTED, RunStatus, TrialState as Told  # (Optuna's TrialState is its own class)
 from xp.studies.channel import RunTrial
+from xp.studies.pruning import AT
 from xp.studies import question
 from xp.studies.budget import Budget
 from xp.studies.compose import as_override, job_config, plain
@@ -229,7 +230,8 @@ def requeue(trial: Trial) -> None:
         return
     study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
     study.tell(trial, state=TrialState.FAIL)
-    noted = {k: v for k, v in frozen.user_attrs.items() if k not in RUN_ATTRS}  # (a PBT member's lineage)
+    noted = {k: v for k, v in frozen.user_attrs.items()  # (a PBT member's lineage; not its epochs' objectives)
+             if k not in RUN_ATTRS and not k.startswith(AT)}
     study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, params=frozen.params,
                                               distributions=frozen.distributions,
                                               system_attrs=frozen.system_attrs,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xp.errors import ConfigError, one_line, redact
-from xp.states import INTERRUPTED, TrialState
+from xp.states import INTERRUPTED, VOID, TrialState
 from xp.storefiles import first_use
 from xp.storefiles import optuna_schema
 from xp.studies.study import FINISHED, StudySpec, spec_from
@@ -67,9 +67,10 @@ def proposal_number(study: Any, trial: Any) -> int:
     """Which of the study's sampler proposals `trial` is: its number less the replays numbered below it. A study
     stopped at any moment and run again (its lost and given-back trials retried as replays) proposes the same
     parameters in the same order as the same study never interrupted, with one slot (each proposal then sees the
-    same finished trials); proposals are distinct numbers, so sweepers that ask together on one study never draw
+    same finished trials; a trial whose command was killed while its parameters were drawn is no proposal: VOID); proposals are distinct numbers, so sweepers that ask together on one study never draw
     from the same seed, and a resumed study goes on instead of replaying its first proposals."""
-    return trial.number - sum(1 for t in study.get_trials(deepcopy=False) if t.number < trial.number and replay(t))
+    return trial.number - sum(1 for t in study.get_trials(deepcopy=False)
+                              if t.number < trial.number and (replay(t) or VOID in t.user_attrs))
 
 
 def make_sampler(spec: StudySpec) -> Any:
@@ -252,7 +253,8 @@ def _counts(study: Any) -> tuple[int, int]:
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     done = sum(1 for t in trials if t.state.name in FINISHED and t.number not in retried
                and "duplicate_of" not in t.user_attrs  # a proposal dropped as a duplicate of a running trial
-               and INTERRUPTED not in t.user_attrs)  # stopped with its study and queued again (sweeper.requeue)
+               and INTERRUPTED not in t.user_attrs  # stopped with its study and queued again (sweeper.requeue)
+               and VOID not in t.user_attrs)  # killed while its parameters were drawn
     return done, sum(1 for t in trials if t.state.name == TrialState.RUNNING)
 
 
@@ -260,9 +262,12 @@ def _counts(study: Any) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class StudyTrial:
-    """The trial a run is: Optuna's trial (asked, reported to, told) and its study's spec (objectives, recipe)."""
+    """The trial a run is: Optuna's trial (asked, told) and its study's spec (objectives, recipe); `pruner` is
+    told each epoch's objectives and asked whether the trial goes on (xp.studies.pruning.Pruning, or a slot's
+    channel to the scheduler that holds the study: xp.launching.trialworker.SlotTrial)."""
     optuna: Any
     spec: StudySpec
+    pruner: Any
 
 
 def attach(settings: Any) -> StudyTrial | None:
@@ -276,7 +281,10 @@ def attach(settings: Any) -> StudyTrial | None:
     with first_use(settings.storage, "sweep.storage"):
         study = optuna.load_study(study_name=settings.study, storage=storage_of(settings.storage),
                                   pruner=make_pruner(spec))
-    return StudyTrial(optuna.trial.Trial(study, settings.trial_id), spec)
+    from xp.studies.pruning import Pruning
+
+    trial = optuna.trial.Trial(study, settings.trial_id)
+    return StudyTrial(trial, spec, Pruning(trial, spec))
 
 
 def scheduler_mark() -> str:

@@ -1,0 +1,131 @@
+"""Multi-objective pruning, measured: the hypervolume of a two-objective study (validation accuracy and samples/s,
+`sweeps/accuracy_throughput.yaml`'s question on the default experiment) over the compute it spent, with xp's
+Pareto rule (`pruner: pareto`, xp.studies.pruning) against the same study unpruned, on the same seeds.
+
+Each study runs on one slot (`parallel: 1`), so a trial's time is the slot's (and the cores') time it took: the
+compute is the sum of the trials' durations (Optuna's start to end, the run's set-up included). The hypervolume is
+of the complete trials' final (accuracy, samples/s), throughput divided by the largest any study measured, from a
+reference point of the worst accuracy and throughput any study measured (shared by both arms of a seed).
+
+    .venv/bin/python benchmarks/pareto_pruning.py [--seeds 5] [--trials 24] [--epochs 4] [--rules 2,1]
+
+Goal (issue 83): the pruned study reaches 0.95 of the unpruned study's final hypervolume in at most 60% of the
+unpruned study's compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = """\
+study_name: {name}
+n_trials: {trials}
+parallel: 1
+sampler: tpe
+sampler_seed: {seed}
+pruner: {pruner}
+pruner_options: {options}
+objectives:
+  - {{metric: val_accuracy, direction: maximize}}
+  - {{metric: throughput, direction: maximize}}
+params:
+  lr: {{type: float, low: 0.005, high: 0.1, log: true}}
+  batch: {{type: categorical, choices: [8, 16, 32, 64, 128]}}
+"""
+
+
+def run_study(work: Path, name: str, seed: int, trials: int, epochs: int, dominators: int | None) -> list[tuple]:
+    """Run one study; its trials as (end order) [(duration s, state, values)]."""
+    pruner, options = ("none", "{}") if dominators is None else \
+        ("pareto", f"{{n_startup_trials: 4, n_warmup_steps: 1, min_dominators: {dominators}}}")
+    (work / "sweeps" / f"{name}.yaml").write_text(STUDY.format(name=name, trials=trials, seed=seed, pruner=pruner,
+                                                              options=options))
+    env = dict(os.environ, XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{work}/optuna.db",
+               PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-m", "xp", "-m", f"sweep={name}", f"epochs={epochs}",
+                    f"tracking_uri=sqlite:///{work}/mlflow.db", f"hydra.sweep.dir={work}/sweep-{name}"],
+                   cwd=work, env=env, check=True, capture_output=True, timeout=1800)
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{work}/optuna.db")
+    done = [t for t in study.trials if t.datetime_complete is not None]
+    return [((t.datetime_complete - t.datetime_start).total_seconds(), t.state.name, t.values)
+            for t in sorted(done, key=lambda t: t.datetime_complete)]
+
+
+def hypervolume(points: list[tuple[float, float]], ref: tuple[float, float]) -> float:
+    """The area (both maximised) dominated by `points` above `ref`."""
+    area, best_y = 0.0, ref[1]
+    for x, y in sorted(points, reverse=True):  # by accuracy, best first: each adds its strip of new throughput
+        if y > best_y and x > ref[0]:
+            area += (x - ref[0]) * (y - best_y)
+            best_y = y
+    return area
+
+
+def curve(trials: list[tuple], ref: tuple[float, float], scale: float) -> list[tuple[float, float]]:
+    """(compute so far, hypervolume so far) after each trial."""
+    out, spent, points = [], 0.0, []
+    for seconds, state, values in trials:
+        spent += seconds
+        if state == "COMPLETE":
+            points.append((values[0], values[1] / scale))
+        out.append((spent, hypervolume(points, ref)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=24)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--rules", default="2,1", help="min_dominators of the pruned arms")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="xp-bench-pareto-"))
+    (work / "sweeps").mkdir()
+    rules = [int(r) for r in args.rules.split(",")]
+    arms: dict[int, dict[str, list[tuple]]] = {}
+    for seed in range(args.seeds):
+        arms[seed] = {"none": run_study(work, f"none{seed}", seed, args.trials, args.epochs, None)}
+        for r in rules:
+            arms[seed][f"pareto{r}"] = run_study(work, f"pareto{r}_{seed}", seed, args.trials, args.epochs, r)
+        print(f"seed {seed}: " + ", ".join(f"{k}: {sum(t[1] == 'PRUNED' for t in v)} pruned, "
+                                           f"{sum(t[0] for t in v):.0f} s" for k, v in arms[seed].items()),
+              flush=True)
+    values = [t[2] for a in arms.values() for trials in a.values() for t in trials if t[1] == "COMPLETE"]
+    scale = max(v[1] for v in values)
+    ref = (min(v[0] for v in values), min(v[1] for v in values) / scale)
+    print(f"\n{args.trials} trials a study, {args.epochs} epochs a trial, {args.seeds} seeds; work folder {work}\n")
+    print("| pruner | trials pruned (median) | compute, of the unpruned study's (median) | final hypervolume, of "
+          "the unpruned's (median, min) | compute to 0.95 of the unpruned's final hypervolume, of its compute "
+          "(median; seeds that reached it) | goal (0.95 in <= 60%) |")
+    print("|---|---|---|---|---|---|")
+    for arm in ["none", *(f"pareto{r}" for r in rules)]:
+        pruned, spent, final, reach = [], [], [], []
+        for seed, a in arms.items():
+            base = curve(a["none"], ref, scale)
+            mine = curve(a[arm], ref, scale)
+            total, goal = base[-1][0], 0.95 * base[-1][1]
+            pruned.append(sum(t[1] == "PRUNED" for t in a[arm]))
+            spent.append(mine[-1][0] / total)
+            final.append(mine[-1][1] / base[-1][1])
+            at = next((s for s, hv in mine if hv >= goal), None)
+            if at is not None:
+                reach.append(at / total)
+        met = len(reach) == len(arms) and statistics.median(reach) <= 0.6
+        name = "none" if arm == "none" else f"pareto, min_dominators {arm[6:]}"
+        print(f"| {name} | {statistics.median(pruned):.0f} of {args.trials} | {statistics.median(spent):.2f} | "
+              f"{statistics.median(final):.3f}, {min(final):.3f} | "
+              f"{statistics.median(reach) if reach else float('nan'):.2f} ({len(reach)} of {len(arms)}) | "
+              f"{'met' if met else 'not met'} |")
+
+
+if __name__ == "__main__":
+    main()
