@@ -79,6 +79,7 @@ def test_the_rule_waits_for_its_warm_up_and_start_up(tmp_path):
     assert why is not None and "dominated at epoch 2" in why, why
 
 
+@pytest.mark.slow
 def test_a_two_objective_study_prunes_its_dominated_trials_over_the_slots(tmp_path, store):
     """End to end, on the scheduler's slots (the run tells its worker's channel, the scheduler the study): a grid
     on one slot, so each trial is judged against the complete trials before it. Every decision is the rule's on

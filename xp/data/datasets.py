@@ -55,15 +55,19 @@ def _val_fraction(options: dict[str, Any]) -> float:
 
 def _digits(options: dict[str, Any]) -> DatasetSpec:
     frac = _val_fraction(options)
-    keep = options.get("classes")
+    keep, noise = options.get("classes"), options.get("noise", 0.0)
+    if not isinstance(noise, (int, float)) or isinstance(noise, bool) or not 0 <= noise <= 10:
+        raise ConfigError(f"dataset.noise={noise!r}: must be a number from 0 (none) to 10 (pixel standard deviations)")
     if keep is None:
         held = int(round(DIGITS_TOTAL * frac))
-        return DatasetSpec("digits", 10, (1, 8, 8), DIGITS_TOTAL - held, held, {"val_fraction": frac, "classes": None})
+        return DatasetSpec("digits", 10, (1, 8, 8), DIGITS_TOTAL - held, held,
+                           {"val_fraction": frac, "classes": None, "noise": float(noise)})
     if (not isinstance(keep, (list, tuple)) or len(keep) < 2 or len(set(keep)) != len(keep)
             or not all(isinstance(c, int) and 0 <= c <= 9 for c in keep)):
         raise ConfigError(f"dataset.classes={keep!r}: must list at least 2 different digits from 0 to 9")
     train, val = _digits_split(frac, tuple(keep))
-    return DatasetSpec("digits", len(keep), (1, 8, 8), len(train), len(val), {"val_fraction": frac, "classes": list(keep)})
+    return DatasetSpec("digits", len(keep), (1, 8, 8), len(train), len(val),
+                       {"val_fraction": frac, "classes": list(keep), "noise": float(noise)})
 
 
 @functools.lru_cache(maxsize=1)
@@ -298,6 +302,9 @@ def load_arrays(spec: DatasetSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
         y = np.array([sorted(keep).index(d) if d in keep else -1 for d in target], dtype=np.int64)
     mean, std = digits_standardisation(spec, x[train])
     x = ((x - mean) / std)[:, None, :, :]
+    if spec.options.get("noise"):  # the same noise on an image in every epoch, run and trial (a fixed seed)
+        noise = np.random.RandomState(_DIGITS_SPLIT_SEED + 1).normal(0.0, spec.options["noise"], x.shape)
+        x = x + noise.astype(x.dtype)
     return x[train], y[train], x[val], y[val]
 
 

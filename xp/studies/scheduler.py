@@ -224,14 +224,14 @@ class Scheduler:
         """Answer a worker's message; returns it when it is free again (or its replacement)."""
         flight = self.flights.get(worker)
         if isinstance(msg, (Report, ShouldPrune, Attr)):  # (of the trial in flight on it)
-            trial = Pruning(self.flights[worker].trial, self.runs.spec)
+            trial = self.flights[worker].trial
             if isinstance(msg, Report):
-                trial.report(msg.values, msg.step)
+                Pruning(trial, self.runs.spec).report(msg.values, msg.step)
             elif isinstance(msg, ShouldPrune):
-                why = trial.should_prune()
+                why = Pruning(trial, self.runs.spec).should_prune()
                 worker.send(Prune(why is not None, why or ""))
             else:
-                trial.trial.set_user_attr(msg.key, msg.value)
+                trial.set_user_attr(msg.key, msg.value)
         elif isinstance(msg, Ready):  # a worker on a slot the site added (xp.launching.pool: the cluster grew)
             self.slots = max(self.slots, len(self.pool.workers))
             return self._died(worker) if worker.gone() else [worker]
