@@ -133,7 +133,7 @@ def train(work: Path, experiment: str, number: int, params: dict, task: str, epo
                  *([f"resume={resume}"] if resume else []), *([f"checkpoint_dir={checkpoint_dir}"] if checkpoint_dir
                                                              else [])]
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
-        config = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+        config: dict = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)  # type: ignore
     spec = spec_from({"objectives": [{"metric": "val_accuracy", "direction": "maximize"}]}, experiment, search=False)
     trial = PeerTrial(number, params, experiment, on_epoch)
     outcome = run(config, JobInfo(cwd=work, trial=StudyTrial(trial, spec, trial)))
@@ -197,20 +197,20 @@ def run_ray(work: Path, search: str, task: str, seed: int) -> str:
 
         params = {"lr": config["lr"], "momentum": config["momentum"]}
         ckpt = str(work / "ckpt" / name / t.get_context().get_trial_id())
+        number = int(t.get_context().get_trial_id().split("_")[-1])
+        commits = f"{ckpt}/trial-{number}"  # (a trial's run commits in its own folder: xp.run.experiment)
         resume = None
         if (given := t.get_checkpoint()) is not None:  # PBT: the donor's commit (or this member's own)
             resume = given.to_directory()
 
         def on_epoch(epoch: int, accuracy: float) -> str | None:
             if pbt and epoch % INTERVAL == 0:
-                t.report({"val_accuracy": accuracy, "epoch": epoch},
-                         checkpoint=t.Checkpoint.from_directory(ckpt))
+                t.report({"val_accuracy": accuracy, "epoch": epoch}, checkpoint=t.Checkpoint.from_directory(commits))
             else:
                 t.report({"val_accuracy": accuracy, "epoch": epoch})
             return None
 
-        train(work, name, int(t.get_context().get_trial_id().split("_")[-1]), params, task, epochs, on_epoch,
-              resume=resume, checkpoint_dir=ckpt)
+        train(work, name, number, params, task, epochs, on_epoch, resume=resume, checkpoint_dir=ckpt)
 
     space = {"lr": tune.loguniform(0.001, 0.5), "momentum": tune.uniform(0.5, 0.99)}
     if pbt:
@@ -247,7 +247,12 @@ def run_ray(work: Path, search: str, task: str, seed: int) -> str:
                                                    mode="max", scheduler=scheduler,
                                                    search_alg=tune.search.BasicVariantGenerator(random_state=seed)),
                        run_config=tune.RunConfig(storage_path=str(work / "tune"), name=name, stop=Budget(), verbose=0))
-    tuner.fit()
+    import contextlib
+    import logging
+
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    with open(work / f"{name}.log", "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        tuner.fit()  # (its progress tables and warnings into the search's log)
     return name
 
 
@@ -353,11 +358,13 @@ def table(results: dict) -> None:
 
 
 def main() -> None:
+    global BUDGET
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--searches", default=",".join(SEARCHES))
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--work", default=None)
+    ap.add_argument("--budget", type=int, default=BUDGET, help="epochs a search may train (a quick look: less)")
     ap.add_argument("--in-namespace", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bare-child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -365,6 +372,7 @@ def main() -> None:
         w, name, task, seed, index = args.bare_child
         bare_child(Path(w), name, task, int(seed), int(index))
         return
+    BUDGET = args.budget
     searches = args.searches.split(",")
     if any(s.startswith("ray") for s in searches) and not args.in_namespace:
         from study_scale import own_network

@@ -190,15 +190,18 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
     pbt = pbt_from(raw, params if search else None, fixed, where, scheduler)  # (pbt: no pruner)
 
-    spec = StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
+    return _pruner_checked(StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, field("sampler_seed"), "none" if pbt else pruner, dict(field("pruner_options") or {}),
                      tuple(objectives), tuple(params), heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings,
                      claim,
                      *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where),
                      fixed, _flag(field("continue_changed", False), "continue_changed", where), None, confirm,
-                     confirm_top, pbt, warm_from(raw, where))
+                     confirm_top, pbt, warm_from(raw, where)), where)
+
+
+def _pruner_checked(spec: StudySpec, where: str) -> StudySpec:
     if spec.pruner == "pareto":
-        pareto_rule(spec, where)
+        pareto_rule(spec, where)  # (its objectives, each measured every epoch, and its options)
     return spec
 
 
