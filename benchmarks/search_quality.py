@@ -64,7 +64,8 @@ def xp_study(search: str, name: str, seed: int) -> tuple[str, int]:
                        "    momentum: {factors: [0.8, 1.2], resample: 0.25}\n"), BUDGET // POPULATION
     pruner = {"xp-hyperband": "hyperband", "xp-random": "none"}.get(search, "median")
     sampler = "random" if search == "xp-random" else "tpe"
-    trials = BUDGET // EPOCHS * (1 if pruner == "none" else 2)  # (a pruned search's trials are shorter)
+    # a pruned search's trials are shorter: enough of them to spend the budget (Hyperband stops most after 1-2)
+    trials = BUDGET // EPOCHS * {"none": 1, "median": 2, "hyperband": 3}[pruner]
     warm = f"warm_start: {name}-source\n" if search == "xp-warm" else ""
     return head + f"sampler: {sampler}\npruner: {pruner}\nn_trials: {trials}\n{warm}", EPOCHS
 
@@ -341,8 +342,8 @@ def plot(results: dict, path: Path) -> None:
 
 def table(results: dict) -> None:
     print("| task (target) | search | epochs to the target (median; seeds that reached it) | best at "
-          f"{BUDGET} epochs (median; min-max) |")
-    print("|---|---|---|---|")
+          f"{BUDGET} epochs (median; min-max) | epochs it trained (fewest of its seeds) | wall s (median) |")
+    print("|---|---|---|---|---|---|")
     for task in sorted({r["task"] for r in results["runs"]}):
         for search in results["searches"]:
             rs = [r for r in results["runs"] if r["task"] == task and r["search"] == search]
@@ -354,7 +355,8 @@ def table(results: dict) -> None:
             med = statistics.median(every)
             bests = [r["best_at_budget"] for r in rs]
             print(f"| {task} ({TARGET[task]}) | {search} | {'never' if med == float('inf') else f'{med:.0f}'} "
-                  f"({len(reach)} of {len(rs)}) | {statistics.median(bests):.4f} ({min(bests):.4f}-{max(bests):.4f}) |")
+                  f"({len(reach)} of {len(rs)}) | {statistics.median(bests):.4f} ({min(bests):.4f}-{max(bests):.4f}) | "
+                  f"{min(r['trained'] for r in rs)} | {statistics.median(r['wall_s'] for r in rs):.0f} |")
 
 
 def main() -> None:
@@ -365,6 +367,7 @@ def main() -> None:
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--work", default=None)
     ap.add_argument("--budget", type=int, default=BUDGET, help="epochs a search may train (a quick look: less)")
+    ap.add_argument("--table", action="store_true", help="the table and plot of the last run's results again")
     ap.add_argument("--in-namespace", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bare-child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -373,6 +376,13 @@ def main() -> None:
         bare_child(Path(w), name, task, int(seed), int(index))
         return
     BUDGET = args.budget
+    out = ROOT / "benchmarks" / "results" / "search_quality.json"
+    if args.table:
+        results = json.loads(out.read_text())
+        BUDGET = results["budget_epochs"]
+        plot(results, ROOT / "docs" / "images" / "search-quality.png")
+        table(results)
+        return
     searches = args.searches.split(",")
     if any(s.startswith("ray") for s in searches) and not args.in_namespace:
         from study_scale import own_network
@@ -389,8 +399,8 @@ def main() -> None:
         start_ray()
     results: dict = {"seeds": args.seeds, "searches": searches, "budget_epochs": BUDGET, "epochs": EPOCHS,
                      "targets": TARGET, "runs": []}
-    for task in args.tasks.split(","):
-        for seed in range(args.seeds):
+    for seed in range(args.seeds):  # (seed by seed: an interrupted run still has every task and search of its seeds)
+        for task in args.tasks.split(","):
             for search in searches:
                 t0 = time.perf_counter()
                 if search.startswith("xp"):
@@ -404,8 +414,7 @@ def main() -> None:
                                         "wall_s": time.perf_counter() - t0})
                 print(f"{task} seed {seed} {search}: best {got['best_at_budget']:.4f} after {got['trained']} epochs, "
                       f"target at {got['epochs_to_target']} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    out = ROOT / "benchmarks" / "results" / "search_quality.json"
-    out.write_text(json.dumps(results, indent=1))
+                out.write_text(json.dumps(results, indent=1))
     plot(results, ROOT / "docs" / "images" / "search-quality.png")
     print(f"\nwork folder {work}\n")
     table(results)
