@@ -116,6 +116,7 @@ def test_a_two_objective_study_prunes_its_dominated_trials_over_the_slots(tmp_pa
             assert record["values"] == {"val_accuracy": at1[0], "throughput": at1[1]}
             assert runs[t.number].data.tags["xp.pruned"].startswith("pruned after epoch 1 (dominated at epoch 1 by")
             assert runs[t.number].data.tags["optuna.trial_state"] == "PRUNED"
+            assert runs[t.number].data.tags["mlflow.note.content"].startswith(f"Trial {t.number} pruned after epoch 1")
         else:
             assert dominators == [] and "xp.pruned_by" not in t.user_attrs, (t.number, at1, before)
             assert "xp.at.2" in t.user_attrs and "xp.pruned" not in runs[t.number].data.tags

@@ -201,7 +201,8 @@ def train_run(plan: Plan, backend: Backend, callbacks: list[Callback], tracker: 
     except TrialPruned as e:
         state = TrialState.PRUNED
         log.info(f"trial {trial.optuna.number}: {e}")
-        tracker.set_tags({"xp.pruned": str(e)[:500]})  # why, on the run (the Pareto rule's: which trials)
+        why = str(e)[:500]  # on the run (the Pareto rule's: which trials): a tag, and its description, shown whole
+        tracker.set_tags({"xp.pruned": why, "mlflow.note.content": f"Trial {trial.optuna.number} {why}."})
     except Exception as e:
         log.debug("training failed", exc_info=True)  # into the log file now, while the run is open
         setattr(e, "xp_logged", True)
