@@ -246,21 +246,22 @@ UNMARKED_S = 2.0  # a RUNNING trial nobody marked for this long lost its asker (
 
 def retry_orphans(study: Study, spec: StudySpec, search: Search) -> list[str]:
     """Trials left RUNNING by a scheduler of this host whose process is gone (SIGKILL, out of memory): lost at
-    once (the search retries them as it sees fit), without waiting for grace_s. So is a trial still unmarked
-    UNMARKED_S after it was seen: its asker was killed between Optuna's creating it and the sampler's first call,
-    which marks it (xp.studies.trial.make_sampler)."""
+    once (the search retries them as it sees fit), without waiting for grace_s. So is a trial still unmarked and
+    without parameters UNMARKED_S after it was seen: its asker was killed between Optuna's creating it and the
+    sampler's first call, which marks it (xp.studies.trial.make_sampler). (A trial another program asked on the
+    same study is left alone once its objective has suggested a parameter.)"""
     from optuna.trial import TrialState
 
     def running() -> list[FrozenTrial]:
         return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
-    unmarked = {t.number for t in running() if SCHEDULER_ATTR not in t.user_attrs}
+    unmarked = {t.number for t in running() if SCHEDULER_ATTR not in t.user_attrs and not t.params}
     if unmarked:
         time.sleep(UNMARKED_S)
     lines = []
     for t in running():
         mark = t.user_attrs.get(SCHEDULER_ATTR)
-        if orphaned(mark) or (mark is None and t.number in unmarked):
+        if orphaned(mark) or (mark is None and not t.params and t.number in unmarked):
             why = "its sweeper's process is gone" if mark else "its asker was killed as it asked (it has no mark)"
             lines.append(f"trial {t.number} lost its sweeper ({why}): {search.lost(optuna_trial(study, t), why)}")
     return lines
