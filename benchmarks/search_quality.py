@@ -330,11 +330,13 @@ def plot(results: dict, path: Path) -> None:
             ax.plot(range(1, n + 1), median, label=search, lw=1.6,
                     ls="-" if search.startswith("xp") else "--")
         ax.axhline(TARGET[task], color="grey", lw=0.8, ls=":")
-        ax.set_title(f"{task}: best validation accuracy so far (median of {results['seeds']} seeds)")
+        seeds = len({r["seed"] for r in results["runs"] if r["task"] == task})
+        ax.set_title(f"{task}: best validation accuracy so far (median of {seeds} seeds)")
         ax.set_xlabel("epochs trained (the compute spent)")
         ax.set_ylabel("best val_accuracy so far")
         lows = [r["curve"][min(len(r["curve"]) - 1, 20)] for r in results["runs"] if r["task"] == task and r["curve"]]
-        ax.set_ylim(max(0.0, min(lows, default=0.0) - 0.02), None)
+        tops = [r["best_at_budget"] for r in results["runs"] if r["task"] == task]
+        ax.set_ylim(max(0.0, min(lows, default=0.0) - 0.02), min(1.0, max(tops, default=1.0) + 0.01))
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -262,8 +262,9 @@ def retry_orphans(study: Study, spec: StudySpec, search: Search) -> list[str]:
     for t in running():
         mark = t.user_attrs.get(SCHEDULER_ATTR)
         if orphaned(mark) or (mark is None and not t.params and t.number in unmarked):
-            why = "its sweeper's process is gone" if mark else "its asker was killed as it asked (it has no mark)"
-            lines.append(f"trial {t.number} lost its sweeper ({why}): {search.lost(optuna_trial(study, t), why)}")
+            said = "its process is gone" if mark else "its asker was killed as it asked (it has no mark)"
+            why = "its sweeper's process is gone" if mark else said
+            lines.append(f"trial {t.number} lost its sweeper ({said}): {search.lost(optuna_trial(study, t), why)}")
     return lines
 
 
