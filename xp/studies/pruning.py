@@ -94,8 +94,7 @@ def should_prune(trial: Any, spec: StudySpec) -> str | None:
         return None
     from optuna.trial import TrialState
 
-    study = trial.study
-    mine = study._storage.get_trial(trial._trial_id).user_attrs
+    study, mine = trial.study, trial.user_attrs
     epochs = [int(k[len(AT):]) for k in mine if k.startswith(AT)]
     if not epochs:
         return None
