@@ -289,7 +289,9 @@ def figures(points: list[tuple[int, float]], target: float) -> dict:
             "curve": curve}
 
 
-def start_ray() -> None:
+def start_ray() -> subprocess.Popen:
+    """A Ray head of 2 CPUs on the namespace's loopback, this process connected; returns the head (its process
+    group is ended at the end: `ray stop` would end every Ray cluster of the machine)."""
     import ray
 
     from xp.launching.engine import free_port
@@ -305,7 +307,7 @@ def start_ray() -> None:
     while True:
         try:
             ray.init(address=f"127.0.0.1:{port}", log_to_driver=False)
-            return
+            return head
         except Exception:
             if head.poll() is not None or time.monotonic() > deadline:
                 raise
@@ -397,8 +399,29 @@ def main() -> None:
         os.execvpe(argv[0], argv, env)
     work = Path(args.work or tempfile.mkdtemp(prefix="xp-bench-quality-"))
     (work / "sweeps").mkdir(exist_ok=True)
-    if any(s.startswith("ray") for s in searches):
-        start_ray()
+    head = start_ray() if any(s.startswith("ray") for s in searches) else None
+    try:
+        measure(args, work, searches)
+    finally:
+        if head is not None:
+            import ray
+            import signal
+
+            ray.shutdown()
+            os.killpg(head.pid, signal.SIGTERM)
+            try:
+                head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(head.pid, signal.SIGKILL)
+            time.sleep(2)  # (its group's daemons end after the head)
+            try:
+                os.killpg(head.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def measure(args: argparse.Namespace, work: Path, searches: list[str]) -> None:
+    out = ROOT / "benchmarks" / "results" / "search_quality.json"
     results: dict = {"seeds": args.seeds, "searches": searches, "budget_epochs": BUDGET, "epochs": EPOCHS,
                      "targets": TARGET, "runs": []}
     for seed in range(args.seeds):  # (seed by seed: an interrupted run still has every task and search of its seeds)
@@ -418,6 +441,10 @@ def main() -> None:
                       f"target at {got['epochs_to_target']} ({time.perf_counter() - t0:.0f} s)", flush=True)
                 out.write_text(json.dumps(results, indent=1))
     plot(results, ROOT / "docs" / "images" / "search-quality.png")
+    from xp.tracking.service import stop
+    from xp.tracking.spool import state_dir
+
+    stop(state_dir())  # (the tracking service its runs started, in its own HOME: it would idle for 30 minutes)
     print(f"\nwork folder {work}\n")
     table(results)
 
