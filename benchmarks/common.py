@@ -1,10 +1,12 @@
-"""Helpers shared by the benchmarks: interleaved repetitions and a temporary MLflow store."""
+"""Helpers shared by the benchmarks: interleaved repetitions, a temporary MLflow store, and studies run in a work
+folder of their own."""
 
 from __future__ import annotations
 
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -116,3 +118,23 @@ def report(title: str, results: dict[str, list[float]], pairs: list[tuple[str, s
                                 "runs": results, "median": med, "ratios": rows}, indent=1))
     print(f"  saved {path.relative_to(ROOT)}")
     return ok
+
+
+# --- a benchmark's studies: `python -m xp -m sweep=NAME` in a work folder (its study files in work/sweeps, its Optuna
+# storage and MLflow store there), this checkout's xp whichever the environment has
+def study_env(work: Path) -> dict[str, str]:
+    return dict(os.environ, XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{work}/optuna.db",
+                PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+
+
+def study_command(work: Path, name: str, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "xp", "-m", f"sweep={name}", *overrides, f"tracking_uri=sqlite:///{work}/mlflow.db",
+            f"hydra.sweep.dir={work}/sweep-{name}"]
+
+
+def run_study(work: Path, name: str, *overrides: str, timeout: float = 3600) -> None:
+    """Run the study `name` (its file work/sweeps/NAME.yaml) to its end; its error's tail on a failure."""
+    proc = subprocess.run(study_command(work, name, *overrides), cwd=work, env=study_env(work), capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"study {name}: exit {proc.returncode}: {proc.stderr[-3000:]}")

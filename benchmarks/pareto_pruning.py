@@ -21,14 +21,12 @@ unpruned study's compute.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import run_study
+
 STUDY = """\
 study_name: {name}
 n_trials: {trials}
@@ -46,26 +44,22 @@ params:
 """
 
 
-def run_study(work: Path, name: str, seed: int, trials: int, epochs: int, dominators: int | None) -> list[tuple]:
+def study(work: Path, name: str, seed: int, trials: int, epochs: int, dominators: int | None) -> list[tuple]:
     """Run one study (unless the work folder has it); its trials, in the order they ended, as
     [(training s, state, values, batch)]."""
     pruner, options = ("none", "{}") if dominators is None else \
         ("pareto", f"{{n_startup_trials: 4, n_warmup_steps: 1, min_dominators: {dominators}}}")
     (work / "sweeps" / f"{name}.yaml").write_text(STUDY.format(name=name, trials=trials, seed=seed, pruner=pruner,
                                                               options=options))
-    env = dict(os.environ, XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{work}/optuna.db",
-               PYTHONPATH=str(ROOT))
     import mlflow
     import optuna
 
     if not (work / f"sweep-{name}").exists():
-        subprocess.run([sys.executable, "-m", "xp", "-m", f"sweep={name}", f"epochs={epochs}",
-                        f"tracking_uri=sqlite:///{work}/mlflow.db", f"hydra.sweep.dir={work}/sweep-{name}"],
-                       cwd=work, env=env, check=True, capture_output=True, timeout=1800)
+        run_study(work, name, f"epochs={epochs}", timeout=1800)
 
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{work}/optuna.db")
+    trials_of = optuna.load_study(study_name=name, storage=f"sqlite:///{work}/optuna.db").trials
     client = mlflow.MlflowClient(f"sqlite:///{work}/mlflow.db")
-    done = [t for t in study.trials if t.datetime_complete is not None]
+    done = [t for t in trials_of if t.datetime_complete is not None]
     return [(sum(m.value for m in client.get_metric_history(t.user_attrs["mlflow_run_id"], "epoch_time_s")),
              t.state.name, t.values, t.params["batch"]) for t in sorted(done, key=lambda t: t.datetime_complete)]
 
@@ -105,9 +99,9 @@ def main() -> None:
     rules = [int(r) for r in args.rules.split(",")]
     arms: dict[int, dict[str, list[tuple]]] = {}
     for seed in range(args.seeds):
-        arms[seed] = {"none": run_study(work, f"none{seed}", seed, args.trials, args.epochs, None)}
+        arms[seed] = {"none": study(work, f"none{seed}", seed, args.trials, args.epochs, None)}
         for r in rules:
-            arms[seed][f"pareto{r}"] = run_study(work, f"pareto{r}_{seed}", seed, args.trials, args.epochs, r)
+            arms[seed][f"pareto{r}"] = study(work, f"pareto{r}_{seed}", seed, args.trials, args.epochs, r)
         print(f"seed {seed}: " + ", ".join(f"{k}: {sum(t[1] == 'PRUNED' for t in v)} pruned, "
                                            f"{sum(t[0] for t in v):.0f} s" for k, v in arms[seed].items()),
               flush=True)

@@ -42,7 +42,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # (this checkout's xp; common, study_scale)
+
+from common import compose, run_study  # noqa: E402
 
 EPOCHS, BUDGET, INTERVAL, POPULATION = 6, 96, 2, 4
 TASKS = {"digits": [], "noisy": ["dataset.noise=1.0"]}
@@ -74,26 +76,17 @@ def run_xp_search(work: Path, search: str, task: str, seed: int) -> str:
     """Run it; returns the MLflow experiment its runs are in."""
     name = f"{search}-{task}-{seed}"
     sweeps = work / "sweeps"
-    env = dict(os.environ, XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=f"sqlite:///{work}/optuna.db",
-               PYTHONPATH=str(ROOT))
     if search == "xp-warm":  # the earlier, cheaper question: half the epochs, 8 trials
         (sweeps / f"{name}-source.yaml").write_text(
             f"study_name: {name}-source\nsampler_seed: {seed}\nparallel: 2\nsampler: tpe\npruner: none\nn_trials: 8\n"
             f"params:\n{SPACE}")
-        xp_command(work, f"{name}-source", [*TASKS[task], f"epochs={EPOCHS // 2}", "experiment=source"], env)
+        run_study(work, f"{name}-source", *COMMON, *TASKS[task], f"epochs={EPOCHS // 2}", "experiment=source",
+                  f"checkpoint_dir={work}/ckpt/{name}-source")
     body, epochs = xp_study(search, name, seed)
     (sweeps / f"{name}.yaml").write_text(body)
-    xp_command(work, name, [*TASKS[task], f"epochs={epochs}", f"experiment={name}"], env)
+    run_study(work, name, *COMMON, *TASKS[task], f"epochs={epochs}", f"experiment={name}",
+              f"checkpoint_dir={work}/ckpt/{name}")
     return name
-
-
-def xp_command(work: Path, name: str, args: list[str], env: dict[str, str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "xp", "-m", f"sweep={name}", *COMMON, *args,
-                           f"tracking_uri=sqlite:///{work}/mlflow.db", f"checkpoint_dir={work}/ckpt/{name}",
-                           f"hydra.sweep.dir={work}/sweep-{name}"], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name}: exit {proc.returncode}: {proc.stderr[-3000:]}")
 
 
 # --- the peers' trials: xp's training in the peer's process ------------------------------------------------------
@@ -122,9 +115,6 @@ def train(work: Path, experiment: str, number: int, params: dict, task: str, epo
           resume: str | None = None, checkpoint_dir: str | None = None) -> float:
     """One trial of xp's training with `params` (lr, momentum) in this process, logged to the benchmark's MLflow
     store as xp's trials are; returns its last validation accuracy."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     from xp.run.experiment import JobInfo, run
     from xp.studies.study import spec_from
     from xp.studies.trial import StudyTrial
@@ -133,8 +123,7 @@ def train(work: Path, experiment: str, number: int, params: dict, task: str, epo
                  f"tracking_uri=sqlite:///{work}/mlflow.db", *(f"{k}={v}" for k, v in params.items()),
                  *([f"resume={resume}"] if resume else []), *([f"checkpoint_dir={checkpoint_dir}"] if checkpoint_dir
                                                              else [])]
-    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
-        config: dict = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)  # type: ignore
+    config = compose(*overrides)
     spec = spec_from({"objectives": [{"metric": "val_accuracy", "direction": "maximize"}]}, experiment, search=False)
     trial = PeerTrial(number, params, experiment, on_epoch)
     outcome = run(config, JobInfo(cwd=work, trial=StudyTrial(trial, spec, trial)))
@@ -302,7 +291,8 @@ def start_ray() -> subprocess.Popen:
                              "--disable-usage-stats", f"--temp-dir={tempfile.mkdtemp(prefix='ray-')}",
                              f"--dashboard-agent-listen-port={free_port()}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+                            env=dict(os.environ, OMP_NUM_THREADS="1",  # (its workers import common, xp)
+                                     PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'benchmarks'}"))
     deadline = time.monotonic() + 120
     while True:
         try:

@@ -12,7 +12,6 @@ Goal (issue 83): after 10 random kills, the sequence of proposals equals the uni
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import subprocess
 import sys
@@ -22,7 +21,8 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import run_study, study_command, study_env
+
 STUDY = """\
 study_name: {name}
 n_trials: {n}
@@ -34,16 +34,6 @@ params:
   lr: {{type: float, low: 0.002, high: 0.2, log: true}}
   momentum: {{type: float, low: 0.5, high: 0.95}}
 """
-
-
-def command(work: Path, name: str) -> list[str]:
-    return [sys.executable, "-m", "xp", "-m", f"sweep={name}", "epochs=1", f"tracking_uri=sqlite:///{work}/mlflow.db",
-            f"hydra.sweep.dir={work}/sweep-{name}"]
-
-
-def env(work: Path) -> dict[str, str]:
-    return dict(os.environ, XP_SWEEPS_DIR=str(work / "sweeps"), XP_OPTUNA_STORAGE=f"sqlite:///{work}/optuna.db",
-                PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))  # (this checkout's xp, whichever the environment has)
 
 
 def proposals(work: Path, name: str) -> tuple[list[dict], int]:
@@ -66,8 +56,8 @@ def hit(work: Path, name: str, rng: random.Random, kind: str) -> bool:
     """Run the study's command; once it has ended 1-2 trials, a random moment later, kill the worker running a
     trial (kind "worker": the study retries it and goes on) and, 1-2 trials later, the command itself (SIGKILL:
     its workers die with it); whether the kills landed (the study had not ended first)."""
-    proc = subprocess.Popen(command(work, name), cwd=work, env=env(work), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(study_command(work, name, "epochs=1"), cwd=work, env=study_env(work),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     lines = iter(proc.stdout)
 
@@ -105,7 +95,7 @@ def main() -> None:
     (work / "sweeps").mkdir()
     for name in ("straight", "cut"):
         (work / "sweeps" / f"{name}.yaml").write_text(STUDY.format(name=name, n=args.trials, seed=args.seed))
-    subprocess.run(command(work, "straight"), cwd=work, env=env(work), check=True, capture_output=True, timeout=900)
+    run_study(work, "straight", "epochs=1", timeout=900)
     rng = random.Random(args.seed)
     kinds: dict[str, int] = {"command": 0, "worker then command": 0}
     t0 = time.perf_counter()
@@ -114,7 +104,7 @@ def main() -> None:
             raise SystemExit(f"the study ended after {kinds} kills: raise --trials")
         kind = rng.choice(("command", "worker then command"))
         kinds[kind] += hit(work, "cut", rng, kind)
-    subprocess.run(command(work, "cut"), cwd=work, env=env(work), check=True, capture_output=True, timeout=900)
+    run_study(work, "cut", "epochs=1", timeout=900)
     straight, _ = proposals(work, "straight")
     cut, complete = proposals(work, "cut")
     same = cut == straight

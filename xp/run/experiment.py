@@ -25,7 +25,7 @@ from xp.run.backend_plan import plan_and_backend
 from xp.run.telemetry import telemetry
 from xp.run.train import train_run
 from xp.states import Ending, TrialState
-from xp.studies.pruning import PER_EPOCH
+from xp.studies.paretospec import PER_EPOCH
 from xp.studies.trial import attach
 from xp.readback import sweepstate
 from xp.tracking.stores import resolve_uri

@@ -17,46 +17,16 @@ with theirs), and its run in the tag `xp.pruned`."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from xp.errors import ConfigError
+from xp.studies.paretospec import Pareto
 
 if TYPE_CHECKING:
     from xp.studies.study import StudySpec
 
 AT = "xp.at."  # + epoch: a trial's objectives at that epoch (a multi-objective study's, for the Pareto rule)
 PRUNED_BY = "xp.pruned_by"  # why the Pareto rule stopped a trial
-# objectives a run measures every epoch, and their names among an epoch's metrics
-PER_EPOCH = {"val_accuracy": "val_accuracy", "throughput": "throughput_samples_per_s", "cost_usd": "cost_usd",
-             "epoch_time_s": "epoch_time_s"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Pareto:
-    n_startup_trials: int = 4
-    n_warmup_steps: int = 1
-    min_dominators: int = 2
-
-
-def pareto_rule(spec: StudySpec, where: str) -> Pareto:
-    """The study file's Pareto rule, checked: two or more objectives, each measured every epoch."""
-    if not spec.multi_objective:
-        raise ConfigError(f"{where}: pruner=pareto compares two or more objectives; this study has one "
-                          f"({spec.objectives[0].metric}): use median, hyperband or successive_halving")
-    late = [o.metric for o in spec.objectives if o.metric not in PER_EPOCH]
-    if late:
-        raise ConfigError(f"{where}: pruner=pareto needs each objective every epoch; {', '.join(late)} is known only "
-                          f"at a run's end (objectives a run measures every epoch: {', '.join(PER_EPOCH)})")
-    options = dict(spec.pruner_options)
-    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(Pareto)})
-    least = {"n_warmup_steps": 0}  # (the others: at least 1)
-    bad = [k for k, v in options.items() if not isinstance(v, int) or isinstance(v, bool) or v < least.get(k, 1)]
-    if unknown or bad:
-        raise ConfigError(f"{where}: pruner_options {', '.join(unknown + bad)}: the Pareto rule takes "
-                          "n_startup_trials, n_warmup_steps and min_dominators (whole numbers, at least 1; warm-up 0)")
-    return Pareto(**options)
 
 
 def dominates(a: list[float], b: list[float], maximize: list[bool]) -> bool:
@@ -103,7 +73,7 @@ def should_prune(trial: Any, spec: StudySpec) -> str | None:
     complete = {t.number: t.user_attrs[key] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if key in t.user_attrs}
     maximize = [o.direction == "maximize" for o in spec.objectives]
-    them = dominated_by(mine[key], epoch, complete, maximize, pareto_rule(spec, f"sweep={spec.name}"))
+    them = dominated_by(mine[key], epoch, complete, maximize, Pareto(**spec.pruner_options))  # (checked: spec_from)
     if them is None:
         return None
     names = [o.metric for o in spec.objectives]

@@ -32,7 +32,7 @@ import yaml
 from xp.errors import ConfigError, one_line
 from xp.states import TRIAL_ENDS
 from xp.studies.pbtspec import pbt_from
-from xp.studies.pruning import pareto_rule
+from xp.studies.paretospec import pareto_rule
 from xp.studies.studyfile import FIELDS, SWEEPS_DIR
 
 log = logging.getLogger("xp")
@@ -201,7 +201,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
 
 def _pruner_checked(spec: StudySpec, where: str) -> StudySpec:
     if spec.pruner == "pareto":
-        pareto_rule(spec, where)  # (its objectives, each measured every epoch, and its options)
+        pareto_rule([o.metric for o in spec.objectives], spec.pruner_options, where)
     return spec
 
 
