@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from xp.interrupts import held_interrupts
 from xp.states import TRIAL_ENDS, TrialState
 from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, RunTrial
-from xp.studies.pruning import Pruning
+from xp.studies import pruning
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -226,9 +226,9 @@ class Scheduler:
         if isinstance(msg, (Report, ShouldPrune, Attr)):  # (of the trial in flight on it)
             trial = self.flights[worker].trial
             if isinstance(msg, Report):
-                Pruning(trial, self.runs.spec).report(msg.values, msg.step)
+                pruning.report(trial, self.runs.spec, msg.values, msg.step)
             elif isinstance(msg, ShouldPrune):
-                why = Pruning(trial, self.runs.spec).should_prune()
+                why = pruning.should_prune(trial, self.runs.spec)
                 worker.send(Prune(why is not None, why or ""))
             else:
                 trial.set_user_attr(msg.key, msg.value)

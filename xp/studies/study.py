@@ -177,7 +177,7 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
             raise ConfigError(f"{where}: {key}={value!r}: unknown; valid: {', '.join(valid)}")
 
     _recipe_steps(field("batch_ladder"), field("pretrain"), where)  # (before the search space they fill)
-    objectives = _objectives(field("objectives"), where, sampler, pruner)
+    objectives = _objectives(field("objectives"), where, sampler, pruner, field("pruner_options"))
     params, fixed = _space_and_fixed(field("params") or {}, extra, overrides, where, known_keys, search)
     if confirm and (len(objectives) > 1 or "seed" in {p.name for p in params}):
         raise ConfigError(f"{where}: confirm={confirm}: retrains the best trial of one objective with other seeds; "
@@ -190,19 +190,13 @@ def spec_from(raw: dict[str, Any], name: str, known_keys: set[str] | None = None
     settings, claim = study_settings_of(field("settings") or [], where), _claim(field("claim"), where)
     pbt = pbt_from(raw, params if search else None, fixed, where, scheduler)  # (pbt: no pruner)
 
-    return _pruner_checked(StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
+    return StudySpec(name, str(field("study_name") or name), storage_url(field("storage"), cwd), n_trials, parallel,
                      sampler, field("sampler_seed"), "none" if pbt else pruner, dict(field("pruner_options") or {}),
                      tuple(objectives), tuple(params), heartbeat_s, grace_s, max_retry, per_gpu, scheduler, settings,
                      claim,
                      *_budget(raw, where), _registry_name(field("register_model"), field("study_name") or name, where),
                      fixed, _flag(field("continue_changed", False), "continue_changed", where), None, confirm,
-                     confirm_top, pbt, warm_from(raw, where)), where)
-
-
-def _pruner_checked(spec: StudySpec, where: str) -> StudySpec:
-    if spec.pruner == "pareto":
-        pareto_rule([o.metric for o in spec.objectives], spec.pruner_options, where)
-    return spec
+                     confirm_top, pbt, warm_from(raw, where))
 
 
 def _integers(where: str, given: tuple[tuple[str, Any, int], ...]) -> None:
@@ -295,7 +289,7 @@ def _claim(given: Any, where: str) -> dict[str, Any] | None:
     return given
 
 
-def _objectives(given: Any, where: str, sampler: str, pruner: str) -> list[Objective]:
+def _objectives(given: Any, where: str, sampler: str, pruner: str, pruner_options: Any) -> list[Objective]:
     objectives = []
     for i, o in enumerate(given or [{"metric": "val_accuracy", "direction": "maximize"}]):
         if not isinstance(o, dict) or o.get("metric") not in METRICS or o.get("direction") not in ("maximize", "minimize"):
@@ -305,6 +299,8 @@ def _objectives(given: Any, where: str, sampler: str, pruner: str) -> list[Objec
     if len(objectives) > 1 and pruner not in ("none", "pareto"):
         raise ConfigError(f"{where}: pruner={pruner}: Optuna prunes single-objective studies only; with "
                           f"{len(objectives)} objectives use pruner: pareto (xp's, xp.studies.pruning) or none")
+    if pruner == "pareto":  # (its objectives, each measured every epoch, and its options)
+        pareto_rule([o.metric for o in objectives], dict(pruner_options or {}), where)
     if len(objectives) > 1 and sampler == "cmaes":
         raise ConfigError(f"{where}: sampler=cmaes optimises one objective; use nsga2 or tpe")
     return objectives

@@ -3,6 +3,7 @@ that is one of its trials (attach, TrialReporter). Optuna is imported lazily: a 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -67,8 +68,9 @@ def proposal_number(study: Any, trial: Any) -> int:
     """Which of the study's sampler proposals `trial` is: its number less the replays numbered below it. A study
     stopped at any moment and run again (its lost and given-back trials retried as replays) proposes the same
     parameters in the same order as the same study never interrupted, with one slot (each proposal then sees the
-    same finished trials; a trial whose command was killed while its parameters were drawn is no proposal: VOID); proposals are distinct numbers, so sweepers that ask together on one study never draw
-    from the same seed, and a resumed study goes on instead of replaying its first proposals."""
+    same finished trials; a trial whose command was killed while its parameters were drawn is no proposal: VOID);
+    proposals are distinct numbers, so sweepers that ask together on one study never draw from the same seed, and
+    a resumed study goes on instead of replaying its first proposals."""
     return trial.number - sum(1 for t in study.get_trials(deepcopy=False)
                               if t.number < trial.number and (replay(t) or VOID in t.user_attrs))
 
@@ -288,10 +290,16 @@ def attach(settings: Any) -> StudyTrial | None:
 
 
 def scheduler_mark() -> str:
-    """This scheduler process, as a trial records it: host:pid:start (xp.processes.same_process)."""
+    """This scheduler process, as a trial records it: host:pid:start (xp.processes.same_process); made once a
+    process (every ask marks its trial with it)."""
+    return _mark(os.getpid())
+
+
+@functools.lru_cache(maxsize=1)
+def _mark(pid: int) -> str:  # (by pid: a forked process has its own)
     from xp.processes import started
 
-    return f"{socket.gethostname()}:{os.getpid()}:{started(os.getpid()):.2f}"
+    return f"{socket.gethostname()}:{pid}:{started(pid):.2f}"
 
 
 def orphaned(mark: str | None) -> bool:
