@@ -56,9 +56,7 @@ class Server:
         if self.host != "127.0.0.1":  # initdb allows loopback only: the hosts of the emulated /24 too
             with open(self.data / "pg_hba.conf", "a") as f:
                 f.write(f"host all all {self.host.rsplit('.', 1)[0]}.0/24 scram-sha-256\n")
-        options = f"-c listen_addresses={self.host} -p {self.port} -c unix_socket_directories='' -c fsync=off"
-        self._run(str(self.bin / "pg_ctl"), "start", "-D", str(self.data), "-w", "-t", "60", "-o", options,
-                  "-l", str(self.folder / "log"))
+        self.resume()
         # apart: MLflow and Optuna both keep their schema version in alembic_version; CREATE DATABASE cannot run
         # in a transaction (autocommit)
         create = ("import psycopg, sys\nconn = psycopg.connect(sys.argv[1], connect_timeout=10, autocommit=True)\n"
@@ -66,6 +64,16 @@ class Server:
         subprocess.run([*self.enter, sys.executable, "-c", create, self.url("postgres")], check=True,
                        capture_output=True, text=True, timeout=60)
         return self
+
+    def halt(self) -> None:
+        """The server goes away at once (pg_ctl's immediate mode: no shutdown checkpoint, as a crash)."""
+        self._run(str(self.bin / "pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w", "-t", "60")
+
+    def resume(self) -> None:
+        """(Re)start the server on its data folder, address and port."""
+        options = f"-c listen_addresses={self.host} -p {self.port} -c unix_socket_directories='' -c fsync=off"
+        self._run(str(self.bin / "pg_ctl"), "start", "-D", str(self.data), "-w", "-t", "60", "-o", options,
+                  "-l", str(self.folder / "log"))
 
     def url(self, database: str, password: str | None = None) -> str:
         return f"postgresql://{USER}:{password or self.password}@{self.host}:{self.port}/{database}"

@@ -7,6 +7,10 @@ at the same moment race through the migrations and can leave the file half-migra
 database (`NAME.db.lock`), held only while a process opens the store, makes the second process wait for the
 first to finish: it then finds the schema complete and only checks it.
 
+A PostgreSQL store has the same race (two commands at once on a new database: `duplicate key value violates unique
+constraint "pg_type_typname_nsp_index"` as both create Optuna's tables, found by benchmarks/chaos.py): there the
+lock is the database's own, an advisory lock held on a connection of its own while the process opens the store.
+
 A store left half-migrated by an older crash (or by xp before this lock) is detected when opening it fails
 inside the migrations, and named in one line with what to do.
 """
@@ -48,7 +52,8 @@ def first_use(uri: str, what: str, wait_s: float = WAIT_S,
     `seed(path)`: writes a new store's schema (under the lock) before the body opens it."""
     path = sqlite_path(uri)
     if path is None:
-        yield
+        with _server_lock(uri, wait_s):
+            yield
         return
     lock = path.with_name(path.name + ".lock")
     try:
@@ -80,6 +85,37 @@ def first_use(uri: str, what: str, wait_s: float = WAIT_S,
             raise
     finally:
         os.close(fd)  # releases the lock
+
+
+LOCK_KEY = 0x78705F6669727374  # pg_advisory_lock's key for xp's first use of a store ("xp_first")
+
+
+@contextlib.contextmanager
+def _server_lock(uri: str, wait_s: float) -> Iterator[None]:
+    """A PostgreSQL store: its advisory lock LOCK_KEY held on a connection of its own (waiting up to `wait_s`) while
+    the body opens the store. Any other store, or a server that does not answer: no lock (opening it says why)."""
+    if not uri.startswith(("postgresql:", "postgresql+psycopg:")):
+        yield
+        return
+    try:
+        import psycopg
+
+        conn = psycopg.connect(uri.replace("postgresql+psycopg:", "postgresql:", 1), connect_timeout=10,
+                               autocommit=True)
+    except Exception:  # away, refused, a driver missing: the store's own open says so in its words
+        yield
+        return
+    try:
+        conn.execute(f"SET lock_timeout = {int(wait_s * 1000)}")
+        conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
+    except Exception:  # waited past wait_s, or the server went away: open without it
+        conn.close()
+        yield
+        return
+    try:
+        yield
+    finally:
+        conn.close()  # ends the session: the lock goes with it
 
 
 def half_migrated(path: Path, what: str, error: BaseException) -> str:

@@ -170,9 +170,17 @@ def storage_of(url: str, spec: StudySpec | None = None) -> Any:
         return optuna.storages.JournalStorage(JournalFileBackend(journal_path(url)))
     if spec is None:
         return url
-    return optuna.storages.RDBStorage(
-        url, heartbeat_interval=spec.heartbeat_s, grace_period=spec.grace_s,
-        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry))
+
+    def make() -> Any:
+        return optuna.storages.RDBStorage(
+            url, heartbeat_interval=spec.heartbeat_s, grace_period=spec.grace_s,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry))
+
+    if url.startswith("sqlite:"):  # a file here: it does not go away
+        return make()
+    from xp.studies import outage  # a database server: its outage ridden out
+
+    return outage.rdb(make, redact(url), outage.WAIT_S)
 
 
 def open_study(spec: StudySpec) -> Any:

@@ -1,0 +1,696 @@
+"""A study under every fault at once, and a checker that reads what was kept.
+
+    sudo .venv/bin/python benchmarks/chaos.py                      # 300 trials, 100 faults, seed 0 (about 40 min)
+    sudo .venv/bin/python benchmarks/chaos.py --trials 60 --faults 20 --seed 1    # the CI version (tests/test_chaos.py)
+
+One Optuna study (PostgreSQL) of short trials, its runs on an MLflow server (runs in SQLite, artifacts in a folder),
+run by two commands at once as a user runs them: one on 2 slots of the launching machine (launcher=local), one on 2
+ssh hosts (launcher=ssh: the tests' network-namespace hosts, tests/hosts.py). While they run, an injector applies
+faults at random moments (seeded; each after the study's progress passed a random share of the budget, so the faults
+spread over the whole study and overlap: an outage goes on while the next fault lands):
+
+    worker       SIGKILL of a trial's worker (xp.launching.trialworker, on any host)
+    job          SIGKILL of a process of a trial's job other than its worker: on an ssh host the process that runs it
+                 there (xp.launching.remote run), on this machine the zygote the workers are forked from
+    study        SIGKILL of a study command, then the same command again (as a user would)
+    sigint       Ctrl-C (SIGINT to the command's process group), then the same command again
+    tracking     SIGKILL of the MLflow server, started again at once
+    tracking-out the MLflow server stopped for 5-40 s
+    postgres-out PostgreSQL (Optuna's storage) stopped (pg_ctl -m immediate) for 5-40 s
+    link-down    an ssh host's link down for 5-30 s (inside its namespace)
+    host-gone    an ssh host crashes and does not come back (once a run)
+    disk-full    the checkpoint folder full on one host (a tiny tmpfs over it) for 5-30 s
+
+When the study has its budget and both commands ended, the checker (check()) reads only what was kept: Optuna's
+storage, MLflow's store (through its server), the checkpoint folders, every host's processes; the namespaces are
+checked gone after the hosts are taken down. It reports per fault kind the faults applied and the work each cost, and
+every violation of the invariants below; the run exits 1 when it found any:
+
+- every COMPLETE trial has exactly one FINISHED MLflow run, with every epoch's points once, its parameters and its
+  model; no parameter set ran in two trials unless the second says why (a retried lost trial, a stopped one run again);
+  no trial and no run left RUNNING; no process of the study left on any host;
+- the study's answer (kept in the storage, on the parent run, `@best`) equals what the checker recomputes from
+  Optuna's values (the best value, a tie to the lowest number);
+- the study reached its budget; each run that did not complete (work lost) ended while a fault that could end it was
+  under way, and the epochs it had trained are at most what the docs promise for that fault: the trials in flight on
+  what the fault hit (a retried trial starts again at its first epoch).
+
+Needs root (namespaces) and Debian's postgresql and openssh-server, as the tests do (./dev.sh test installs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+KINDS = ("worker", "job", "study", "sigint", "tracking", "tracking-out", "postgres-out", "link-down", "host-gone",
+         "disk-full")
+STUDY = """\
+study_name: chaos
+n_trials: {n}
+sampler: random
+sampler_seed: {seed}
+pruner: none
+max_retry: 5
+heartbeat_s: 5
+params:
+  lr: {{type: float, low: 0.01, high: 0.3, log: true}}
+  batch: {{type: categorical, choices: [32, 64, 128]}}
+"""
+EPOCHS = 2
+# what each kind may cost, in words (docs/reliability.md) and as a bound on the epochs its lost runs had trained:
+# the trials in flight on what it hit, each at most EPOCHS (a retried trial starts again at its first epoch)
+PROMISE = {
+    "worker": ("the trial on that worker's slot", 1),
+    "job": ("the trial on that slot (this machine's zygote: none)", 1),
+    "study": ("the trials in flight on that command's 2 slots", 2),
+    "sigint": ("the trials in flight on that command's 2 slots", 2),
+    "tracking": ("nothing", 0),
+    "tracking-out": ("nothing", 0),
+    "postgres-out": ("nothing", 0),
+    "link-down": ("the trial on that host", 1),
+    "host-gone": ("the trial on that host", 1),
+    "disk-full": ("the trial on that host", 1),
+}
+DURATION = {"tracking-out": (5, 40), "postgres-out": (5, 40), "link-down": (5, 30), "disk-full": (5, 30)}
+
+
+def log(*a: object) -> None:
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    at: float
+    until: float | None = None  # an outage: when it ended (None: under way, or never: host-gone)
+    detail: str = ""
+
+
+@dataclass
+class Command:
+    """One of the study's two commands, rerun as a user would after it was killed or stopped."""
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen | None = None
+    runs: int = 0
+    exits: list[tuple[int, bool]] = field(default_factory=list)  # (exit code, whether a fault ended it)
+    faulted: bool = False
+    ended: float = 0.0
+
+    def start(self) -> None:
+        self.runs += 1
+        self.faulted = False
+        with self.log.open("a") as sink:
+            sink.write(f"\n===== {self.name}: run {self.runs} at {time.time():.1f}\n")
+            sink.flush()
+            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+
+class Chaos:
+    def __init__(self, work: Path, trials: int, faults: int, seed: int, kinds: tuple[str, ...] = KINDS):
+        self.work, self.trials, self.n_faults, self.seed, self.kinds = work, trials, faults, seed, kinds
+        self.rng = random.Random(seed)
+        self.faults: list[Fault] = []
+        self.violations: list[str] = []
+        self.lock = threading.Lock()
+        self.gone: set[str] = set()
+        self.busy: set[str] = set()  # what an outage holds now: "tracking", "postgres", a host's name
+        self.timers: list[threading.Thread] = []
+
+    # --- the world ----------------------------------------------------------------------------------------------
+    def start_world(self, c) -> None:
+        import pg
+
+        self.c = c
+        h1 = c.launcher
+        self.pg = pg.Server("chaos-pw", host=h1.address, enter=tuple(h1.enter())).start()
+        self.storage = self.pg.url("optuna")
+        self.mlflow_db = self.work / "mlflow.db"
+        (self.work / "artifacts").mkdir(exist_ok=True)
+        self.mlflow_proc: subprocess.Popen | None = None
+        self.uri = f"http://{h1.address}:5000"
+        self.start_mlflow()
+        self.ckpt = f"/tmp/xp-chaos-{os.getpid()}/ckpt"  # each host's own /tmp (this machine's for h1)
+        sweeps = self.work / "sweeps"
+        sweeps.mkdir(exist_ok=True)
+        (sweeps / "chaos.yaml").write_text(STUDY.format(n=self.trials, seed=self.seed))
+        self.hosts_file = hosts_file = self.work / "hosts"
+        hosts_file.write_text("".join(f"{h.address}:1\n" for h in c.workers))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", XP_SWEEPS_DIR=str(sweeps), XP_OPTUNA_STORAGE=self.storage,
+                   XP_STATE_DIR=str(self.work / "state"))
+        for k in ("MLFLOW_TRACKING_URI", "XP_PARENT_RUN_ID"):
+            env.pop(k, None)
+        common = ["-m", "sweep=chaos", f"epochs={EPOCHS}", f"tracking_uri={self.uri}", "experiment=chaos",
+                  f"checkpoint_dir={self.ckpt}", "checkpoint.keep_last=1"]
+        self.commands = [
+            Command("local", c.on_launcher([sys.executable, "-m", "xp", *common, "launcher=local", "sweep.parallel=2",
+                                            f"hydra.sweep.dir={self.work}/sweep-local"]), env,
+                    self.work / "local.log"),
+            Command("ssh", c.on_launcher([sys.executable, "-m", "xp", *common, "launcher=ssh",
+                                          f"launcher.hosts_file={hosts_file}", f"launcher.config={c.ssh_config}",
+                                          f"host_ip={h1.address}", "network_interface=eth0",
+                                          f"hydra.sweep.dir={self.work}/sweep-ssh"]), env, self.work / "ssh.log"),
+        ]
+
+    def start_mlflow(self, timeout: float = 90) -> None:
+        h1 = self.c.launcher
+        sink = open(self.work / "mlflow-server.log", "a")
+        self.mlflow_proc = subprocess.Popen(
+            self.c.on_launcher([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                                f"sqlite:///{self.mlflow_db}", "--artifacts-destination", str(self.work / "artifacts"),
+                                "--host", h1.address, "--port", "5000", "--workers", "1"]),
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        self.c.launcher.daemons[:] = [self.mlflow_proc]  # (not a process of the study: Cluster.processes)
+        deadline = time.monotonic() + timeout
+        probe = f"import urllib.request; urllib.request.urlopen('{self.uri}/health', timeout=2)"
+        while time.monotonic() < deadline:
+            if self.mlflow_proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.work / 'mlflow-server.log').read_text()[-800:]}")
+            if subprocess.run(self.c.on_launcher([sys.executable, "-c", probe]), capture_output=True).returncode == 0:
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"mlflow server did not answer within {timeout} s")
+
+    def kill_mlflow(self) -> None:
+        p = self.mlflow_proc
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)  # its session: the server and its uvicorn worker
+            p.wait(timeout=30)
+
+    def stop_world(self) -> None:
+        if getattr(self, "counter", None) is not None and self.counter.poll() is None:
+            self.counter.kill()
+            self.counter.wait(timeout=30)
+        self.kill_mlflow()
+        self.pg.stop()
+
+    # --- progress ------------------------------------------------------------------------------------------------
+    def start_counter(self) -> None:
+        """The study's progress, read where its storage is (h1's namespace) by a process of this script."""
+        self.count_file = self.work / "complete"
+        self.counter = subprocess.Popen(self.c.on_launcher([sys.executable, __file__, "--count", self.storage,
+                                                            str(self.count_file)]), start_new_session=True)
+
+    def complete(self) -> int | None:
+        """COMPLETE trials now (None: not known: the storage is away)."""
+        try:
+            text = self.count_file.read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def watch_commands(self) -> bool:
+        """Rerun a command that a fault ended (and one that ended by itself before the budget, which is a violation);
+        True when both ended with the study done."""
+        done = 0
+        for cmd in self.commands:
+            if cmd.proc is None:
+                cmd.start()
+                continue
+            rc = cmd.proc.poll()
+            if rc is None:
+                continue
+            if len(cmd.exits) < cmd.runs:
+                cmd.exits.append((rc, cmd.faulted))
+                cmd.ended = time.monotonic()
+                said = cmd.log.read_text().split(f"===== {cmd.name}: run {cmd.runs} ")[-1]
+                if "Traceback" in said:
+                    self.violate(f"the {cmd.name} command printed a traceback: see {cmd.log}, run {cmd.runs}")
+                elif rc != 0 and not cmd.faulted and not (self.busy & {"tracking", "postgres"} and rc == 2):
+                    # (a command started while a store is away says so in one line, exit 2: what a user reruns)
+                    tail = said.strip().splitlines()[-2:]
+                    self.violate(f"the {cmd.name} command exited {rc} with no fault that ends it: {' | '.join(tail)}")
+            if rc == 0 and self.finished():
+                done += 1
+                continue
+            # ended by a fault: again at once, as a user would; ended with nothing left to run for it while the other
+            # command's trials are in flight: again a little later, to keep its slots busy if one of those is lost
+            if rc == 0 and time.monotonic() - cmd.ended < 5:
+                continue
+            if sum(1 for r, f in cmd.exits if r != 0 and not f) > 20:
+                raise RuntimeError(f"the {cmd.name} command fails by itself again and again: see {cmd.log}")
+            cmd.start()
+        return done == len(self.commands)
+
+    def finished(self) -> bool:
+        n = self.complete()
+        return n is not None and n >= self.trials
+
+    def violate(self, what: str) -> None:
+        with self.lock:
+            self.violations.append(what)
+        log("VIOLATION:", what)
+
+    # --- faults --------------------------------------------------------------------------------------------------
+    def plan(self) -> list[str]:
+        if self.n_faults <= 0:
+            return []
+        kinds = [k for k in self.kinds if k != "host-gone"]
+        plan = [kinds[i % len(kinds)] for i in range(self.n_faults - ("host-gone" in self.kinds))]
+        self.rng.shuffle(plan)
+        if "host-gone" in self.kinds:  # once, late: the other host and this machine's slots carry the rest
+            plan.insert(int(len(plan) * self.rng.uniform(0.55, 0.8)), "host-gone")
+        return plan
+
+    def live_hosts(self):
+        return [h for h in self.c.workers if h.name not in self.gone]
+
+    def procs(self, host, needle: str) -> list[int]:
+        return [p for p in host.pids() if needle in cmdline(p)]
+
+    def apply(self, kind: str) -> Fault | None:
+        """Apply one fault of `kind` now; None when it has no target at this moment (tried again later)."""
+        c, rng = self.c, self.rng
+        if kind == "worker":
+            targets = [(h, p) for h in [c.launcher, *self.live_hosts()] for p in self.procs(h, "xp.launching.trialworker")
+                       if "zygote" not in cmdline(p) or "xp.launching.trialworker" in cmdline(parent_of(p))]
+            targets = [(h, p) for h, p in targets if "connect" in cmdline(p) or h is c.launcher]
+            if not targets:
+                return None
+            h, p = rng.choice(targets)
+            os.kill(p, signal.SIGKILL)
+            return Fault(kind, h.name, time.time(), detail=f"pid {p}")
+        if kind == "job":
+            targets = [(h, p) for h in self.live_hosts() for p in self.procs(h, "xp.launching.remote run")]
+            targets += [(c.launcher, p) for p in self.procs(c.launcher, "xp.launching.trialworker")
+                        if "zygote" in cmdline(p) and "xp.launching.trialworker" not in cmdline(parent_of(p))]
+            if not targets:
+                return None
+            h, p = rng.choice(targets)
+            os.kill(p, signal.SIGKILL)
+            return Fault(kind, h.name, time.time(), detail=f"pid {p}: {cmdline(p)[:60]}")
+        if kind in ("study", "sigint"):
+            running = [cmd for cmd in self.commands if cmd.proc is not None and cmd.proc.poll() is None]
+            if not running:
+                return None
+            cmd = rng.choice(running)
+            cmd.faulted = True
+            if kind == "study":
+                os.kill(cmd.proc.pid, signal.SIGKILL)
+            else:
+                os.killpg(cmd.proc.pid, signal.SIGINT)
+            return Fault(kind, cmd.name, time.time())
+        if kind == "tracking":
+            if "tracking" in self.busy:
+                return None
+            self.kill_mlflow()
+            at = time.time()
+            self.start_mlflow()
+            return Fault(kind, "mlflow", at, until=time.time())
+        if kind in DURATION:
+            lo, hi = DURATION[kind]
+            seconds = rng.uniform(lo, hi)
+            if kind == "tracking-out":
+                target = "tracking"
+                if target in self.busy:
+                    return None
+                self.kill_mlflow()
+                undo = self.start_mlflow
+            elif kind == "postgres-out":
+                target = "postgres"
+                if target in self.busy:
+                    return None
+                self.pg.halt()
+                undo = self.pg.resume
+            else:
+                hosts = [h for h in self.live_hosts() if h.name not in self.busy]
+                if kind == "disk-full":
+                    hosts = [h for h in [c.launcher, *self.live_hosts()] if h.name + ":disk" not in self.busy]
+                if not hosts:
+                    return None
+                h = rng.choice(hosts)
+                if kind == "link-down":
+                    target = h.name
+                    subprocess.run(["ip", "-n", h.netns, "link", "set", "eth0", "down"], check=True, timeout=30)
+                    undo = (lambda h=h: subprocess.run(["ip", "-n", h.netns, "link", "set", "eth0", "up"],
+                                                       check=True, timeout=30))
+                else:
+                    target = h.name + ":disk"
+                    self.fill(h)
+                    undo = (lambda h=h: self.unfill(h))
+            fault = Fault(kind, target.split(":")[0], time.time(), detail=f"{seconds:.0f} s")
+            self.busy.add(target)
+
+            def end(fault=fault, undo=undo, target=target, seconds=seconds) -> None:
+                time.sleep(seconds)
+                try:
+                    undo()
+                finally:
+                    fault.until = time.time()
+                    self.busy.discard(target)
+
+            t = threading.Thread(target=end, daemon=True)
+            t.start()
+            self.timers.append(t)
+            return fault
+        if kind == "host-gone":
+            hosts = [h for h in self.live_hosts() if h.name not in self.busy]
+            if len(self.live_hosts()) < 2 or not hosts:
+                return None
+            h = rng.choice(hosts)
+            self.gone.add(h.name)
+            subprocess.run(["ip", "-n", h.netns, "link", "set", "eth0", "down"], check=True, timeout=30)
+            c.kill_host(h)
+            # what a user does when the next command says the host does not answer: the hosts file without it
+            self.hosts_file.write_text("".join(f"{x.address}:1\n" for x in self.live_hosts()))
+            return Fault(kind, h.name, time.time())
+        raise ValueError(kind)
+
+    def _in_mounts(self, h) -> list[str]:
+        return [] if h.holder is None else ["nsenter", "-t", str(h.holder.pid), "-m"]
+
+    def fill(self, h) -> None:
+        """The host's checkpoint folder full: a 64 KiB tmpfs over it, filled."""
+        enter = self._in_mounts(h)
+        script = (f"mkdir -p {self.ckpt} && mount -t tmpfs -o size=64k chaos-full {self.ckpt} && "
+                  f"(dd if=/dev/zero of={self.ckpt}/.filler bs=4k count=100 2>/dev/null; true)")
+        subprocess.run([*enter, "sh", "-c", script], check=True, timeout=30)
+
+    def unfill(self, h) -> None:
+        subprocess.run([*self._in_mounts(h), "umount", "-l", self.ckpt], check=True, timeout=30)
+
+    # --- the run ---------------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.start_counter()
+        plan = self.plan()
+        thresholds = sorted(self.rng.uniform(0.03, 0.92) * self.trials for _ in plan)
+        log(f"chaos: {self.trials} trials, {len(plan)} faults ({dict(Counter(plan))}), seed {self.seed}")
+        started = time.monotonic()
+        pending = list(zip(thresholds, plan))
+        postponed: list[str] = []
+        while True:
+            if self.watch_commands():
+                break
+            n = self.complete()
+            if pending and n is not None and n >= pending[0][0]:
+                _, kind = pending.pop(0)
+                fault = self.apply(kind)
+                if fault is None:
+                    postponed.append(kind)
+                else:
+                    self.faults.append(fault)
+                    log(f"fault {len(self.faults)}: {kind} on {fault.target} {fault.detail} (complete: {n})")
+            elif postponed and n is not None and self.rng.random() < 0.2:
+                kind = postponed.pop(0)
+                fault = self.apply(kind)
+                if fault is None:
+                    postponed.append(kind)
+                else:
+                    self.faults.append(fault)
+                    log(f"fault {len(self.faults)}: {kind} on {fault.target} {fault.detail} (complete: {n}; later)")
+            if time.monotonic() - started > 3 * 3600:
+                raise RuntimeError("the chaos run did not end in 3 hours")
+            time.sleep(self.rng.uniform(0.2, 1.0))
+        for t in self.timers:
+            t.join(timeout=60)
+        self.unapplied = [k for _, k in pending] + postponed
+        log(f"study done: {self.complete()} complete; {len(self.faults)} faults applied, "
+            f"{len(self.unapplied)} found no target")
+
+    def end_commands(self) -> None:
+        for cmd in self.commands:
+            if cmd.proc is not None and cmd.proc.poll() is None:
+                os.killpg(cmd.proc.pid, signal.SIGKILL)
+                cmd.proc.wait(timeout=30)
+
+
+# --- the checker ---------------------------------------------------------------------------------------------------
+def check_stores(storage: str, uri: str, budget: int, faults: list[dict]) -> dict:
+    """What Optuna's storage and MLflow's store kept (run where they are reachable: h1's namespace): the report's
+    figures and the violations found there."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    v: list[str] = []
+    study = optuna.load_study(study_name="chaos", storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    counted = [t for t in complete if t.number not in retried and "xp.void" not in t.user_attrs]
+    if len(counted) < budget:
+        v.append(f"the study has {len(counted)} complete trials of its budget {budget}")
+    running = [t.number for t in trials if t.state.name == "RUNNING"]
+    if running:
+        v.append(f"trials left RUNNING: {running}")
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("chaos")
+    runs = client.search_runs([exp.experiment_id], max_results=50000) if exp else []
+    left = [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    if left:
+        v.append(f"MLflow runs left RUNNING: {left}")
+    by_trial: dict[int, list] = defaultdict(list)
+    history: dict[str, list] = {}
+    for r in runs:
+        if "optuna.trial_number" in r.data.tags:
+            by_trial[int(r.data.tags["optuna.trial_number"])].append(r)
+            history[r.info.run_id] = client.get_metric_history(r.info.run_id, "val_accuracy")
+    for t in complete:
+        finished = [r for r in by_trial[t.number] if r.info.status == "FINISHED"]
+        if len(finished) != 1:
+            v.append(f"trial {t.number} (COMPLETE) has {len(finished)} FINISHED runs")
+            continue
+        r = finished[0]
+        if t.user_attrs.get("mlflow_run_id") != r.info.run_id:
+            v.append(f"trial {t.number}: its run {t.user_attrs.get('mlflow_run_id')} is not its FINISHED run "
+                     f"{r.info.run_id}")
+        steps = sorted(m.step for m in history[r.info.run_id])
+        if steps not in (list(range(1, EPOCHS + 1)), list(range(EPOCHS))):
+            v.append(f"trial {t.number}: val_accuracy at steps {steps}, not each of its {EPOCHS} epochs once")
+        for k, want in t.params.items():
+            got = r.data.params.get(k)
+            if got is None or float(got) != float(want):
+                v.append(f"trial {t.number}: param {k} is {got} in its run, {want} in Optuna")
+        model = r.data.tags.get("xp.logged_model", "")
+        if not model.startswith("models:/"):
+            v.append(f"trial {t.number}: its run logged no model")
+        elif not str(client.get_logged_model(model.split("/")[-1]).status).endswith("READY"):
+            v.append(f"trial {t.number}: its model {model} is not READY")
+        last = max(history[r.info.run_id], key=lambda m: m.step).value if history[r.info.run_id] else None
+        if last is None or abs(last - t.value) > 1e-9:  # (the objective: its last epoch's)
+            v.append(f"trial {t.number}: Optuna's value {t.value} is not its run's last val_accuracy {last}")
+
+    # no parameter set in two trials unless the later one says why (a lost trial retried, a stopped one queued again)
+    seen: dict[tuple, int] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if not t.params or "xp.void" in t.user_attrs:
+            continue
+        key = tuple(sorted(t.params.items()))
+        why = ("failed_trial" in t.system_attrs or "fixed_params" in t.system_attrs or "interrupted_from" in t.user_attrs
+               or "duplicate_of" in t.user_attrs)
+        if key in seen and not why:
+            v.append(f"trial {t.number} ran trial {seen[key]}'s parameters again with no reason recorded")
+        seen.setdefault(key, t.number)
+
+    # the answer, recomputed from Optuna's values: the best value, a tie to the lowest number
+    if counted:
+        best = max(counted, key=lambda t: (t.value, -t.number))
+        parents = sorted([r for r in runs if r.data.tags.get("xp.sweep") == "true"],
+                         key=lambda r: r.info.end_time or 0)
+        if not parents:
+            v.append("no parent run")
+        else:
+            last = parents[-1]
+            note = last.data.tags.get("mlflow.note.content", "")
+            named = [k for k, val in last.data.tags.items() if k.startswith("xp.best") and "trial" in k]
+            if not re.search(rf"best trial: \W*trial {best.number}\b", note):
+                v.append(f"the last parent run's description does not name trial {best.number} best: {note[:300]!r}")
+            for k in named:
+                if last.data.tags[k] != str(best.number):
+                    v.append(f"the last parent run's tag {k}={last.data.tags[k]}, the values say {best.number}")
+        try:
+            version = client.get_model_version_by_alias("chaos", "best")
+            if version.run_id != best.user_attrs.get("mlflow_run_id"):
+                v.append(f"@best is run {version.run_id} (trial {version.tags.get('trial')}), the best trial "
+                         f"{best.number}'s run is {best.user_attrs.get('mlflow_run_id')}")
+        except Exception as e:
+            v.append(f"no @best model: {str(e).splitlines()[0][:200]}")
+
+    # work lost: each trial's run that is not a COMPLETE trial's ended while a fault that could end it was under way
+    kept = {t.user_attrs.get("mlflow_run_id") for t in complete}
+    lost = []
+    for r in runs:
+        if "optuna.trial_number" not in r.data.tags or r.info.run_id in kept:
+            continue
+        start, end = r.info.start_time / 1000, (r.info.end_time or r.info.start_time) / 1000
+        near = [i for i, f in enumerate(faults) if start - 60 <= (f["until"] or f["at"]) and f["at"] <= end + 5]
+        epochs = len(history.get(r.info.run_id, []))
+        if not near:
+            v.append(f"trial {r.data.tags['optuna.trial_number']}'s run {r.info.run_id} ended {r.info.status} after "
+                     f"{epochs} epochs with no fault under way")
+            continue
+        lost.append((max(near, key=lambda i: faults[i]["at"]), epochs))
+    return {"violations": v, "lost": lost, "complete": len(counted), "trials": len(trials),
+            "best": best.number if counted else None}
+
+
+def check(chaos: Chaos) -> dict:
+    """Read what was kept and report faults per kind, work lost per fault, and every violation."""
+    v = chaos.violations
+    faults = [f.__dict__ for f in chaos.faults]
+    request = chaos.work / "check.json"
+    request.write_text(json.dumps({"storage": chaos.storage, "uri": chaos.uri, "budget": chaos.trials,
+                                   "faults": faults}))
+    r = subprocess.run(chaos.c.on_launcher([sys.executable, __file__, "--check-stores", str(request)]),
+                       capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"the store checker failed: {r.stderr[-3000:]}")
+    stores = json.loads(r.stdout.strip().splitlines()[-1])
+    v.extend(stores["violations"])
+
+    # processes: nothing of the study left on any host (the servers this script started aside)
+    for h in [chaos.c.launcher, *chaos.live_hosts()]:
+        left = [p for p in chaos.c.processes(h) if "postgres" not in p and "--count" not in p]
+        if left:
+            v.append(f"processes left on {h.name}: {left}")
+    # checkpoints: no half-written commit anywhere
+    for h in [chaos.c.launcher, *chaos.live_hosts()]:
+        r = subprocess.run([*chaos._in_mounts(h), "find", chaos.ckpt, "(", "-name", "*.tmp*", "-o", "-name",
+                            "*.part*", ")"], capture_output=True, text=True, timeout=30)
+        if r.stdout.strip():
+            v.append(f"half-written commits on {h.name}: {r.stdout.split()[:5]}")
+
+    lost_by_fault: dict[int, int] = defaultdict(int)
+    for i, epochs in stores["lost"]:
+        lost_by_fault[i] += epochs
+    report: dict = {"complete": stores["complete"], "budget": chaos.trials, "trials": stores["trials"],
+                    "faults": len(chaos.faults), "best": stores["best"], "by_kind": {}}
+    for kind in KINDS:
+        idx = [i for i, f in enumerate(chaos.faults) if f.kind == kind]
+        if not idx:
+            continue
+        costs = sorted(lost_by_fault.get(i, 0) for i in idx)
+        bound = PROMISE[kind][1] * EPOCHS
+        for i in idx:
+            if lost_by_fault.get(i, 0) > bound:
+                f = chaos.faults[i]
+                v.append(f"the {kind} fault on {f.target} at {f.at:.0f} cost {lost_by_fault[i]} epochs, more than "
+                         f"promised ({PROMISE[kind][0]}: {bound})")
+        report["by_kind"][kind] = {"applied": len(idx), "lost_epochs_median": costs[len(costs) // 2],
+                                   "lost_epochs_max": costs[-1], "promise": PROMISE[kind][0]}
+    report["violations"] = v
+    report["commands"] = {cmd.name: {"runs": cmd.runs, "exits": cmd.exits} for cmd in chaos.commands}
+    return report
+
+
+def count_loop(storage: str, out: Path) -> None:
+    """--count: the study's COMPLETE trials into `out` every half second (what paces the faults)."""
+    import psycopg
+
+    url = storage.replace("postgresql://", "postgresql://", 1)
+    while True:
+        try:
+            with psycopg.connect(url, connect_timeout=3) as conn:
+                while True:
+                    n = conn.execute("SELECT count(*) FROM trials t JOIN studies s ON t.study_id = s.study_id "
+                                     "WHERE s.study_name = 'chaos' AND t.state = 'COMPLETE'").fetchone()[0]
+                    part = out.with_suffix(".part")
+                    part.write_text(str(n))
+                    part.replace(out)
+                    time.sleep(0.5)
+        except Exception:
+            out.unlink(missing_ok=True)
+            time.sleep(1)
+
+
+def table(report: dict) -> str:
+    lines = ["| fault | applied | work lost per fault, epochs (median; max) | promised at most |", "|---|---|---|---|"]
+    for kind, r in report["by_kind"].items():
+        lines.append(f"| {kind} | {r['applied']} | {r['lost_epochs_median']}; {r['lost_epochs_max']} | {r['promise']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import hosts
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--count"]:
+        count_loop(argv[1], Path(argv[2]))
+        return 0
+    if argv[:1] == ["--check-stores"]:
+        q = json.loads(Path(argv[1]).read_text())
+        print(json.dumps(check_stores(q["storage"], q["uri"], q["budget"], q["faults"])))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=300)
+    ap.add_argument("--faults", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
+    ap.add_argument("--work", type=Path, default=None, help="folder for the stores and logs (default: a new one)")
+    ap.add_argument("--report", type=Path, default=None, help="write the report (JSON) here")
+    args = ap.parse_args(argv)
+    kinds = tuple(args.kinds.split(","))
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        print(f"chaos: unknown fault kinds {sorted(unknown)}; valid: {', '.join(KINDS)}", file=sys.stderr)
+        return 2
+    why = hosts.requirements()
+    if why:
+        print(f"chaos: {why}", file=sys.stderr)
+        return 2
+    work = args.work or Path(tempfile.mkdtemp(prefix="xp-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    chaos = Chaos(work, args.trials, args.faults, args.seed, kinds)
+    log(f"chaos: work folder {work}")
+    with hosts.Cluster(3) as c:
+        try:
+            chaos.start_world(c)
+            try:
+                chaos.run()
+                report = check(chaos)
+            finally:
+                chaos.end_commands()
+                chaos.stop_world()
+        finally:
+            ns = [h.netns for h in c.hosts]
+    left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if n in ns or n == c.bridge_ns]
+    if left:
+        report["violations"].append(f"namespaces left: {left}")
+    report["seed"], report["work"] = args.seed, str(work)
+    print(table(report))
+    print(f"violations: {len(report['violations'])}")
+    for line in report["violations"]:
+        print(" -", line)
+    if args.report:
+        args.report.write_text(json.dumps(report, indent=1))
+    return 1 if report["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
