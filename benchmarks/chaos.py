@@ -67,10 +67,9 @@ sampler: random
 sampler_seed: {seed}
 pruner: none
 max_retry: 5
-heartbeat_s: 5
 params:
-  lr: {{type: float, low: 0.01, high: 0.3, log: true}}
-  batch: {{type: categorical, choices: [32, 64, 128]}}
+  lr: {{type: float, low: 0.005, high: 0.08, log: true}}
+  batch: {{type: categorical, choices: [32, 64]}}
 """
 EPOCHS = 2
 # what each kind may cost, in words (docs/reliability.md) and as a bound on the epochs its lost runs had trained:
@@ -328,9 +327,13 @@ class Chaos:
         if kind == "tracking":
             if "tracking" in self.busy:
                 return None
-            self.kill_mlflow()
-            at = time.time()
-            self.start_mlflow()
+            self.busy.add("tracking")  # (while it starts again: a command started now finds no server)
+            try:
+                self.kill_mlflow()
+                at = time.time()
+                self.start_mlflow()
+            finally:
+                self.busy.discard("tracking")
             return Fault(kind, "mlflow", at, until=time.time())
         if kind in DURATION:
             lo, hi = DURATION[kind]
@@ -609,23 +612,22 @@ def check(chaos: Chaos) -> dict:
 
 
 def count_loop(storage: str, out: Path) -> None:
-    """--count: the study's COMPLETE trials into `out` every half second (what paces the faults)."""
-    import psycopg
+    """--count: the study's trials done as xp counts them towards its budget (xp.studies.trial._counts) into `out`
+    every second (what paces the faults)."""
+    import optuna
 
-    url = storage.replace("postgresql://", "postgresql://", 1)
+    from xp.studies.trial import _counts
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     while True:
         try:
-            with psycopg.connect(url, connect_timeout=3) as conn:
-                while True:
-                    n = conn.execute("SELECT count(*) FROM trials t JOIN studies s ON t.study_id = s.study_id "
-                                     "WHERE s.study_name = 'chaos' AND t.state = 'COMPLETE'").fetchone()[0]
-                    part = out.with_suffix(".part")
-                    part.write_text(str(n))
-                    part.replace(out)
-                    time.sleep(0.5)
+            n = _counts(optuna.load_study(study_name="chaos", storage=storage))[0]
+            part = out.with_suffix(".part")
+            part.write_text(str(n))
+            part.replace(out)
         except Exception:
             out.unlink(missing_ok=True)
-            time.sleep(1)
+        time.sleep(1.0)
 
 
 def table(report: dict) -> str:

@@ -287,3 +287,51 @@ def test_predict_with_a_model_that_is_not_there_is_one_line(tmp_path, store):
     out = subprocess.run([sys.executable, "-m", "xp.predict", "models:/nope@best", str(tmp_path / "none.png"),
                           "--tracking-uri", store], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "none.png: no such file or folder" in out.stderr
+
+
+def test_a_models_metrics_are_its_epochs_points_though_another_thread_logged_between(tmp_path, store, monkeypatch):
+    """The model links its epoch's points as they were logged, also when the telemetry's thread logged its system
+    metrics (at a step of its own) between the epoch's metrics and the model: before, the model then carried new
+    points, a millisecond later, and the run's curve had that epoch twice (found by benchmarks/chaos.py)."""
+    import itertools
+
+    from xp.tracking import tracker as module
+
+    clock = itertools.count(1_000_000)
+    monkeypatch.setattr(module.time, "time", lambda: next(clock))  # each call a later second
+    monkeypatch.setenv("XP_TRACKING_SERVICE", "0")
+    monkeypatch.setenv("XP_STATE_DIR", str(tmp_path / "state"))
+    t = module.Tracker(store, "xp", "points")
+    t.start()
+    try:
+        t.log_metrics({"val_accuracy": 0.5, "loss": 1.0}, step=2)
+        epoch = [p for p in t._points[2].values()]
+        t.log_metrics({"system/cpu_percent": 50.0}, step=9)  # the telemetry's thread, meanwhile
+        t.log_model(lambda folder: None, 2, {"val_accuracy": 0.5, "loss": 1.0})
+        assert sorted(t.model[2]) == sorted(epoch)  # the same points: (key, value, time, step)
+    finally:
+        t.model = None
+        t.end("FINISHED")
+
+
+def test_a_model_sent_again_after_its_answer_was_lost_is_linked_once_not_left_out(tmp_path, store):
+    """The server killed as it committed the run's link to its model: the spool sends the model again, and the store
+    refuses the link as a duplicate. It was left out (the run without its model tag); now found linked, it is done."""
+    from mlflow.entities import RunStatus
+
+    from xp.tracking.models import MODEL_ID, RUN_TAG, send_model
+
+    client = mlflow_client(store)
+    run = client.create_run(client.create_experiment("lost-answer"))
+    spool = tmp_path / "spool"
+    (spool / "model").mkdir(parents=True)
+    (spool / "model" / "MLmodel").write_text("flavors: {}\n")  # a whole model's folder (its files are copied)
+    record = {"dir": "model", "name": "model", "step": 2, "metrics": [["val_accuracy", 0.5, 1000, 2]]}
+    send_model(client, run.info.run_id, spool, record)
+    (spool / (MODEL_ID + ".output")).unlink()  # as if the link's answer never came back
+    client.delete_tag(run.info.run_id, RUN_TAG)
+    send_model(client, run.info.run_id, spool, record)
+    again = client.get_run(run.info.run_id)
+    assert again.data.tags[RUN_TAG] == f"models:/{(spool / MODEL_ID).read_text().strip()}"
+    assert len(again.outputs.model_outputs) == 1
+    client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.FINISHED))

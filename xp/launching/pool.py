@@ -92,7 +92,7 @@ class Pool:
     def __enter__(self) -> Pool:
         self.spawn()
         try:
-            self.workers = [self._ready(*s) for s in self.started]
+            self.workers = [self._first(*s) for s in self.started]
         except BaseException:
             self.discard()
             raise
@@ -211,6 +211,17 @@ class Pool:
                 continue
             self.arrived[caller] = channel
         return self.arrived.pop(slot)
+
+    def _first(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker:
+        """A slot's first worker, ready; one forked by a zygote that was killed meanwhile is started afresh (found by
+        benchmarks/chaos.py: a killed zygote ended the study's command as its workers started)."""
+        try:
+            return self._ready(proc, channel, slot)
+        except XPError:
+            if self.zygote is None or not self.zygote.gone or self.remote:
+                raise
+            log.warning(f"study: this machine's zygote is gone: the worker for {slot.describe()} starts afresh")
+            return self._ready(*self._spawn(slot))
 
     def _ready(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker:
         if channel is None:

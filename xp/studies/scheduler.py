@@ -222,16 +222,22 @@ class Scheduler:
 
     def _serve(self, worker: Any, msg: Message) -> list[Any]:
         """Answer a worker's message; returns it when it is free again (or its replacement)."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
         flight = self.flights.get(worker)
         if isinstance(msg, (Report, ShouldPrune, Attr)):  # (of the trial in flight on it)
             trial = self.flights[worker].trial
-            if isinstance(msg, Report):
-                pruning.report(trial, self.runs.spec, msg.values, msg.step)
-            elif isinstance(msg, ShouldPrune):
-                why = pruning.should_prune(trial, self.runs.spec)
-                worker.send(Prune(why is not None, why or ""))
-            else:
-                trial.set_user_attr(msg.key, msg.value)
+            try:
+                if isinstance(msg, Report):
+                    pruning.report(trial, self.runs.spec, msg.values, msg.step)
+                elif isinstance(msg, ShouldPrune):
+                    why = pruning.should_prune(trial, self.runs.spec)
+                    worker.send(Prune(why is not None, why or ""))
+                else:
+                    trial.set_user_attr(msg.key, msg.value)
+            except UpdateFinishedTrialError:  # ended by another sweeper of the study (it took this one for dead):
+                if isinstance(msg, ShouldPrune):  # the run goes on; how it ends is said when it does (_told)
+                    worker.send(Prune(False, ""))
         elif isinstance(msg, Ready):  # a worker on a slot the site added (xp.launching.pool: the cluster grew)
             self.slots = max(self.slots, len(self.pool.workers))
             return self._died(worker) if worker.gone() else [worker]
@@ -268,7 +274,16 @@ class Scheduler:
         return [fresh] if fresh is not None else []  # (None: its slot was dropped)
 
     def _told(self, trial: Trial, msg: Done) -> str:
-        state = self.search.told(trial, msg.state, list(msg.values or []), msg.error)
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            state = self.search.told(trial, msg.state, list(msg.values or []), msg.error)
+        except UpdateFinishedTrialError:
+            frozen = trial.study._storage.get_trial(trial._trial_id)
+            log.warning(f"trial {trial.number} ended {msg.state}, but another sweeper of the study had ended it "
+                        f"{frozen.state.name} meanwhile (it took this one for dead: no heartbeat for grace_s, the "
+                        "storage away?): Optuna keeps that; the trial's run keeps what it measured")
+            return str(frozen.state.name)
         self.leader = self.search.leader()  # (the search's best so far, by its own rule: the answer it would give
         self.runs.told(trial, state, self.leader)  # now; read once a trial end, by the progress line and @best)
         return state

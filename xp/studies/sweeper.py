@@ -53,8 +53,10 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
         log.info(f"study {spec.study_name}: {', '.join(spec.fixed)} fixed on the command line: not searched; it "
                  f"searches {', '.join(p.name for p in spec.params)}")
     search = search_for(study, spec, config)  # (the one place that knows which)
+    running = {t.number for t in study.get_trials(deepcopy=False) if t.state.name == Told.RUNNING}
     for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec, search)]:
         log.warning(line)
+    lost = [t.number for t in study.get_trials(deepcopy=False) if t.number in running and t.state.name == Told.FAIL]
     done, elsewhere = _counts(study)
     remaining = search.remaining()
     log.info(f"study {spec.study_name} ({redact(spec.storage)}): {done} trials done, {elsewhere} running elsewhere, "
@@ -67,6 +69,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
         log.info(f"study budget: {budget.line()} spent before this command"
                  + (f" (at ${budget.usd_per_s * 3600:g}/h)" if budget.usd_per_s else ""))
     uri = resolve_uri(config.get("tracking_uri"))
+    _end_runs(uri, lost, "its sweeper was lost (its command killed, or gone with its host)", RunStatus.FAILED,
+              study=spec.study_name)
     best = BestModel.of(search, spec, uri)  # the registry's alias `best` follows the search's leader as it runs
     parallel = max(where.parallel or 1, at_once or 1)  # a parallel Hydra launcher: as many at a time as it runs
     try:
@@ -175,12 +179,7 @@ class Runs:
             self.best.told(leader)
 
     def _end_runs(self, trials: list[Any], why: str, state: RunStatus) -> None:
-        from xp.tracking import service
-        from xp.tracking.ending import end_lost
-
-        if self.parent and self.uri and trials:  # (by the tracking service: this process imports no MLflow)
-            service.call(self.uri, end_lost, parent=self.parent, trial_numbers=[t.number for t in trials], why=why,
-                         state=state)
+        _end_runs(self.uri, [t.number for t in trials], why, state, parent=self.parent)
 
     def lost(self, trial: Trial, why: str) -> None:
         self._end_runs([trial], f"its worker was lost: {why}", RunStatus.FAILED)
@@ -198,6 +197,18 @@ class Runs:
     def unsettled(self, trial: Trial, state: str | None, why: str) -> None:
         self._end_runs([trial], f"its worker went ({why}) before its records reached the store",
                        RunStatus.FINISHED if state in (Told.COMPLETE, Told.PRUNED) else RunStatus.FAILED)
+
+
+def _end_runs(uri: str | None, numbers: list[int], why: str, state: RunStatus, parent: str | None = None,
+              study: str | None = None) -> None:
+    """End the runs of the trials `numbers` that their workers could not (xp.tracking.ending.end_lost): under the
+    parent run (this command's), or the `study`'s under any parent (an earlier command's)."""
+    from xp.tracking import service
+    from xp.tracking.ending import end_lost
+
+    parent = parent or os.environ.get("XP_PARENT_RUN_ID")
+    if parent and uri and numbers:  # (by the tracking service: this process imports no MLflow)
+        service.call(uri, end_lost, parent=parent, trial_numbers=numbers, why=why, state=state, study=study)
 
 
 def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> dict[str, Any]:
@@ -250,6 +261,7 @@ def retry_orphans(study: Study, spec: StudySpec, search: Search) -> list[str]:
     without parameters UNMARKED_S after it was seen: its asker was killed between Optuna's creating it and the
     sampler's first call, which marks it (xp.studies.trial.make_sampler). (A trial another program asked on the
     same study is left alone once its objective has suggested a parameter.)"""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     def running() -> list[FrozenTrial]:
@@ -264,7 +276,10 @@ def retry_orphans(study: Study, spec: StudySpec, search: Search) -> list[str]:
         if orphaned(mark) or (mark is None and not t.params and t.number in unmarked):
             said = "its process is gone" if mark else "its asker was killed as it asked (it has no mark)"
             why = "its sweeper's process is gone" if mark else said
-            lines.append(f"trial {t.number} lost its sweeper ({said}): {search.lost(optuna_trial(study, t), why)}")
+            try:
+                lines.append(f"trial {t.number} lost its sweeper ({said}): {search.lost(optuna_trial(study, t), why)}")
+            except UpdateFinishedTrialError:  # another command of the study retried it first (found by chaos.py)
+                continue
     return lines
 
 

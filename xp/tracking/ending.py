@@ -26,20 +26,24 @@ def end_state(error: BaseException | None = None, failed: bool = False) -> RunSt
     return RunStatus.FAILED if error is not None or failed else RunStatus.FINISHED
 
 
-def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: RunStatus = RunStatus.FAILED) -> list[str]:
+def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: RunStatus = RunStatus.FAILED,
+             study: str | None = None) -> list[str]:
     """End the runs of a study's trials (under the study's `parent` run) still RUNNING though their process was
     lost (a study's worker killed, or gone with its host or node: FAILED; stopped with its study and killed before
     it ended its run: KILLED). The scheduler knows the process is gone, and no process on that host may ever start
     again to say so (end_orphans); the runs are found by their tags, which they carry from their creation (a worker
     may be gone before it said which run it made), in one search. A store that does not answer leaves them to
-    end_orphans or xp.sync. Returns the runs ended."""
+    end_orphans or xp.sync. With `study`: the runs of that study's trials under any parent in the parent's experiment
+    (trials an earlier command of the study lost: killed with its workers on another host, it ended none of their
+    runs). Returns the runs ended."""
     numbers, ended = {str(int(n)) for n in trial_numbers}, list[str]()
     for attempt in range(TRIES):  # (a busy store's error, under load, is tried again: a run left RUNNING is worse)
         try:
             client = open_client(uri)
             experiment = client.get_run(parent).info.experiment_id
-            running = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
-                                                       f"attributes.status = '{RunStatus.RUNNING}'", max_results=1000)
+            under = f"tags.`optuna.study` = '{study}'" if study else f"tags.mlflow.parentRunId = '{parent}'"
+            running = client.search_runs([experiment], f"{under} and attributes.status = '{RunStatus.RUNNING}'",
+                                         max_results=1000)
             for run_id in [r.info.run_id for r in running if r.data.tags.get("optuna.trial_number") in numbers]:
                 end_for(client, run_id, why, state)
                 ended.append(run_id)

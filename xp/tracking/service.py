@@ -278,6 +278,10 @@ class Served:
         else:
             self._tell(Last())
 
+    def taken(self, timeout_s: float) -> bool:
+        # (the service's drain: settled asks it to close, and it says what waits, as before)
+        return self.local.taken(timeout_s) if self.local is not None else True
+
     def settled(self, timeout_s: float) -> None:
         if self.local is None:
             wait = bounded(timeout_s)

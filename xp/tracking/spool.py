@@ -56,6 +56,7 @@ class Deliverer(Protocol):
 
     def nudge(self) -> None: ...
     def last(self) -> None: ...
+    def taken(self, timeout_s: float) -> bool: ...
     def settled(self, timeout_s: float) -> None: ...
 
 
@@ -170,6 +171,13 @@ class Drain:
         """Deliver no more: what is left stays in the spool (its process was killed: leftovers delivers it)."""
         self._abandoned.set()
         self.last()
+
+    def taken(self, timeout_s: float) -> bool:
+        """Wait (timeout_s at most) for the store to take every record, the drain going on after; True if it did."""
+        deadline = time.monotonic() + timeout_s
+        while self.left() and not self._abandoned.is_set() and time.monotonic() < deadline:
+            self._abandoned.wait(0.1)
+        return not self.left()
 
     def close(self, timeout_s: float = FLUSH_S) -> bool:
         """Wait (timeout_s at most) for the store to take every record; True if it did (the spool folder goes)."""
@@ -298,14 +306,22 @@ def bounded(timeout_s: float) -> float:
     return timeout_s if _stop_by is None else max(0.0, min(timeout_s, _stop_by - time.monotonic()))
 
 
-def settle(timeout_s: float = FLUSH_S, away_only: bool = False) -> None:
+def settle(timeout_s: float = FLUSH_S, away_only: bool = False, keep: bool = False) -> None:
     """Wait (timeout_s at most, in all) for the stores to take the records of the runs ended with end(later=True);
-    away_only: only if one of those stores is away (the next run would not start either)."""
+    away_only: only if one of those stores is away (the next run would not start either). `keep`: a drain whose store
+    has not taken everything by then goes on delivering (a study's worker, which lives on: were it given up, nobody
+    would deliver its records while the worker lives, and its run stayed RUNNING; found by benchmarks/chaos.py);
+    without, it is given up and its records wait for the next command or xp.sync."""
     if away_only and all(d.away_since is None for d in _unsettled):
         return
-    deadline = time.monotonic() + bounded(timeout_s)
+    deadline, kept = time.monotonic() + bounded(timeout_s), []
     while _unsettled:
-        _unsettled.pop(0).settled(max(0.0, deadline - time.monotonic()))
+        drain = _unsettled.pop(0)
+        if keep and not drain.taken(max(0.0, deadline - time.monotonic())):
+            kept.append(drain)
+            continue
+        drain.settled(max(0.0, deadline - time.monotonic()))
+    _unsettled[:0] = kept
 
 
 def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -60,7 +60,9 @@ class Tracker:
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
         self._spool: Spool | None = None
         self.model: tuple[Callable, int, list] | None = None  # model.log: (its writer, epoch, its metrics)
-        self._last_metrics: list[list] = []  # the last metrics logged: [key, value, time, step] each
+        # the points logged at the latest steps, by step and key: [key, value, time, step] each (a model links its
+        # epoch's points as they were logged; another thread's metrics, the telemetry's, may come in between)
+        self._points: dict[int, dict[str, list]] = {}
         self.parent_run_id = parent_run_id
         self.tags = {**placed_tags(), **(tags or {})}
         self.run_id: str | None = None
@@ -278,8 +280,12 @@ class Tracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)  # the record's own timestamp: a batch sent twice is stored once
-        self._last_metrics = [[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None]
-        self._put("batch", metrics=self._last_metrics)
+        points = [[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None]
+        at = self._points.setdefault(step or 0, {})
+        at.update((p[0], p) for p in points)
+        while len(self._points) > 16:  # (the steps logged latest: a model is logged at its epoch's end)
+            self._points.pop(next(iter(self._points)))
+        self._put("batch", metrics=points)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.log(tags=tags)
@@ -288,8 +294,9 @@ class Tracker:
         """The run's model (epoch `epoch`, its metrics): the run's end calls `write(folder)` (the last one handed)
         into its spool, which outlives the process until the store has it, and logs it, linking to it the epoch's
         metrics as they were logged (the same points: the run's curves get none twice)."""
-        logged = [m for m in self._last_metrics if m[3] == epoch] or \
-            [[k, float(v), int(time.time() * 1000), epoch] for k, v in metrics.items() if v is not None]
+        at, now = dict(self._points.get(epoch, {})), int(time.time() * 1000)
+        logged = list(at.values()) + [[k, float(v), now, epoch] for k, v in metrics.items()
+                                      if v is not None and k not in at]
         self.model = (write, epoch, logged)
 
     def add_artifact_on_exit(self, path: str | Path, artifact_path: str | None = None) -> None:
@@ -314,7 +321,8 @@ class Tracker:
         store to take everything (settle_later: Spool.end); if it is away, one line says where records wait."""
         if self.run_id is None or self._spool is None or self._spool.closed:
             return  # never started, or ended already
-        settle()  # the records of runs ended before go first: this run's end is put just before its trial reports
+        settle(keep=self.settle_later)  # the records of runs ended before go first (a study's worker: those whose
+        # store is away go on, and this run's end is put just before its trial reports)
         for i, (path, dest) in enumerate(self._artifacts):
             if path.exists():
                 try:  # a copy as it is now: a config or log may hold a database URL's password
