@@ -311,8 +311,9 @@ class Chaos:
             if not targets:
                 return None
             h, p = rng.choice(targets)
+            what = "the zygote" if h is c.launcher else "xp.launching.remote"
             os.kill(p, signal.SIGKILL)
-            return Fault(kind, h.name, time.time(), detail=f"pid {p}: {cmdline(p)[:60]}")
+            return Fault(kind, h.name, time.time(), detail=f"pid {p} ({what})")
         if kind in ("study", "sigint"):
             running = [cmd for cmd in self.commands if cmd.proc is not None and cmd.proc.poll() is None]
             if not running:
@@ -557,7 +558,8 @@ def check_stores(storage: str, uri: str, budget: int, faults: list[dict]) -> dic
             v.append(f"trial {r.data.tags['optuna.trial_number']}'s run {r.info.run_id} ended {r.info.status} after "
                      f"{epochs} epochs with no fault under way")
             continue
-        lost.append((max(near, key=lambda i: faults[i]["at"]), epochs))
+        costly = [i for i in near if PROMISE[faults[i]["kind"]][1] > 0]  # (a fault that can lose work, if any)
+        lost.append((max(costly or near, key=lambda i: faults[i]["at"]), epochs))
     return {"violations": v, "lost": lost, "complete": len(counted), "trials": len(trials),
             "best": best.number if counted else None}
 

@@ -246,6 +246,15 @@ class Pool:
         self.launcher.worker_lost(worker.slot, worker.proc)
         deaths = 0 if worker.finished else worker.deaths + (worker.proc.returncode != 0)
         while True:
+            if deaths >= DEATHS and self.remote and len(self.workers) > 1:
+                # a host that does not come back (down, its ssh refused): its slot goes, the others go on (found
+                # by benchmarks/chaos.py: a host gone for good ended the whole study). This machine's slots still
+                # stop the study: what fails there fails on every slot.
+                self.workers.remove(worker)
+                log.warning(f"study: {worker.slot.describe()} dropped: its workers died {deaths} times in a row "
+                            f"without finishing a trial (last: exit code {worker.proc.returncode}); "
+                            f"{len(self.workers)} slots go on")
+                return None
             if deaths >= DEATHS:
                 raise XPError(f"the study's workers on {worker.slot.describe()} died {deaths} times in a row "
                               f"without finishing a trial (last: exit code {worker.proc.returncode}); see their "

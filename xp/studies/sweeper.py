@@ -24,6 +24,7 @@ from xp.studies.search import Search
 from xp.studies.searches import search_for
 from xp.studies.study import StudySpec, spec_from
 from xp.studies.summary import BestModel, summarize
+from xp.studies.outage import WAIT_S as STORE_WAIT_S
 from xp.studies.trial import SCHEDULER_ATTR, _counts, heartbeat, open_study, orphaned, retry_dead_trials
 
 if TYPE_CHECKING:
@@ -53,10 +54,11 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
         log.info(f"study {spec.study_name}: {', '.join(spec.fixed)} fixed on the command line: not searched; it "
                  f"searches {', '.join(p.name for p in spec.params)}")
     search = search_for(study, spec, config)  # (the one place that knows which)
-    running = {t.number for t in study.get_trials(deepcopy=False) if t.state.name == Told.RUNNING}
     for line in [*retry_dead_trials(study, spec), *retry_orphans(study, spec, search)]:
         log.warning(line)
-    lost = [t.number for t in study.get_trials(deepcopy=False) if t.number in running and t.state.name == Told.FAIL]
+    # the runs of its failed trials (lost, stopped) that no process ended: an earlier command's, killed, or one whose
+    # store did not answer as it stopped (their runs are ended below, once the store is known)
+    lost = [t.number for t in study.get_trials(deepcopy=False) if t.state.name == Told.FAIL]
     done, elsewhere = _counts(study)
     remaining = search.remaining()
     log.info(f"study {spec.study_name} ({redact(spec.storage)}): {done} trials done, {elsewhere} running elsewhere, "
@@ -69,8 +71,8 @@ def run_study(config: Any, arguments: list[str], launcher: Any, placement: Any,
         log.info(f"study budget: {budget.line()} spent before this command"
                  + (f" (at ${budget.usd_per_s * 3600:g}/h)" if budget.usd_per_s else ""))
     uri = resolve_uri(config.get("tracking_uri"))
-    _end_runs(uri, lost, "its sweeper was lost (its command killed, or gone with its host)", RunStatus.FAILED,
-              study=spec.study_name)
+    _end_runs(uri, lost, "its trial failed, its worker or sweeper lost (killed, or gone with its host)",
+              RunStatus.FAILED, study=spec.study_name)
     best = BestModel.of(search, spec, uri)  # the registry's alias `best` follows the search's leader as it runs
     parallel = max(where.parallel or 1, at_once or 1)  # a parallel Hydra launcher: as many at a time as it runs
     try:
@@ -152,7 +154,13 @@ def scheduled(study: Study, spec: StudySpec, search: Search, pool: Any, config: 
     searchpath = [f"hydra.searchpath=[{','.join(paths)}]"] if paths else []
     runs = Runs(study, spec, search, uri, os.environ.get("XP_PARENT_RUN_ID"), best,
                 [*searchpath, *arguments], arguments, sweep_dir, _base_config(config, arguments, searchpath))
-    return Scheduler(pool, search, runs, spec.heartbeat_s, budget=budget).run()
+    try:
+        tally = Scheduler(pool, search, runs, spec.heartbeat_s, budget=budget).run()
+    except BaseException:  # stopped (Ctrl-C), or failed: no long wait for the store
+        runs.end_unended(3.0)
+        raise
+    runs.end_unended(STORE_WAIT_S)
+    return tally
 
 
 class Runs:
@@ -167,6 +175,7 @@ class Runs:
                  config: dict[str, Any] | None):
         self.study, self.spec, self.search, self.uri, self.parent, self.best = study, spec, search, uri, parent, best
         self.base, self.arguments, self.sweep_dir, self.config = base, arguments, sweep_dir, config
+        self.unended: list[tuple[list[int], str, RunStatus]] = []  # (trials, why, state) whose runs wait to be ended
 
     def message(self, trial: Trial, job: int) -> RunTrial:
         settings, tags = self.search.run_settings(trial)
@@ -179,7 +188,22 @@ class Runs:
             self.best.told(leader)
 
     def _end_runs(self, trials: list[Any], why: str, state: RunStatus) -> None:
-        _end_runs(self.uri, [t.number for t in trials], why, state, parent=self.parent)
+        if not _end_runs(self.uri, [t.number for t in trials], why, state, parent=self.parent):
+            self.unended.append(([t.number for t in trials], why, state))
+
+    def end_unended(self, wait_s: float) -> None:
+        """The runs _end_runs could not end (the store was away): ended now, waiting up to wait_s for the store (found
+        by benchmarks/chaos.py: a COMPLETE trial's run, its worker gone with its host during a tracking outage,
+        stayed RUNNING); what is still left, one line."""
+        deadline = time.monotonic() + wait_s
+        while self.unended and time.monotonic() < deadline:
+            if _end_runs(self.uri, *self.unended[0], parent=self.parent):
+                self.unended.pop(0)
+            else:
+                time.sleep(2.0)
+        for numbers, why, _ in self.unended:
+            log.warning(f"study: the runs of trials {', '.join(map(str, numbers))} could not be ended ({why}): the "
+                        "tracking store did not answer; the next command of the study ends them")
 
     def lost(self, trial: Trial, why: str) -> None:
         self._end_runs([trial], f"its worker was lost: {why}", RunStatus.FAILED)
@@ -200,15 +224,18 @@ class Runs:
 
 
 def _end_runs(uri: str | None, numbers: list[int], why: str, state: RunStatus, parent: str | None = None,
-              study: str | None = None) -> None:
+              study: str | None = None) -> bool:
     """End the runs of the trials `numbers` that their workers could not (xp.tracking.ending.end_lost): under the
-    parent run (this command's), or the `study`'s under any parent (an earlier command's)."""
+    parent run (this command's), or the `study`'s under any parent (an earlier command's). False: the store did not
+    answer."""
     from xp.tracking import service
     from xp.tracking.ending import end_lost
 
     parent = parent or os.environ.get("XP_PARENT_RUN_ID")
     if parent and uri and numbers:  # (by the tracking service: this process imports no MLflow)
-        service.call(uri, end_lost, parent=parent, trial_numbers=numbers, why=why, state=state, study=study)
+        return service.call(uri, end_lost, parent=parent, trial_numbers=numbers, why=why, state=state,
+                            study=study) is not None
+    return True
 
 
 def _base_config(config: Any, arguments: list[str], searchpath: list[str]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ def end_state(error: BaseException | None = None, failed: bool = False) -> RunSt
 
 
 def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: RunStatus = RunStatus.FAILED,
-             study: str | None = None) -> list[str]:
+             study: str | None = None) -> list[str] | None:
     """End the runs of a study's trials (under the study's `parent` run) still RUNNING though their process was
     lost (a study's worker killed, or gone with its host or node: FAILED; stopped with its study and killed before
     it ended its run: KILLED). The scheduler knows the process is gone, and no process on that host may ever start
@@ -35,7 +35,7 @@ def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: R
     may be gone before it said which run it made), in one search. A store that does not answer leaves them to
     end_orphans or xp.sync. With `study`: the runs of that study's trials under any parent in the parent's experiment
     (trials an earlier command of the study lost: killed with its workers on another host, it ended none of their
-    runs). Returns the runs ended."""
+    runs). Returns the runs ended; None when the store did not answer (the caller tries again later)."""
     numbers, ended = {str(int(n)) for n in trial_numbers}, list[str]()
     for attempt in range(TRIES):  # (a busy store's error, under load, is tried again: a run left RUNNING is worse)
         try:
@@ -52,7 +52,7 @@ def end_lost(uri: str, parent: str, trial_numbers: list[int], why: str, state: R
             log.debug("could not end the runs of lost trials %s: %s", trial_numbers, one_line(e))
             if attempt + 1 < TRIES:
                 time.sleep(0.5)
-    return ended
+    return None
 
 
 def end_for(client: Any, run_id: str, why: str, state: RunStatus) -> None:

@@ -114,7 +114,14 @@ class Tracker:
             if self._by_service():
                 return self._started()
             if self.resumes and self.reopen_run_id is None:
-                self.reopen_run_id = self.interrupted()
+                try:
+                    self.reopen_run_id = self.interrupted()
+                except ConfigError:
+                    raise
+                except Exception as e:  # as _create says it (found by benchmarks/chaos.py: a server killed as a
+                    # sweep looked for the parent run to reopen ended the command in a traceback)
+                    raise ConfigError(f"MLflow store {redact(self.uri)} is not usable: {type(e).__name__}: "
+                                      f"{one_line(e)[:300]}") from e
         if self.reopen_run_id:
             self.run_id = self.reopen_run_id
             self.client.update_run(self.run_id, status=RunStatus.RUNNING)
