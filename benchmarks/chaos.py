@@ -217,6 +217,9 @@ class Chaos:
             self.counter.wait(timeout=30)
         self.kill_mlflow()
         self.pg.stop()
+        import shutil
+
+        shutil.rmtree(Path(self.ckpt).parent, ignore_errors=True)  # this machine's (the hosts' go with their /tmp)
 
     # --- progress ------------------------------------------------------------------------------------------------
     def start_counter(self) -> None:

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from xp.errors import XPError, one_line
 from xp.launching.hosts import end_together
@@ -81,6 +81,7 @@ class Pool:
         self.arrived: dict[Slot, Channel] = {}
         self.job = secrets.token_hex(6)  # XP_JOB of its remote workers (reaped by it at the end)
         self.closing = threading.Event()  # the pool is ending: no worker joins any more
+        self.stopping: Callable[[], bool] = lambda: False  # a stop is pending (the scheduler's Ctrl-C): no more waits
         self.grower: threading.Thread | None = None
 
     def spawn(self) -> Pool:
@@ -193,7 +194,7 @@ class Pool:
         deadline = time.monotonic() + READY_S
         while slot not in self.arrived:
             if proc.poll() is not None or time.monotonic() > deadline or self.closing.is_set() or \
-                    self.listener is None:
+                    self.listener is None or self.stopping():
                 return None
             try:
                 conn, _ = self.listener.accept()
@@ -226,10 +227,16 @@ class Pool:
     def _ready(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker:
         if channel is None:
             channel = self._called_back(slot, proc)
-        try:
-            msg = channel.recv(timeout=READY_S) if channel is not None else None
-        except (TimeoutError, ValueError):
-            msg = None
+        msg, deadline = None, time.monotonic() + READY_S
+        while channel is not None:  # in slices: a worker whose host went after it called back (its connection stays
+            try:  # open, its ssh ends at its ServerAlive timeout) held the study 300 s, Ctrl-C too (benchmarks/chaos.py)
+                msg = channel.recv(timeout=1.0)
+                break
+            except TimeoutError:
+                if proc.poll() is not None or time.monotonic() > deadline or self.stopping():
+                    break
+            except ValueError:
+                break
         if channel is None or not isinstance(msg, Ready):
             _end([proc])
             why = getattr(msg, "error", None) or (f"exit code {proc.returncode}" if proc.poll() is not None
@@ -246,6 +253,8 @@ class Pool:
         self.launcher.worker_lost(worker.slot, worker.proc)
         deaths = 0 if worker.finished else worker.deaths + (worker.proc.returncode != 0)
         while True:
+            if self.stopping():  # the study stops: no new worker (the dead one stays listed, and is ended with all)
+                return None
             if deaths >= DEATHS and self.remote and len(self.workers) > 1:
                 # a host that does not come back (down, its ssh refused): its slot goes, the others go on (found
                 # by benchmarks/chaos.py: a host gone for good ended the whole study). This machine's slots still

@@ -109,7 +109,10 @@ def _trials(channel: Any, compose: Any, slot: Any) -> int:
             msg.first = first
             result = run_trial(msg, channel, compose, slot)
             first = False
-            channel.send(result)  # its records may still be on their way to the store: they go while the next runs
+            try:
+                channel.send(result)  # its records may still be on their way to the store: they go while the next runs
+            except OSError:  # its scheduler is gone (its command killed): nothing to tell; its records go on (finally)
+                return 0
             if result.recycle:
                 return 0
             gc.collect()  # what the trial held goes before the next one starts
