@@ -185,7 +185,16 @@ class Chaos:
                                           f"hydra.sweep.dir={self.work}/sweep-ssh"]), env, self.work / "ssh.log"),
         ]
 
-    def start_mlflow(self, timeout: float = 90) -> None:
+    def start_mlflow(self, timeout: float = 90, tries: int = 4) -> None:
+        for attempt in range(tries):  # (a start that found its port not yet free exits at once: again)
+            try:
+                return self._start_mlflow(timeout)
+            except RuntimeError as e:
+                log(f"the MLflow server did not start ({str(e)[:200]}): again")
+                time.sleep(2.0)
+        self._start_mlflow(timeout)
+
+    def _start_mlflow(self, timeout: float) -> None:
         h1 = self.c.launcher
         sink = open(self.work / "mlflow-server.log", "a")
         self.mlflow_proc = subprocess.Popen(
@@ -199,7 +208,8 @@ class Chaos:
         probe = f"import urllib.request; urllib.request.urlopen('{self.uri}/health', timeout=2)"
         while time.monotonic() < deadline:
             if self.mlflow_proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.work / 'mlflow-server.log').read_text()[-800:]}")
+                raise RuntimeError(f"mlflow server exited {self.mlflow_proc.returncode}: "
+                                   f"{(self.work / 'mlflow-server.log').read_text()[-300:]}")
             if subprocess.run(self.c.on_launcher([sys.executable, "-c", probe]), capture_output=True).returncode == 0:
                 return
             time.sleep(0.3)

@@ -22,7 +22,8 @@ from xp.states import TRIAL_ENDS, TrialState
 from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, RunTrial
 from xp.studies import pruning
 
-NO_SPACE = "[Errno 28]"  # (ENOSPC) in a trial's error: its host's disk was full
+NO_SPACE = ("[Errno 28]", ": the disk is full: ")  # in a trial's error (ENOSPC, xp.run.checkpoint's check): its
+# host's disk was full
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
@@ -279,7 +280,7 @@ class Scheduler:
     def _told(self, trial: Trial, msg: Done) -> str:
         from optuna.exceptions import UpdateFinishedTrialError
 
-        if msg.state == TrialState.FAIL and NO_SPACE in (msg.error or ""):  # its host's, not its own failure: lost,
+        if msg.state == TrialState.FAIL and any(s in (msg.error or "") for s in NO_SPACE):  # its host's, not its own failure: lost,
             # retried with its parameters, not counted (found by benchmarks/chaos.py: a host's checkpoint folder full
             # for 30 s failed 7 trials in a row, each counted in the budget)
             self.runs.lost(trial, "its host's disk was full at a commit")
