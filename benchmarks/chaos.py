@@ -1,7 +1,7 @@
 """A study under every fault at once, and a checker that reads what was kept.
 
     sudo .venv/bin/python benchmarks/chaos.py                      # 300 trials, 100 faults, seed 0 (about 40 min)
-    sudo .venv/bin/python benchmarks/chaos.py --trials 60 --faults 20 --seed 1    # the CI version (tests/test_chaos.py)
+    sudo .venv/bin/python benchmarks/chaos.py --trials 40 --faults 20 --seed 7    # the short version (about 4 min)
 
 One Optuna study (PostgreSQL) of short trials, its runs on an MLflow server (runs in SQLite, artifacts in a folder),
 run by two commands at once as a user runs them: one on 2 slots of the launching machine (launcher=local), one on 2

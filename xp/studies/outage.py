@@ -68,7 +68,8 @@ class _State:
     away, one when it is back)."""
 
     def __init__(self, where: str, wait_s: float):
-        self.where, self.wait_s, self.lock, self.since = where, wait_s, threading.Lock(), None
+        self.where, self.wait_s, self.lock = where, wait_s, threading.Lock()
+        self.since: float | None = None
 
     def call(self, fn: Callable[[], Any]) -> Any:
         import optuna

@@ -62,7 +62,7 @@ class Tracker:
         self.model: tuple[Callable, int, list] | None = None  # model.log: (its writer, epoch, its metrics)
         # the points logged at the latest steps, by step and key: [key, value, time, step] each (a model links its
         # epoch's points as they were logged; another thread's metrics, the telemetry's, may come in between)
-        self._points: dict[int, dict[str, list]] = {}
+        self._points: dict[int, dict[str, list[Any]]] = {}
         self.parent_run_id = parent_run_id
         self.tags = {**placed_tags(), **(tags or {})}
         self.run_id: str | None = None
@@ -287,9 +287,9 @@ class Tracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)  # the record's own timestamp: a batch sent twice is stored once
-        points = [[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None]
+        points: list[list[Any]] = [[k, float(v), now, step or 0] for k, v in metrics.items() if v is not None]
         at = self._points.setdefault(step or 0, {})
-        at.update((p[0], p) for p in points)
+        at.update((str(p[0]), p) for p in points)
         while len(self._points) > 16:  # (the steps logged latest: a model is logged at its epoch's end)
             self._points.pop(next(iter(self._points)))
         self._put("batch", metrics=points)
