@@ -68,8 +68,8 @@ def fresh_env(tmp_path_factory):
         wanted = [line for line in (model / "requirements.txt").read_text().split() if line]
         assert not [r for r in wanted if r.split("=")[0].split("<")[0] in ("xp", "xp-example")], wanted
         here = [r for r in wanted if not r.startswith("torch")]
-        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", *here], capture_output=True, text=True,
-                           timeout=900)
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", *here],  # (not byte-compiled: faster)
+                           capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
         if len(here) < len(wanted):
             import sysconfig
