@@ -570,3 +570,20 @@ def test_a_studys_worker_starts_while_its_tracking_server_is_away():
     _warm(None, f"http://127.0.0.1:{port}")  # no error: away
     with pytest.raises(ConfigError):
         _warm(None, "postgresql://xp@127.0.0.1:1/none?sslmode=nonsense")  # refused as given, not away
+
+
+def test_a_pending_spool_on_another_hosts_disk_keeps_its_entry(tmp_path, monkeypatch):
+    """Hosts share the index (it is in the home folder) but not their spools' disks: an entry whose spool's folder
+    is not on this host is another host's, left for it. A worker on one host used to remove the entries of another's
+    spools, whose records then reached the store from nobody (found by benchmarks/chaos.py). A spool removed here
+    (its folder's parent is here) still takes its entry with it."""
+    from xp.tracking import leftovers as sync
+
+    index = tmp_path / "pending"
+    index.mkdir()
+    (index / "elsewhere").write_text("/nonexistent-host-disk/sweep/5/mlflow-spool/run-1")
+    (tmp_path / "mlflow-spool").mkdir()
+    (index / "removed-here").write_text(str(tmp_path / "mlflow-spool" / "run-2"))
+    monkeypatch.setattr(sync, "pending_index", lambda: index)
+    assert sync.pending() == []
+    assert sorted(p.name for p in index.iterdir()) == ["elsewhere"]

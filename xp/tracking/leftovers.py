@@ -33,9 +33,16 @@ def pending(uri: str | None = None, any_host: bool = True) -> list[Path]:
     for entry in sorted(pending_index().glob("*")) if pending_index().is_dir() else []:
         try:
             folder = Path(entry.read_text().strip())
+        except OSError:
+            continue  # its entry went: delivered meanwhile
+        try:
             meta = json.loads((folder / RUN).read_text())
         except (OSError, ValueError):
-            entry.unlink(missing_ok=True)  # delivered meanwhile, or removed by its user
+            if folder.parent.is_dir():  # delivered meanwhile, or removed by its user
+                entry.unlink(missing_ok=True)
+            # else another host's spool, on a disk of its own (the index is in the home folder, which hosts share):
+            # left for that host (found by benchmarks/chaos.py: a worker on one host removed another's entries, whose
+            # records then reached the store from nobody, a run left RUNNING or without its model)
             continue
         if same_process(meta.get("pid", 0), meta.get("started", -1)) or not any_host and meta.get("host") != here:
             continue  # its run is still going (or may be, elsewhere): its own process or the service delivers it
