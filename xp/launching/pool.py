@@ -214,14 +214,17 @@ class Pool:
         return self.arrived.pop(slot)
 
     def _first(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker:
-        """A slot's first worker, ready; one forked by a zygote that was killed meanwhile is started afresh (found by
-        benchmarks/chaos.py: a killed zygote ended the study's command as its workers started)."""
+        """A slot's first worker, ready; one of this machine's that did not start (killed as it started, or its zygote
+        killed: then it starts afresh) is started once more (found by benchmarks/chaos.py: either ended the study's
+        command as its workers started). A second failure is the environment's: the study stops."""
         try:
             return self._ready(proc, channel, slot)
-        except XPError:
-            if self.zygote is None or not self.zygote.gone or self.remote:
+        except XPError as e:
+            if self.remote:
                 raise
-            log.warning(f"study: this machine's zygote is gone: the worker for {slot.describe()} starts afresh")
+            gone = self.zygote is not None and self.zygote.gone
+            log.warning(f"study: {one_line(e)}: " + ("this machine's zygote is gone, the worker starts afresh" if gone
+                                                     else "started once more"))
             return self._ready(*self._spawn(slot))
 
     def _ready(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker:
