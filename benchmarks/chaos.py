@@ -445,21 +445,9 @@ class Chaos:
                 break
             n = self.complete()
             if pending and n is not None and n >= pending[0][0]:
-                _, kind = pending.pop(0)
-                fault = self.apply(kind)
-                if fault is None:
-                    postponed.append(kind)
-                else:
-                    self.faults.append(fault)
-                    log(f"fault {len(self.faults)}: {kind} on {fault.target} {fault.detail} (complete: {n})")
+                self.try_fault(pending.pop(0)[1], n, postponed)
             elif postponed and n is not None and self.rng.random() < 0.2:
-                kind = postponed.pop(0)
-                fault = self.apply(kind)
-                if fault is None:
-                    postponed.append(kind)
-                else:
-                    self.faults.append(fault)
-                    log(f"fault {len(self.faults)}: {kind} on {fault.target} {fault.detail} (complete: {n}; later)")
+                self.try_fault(postponed.pop(0), n, postponed, " (later)")
             if time.monotonic() - started > 3 * 3600:
                 raise RuntimeError("the chaos run did not end in 3 hours")
             time.sleep(self.rng.uniform(0.2, 1.0))
@@ -468,6 +456,15 @@ class Chaos:
         self.unapplied = [k for _, k in pending] + postponed
         log(f"study done: {self.complete()} complete; {len(self.faults)} faults applied, "
             f"{len(self.unapplied)} found no target")
+
+    def try_fault(self, kind: str, n: int, postponed: list[str], when: str = "") -> None:
+        """Apply a fault of `kind` now, or postpone it when it has no target at this moment."""
+        fault = self.apply(kind)
+        if fault is None:
+            postponed.append(kind)
+            return
+        self.faults.append(fault)
+        log(f"fault {len(self.faults)}: {kind} on {fault.target} {fault.detail} (complete: {n}){when}")
 
     def end_commands(self) -> None:
         for cmd in self.commands:

@@ -15,7 +15,6 @@ done); a trial created twice leaves one without parameters, which the next comma
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable
@@ -23,7 +22,6 @@ from typing import Any, Callable
 log = logging.getLogger("xp")
 
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0)  # between tries, seconds
-WAIT_S = float(os.environ.get("XP_STORE_WAIT_S", 900))  # the wait for any store that went away (xp.tracking.spool too)
 
 
 def _away(error: BaseException) -> BaseException | None:

@@ -24,7 +24,6 @@ from xp.studies.search import Search
 from xp.studies.searches import search_for
 from xp.studies.study import StudySpec, spec_from
 from xp.studies.summary import BestModel, summarize
-from xp.studies.outage import WAIT_S as STORE_WAIT_S
 from xp.studies.trial import SCHEDULER_ATTR, _counts, heartbeat, open_study, orphaned, retry_dead_trials
 
 if TYPE_CHECKING:
@@ -159,6 +158,8 @@ def scheduled(study: Study, spec: StudySpec, search: Search, pool: Any, config: 
     except BaseException:  # stopped (Ctrl-C), or failed: no long wait for the store
         runs.end_unended(3.0)
         raise
+    from xp.tracking.spool import STORE_WAIT_S
+
     runs.end_unended(STORE_WAIT_S)
     return tally
 

@@ -178,9 +178,10 @@ def storage_of(url: str, spec: StudySpec | None = None) -> Any:
 
     if url.startswith("sqlite:"):  # a file here: it does not go away
         return make()
-    from xp.studies import outage  # a database server: its outage ridden out
+    from xp.studies import outage  # a database server: its outage ridden out, as long as a tracking store's
+    from xp.tracking.spool import STORE_WAIT_S
 
-    return outage.rdb(make, redact(url), outage.WAIT_S)
+    return outage.rdb(make, redact(url), STORE_WAIT_S)
 
 
 def open_study(spec: StudySpec) -> Any:
