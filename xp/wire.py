@@ -60,9 +60,11 @@ class Channel:
     def __init__(self, sock: socket.socket, protocol: Protocol):
         self.sock, self.buf, self.protocol = sock, b"", protocol
         self.held: collections.deque[Message] = collections.deque()  # read while waiting for another kind
+        self._sending = threading.Lock()  # (two threads' messages never interleave on the wire)
 
     def send(self, msg: Message) -> None:
-        self.sock.sendall(encode(msg))
+        with self._sending:
+            self.sock.sendall(encode(msg))
 
     def recv(self, timeout: float | None = None) -> Message | None:
         """The next message (blocking, at most `timeout` s: TimeoutError); None once the other end closed."""

@@ -17,12 +17,14 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from xp.studies.channel import Attr, Channel, Done, Error, Hello, Prune, Ready, Report, ShouldPrune, RunTrial
+from xp.studies.channel import Attr, Channel, Done, Error, Hello, Kept, Prune, Ready, Report, ShouldPrune, RunTrial
 from xp.studies.compose import plain
+from xp.states import TrialState
 from xp.run.worker import die_with_parent
 
 # what the pool (xp.launching.pool) tells a worker, in its environment
@@ -93,32 +95,60 @@ def main(argv: list[str]) -> int:
 
 def _trials(channel: Any, compose: Any, slot: Any) -> int:
     """Trial after trial, as the scheduler sends them, until it says exit (or the trial changed the process)."""
-    from xp.tracking.spool import settle
+    from xp.tracking.spool import ended_later, kept, settle
 
     global _starting
     _starting = False
     first = True
+    keepers: list[threading.Thread] = []
     try:
         while True:
             msg = channel.recv()
             if not isinstance(msg, RunTrial):  # exit, or the scheduler is gone: nothing of a trial is left to finish
                 settle(SETTLE_S)  # but its records
+                for keeper in keepers:  # (the scheduler hears that they are kept)
+                    keeper.join(timeout=1.0)
                 logging.shutdown()
                 sys.stdout.flush()
                 os._exit(0)  # without the interpreter's and the frameworks' teardown (most of a second)
             msg.first = first
+            before = ended_later()
             result = run_trial(msg, channel, compose, slot)
             first = False
+            drains = [d for d in ended_later() if all(d is not b for b in before)]  # this trial's run's
+            if result.recycle:  # the worker leaves: its records first, as far as they go (it is told at once)
+                settle(SETTLE_S)
+            elif result.state == TrialState.COMPLETE and kept(drains, 0.0) is not True:  # its records may still be
+                result.kept = False  # on their way to the store: they go while the next trial runs; Kept says when
             try:
-                channel.send(result)  # its records may still be on their way to the store: they go while the next runs
+                channel.send(result)
             except OSError:  # its scheduler is gone (its command killed): nothing to tell; its records go on (finally)
                 return 0
+            if not result.kept:
+                keepers = [k for k in keepers if k.is_alive()]
+                keepers.append(threading.Thread(target=_keep, args=(channel, msg.number, drains),
+                                                name="xp-trial-kept", daemon=True))
+                keepers[-1].start()
             if result.recycle:
                 return 0
             gc.collect()  # what the trial held goes before the next one starts
             gc.freeze()  # and what lives on (imports, caches) is not traversed again by the next trial's collection
     finally:  # recycled, Ctrl-C or SIGTERM: the records of its trials reach the store before it goes
         settle(SETTLE_S)
+
+
+def _keep(channel: Any, number: int, drains: list[Any]) -> None:
+    """Tell the scheduler once the store holds every record of trial `number`'s run (Kept); nothing if they stay
+    in their spool (given up: the worker leaves before the store is back), the scheduler then counting it lost."""
+    from xp.tracking.spool import kept
+
+    while (done := kept(drains, 1.0)) is False:
+        pass
+    if done:
+        try:
+            channel.send(Kept(number))
+        except OSError:  # the scheduler is gone
+            pass
 
 
 def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:

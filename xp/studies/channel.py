@@ -7,7 +7,7 @@ fits too).
                           ShouldPrune), Exit
     zygote -> scheduler:  Forked (the forked worker's process id), Exited (a forked worker's exit code)
     worker -> scheduler:  Hello (a worker elsewhere calling back, with its slot's secret), Ready, Error,
-                          Report, ShouldPrune, Attr, Done
+                          Report, ShouldPrune, Attr, Done, Kept
 
 On the wire each is one line of JSON, {"op": KIND, ...fields}.
 """
@@ -122,12 +122,23 @@ class Attr(Message):
 @STUDY.kind("done")
 @dataclass
 class Done(Message):
-    """How a trial ended: its state (COMPLETE, PRUNED, FAIL), its objectives' values, the failure's line, and
-    whether the trial changed the worker's process for good (mixed precision: the worker leaves)."""
+    """How a trial ended: its state (COMPLETE, PRUNED, FAIL), its objectives' values, the failure's line, whether
+    the trial changed the worker's process for good (mixed precision: the worker leaves), and whether its run's
+    records are in the tracking store already (`kept`; if not, Kept says when they are)."""
     state: str = TrialState.FAIL  # a TrialState's value (a plain string off the wire)
     values: list[float] = field(default_factory=list)
     error: str | None = None
     recycle: bool = False
+    kept: bool = True
+
+
+@STUDY.kind("kept")
+@dataclass
+class Kept(Message):
+    """The records of trial `number`'s run (its last points, its model) are in the tracking store now: the trial
+    counts complete from here (a trial is told COMPLETE only once what it made is kept: had its host gone before,
+    with the records on its disk, the study would hold a complete trial without its model)."""
+    number: int
 
 
 

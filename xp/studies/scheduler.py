@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from xp.interrupts import held_interrupts
 from xp.states import TRIAL_ENDS, TrialState
-from xp.studies.channel import Attr, Done, Message, Prune, Ready, Report, ShouldPrune, RunTrial
+from xp.studies.channel import Attr, Done, Kept, Message, Prune, Ready, Report, ShouldPrune, RunTrial
 from xp.studies import pruning
 
 NO_SPACE = ("[Errno 28]", ": the disk is full: ")  # in a trial's error (ENOSPC, xp.run.checkpoint's check): its
@@ -34,6 +34,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("xp")
 
 ALIVE_S = 2.0  # how often the workers running a trial are checked for a process that ended without a word
+
+
+def keep_wait_s() -> float:
+    """How long a complete trial waits to be told until its run's records are in the store (Kept): as long as a
+    trial waits for a store that went away (past that, it is told: its records wait in its worker's spool)."""
+    from xp.tracking.spool import STORE_WAIT_S
+
+    return STORE_WAIT_S
 
 
 @dataclass
@@ -76,6 +84,9 @@ class Scheduler:
         self.flights: dict[Any, Flight] = {}  # worker -> the trial it runs
         self.ready: collections.deque[Flight] = collections.deque()  # the next trials, asked and not sent yet
         self.ended: list[tuple[Flight, Done, str]] = []  # trials told, not yet counted
+        # worker -> the COMPLETE trials it ran whose run's records are not in the store yet (Done.kept false), with
+        # when it said so: each is told once its worker says Kept; lost (and retried) if its worker goes before
+        self.unkept: dict[Any, list[tuple[Flight, Done, float]]] = {}
         self.jobs = 0
         self.leader: Any = None  # the search's best so far, as of the last trial told
         self.left = 0  # trials the budget has left, as last asked
@@ -94,9 +105,11 @@ class Scheduler:
                     idle = self._fill(idle)
                     if idle and self.flights and not self.ready and self.left <= 0:  # the budget is spent: a slot
                         for worker in idle:  # with no trial left gives its resources back (a Slurm job's allocation)
-                            self.pool.release(worker)
-                        idle = []
-                    if not self.flights:
+                            if not self.unkept.get(worker):  # (once its trials' records are kept)
+                                self.pool.release(worker)
+                        idle = [w for w in idle if self.unkept.get(w)]
+                    self._overdue()
+                    if not self.flights and not any(self.unkept.values()):
                         while self.ended:
                             self._count(*self.ended.pop(0))
                         self._summary()
@@ -125,7 +138,8 @@ class Scheduler:
                         self._count(*self.ended.pop(0))
                     if time.monotonic() >= beat + self.heartbeat_s:
                         beat = time.monotonic()
-                        _beat([f.trial for f in [*self.flights.values(), *self.ready]])
+                        _beat([f.trial for f in [*self.flights.values(), *self.ready]]
+                              + [f.trial for kept in self.unkept.values() for f, _, _ in kept])
             except BaseException as e:  # Ctrl-C, SIGTERM, a slot that cannot keep a worker: nothing stays RUNNING
                 from xp.errors import Terminated
 
@@ -143,6 +157,10 @@ class Scheduler:
         stopped = list(self.flights)
         self.pool.stop(stopped)
         self._last_words(stopped)
+        for worker, unkept in self.unkept.items():  # trials whose records are on their way: told as they ended (their
+            for flight, msg, _ in unkept:  # workers deliver them as they leave; what the store did not take, the next
+                self.ended.append((flight, msg, self._told(flight.trial, msg)))  # command or xp.sync delivers)
+        self.unkept.clear()
         for worker in stopped:
             if worker.previous is not None:
                 trial, state = worker.previous
@@ -165,6 +183,8 @@ class Scheduler:
                 left.discard(worker)
             elif isinstance(msg, Attr) and worker in self.flights:
                 self.flights[worker].trial.set_user_attr(msg.key, msg.value)
+            elif isinstance(msg, Kept):
+                self._serve(worker, msg)
 
     def _fill(self, idle: list[Any]) -> list[Any]:
         """Give every idle worker a trial, then hold one ready for each, while the budget lasts (an asked trial
@@ -242,6 +262,13 @@ class Scheduler:
             except UpdateFinishedTrialError:  # ended by another sweeper of the study (it took this one for dead):
                 if isinstance(msg, ShouldPrune):  # the run goes on; how it ends is said when it does (_told)
                     worker.send(Prune(False, ""))
+        elif isinstance(msg, Kept):  # a complete trial's records are in the store: it is told now
+            unkept = self.unkept.get(worker, [])
+            for i, (done, result, _) in enumerate(unkept):
+                if done.trial.number == msg.number:
+                    del unkept[i]
+                    self.ended.append((done, result, self._told(done.trial, result)))
+                    break
         elif isinstance(msg, Ready):  # a worker on a slot the site added (xp.launching.pool: the cluster grew)
             self.slots = max(self.slots, len(self.pool.workers))
             return self._died(worker) if worker.gone() else [worker]
@@ -256,7 +283,10 @@ class Scheduler:
             nxt = self._held() if worker is not None else None
             if nxt is not None:  # the trial held ready starts at once; the scheduler tells and asks meanwhile
                 self._start(worker, nxt)
-            self.ended.append((flight, msg, self._told(flight.trial, msg)))  # counted once the slot is refilled
+            if msg.kept or msg.recycle:
+                self.ended.append((flight, msg, self._told(flight.trial, msg)))  # counted once the slot is refilled
+            else:  # told once its records are in the store (Kept)
+                self.unkept.setdefault(worker, []).append((flight, msg, time.monotonic()))
             return [worker] if nxt is None and worker is not None else []
         return []
 
@@ -266,16 +296,29 @@ class Scheduler:
         flight = self.flights.pop(worker, None)
         if flight is not None:
             self.tally.busy_s += time.monotonic() - flight.started
-            self.runs.lost(flight.trial, why)
+        unkept = [f for f, _, _ in self.unkept.pop(worker, [])]  # complete, but what they made went with their worker
+        for lost in [*unkept, *([flight] if flight is not None else [])]:  # (its host gone, say): lost and retried
+            self.runs.lost(lost.trial, why if lost is flight else f"{why}, before its complete trial's records "
+                           "reached the store")
             self.tally.states[TrialState.FAIL] += 1
             if self.ready and (retry := self._next()) is not None:  # the lost one's retry starts before the
                 self.ready.appendleft(retry)  # trials held behind it: the trials run in the order they were asked,
                 # and each proposal sees what it would have seen had nothing been lost (trial.proposal_number)
-        if worker.previous is not None:
+        if worker.previous is not None and all(worker.previous[0] is not f.trial for f in unkept):
             trial, state = worker.previous
             self.runs.unsettled(trial, state, why)
         fresh = self.pool.replace(worker)
         return [fresh] if fresh is not None else []  # (None: its slot was dropped)
+
+    def _overdue(self) -> None:
+        """A complete trial whose records have waited for the store longer than keep_wait_s() is told anyway: they
+        wait in its worker's spool (delivered as it leaves, by the next command or by xp.sync)."""
+        for unkept in self.unkept.values():
+            while unkept and time.monotonic() - unkept[0][2] > keep_wait_s():
+                flight, msg, _ = unkept.pop(0)
+                log.warning(f"trial {flight.trial.number}: its run's records did not reach the tracking store within "
+                            f"{keep_wait_s():.0f} s of its end: told complete, they wait in its worker's spool")
+                self.ended.append((flight, msg, self._told(flight.trial, msg)))
 
     def _told(self, trial: Trial, msg: Done) -> str:
         from optuna.exceptions import UpdateFinishedTrialError

@@ -172,6 +172,11 @@ class Drain:
         self._abandoned.set()
         self.last()
 
+    @property
+    def given_up(self) -> bool:
+        """It delivers no more (closed or dropped): what it has not delivered waits in its spool."""
+        return self._abandoned.is_set() and bool(self.left())
+
     def taken(self, timeout_s: float) -> bool:
         """Wait (timeout_s at most) for the store to take every record, the drain going on after; True if it did."""
         deadline = time.monotonic() + timeout_s
@@ -322,6 +327,21 @@ def settle(timeout_s: float = FLUSH_S, away_only: bool = False, keep: bool = Fal
             continue
         drain.settled(max(0.0, deadline - time.monotonic()))
     _unsettled[:0] = kept
+
+
+def ended_later() -> list[Any]:
+    """The drains of the runs ended with end(later=True) that may still deliver (a study's worker: its trials')."""
+    return list(_unsettled)
+
+
+def kept(drains: list[Any], timeout_s: float) -> bool | None:
+    """Whether the store took every record of `drains` within timeout_s: True; False: not yet; None: never (a
+    drain given up with records left, which wait in its spool for the next command or xp.sync)."""
+    deadline = time.monotonic() + timeout_s
+    for drain in drains:
+        if not drain.taken(max(0.0, deadline - time.monotonic())):
+            return None if getattr(drain, "given_up", False) else False
+    return True
 
 
 def _batch(queue: list[dict[str, Any]]) -> list[dict[str, Any]]:
