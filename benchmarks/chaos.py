@@ -84,7 +84,7 @@ PROMISE = {
     "postgres-out": ("nothing", 0),
     "link-down": ("the trial on that host", 1),
     "host-gone": ("the trial on that host", 1),
-    "disk-full": ("the trial on that host", 1),
+    "disk-full": ("nothing (a trial waits at its commit for room, XP_ROOM_WAIT_S)", 0),
 }
 DURATION = {"tracking-out": (5, 40), "postgres-out": (5, 40), "link-down": (5, 30), "disk-full": (5, 30)}
 
@@ -578,8 +578,11 @@ def check_stores(storage: str, uri: str, budget: int, faults: list[dict]) -> dic
             v.append(f"trial {r.data.tags['optuna.trial_number']}'s run {r.info.run_id} ended {r.info.status} after "
                      f"{epochs} epochs with no fault under way")
             continue
-        costly = [i for i in near if PROMISE[faults[i]["kind"]][1] > 0]  # (a fault that can lose work, if any)
-        lost.append((max(costly or near, key=lambda i: faults[i]["at"]), epochs))
+        # the cause, of the faults under way: one that can lose work (if any), on the run's host or its command
+        costly = [i for i in near if PROMISE[faults[i]["kind"]][1] > 0]
+        host = r.data.tags.get("xp.host", "")
+        on_it = [i for i in costly if faults[i]["target"] in (host, "local" if host == "h1" else "ssh")]
+        lost.append((max(on_it or costly or near, key=lambda i: faults[i]["at"]), epochs))
     return {"violations": v, "lost": lost, "complete": len(counted), "trials": len(trials),
             "best": best.number if counted else None}
 

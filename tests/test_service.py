@@ -74,6 +74,27 @@ def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     assert [r.info.status for r in runs] == ["FINISHED"] * 3 and all(r.data.metrics == {"x": 1.0} for r in runs)
 
 
+def test_a_run_whose_process_went_as_the_service_made_it_is_ended_by_the_service(store, state):
+    """A run's process killed while the service creates its run (the next command's reaper may look before the run
+    exists: tests/test_kill.py left one RUNNING under load): the service sees the process go before it opened its
+    spool and ends that run FAILED, saying why."""
+    import time
+
+    from xp.tracking.messages import Start
+
+    link = service.connect()
+    link.send(Start(store, "xp", "went", {}))
+    link.close()  # (the process gone before the service's answer)
+    deadline, runs = time.monotonic() + 60, []
+    while time.monotonic() < deadline:
+        _, runs = mlflow_runs(store)
+        if runs and runs[0].info.status != "RUNNING":
+            break
+        time.sleep(0.2)
+    assert [(r.info.run_name, r.info.status) for r in runs] == [("went", "FAILED")]
+    assert runs[0].data.tags["xp.ended_by"] == "xp: its process went as its run was made"
+
+
 def test_the_stores_refusals_reach_the_runs_console(store, state, caplog):
     """The service's lines about a run (here MLflow refusing a param's name) are said by the run's process."""
     run = Tracker(store, "xp", "refused")

@@ -112,6 +112,64 @@ def test_a_full_disk_during_a_commit_is_one_line_and_leaves_nothing_behind(tmp_p
     assert [r.info.status for r in runs] == ["FINISHED", "FAILED", "FAILED", "FINISHED"]
 
 
+ROOM = """
+import logging, sys, threading
+from pathlib import Path
+from xp.run import checkpoint
+
+disk = Path(sys.argv[1])
+said = threading.Event()
+class Said(logging.Handler):
+    def emit(self, record):
+        if "waits for room" in record.getMessage():
+            said.set()
+logging.getLogger("xp").addHandler(Said())
+filler = disk / "filler"
+try:
+    with open(filler, "wb") as f:
+        while True:
+            f.write(b"x" * 65536)
+            f.flush()
+except OSError:
+    pass
+def save(folder):
+    (folder / "params").write_bytes(b"p" * 100_000)
+def ckpt(study):
+    return checkpoint.Checkpointer(str(disk / "ck"), save, lambda: [{"val_accuracy": 0.5}], rank=0, study=study)
+try:
+    ckpt(None).on_epoch_end(1, {})
+    print("run: committed")
+except checkpoint.NoSpace as e:
+    print("run: " + str(e).split(": ")[1])
+def room():
+    if said.wait(60):
+        filler.unlink()
+threading.Thread(target=room).start()
+ckpt(("val_accuracy", "maximize")).on_epoch_end(1, {})
+print("trial: " + (disk / "ck" / "latest").read_text())
+"""
+
+
+def test_a_studys_trial_waits_at_a_commit_for_room_on_a_full_disk_and_a_run_fails_at_once(tmp_path):
+    """A host's checkpoint disk full for a while (another process's files) cost the chaos run every trial that
+    committed there, each retried: a study's trial now waits for room (XP_ROOM_WAIT_S) and goes on; a single run
+    still fails in one line at once. A real full disk: a 1 MB tmpfs in a mount namespace of the test's own."""
+    import shutil
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed: ./dev.sh test installs it")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "room.py"
+    script.write_text(ROOM)
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
+                        f"mount -t tmpfs -o size=1m tmpfs {disk} && {sys.executable} {script} {disk}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:2] == ["run: the disk is full", "trial: epoch-1"], (r.stdout, r.stderr[-2000:])
+
+
 @pytest.fixture
 def server(tmp_path):
     s = MlflowServer(tmp_path)

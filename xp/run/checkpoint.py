@@ -28,6 +28,8 @@ from xp.errors import ConfigError, XPError
 log = logging.getLogger("xp")
 
 MB = 2**20
+ROOM_WAIT_S = float(os.environ.get("XP_ROOM_WAIT_S", 60))  # how long a study's trial waits at a commit for room on
+# a full disk before it fails (a disk filled for a while by another process costs the study no trial)
 
 
 class NoSpace(XPError):
@@ -230,7 +232,30 @@ class Checkpointer(Callback):
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         if self.rank == 0 and (epoch % self.every == 0 or epoch == self.last):
-            commit(self.root, epoch, list(self.history()), self.save, keep=self.keep)
+            self._room(lambda: commit(self.root, epoch, list(self.history()), self.save, keep=self.keep))
+
+    def _room(self, write: Callable[[], Any]) -> None:
+        """write(), which may find the disk full: a study's trial waits for room (ROOM_WAIT_S at most, one line),
+        trying again every second; a run fails in one line at once (its last good commit intact). Found by
+        benchmarks/chaos.py: a host's checkpoint disk full for 30 s failed every trial that committed there."""
+        import time
+
+        deadline, said = time.monotonic() + (ROOM_WAIT_S if self.study is not None else 0.0), False
+        while True:
+            try:
+                write()
+                if said:
+                    log.warning(f"checkpoint_dir={self.root}: room again; training goes on")
+                return
+            except (NoSpace, OSError) as e:
+                if isinstance(e, OSError) and e.errno not in (errno.ENOSPC, errno.EDQUOT) or \
+                        time.monotonic() >= deadline:
+                    raise
+                if not said:
+                    log.warning(f"{e if isinstance(e, NoSpace) else f'checkpoint_dir={self.root}: the disk is full'}"
+                                f": the trial waits for room ({ROOM_WAIT_S:.0f} s at most)")
+                    said = True
+                time.sleep(1.0)
 
     def on_train_end(self, history: list[dict[str, float]]) -> None:
         if self.study is not None:  # a complete trial (a pruned one never gets here)
@@ -243,7 +268,7 @@ class Checkpointer(Callback):
             return
         root = Path(self.root).expanduser()
         if root.is_dir():
-            (root / TRIAL).write_text(json.dumps(self.ended or {"complete": False}))
+            self._room(lambda: (root / TRIAL).write_text(json.dumps(self.ended or {"complete": False})))
         keep_best_trial(root, *self.study)
 
     def on_interrupt(self, where: dict[str, Any] | None) -> None:

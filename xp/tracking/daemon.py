@@ -94,6 +94,7 @@ class Connection:
         self.channel = Channel(sock, TRACKING)
         self.tracker: Any = None  # (xp.tracking.tracker.Tracker, once the run is asked for)
         self.drain: ServedDrain | None = None  # (once the run's process opened its spool)
+        self.created: str | None = None  # the run made for it (its id)
         self._send_lock = threading.Lock()
 
     def tell(self, msg: Message) -> None:
@@ -115,6 +116,8 @@ class Connection:
             _owners.pop(threading.get_ident(), None)
             if self.drain is not None:
                 self.drain.drop()  # its process is gone (or went on by itself): what is left stays in the spool
+            elif self.created is not None:
+                self._orphaned(self.created)
             self.channel.close()
             with _lock:
                 _live.discard(self)
@@ -146,11 +149,26 @@ class Connection:
                 if tracker.resumes and (reopen := tracker.interrupted()):
                     return Reopen(reopen, str(tracker.experiment_id))
                 run_id, artifact_uri = tracker._created()
+                self.created = run_id
         except ConfigError as e:
             return Refused(str(e))
         except Exception as e:  # noqa: BLE001 - the run's process says it, as it would have
             return Refused(f"MLflow store {redact(tracker.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}")
         return Started(run_id, artifact_uri, str(tracker.experiment_id), int(tracker.start_ms or 0))
+
+    def _orphaned(self, run_id: str) -> None:
+        """The run's process went before it opened its spool (killed as its run was made, or it gave up waiting and
+        made its own): nobody else ends the run made for it, which the next command's reaper may have looked for
+        before it existed (found by tests/test_kill.py under load: a run left RUNNING). Ended FAILED here."""
+        from xp.states import RunStatus
+        from xp.tracking.ending import end_for
+
+        try:
+            with gate(self.tracker.uri).turn():
+                end_for(self.tracker.client, run_id, "its process went as its run was made", RunStatus.FAILED)
+        except Exception as e:  # noqa: BLE001 - the store away: the next command's reaper ends it (its process is gone)
+            log.warning("run %s: its process went as it was made; it could not be ended here: %s", run_id,
+                        one_line(e)[:200])
 
     def call(self, work: str, args: dict[str, Any]) -> Message:
         """A command's MLflow work (`work`: "MODULE:NAME", a function an xp module offers in its CALLS, e.g.
