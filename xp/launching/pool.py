@@ -93,7 +93,11 @@ class Pool:
     def __enter__(self) -> Pool:
         self.spawn()
         try:
-            self.workers = [self._first(*s) for s in self.started]
+            firsts = [self._first(*s) for s in self.started]
+            self.workers = [w for w in firsts if w is not None]
+            if not self.workers:
+                raise XPError(f"the study's workers did not start on any of its {len(self.slots)} slots (see the "
+                              "lines above)")
         except BaseException:
             self.discard()
             raise
@@ -213,19 +217,31 @@ class Pool:
             self.arrived[caller] = channel
         return self.arrived.pop(slot)
 
-    def _first(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker:
-        """A slot's first worker, ready; one of this machine's that did not start (killed as it started, or its zygote
-        killed: then it starts afresh) is started once more (found by benchmarks/chaos.py: either ended the study's
-        command as its workers started). A second failure is the environment's: the study stops."""
+    def _first(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker | None:
+        """A slot's first worker, ready. One of this machine's that did not start (killed as it started, or its
+        zygote killed: then it starts afresh) is started once more; a second failure is the environment's: the
+        study stops. One elsewhere is started up to DEATHS times (its host cut off for a while); then, where other
+        slots are, its slot is left out (None), as a slot whose workers die is (found by benchmarks/chaos.py: a
+        worker killed, or a host's link down, as the study began ended the whole command)."""
         try:
             return self._ready(proc, channel, slot)
         except XPError as e:
-            if self.remote:
-                raise
+            last = e
+        for _ in range(DEATHS - 1 if self.remote else 1):
             gone = self.zygote is not None and self.zygote.gone
-            log.warning(f"study: {one_line(e)}: " + ("this machine's zygote is gone, the worker starts afresh" if gone
-                                                     else "started once more"))
-            return self._ready(*self._spawn(slot))
+            log.warning(f"study: {one_line(last)}: " + ("this machine's zygote is gone, the worker starts afresh"
+                                                        if gone else "started once more"))
+            try:
+                return self._ready(*self._spawn(slot))
+            except XPError as e:
+                last = e
+            if self.stopping():
+                break
+        if self.remote and len(self.slots) > 1:
+            log.warning(f"study: {slot.describe()} left out: its worker did not start {DEATHS} times ({one_line(last)}); "
+                        "the other slots go on")
+            return None
+        raise last
 
     def _ready(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker:
         if channel is None:
