@@ -346,48 +346,6 @@ def test_a_trials_first_run_waits_for_a_server_its_process_never_reached(tmp_pat
     trial.end("FINISHED")
 
 
-def test_a_study_rides_out_a_tracking_outage_and_every_trial_keeps_every_epoch(tmp_path, server):
-    """The MLflow server killed for 25 s in the middle of an 8-trial study on 2 slots (issue 40): the trials that
-    start meanwhile wait for it instead of failing, the study's summary goes to the parent through a spool, and the
-    command ends 0 with 8 finished trials, every trial's run FINISHED with all its epochs, nothing RUNNING."""
-    import time
-
-    import optuna
-    from mlflow.tracking import MlflowClient
-
-    sweeps = tmp_path / "sweeps"
-    sweeps.mkdir()
-    (sweeps / "tiny.yaml").write_text("study_name: tiny\nn_trials: 8\nsampler: random\nsampler_seed: 3\n"
-                                      "pruner: none\nparams:\n  lr: {type: float, low: 0.005, high: 0.2, log: true}\n")
-    storage = f"sqlite:///{tmp_path}/optuna.db"
-    env = {"XP_SWEEPS_DIR": str(sweeps), "XP_OPTUNA_STORAGE": storage, "XP_STATE_DIR": str(tmp_path / "state")}
-    args = ("-m", "sweep=tiny", "epochs=6", "sweep.parallel=2", f"tracking_uri={server.uri}")
-    with xp_lines(tmp_path, server.uri, *args, env=env) as (proc, lines):
-        wait_until(lambda: any("study: trial " in line for _, line in lines), 300, "the first trial's end")
-        server.kill()
-        time.sleep(25)  # the outage itself
-        assert proc.poll() is None, "\n".join(line for _, line in lines)[-3000:]
-        server.start()
-        proc.wait(timeout=600)
-    text = "\n".join(line for _, line in lines)
-    assert proc.returncode == 0, text[-3000:]
-    assert "Traceback" not in text and "is not usable" not in text, text[-3000:]
-    # the workers waited for the store: at a trial's start, or at the end of the one before (its records spooled)
-    assert "is away" in text and "is back after" in text, text[-3000:]
-    trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
-    assert sorted(t.state.name for t in trials) == ["COMPLETE"] * 8  # none failed for the outage
-    client = MlflowClient(server.uri)
-    runs = client.search_runs([client.get_experiment_by_name("xp").experiment_id])
-    assert "RUNNING" not in {r.info.status for r in runs}
-    trial_runs = [r for r in runs if "optuna.trial_number" in r.data.tags]
-    assert len(trial_runs) == 8 and {r.info.status for r in trial_runs} == {"FINISHED"}
-    for r in trial_runs:
-        assert [s for s, _ in epochs_logged(server.uri, r.info.run_id)] == [1, 2, 3, 4, 5, 6], r.info.run_name
-    parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")
-    assert parent.info.status == "FINISHED" and parent.data.tags.get("optuna.study") == "tiny"
-    assert "best.lr" in parent.data.params
-
-
 @pytest.mark.slow
 def test_a_complete_trial_counts_once_its_records_are_kept_and_is_retried_if_they_go_with_its_worker(tmp_path,
                                                                                                      server):

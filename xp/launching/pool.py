@@ -218,16 +218,16 @@ class Pool:
         return self.arrived.pop(slot)
 
     def _first(self, proc: Any, channel: Channel | None, slot: Slot) -> Worker | None:
-        """A slot's first worker, ready. One of this machine's that did not start (killed as it started, or its
-        zygote killed: then it starts afresh) is started once more; a second failure is the environment's: the
-        study stops. One elsewhere is started up to DEATHS times (its host cut off for a while); then, where other
-        slots are, its slot is left out (None), as a slot whose workers die is (found by benchmarks/chaos.py: a
-        worker killed, or a host's link down, as the study began ended the whole command)."""
+        """A slot's first worker, ready. One that did not start (killed as it started, its zygote killed: then it
+        starts afresh, or its host cut off for a while) is started again, DEATHS times in all; then a slot elsewhere
+        is left out (None) where other slots are, as a slot whose workers die is, and one of this machine's stops
+        the study: what fails there fails on every slot (found by benchmarks/chaos.py: a worker killed, or a host's
+        link down, as the study began ended the whole command)."""
         try:
             return self._ready(proc, channel, slot)
         except XPError as e:
             last = e
-        for _ in range(DEATHS - 1 if self.remote else 1):
+        for _ in range(DEATHS - 1):
             gone = self.zygote is not None and self.zygote.gone
             log.warning(f"study: {one_line(last)}: " + ("this machine's zygote is gone, the worker starts afresh"
                                                         if gone else "started once more"))

@@ -387,8 +387,14 @@ if __name__ == "__main__":
     from xp.errors import Terminated
 
     try:
-        raise SystemExit(main(sys.argv[1:]))
+        code = main(sys.argv[1:])
     except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the trial's run ended KILLED
-        raise SystemExit(130)
+        code = 130
     except Terminated:
-        raise SystemExit(143)
+        code = 143
+    # leaving (the interpreter's and the frameworks' teardown, most of a second): a stop signal now, the pool's
+    # SIGTERM say, ends the process as it would anyway, without a traceback from a handler raising in an atexit
+    # callback (a remote worker printed one in benchmarks/chaos.py)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise SystemExit(code)

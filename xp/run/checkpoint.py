@@ -227,8 +227,13 @@ class Checkpointer(Callback):
         self.root, self.save, self.history, self.rank = root, save, history, rank
         self.every, self.keep, self.last, self.study = every, keep, last_epoch, study
         self.ended: dict[str, float | None] | bool | None = None  # set when training ends: what TRIAL says
-        if rank == 0 and Path(root).expanduser().is_dir():
-            sweep_stale(root)  # what a process killed mid-commit left: it would fill the disk again
+        if rank == 0:  # what a process killed mid-commit left: it would fill the disk again. A study's trial looks
+            # in its siblings' folders too: a trial lost with its worker is retried under another number, and its
+            # own folder is never opened again (found by benchmarks/chaos.py: a killed trial's half-written commit)
+            root_path = Path(root).expanduser()
+            for folder in [root_path, *(sorted(root_path.parent.glob("trial-*")) if study is not None else [])]:
+                if folder.is_dir():
+                    sweep_stale(folder)
 
     def on_epoch_end(self, epoch: int, metrics: dict[str, float]) -> None:
         if self.rank == 0 and (epoch % self.every == 0 or epoch == self.last):

@@ -55,6 +55,7 @@ class Tracker:
         self.stamped = stamped  # `tags` say already which process the run is (xp.tracking.serve: the run's own)
         self.tidy = tidy  # end the runs that gone processes of this host left RUNNING (end_orphans) as it starts
         self.start_ms = start_ms  # when the run began, if before it is created (a trial: when its worker took it)
+        self._tried = False  # a create was sent (its answer may be lost: _made_before)
         self.settle_later = settle_later  # its end does not wait for the store to take its records (Spool.end)
         self.params = dict(params or {})  # logged with the run's start, in the batch of its first tags
         self.spool_dir = spool_dir  # where the run's writes wait for the store (default: in xp's state folder)
@@ -230,12 +231,12 @@ class Tracker:
                 self.end_orphans()
             tags = self._run_tags()
             try:
-                run = self._create_run(tags)
+                run = self._made_before(tags) or self._create_run(tags)
             except Exception:
                 if not remembered:
                     raise
                 self.experiment_id = self._experiment_id()  # the remembered one may be gone: looked up again
-                run = self._create_run(tags)
+                run = self._made_before(tags) or self._create_run(tags)
             _experiment_ids[key] = self.experiment_id
         except ConfigError:
             raise
@@ -243,8 +244,23 @@ class Tracker:
             raise ConfigError(f"MLflow store {redact(self.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
         return run
 
+    def _made_before(self, tags: dict[str, Any]) -> tuple[str, str] | None:
+        """The run an earlier try of this one made, whose answer was lost (the server killed, or the connection
+        cut, as it committed): found by its start time, process and name, and not made twice (found by
+        benchmarks/chaos.py: a trial with a second run, RUNNING until the reaper ended it FAILED)."""
+        if not self._tried or not str(tags.get("xp.pid", "")).isdigit():
+            return None
+        try:
+            runs = self.client.search_runs([self.experiment_id], f"attributes.start_time = {self.start_ms} and "
+                                           f"tags.`xp.pid` = '{tags['xp.pid']}'", max_results=10)
+        except Exception:
+            return None
+        return next(((r.info.run_id, r.info.artifact_uri) for r in runs
+                     if r.info.run_name == self.run_name and r.info.status == RunStatus.RUNNING), None)
+
     def _create_run(self, tags: dict[str, Any]) -> tuple[str, str]:
         self.start_ms = self.start_ms or int(time.time() * 1000)  # the job's start, the clock of its bill (CostMeter)
+        self._tried = True
         return rows.create_run(self.client, self.experiment_id, self.run_name, self.start_ms,
                                {k: redact(str(v)) for k, v in tags.items()})
 
