@@ -117,7 +117,7 @@ def _store_away(said: str) -> bool:
     restarting, a host cut off), and no more: what a user runs again (the preflight's refusal, exit 2)."""
     errors = [line for line in said.splitlines() if line.startswith("xp: error: ")]
     return len(errors) == 1 and any(s in errors[0] for s in ("no MLflow server answers", "no server answers at",
-                                                            "cannot connect", ": ssh failed ("))
+                                                            "cannot connect", ": ssh failed (", "as the run starts: run the command again"))
 
 
 @dataclass

@@ -241,6 +241,9 @@ class Tracker:
         except ConfigError:
             raise
         except Exception as e:
+            if away(e):  # (restarting, say: what the user does is run the command again, not fix the store)
+                raise ConfigError(f"MLflow store {redact(self.uri)} is away ({away_reason(e)}) as the run starts: run "
+                                  "the command again once it answers") from e
             raise ConfigError(f"MLflow store {redact(self.uri)} is not usable: {type(e).__name__}: {one_line(e)[:300]}") from e
         return run
 
