@@ -278,6 +278,11 @@ class Served:
         else:
             self._tell(Last())
 
+    @property
+    def given_up(self) -> bool:
+        """This process's drain (once the service went away) delivers no more; the service's never gives up."""
+        return self.local is not None and self.local.given_up
+
     def taken(self, timeout_s: float) -> bool:
         # (the service's drain: settled asks it to close, and it says what waits, as before)
         return self.local.taken(timeout_s) if self.local is not None else True

@@ -57,6 +57,8 @@ class Deliverer(Protocol):
     def nudge(self) -> None: ...
     def last(self) -> None: ...
     def taken(self, timeout_s: float) -> bool: ...
+    @property
+    def given_up(self) -> bool: ...
     def settled(self, timeout_s: float) -> None: ...
 
 
@@ -340,7 +342,7 @@ def kept(drains: list[Any], timeout_s: float) -> bool | None:
     deadline = time.monotonic() + timeout_s
     for drain in drains:
         if not drain.taken(max(0.0, deadline - time.monotonic())):
-            return None if getattr(drain, "given_up", False) else False
+            return None if drain.given_up else False
     return True
 
 
