@@ -257,8 +257,8 @@ class Checkpointer(Callback):
                         time.monotonic() >= deadline:
                     raise
                 if not said:
-                    log.warning(f"{e if isinstance(e, NoSpace) else f'checkpoint_dir={self.root}: the disk is full'}"
-                                f": the trial waits for room ({ROOM_WAIT_S:.0f} s at most)")
+                    full = str(e) if isinstance(e, NoSpace) else f"checkpoint_dir={self.root}: the disk is full"
+                    log.warning(f"{full}: the trial waits for room ({ROOM_WAIT_S:.0f} s at most)")
                     said = True
                 time.sleep(1.0)
 

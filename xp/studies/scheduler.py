@@ -21,6 +21,7 @@ from xp.interrupts import held_interrupts
 from xp.states import TRIAL_ENDS, TrialState
 from xp.studies.channel import Attr, Done, Kept, Message, Prune, Ready, Report, ShouldPrune, RunTrial
 from xp.studies import pruning
+from xp.tracking.spool import STORE_WAIT_S  # (a complete trial waits this long at most for its records: Kept)
 
 NO_SPACE = ("[Errno 28]", ": the disk is full: ")  # in a trial's error (ENOSPC, xp.run.checkpoint's check): its
 # host's disk was full
@@ -34,14 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("xp")
 
 ALIVE_S = 2.0  # how often the workers running a trial are checked for a process that ended without a word
-
-
-def keep_wait_s() -> float:
-    """How long a complete trial waits to be told until its run's records are in the store (Kept): as long as a
-    trial waits for a store that went away (past that, it is told: its records wait in its worker's spool)."""
-    from xp.tracking.spool import STORE_WAIT_S
-
-    return STORE_WAIT_S
 
 
 @dataclass
@@ -311,13 +304,14 @@ class Scheduler:
         return [fresh] if fresh is not None else []  # (None: its slot was dropped)
 
     def _overdue(self) -> None:
-        """A complete trial whose records have waited for the store longer than keep_wait_s() is told anyway: they
-        wait in its worker's spool (delivered as it leaves, by the next command or by xp.sync)."""
+        """A complete trial whose records have waited for the store longer than STORE_WAIT_S (as long as a trial
+        waits for a store that went away) is told anyway: they wait in its worker's spool (delivered as it leaves, by
+        the next command or by xp.sync)."""
         for unkept in self.unkept.values():
-            while unkept and time.monotonic() - unkept[0][2] > keep_wait_s():
+            while unkept and time.monotonic() - unkept[0][2] > STORE_WAIT_S:
                 flight, msg, _ = unkept.pop(0)
                 log.warning(f"trial {flight.trial.number}: its run's records did not reach the tracking store within "
-                            f"{keep_wait_s():.0f} s of its end: told complete, they wait in its worker's spool")
+                            f"{STORE_WAIT_S:.0f} s of its end: told complete, they wait in its worker's spool")
                 self.ended.append((flight, msg, self._told(flight.trial, msg)))
 
     def _told(self, trial: Trial, msg: Done) -> str:

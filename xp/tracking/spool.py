@@ -321,14 +321,14 @@ def settle(timeout_s: float = FLUSH_S, away_only: bool = False, keep: bool = Fal
     without, it is given up and its records wait for the next command or xp.sync."""
     if away_only and all(d.away_since is None for d in _unsettled):
         return
-    deadline, kept = time.monotonic() + bounded(timeout_s), []
+    deadline, going = time.monotonic() + bounded(timeout_s), []
     while _unsettled:
         drain = _unsettled.pop(0)
         if keep and not drain.taken(max(0.0, deadline - time.monotonic())):
-            kept.append(drain)
+            going.append(drain)
             continue
         drain.settled(max(0.0, deadline - time.monotonic()))
-    _unsettled[:0] = kept
+    _unsettled[:0] = going
 
 
 def ended_later() -> list[Any]:

@@ -231,12 +231,12 @@ class Tracker:
                 self.end_orphans()
             tags = self._run_tags()
             try:
-                run = self._made_before(tags) or self._create_run(tags)
+                run = self._create_run(tags)
             except Exception:
                 if not remembered:
                     raise
                 self.experiment_id = self._experiment_id()  # the remembered one may be gone: looked up again
-                run = self._made_before(tags) or self._create_run(tags)
+                run = self._create_run(tags)
             _experiment_ids[key] = self.experiment_id
         except ConfigError:
             raise
@@ -251,7 +251,7 @@ class Tracker:
         """The run an earlier try of this one made, whose answer was lost (the server killed, or the connection
         cut, as it committed): found by its start time, process and name, and not made twice (found by
         benchmarks/chaos.py: a trial with a second run, RUNNING until the reaper ended it FAILED)."""
-        if not self._tried or not str(tags.get("xp.pid", "")).isdigit():
+        if not str(tags.get("xp.pid", "")).isdigit():
             return None
         try:
             runs = self.client.search_runs([self.experiment_id], f"attributes.start_time = {self.start_ms} and "
@@ -262,6 +262,8 @@ class Tracker:
                      if r.info.run_name == self.run_name and r.info.status == RunStatus.RUNNING), None)
 
     def _create_run(self, tags: dict[str, Any]) -> tuple[str, str]:
+        if self._tried and (made := self._made_before(tags)):  # (only a create tried again looks: no cost otherwise)
+            return made
         self.start_ms = self.start_ms or int(time.time() * 1000)  # the job's start, the clock of its bill (CostMeter)
         self._tried = True
         return rows.create_run(self.client, self.experiment_id, self.run_name, self.start_ms,
