@@ -291,8 +291,9 @@ def test_dynamic_training_on_a_spot_trace_agrees_with_a_fixed_cluster_at_a_lower
     env = {"XP_OPTUNA_STORAGE": f"sqlite:///{tmp_path}/optuna.db"}
     trace = tmp_path / "spot.csv"
     trace.write_text("t_s,hosts,spot_price_per_hour\n0,2,0.918\n500,3,0.935\n")  # replayed 1000x: 0.5 s
-    p = run_xp(tmp_path, store, "-m", "sweep=dynamic", "epochs=4", f"elastic.trace={trace}", env=env,
-               timeout=600)  # half the recipe's epochs
+    # the recipe's 8 epochs: at 4 the curve swings (0.97 -> 0.93 -> 0.99), where the last bit of a 3-worker sum, in
+    # the order the parameter server receives the pushes, decided the figure (0.933 against 0.950 once in CI)
+    p = run_xp(tmp_path, store, "-m", "sweep=dynamic", f"elastic.trace={trace}", env=env, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     client, runs = mlflow_runs(store)
     parent = next(r for r in runs if r.data.tags.get("xp.sweep") == "true")
