@@ -691,3 +691,35 @@ def test_no_trial_starts_past_the_time_budget_on_a_loaded_machine(tmp_path, stor
     runs = trial_runs(store)
     late = [r.info.start_time / 1000 - began for r in runs if r.info.start_time / 1000 > began + 45]
     assert runs and not late, late
+
+
+def test_a_slots_worker_given_up_whose_call_comes_late_is_not_taken_for_its_next_one(tmp_path):
+    """A forked worker killed just after it called back (its call still waiting to be taken) is given up; the
+    slot's next worker is started. The late call carried the slot's secret of the worker given up, and was taken
+    for the next one's: the pool read the dead one's connection, ended the live worker and said 'did not start'
+    (found by benchmarks/chaos.py: a worker killed as the command began, then 'exit code 143' 10 s later). Here
+    the dead worker's call is made by the test, byte for byte a worker's Hello, before the next worker starts."""
+    import socket
+
+    from xp.launching.pool import Pool, Worker
+    from xp.launching.slots import Slot
+    from xp.launching.trialworker import CONNECT_ENV, TOKEN_ENV
+    from xp.launching.zygote import Zygote
+    from xp.studies.channel import Channel, Hello
+
+    zygote = Zygote.start({k: v for k, v in os.environ.items() if k != "XP_SLOT"})
+    slot = Slot(index=0, gpus=(), cores=(0,))
+    pool = Pool([slot], zygote=zygote)
+    try:
+        first = pool._calling_back(slot, "127.0.0.1")  # the variables of the worker that will be given up
+        host, port = first[CONNECT_ENV].rsplit(":", 1)
+        late = Channel(socket.create_connection((host, int(port)), timeout=10))
+        late.send(Hello(first[TOKEN_ENV]))  # it called ...
+        late.close()  # ... and died, before the pool took its call
+        worker = pool._ready(*pool._spawn(slot))  # the slot's next worker
+        assert isinstance(worker, Worker) and worker.proc.poll() is None
+        pool.workers = [worker]
+    finally:
+        pool.__exit__(None, None, None)
+        zygote.close()
+    assert worker.proc.returncode == 0  # it left when told, as a worker that started does

@@ -78,6 +78,7 @@ class Pool:
         self.started: list[tuple[subprocess.Popen, Channel | None, Slot]] = []
         self.listener: socket.socket | None = None  # where workers of other hosts call back
         self.tokens: dict[str, Slot] = {}  # the secret each remote slot's worker says first
+        self.superseded: set[str] = set()  # the secrets of workers given up (a late call of theirs is closed)
         self.arrived: dict[Slot, Channel] = {}
         self.job = secrets.token_hex(6)  # XP_JOB of its remote workers (reaped by it at the end)
         self.closing = threading.Event()  # the pool is ending: no worker joins any more
@@ -187,6 +188,14 @@ class Pool:
         if self.listener is None:
             self.listener = socket.create_server((address, 0))
             self.listener.settimeout(0.5)
+        # the secret of the slot's earlier worker, given up, no longer counts: that one's call, late (it called,
+        # then died before the call was taken), was taken for this one's (found by benchmarks/chaos.py)
+        for old in [t for t, s in self.tokens.items() if s == slot]:
+            del self.tokens[old]
+            self.superseded.add(old)
+        stale = self.arrived.pop(slot, None)
+        if stale is not None:
+            stale.close()
         token = secrets.token_hex(16)
         self.tokens[token] = slot
         address, port = self.listener.getsockname()[:2]
@@ -210,6 +219,10 @@ class Pool:
             except (TimeoutError, OSError, ValueError):  # silent, gone, or bytes that are no message
                 hello = None
             caller = self.tokens.pop(hello.token, None) if isinstance(hello, Hello) else None
+            if caller is None and isinstance(hello, Hello) and hello.token in self.superseded:
+                log.debug("study: a worker given up called back late: its connection is closed")
+                conn.close()
+                continue
             if caller is None:  # not one of ours: dropped, in one line
                 log.warning(f"study: a connection from {_peer(conn)} without a slot's secret was refused")
                 conn.close()
@@ -257,9 +270,11 @@ class Pool:
             except ValueError:
                 break
         if channel is None or not isinstance(msg, Ready):
+            why = getattr(msg, "error", None) or (
+                f"exit code {proc.returncode}" if proc.poll() is not None else
+                "it did not call back" if channel is None else
+                f"it said {type(msg).__name__}, not Ready" if msg is not None else "no answer")
             _end([proc])
-            why = getattr(msg, "error", None) or (f"exit code {proc.returncode}" if proc.poll() is not None
-                                                  else "no answer")
             raise XPError(f"the study's worker for {slot.describe()} did not start ({why})")
         worker = Worker(slot, proc, channel, self.launcher)
         channel.listen(self.inbox, worker)
