@@ -125,6 +125,32 @@ def _machine(request, tmp_path_factory):
         turnstile.close()
 
 
+def pytest_generate_tests(metafunc):
+    """A test marked `mlflow_paths` (those of runs, studies and models that a store's records go through) runs twice:
+    as it is, and with xp's uses of MLflow's internals turned off (xp.tracking.gate, XP_MLFLOW_PUBLIC=1: the path
+    another MLflow 3.x takes), its id ending [public]."""
+    if metafunc.definition.get_closest_marker("mlflow_paths"):
+        metafunc.parametrize("mlflow_path", ["private", "public"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def mlflow_path(request, monkeypatch):
+    """private (MLflow's internals where xp's gate lets it use them), or public: this process and every command the
+    test starts (their environment is this one's) on MLflow's public API only."""
+    path = getattr(request, "param", "private")
+    if path == "private":
+        yield path
+        return
+    from xp.tracking import gate, service
+
+    monkeypatch.setenv(gate.PUBLIC_ENV, "1")
+    for cached in (gate.private_ok, service._code):  # (a service of its own: one on the public path)
+        cached.cache_clear()
+    yield path
+    for cached in (gate.private_ok, service._code):
+        cached.cache_clear()
+
+
 _held: list = []  # this worker's hold on the machine (the locks' files), while its quiet tests run
 
 

@@ -61,3 +61,16 @@ def write_digits_folder(root: Path, per_class: int = 60) -> Path:
         big = cv2.resize((img * 15).astype(np.uint8), (32, 32), interpolation=cv2.INTER_NEAREST)
         cv2.imwrite(str(root / str(y) / f"{counts[int(y)]:04d}.png"), big)
     return root
+
+
+def digit_images(folder, n):
+    """The first n validation digits as 8-bit PNG files named INDEX-LABEL.png."""
+    import cv2
+
+    from xp.data.datasets import _digits_split, _load_digits
+
+    images, target = _load_digits()
+    folder.mkdir()
+    for i in _digits_split(0.2, None)[1][:n]:
+        cv2.imwrite(str(folder / f"{i}-{target[i]}.png"), np.round(images[i] * 255 / 16).astype(np.uint8))
+    return folder

@@ -92,6 +92,7 @@ def one_answer(found: dict[str, int]) -> int:
     return next(iter(found.values()))
 
 
+@pytest.mark.mlflow_paths
 @pytest.mark.slow
 def test_a_study_with_tied_trials_names_one_best_everywhere(tmp_path, store):
     """Three trials tie exactly: the answer is the lowest trial number, in every view; the console says the tie."""

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, mlflow_client, mlflow_runs, run_xp, xp_process
+from images import digit_images
 
 STUDY = """
     study_name: {name}
@@ -35,19 +36,6 @@ _, _, x, y = load_arrays(describe("digits", {"val_fraction": 0.2}))
 scores = np.asarray(model.predict(x))
 print(json.dumps({"shape": list(scores.shape), "accuracy": float((scores.argmax(1) == y).mean())}))
 """
-
-
-def digit_images(folder, n):
-    """The first n validation digits as 8-bit PNG files named INDEX-LABEL.png."""
-    import cv2
-
-    from xp.data.datasets import _digits_split, _load_digits
-
-    images, target = _load_digits()
-    folder.mkdir()
-    for i in _digits_split(0.2, None)[1][:n]:
-        cv2.imwrite(str(folder / f"{i}-{target[i]}.png"), np.round(images[i] * 255 / 16).astype(np.uint8))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +233,7 @@ def test_the_best_alias_moves_to_a_better_trial_while_the_study_runs(tmp_path, s
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
 
+@pytest.mark.mlflow_paths
 @pytest.mark.parametrize("backend", ["gluon", "torch"])
 def test_the_best_epochs_model_is_the_best_epochs_when_a_later_epoch_is_worse(tmp_path, store, backend):
     """lr=0.1 overshoots after its best epoch (gluon's 2nd of 5, torch's 4th): the logged model predicts at the
@@ -264,6 +253,7 @@ def test_the_best_epochs_model_is_the_best_epochs_when_a_later_epoch_is_worse(tm
     assert round(said["accuracy"], 4) == round(best.value, 4), (said, history)
 
 
+@pytest.mark.mlflow_paths
 def test_model_log_none_logs_no_model_and_last_logs_the_last_epochs(tmp_path, store):
     for how in ("none", "last"):
         proc = run_xp(tmp_path / how, store, "epochs=2", f"model.log={how}", f"run_name={how}", "lr=0.5",
@@ -314,6 +304,7 @@ def test_a_models_metrics_are_its_epochs_points_though_another_thread_logged_bet
         t.end("FINISHED")
 
 
+@pytest.mark.mlflow_paths
 def test_a_model_sent_again_after_its_answer_was_lost_is_linked_once_not_left_out(tmp_path, store):
     """The server killed as it committed the run's link to its model: the spool sends the model again, and the store
     refuses the link as a duplicate. It was left out (the run without its model tag); now found linked, it is done."""

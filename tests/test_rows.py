@@ -61,6 +61,7 @@ def _theirs(client, run_id, batch):
                      tags=[RunTag(*t) for t in batch.get("tags", [])], synchronous=True)
 
 
+@pytest.mark.mlflow_paths
 def test_batches_leave_the_same_rows_as_mlflows_log_batch(two_runs):
     db, client, mlflows, ours = two_runs
     own = MlflowClient(client.tracking_uri)
@@ -82,6 +83,7 @@ def test_batches_leave_the_same_rows_as_mlflows_log_batch(two_runs):
     assert client.get_run(ours).data.metrics["acc"] == 0.5  # (NaN's stored 0 at the same step and time: less)
 
 
+@pytest.mark.mlflow_paths
 @pytest.mark.parametrize("case", ["a changed parameter", "a deleted run", "no such run"])
 def test_what_mlflow_refuses_is_refused_the_same_way_and_nothing_of_the_batch_is_written(two_runs, case):
     db, client, mlflows, ours = two_runs
@@ -126,6 +128,7 @@ def test_a_run_created_as_rows_is_the_run_mlflow_creates(store):
     assert client.get_run(mine).info.run_name == "trial-3" and client.get_run(mine).info.user_id == "ann"
 
 
+@pytest.mark.mlflow_paths
 def test_a_run_in_a_deleted_or_missing_experiment_is_refused_as_mlflow_refuses_it(store):
     db, client, _ = store
     gone = client.create_experiment("gone")
@@ -166,6 +169,24 @@ def test_under_an_mlflow_xp_was_not_tested_with_the_public_path_is_taken_and_sai
     monkeypatch.undo()
     gate.private_ok.cache_clear()
     assert gate.private_ok()  # the real MLflow is the tested one (pyproject.toml pins it)
+
+
+def test_the_mlflow_ci_installs_is_the_one_the_gate_lets_xp_use_the_internals_of_and_pyproject_allows_others():
+    """constraints.txt (what CI installs) names the MLflow of xp.tracking.gate.TESTED, whole (its skinny and
+    tracing packages too); pyproject.toml asks for a range of 3.x, not that version (tests/test_install.py: the
+    wheel beside MLflow 3.16.1 and 3.18.0)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from conftest import ROOT
+    from xp.tracking import gate
+
+    pinned = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().split() if "==" in line)
+    assert gate.TESTED == (pinned["mlflow"],) == (pinned["mlflow-skinny"],) == (pinned["mlflow-tracing"],)
+    wanted = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    mlflow = next(r for r in wanted if r.name == "mlflow")
+    assert pinned["mlflow"] in mlflow.specifier and "3.16.1" in mlflow.specifier and "3.99" in mlflow.specifier
 
 
 def test_a_run_ended_as_a_row_is_the_run_mlflow_ends_and_an_ended_run_is_refused_the_same(two_runs):

@@ -32,6 +32,7 @@ def state(tmp_path, monkeypatch):
     service.stop(folder)
 
 
+@pytest.mark.mlflow_paths
 def test_a_run_imports_no_mlflow_and_its_model_and_records_arrive(tmp_path, store, state, monkeypatch):
     r = run_xp(tmp_path, store, "epochs=2", env={"XP_STATE_DIR": str(state), "PYTHONPROFILEIMPORTTIME": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
@@ -95,6 +96,7 @@ def test_a_run_whose_process_went_as_the_service_made_it_is_ended_by_the_service
     assert runs[0].data.tags["xp.ended_by"] == "xp: its process went as its run was made"
 
 
+@pytest.mark.mlflow_paths
 def test_the_stores_refusals_reach_the_runs_console(store, state, caplog):
     """The service's lines about a run (here MLflow refusing a param's name) are said by the run's process."""
     run = Tracker(store, "xp", "refused")
@@ -179,6 +181,7 @@ def test_a_run_whose_spool_is_a_relative_folder_is_delivered_from_the_services_o
     assert not (tmp_path / "outputs" / "run" / "mlflow-spool").exists()  # delivered: gone
 
 
+@pytest.mark.mlflow_paths
 def test_many_trials_at_once_through_one_service_all_arrive_and_a_busy_store_is_retried_not_left_out(
         store, state, caplog):
     """16 trials' runs (settle_later, as a study's 16 workers' are) delivered side by side by one service all

@@ -178,6 +178,7 @@ def load_trials(tmp_path, name="small"):
 
 
 
+@pytest.mark.mlflow_paths
 @pytest.mark.slow
 def test_study_prunes_tracks_and_resumes(tmp_path, store, sweeps):
     d = sweeps("small", SMALL.format(n=8, sampler="random", pruner="median", objectives=ONE))
@@ -336,6 +337,7 @@ def test_a_study_takes_its_settings_and_search_space_from_the_command_line(tmp_p
                            f"momentum={t.params['momentum']}" for t in trials)
 
 
+@pytest.mark.mlflow_paths
 @pytest.mark.slow
 def test_a_killed_sweep_is_continued_by_the_next_one_retrying_the_lost_trial(tmp_path, store, sweeps):
     import time

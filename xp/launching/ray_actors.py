@@ -94,9 +94,12 @@ def _connect(address: str, timeout_s: float) -> Any:
     except Exception as e:  # no cluster there: Ray says so in its own words
         said = one_line(e)[:200]
         if host in ("127.0.0.1", "localhost", "::1"):  # Ray connects through this machine's address instead
-            from ray._private.services import resolve_ip_for_localhost
+            try:  # (Ray's private API, for a hint only: left out under a Ray where it moved)
+                from ray._private.services import resolve_ip_for_localhost
 
-            said += f"; Ray connects to {host} through this machine's address {resolve_ip_for_localhost(host)}"
+                said += f"; Ray connects to {host} through this machine's address {resolve_ip_for_localhost(host)}"
+            except (ImportError, AttributeError):
+                pass
         raise SystemExit(f"launcher.address={address}: no Ray cluster answers there ({said})") from None
     return ray
 

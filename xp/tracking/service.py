@@ -77,10 +77,12 @@ def _code() -> str:
     from importlib.metadata import version
 
     import xp
+    from xp.tracking.gate import public_only
 
     code = Path(xp.__file__).parent
     return (f"{sys.executable}|{code}|{max(p.stat().st_mtime_ns for p in code.rglob('*.py'))}|"
-            f"mlflow {version('mlflow')}|sqlalchemy {version('sqlalchemy')}|protocol {PROTOCOL}")
+            f"mlflow {version('mlflow')}{' public' if public_only() else ''}|sqlalchemy {version('sqlalchemy')}|"
+            f"protocol {PROTOCOL}")
 
 
 def beside(sock: Path, suffix: str) -> Path:
