@@ -400,8 +400,10 @@ class Chaos:
                                                        check=True, timeout=30))
                 else:
                     target = h.name + ":disk"
-                    self.fill(h)
-                    undo = (lambda h=h: self.unfill(h))
+                    enter = self.fill(h)
+                    if enter is None:
+                        return None
+                    undo = (lambda enter=enter: self.unfill(enter))
             fault = Fault(kind, target.split(":")[0], time.time(), detail=f"{seconds:.0f} s")
             self.busy.add(target)
 
@@ -430,18 +432,30 @@ class Chaos:
             return Fault(kind, h.name, time.time())
         raise ValueError(kind)
 
-    def _in_mounts(self, h) -> list[str]:
-        return [] if h.holder is None else ["nsenter", "-t", str(h.holder.pid), "-m"]
+    def _in_mounts(self, h) -> list[str] | None:
+        """Where the host's checkpoint folder is seen: a worker host's mount namespace (its holder's); on the
+        launcher, a network namespace only, the local command's own (`ip netns exec` gives each command a copy of
+        this machine's mounts: a tmpfs over this machine's folder was copied into a command started meanwhile and
+        stayed there after it was removed, every later trial of that command failing: found by the 100-fault
+        run); None: no local command runs now."""
+        if h.holder is not None:
+            return ["nsenter", "-t", str(h.holder.pid), "-m"]
+        local = self.commands[0].proc
+        return None if local is None or local.poll() is not None else ["nsenter", "-t", str(local.pid), "-m"]
 
-    def fill(self, h) -> None:
-        """The host's checkpoint folder full: a 64 KiB tmpfs over it, filled."""
+    def fill(self, h) -> list[str] | None:
+        """The host's checkpoint folder full: a 64 KiB tmpfs over it, filled; how to enter where it is."""
         enter = self._in_mounts(h)
+        if enter is None:
+            return None
         script = (f"mkdir -p {self.ckpt} && mount -t tmpfs -o size=64k chaos-full {self.ckpt} && "
                   f"(dd if=/dev/zero of={self.ckpt}/.filler bs=4k count=100 2>/dev/null; true)")
         subprocess.run([*enter, "sh", "-c", script], check=True, timeout=30)
+        return enter
 
-    def unfill(self, h) -> None:
-        subprocess.run([*self._in_mounts(h), "umount", "-l", self.ckpt], check=True, timeout=30)
+    def unfill(self, enter: list[str]) -> None:
+        # (the local command may have gone meanwhile, and its mounts with it)
+        subprocess.run([*enter, "umount", "-l", self.ckpt], check=False, timeout=30)
 
     # --- the run ---------------------------------------------------------------------------------------------------
     def run(self) -> None:

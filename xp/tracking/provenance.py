@@ -45,7 +45,11 @@ def _git() -> dict[str, str]:
         _git_tags = {}
         if (root / ".git").exists():
             try:
-                run = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,  # noqa: E731
+                # (no optional locks: `git status` refreshes the index under .git/index.lock, which a run killed
+                # at that moment left behind, and every git command in the user's checkout then failed: found by
+                # benchmarks/chaos.py)
+                run = lambda *a: subprocess.run(["git", "--no-optional-locks", "-C", str(root), *a],  # noqa: E731
+                                                capture_output=True,
                                                 text=True, timeout=5, check=True).stdout.strip()
                 _git_tags = {"mlflow.source.git.commit": run("rev-parse", "HEAD"),
                              "xp.git.dirty": str(bool(run("status", "--porcelain", "--untracked-files=no"))).lower()}
