@@ -144,10 +144,10 @@ def mlflow_path(request, monkeypatch):
     from xp.tracking import gate, service
 
     monkeypatch.setenv(gate.PUBLIC_ENV, "1")
-    for cached in (gate.private_ok, service._code):  # (a service of its own: one on the public path)
+    for cached in (gate.private_ok, service.identity):  # (a service of its own: one on the public path)
         cached.cache_clear()
     yield path
-    for cached in (gate.private_ok, service._code):
+    for cached in (gate.private_ok, service.identity):
         cached.cache_clear()
 
 

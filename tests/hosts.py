@@ -259,9 +259,9 @@ class Cluster:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
             except OSError:
                 continue
-            # (the user's tracking service, xp.tracking.daemon, outlives the command that started it by design;
+            # (the user's tracking service, xp.trackingd, outlives the command that started it by design;
             # stop() ends it with the host)
-            if cmd and not cmd.startswith("nsenter ") and "xp.tracking.daemon" not in cmd:
+            if cmd and not cmd.startswith("nsenter ") and "xp.trackingd" not in cmd:
                 found.append(f"{pid} {cmd}")
         return found
 

@@ -176,10 +176,10 @@ def _connections(p: psutil.Process) -> list:
 
 def _nothing_left(started: list[psutil.Process]) -> None:
     time.sleep(0.5)
-    # (the user's tracking service, xp.tracking.daemon, outlives the command that started it by design: the first
+    # (the user's tracking service, xp.trackingd, outlives the command that started it by design: the first
     # test of a session to log starts it)
     alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-             and "xp.tracking.daemon" not in p.cmdline()]
+             and "xp.trackingd" not in p.cmdline()]
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
 
 

@@ -146,7 +146,7 @@ def xp_processes(c) -> dict[str, list[str]]:
             cmd = command_line(pid).strip()
             if (" -m xp" in cmd or "xp.launching" in cmd or cmd.startswith("ray::Process")) \
                     and "ray_actors nodes" not in cmd and "mlflow" not in cmd \
-                    and "xp.tracking.daemon" not in cmd:  # (the user's tracking service outlives commands)
+                    and "xp.trackingd" not in cmd:  # (the user's tracking service outlives commands)
                 mine.append(f"{pid} {cmd[:160]}")
         left[h.name] = mine
     return left
@@ -340,7 +340,7 @@ def test_without_an_address_a_command_runs_on_a_ray_cluster_of_its_machine_which
 
     def its_processes() -> list[str]:  # the cluster's (ray start, gcs_server, raylet, ray::IDLE workers, ...)
         return [cmd for pid in c.launcher.pids() - before if "ray" in (cmd := command_line(pid)).lower()
-                and "xp.tracking.daemon" not in cmd]
+                and "xp.trackingd" not in cmd]
 
     deadline = time.monotonic() + 20  # (its idle workers end once their raylet has)
     while its_processes():

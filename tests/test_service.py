@@ -29,7 +29,7 @@ def state(tmp_path, monkeypatch):
     monkeypatch.setenv("XP_STATE_DIR", str(folder))
     monkeypatch.setattr(service, "starts", True)  # (as a command's process: xp.cli)
     yield folder
-    service.stop(folder)
+    service.stop(folder, every=True)
 
 
 @pytest.mark.mlflow_paths
@@ -68,7 +68,7 @@ def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env) for _ in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     assert len(_service_pids(state)) == 1
-    services = [p for p in psutil.process_iter(["cmdline"]) if "xp.tracking.daemon" in (p.info["cmdline"] or [])
+    services = [p for p in psutil.process_iter(["cmdline"]) if "xp.trackingd" in (p.info["cmdline"] or [])
                 and str(state) in " ".join(p.info["cmdline"])]
     assert len(services) == 1
     _, runs = mlflow_runs(store)
@@ -233,14 +233,14 @@ def test_the_service_is_keyed_by_what_it_writes_with_said_once_and_ended_by_its_
     import importlib.metadata
 
     real = importlib.metadata.version
-    service._code.cache_clear()
+    service.identity.cache_clear()
     before = service.socket_path()
     for name in ("mlflow", "sqlalchemy"):
         monkeypatch.setattr(importlib.metadata, "version", lambda n, name=name: "9.9.9" if n == name else real(n))
-        service._code.cache_clear()
+        service.identity.cache_clear()
         assert service.socket_path() != before
     monkeypatch.setattr(importlib.metadata, "version", real)
-    service._code.cache_clear()
+    service.identity.cache_clear()
     assert service.socket_path() == before
 
     env = {"XP_STATE_DIR": str(state)}
@@ -253,7 +253,63 @@ def test_the_service_is_keyed_by_what_it_writes_with_said_once_and_ended_by_its_
     [pid] = _service_pids(state)
     tool = lambda what: subprocess.run([sys.executable, "-m", "xp.tracking", what], cwd=ROOT, capture_output=True,  # noqa: E731
                                        text=True, timeout=60, env={**os.environ, **env})
-    assert f"tracking service: process {pid}," in tool("status").stdout
-    assert tool("stop").stdout.strip() == f"tracking service: ended process {pid}"
+    said = tool("status").stdout
+    assert said.startswith(f"tracking service {pid} (this checkout's)\n  checkout   {ROOT / 'xp'} (Python "), said
+    assert f"MLflow {importlib.metadata.version('mlflow')}, SQLAlchemy " in said and f"  state      {state}\n" in said
+    assert f"  stores     {store}\n" in said and "  now        0 run(s) or command(s) connected; idle " in said
+    assert tool("stop").stdout.strip() == f"tracking service {pid} ended (this checkout's)"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert tool("status").stdout.startswith("no tracking service runs for ")
+
+
+def test_stop_ends_this_checkouts_service_only_and_a_service_superseded_by_its_checkouts_newer_one_goes(
+        tmp_path, state):
+    """Two checkouts of xp (a second clone's code, here a copy of xp/) each have their service in the one state
+    folder: `status` says whose each is; `stop` ends this checkout's and leaves the other running (`--every` ends
+    it too). A checkout whose code changed starts a new service; the one it supersedes goes once it is idle
+    (it idled 30 minutes)."""
+    import shutil
+    import time
+
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "xp", clone / "xp", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "XP_STATE_DIR": str(state)}
+    env.pop("PYTHONPATH", None)
+    start = "from xp.tracking import service; service.starts = True; service.connect().close()"
+
+    def start_in_clone() -> None:
+        done = subprocess.run([sys.executable, "-c", start], cwd=clone, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    def tool(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "xp.tracking", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    service.connect().close()  # this checkout's service
+    start_in_clone()
+    services = {said.checkout: (process.pid, said) for process, said in service.running(state)}
+    assert set(services) == {str(ROOT / "xp"), str(clone / "xp")}, services
+    ours, theirs = services[str(ROOT / "xp")][0], services[str(clone / "xp")][0]
+    said = tool("status")
+    assert f"tracking service {ours} (this checkout's)" in said and \
+        f"tracking service {theirs} (another checkout's: {clone / 'xp'})" in said, said
+    said = tool("stop")
+    assert said.startswith(f"tracking service {ours} ended (this checkout's)\nleft running: 1 of other checkouts "
+                           f"(process {theirs}:"), said
+    assert psutil.pid_exists(theirs) and psutil.Process(theirs).status() != psutil.STATUS_ZOMBIE
+
+    edited = clone / "xp" / "errors.py"  # the clone's code changes: its next command starts another service
+    edited.write_text(edited.read_text() + "\n")
+    os.utime(edited, (time.time() + 5, time.time() + 5))
+    start_in_clone()
+    psutil.Process(theirs).wait(60)  # the one it superseded, idle, goes (bounded: a failure if it stays)
+    [(process, newer)] = service.running(state)
+    assert newer.checkout == str(clone / "xp") and process.pid != theirs
+    log = "".join(p.read_text() for p in (state / "service").glob("*.log"))
+    assert f"superseded by service {process.pid} (the same checkout's, started since), gone" in log
+    assert tool("stop", "--every").startswith(f"tracking service {process.pid} ended (another checkout's: ")
+    assert service.running(state) == []
+

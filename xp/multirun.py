@@ -93,6 +93,7 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
     study's answer names them (xp.answers), a sweep's varied keys, against the objective(s)."""
     from xp.tracking import service
     from xp.readback.work import sweep_result
+    from xp.tracking.messages import SweepResult
 
     study = config.get("sweep") or {}
     params = [k for k in swept.split(",") if k]
@@ -101,11 +102,11 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
     answer = _answer(study, name) if study else None
     if study:
         params = answer.searched if answer is not None else list(study.get("params") or {})
-    return service.call(parent.uri, sweep_result, experiment_id=str(parent.experiment_id), parent=parent.run_id,
-                        kind=kind, params=params, metrics=metrics, study=name,
-                        ranked=bool(answer is not None and answer.ranking),
-                        confirmed=bool(answer is not None and answer.confirmed),
-                        last_epoch=answer.extra.get("last_epoch") if answer is not None else None)
+    return service.call(SweepResult(parent.uri, str(parent.experiment_id), parent.run_id, kind, params, metrics,
+                                    study=name, ranked=bool(answer is not None and answer.ranking),
+                                    confirmed=bool(answer is not None and answer.confirmed),
+                                    last_epoch=answer.extra.get("last_epoch") if answer is not None else None),
+                        sweep_result)
 
 
 def _answer(study: dict[str, Any], name: str | None) -> Any:
@@ -171,10 +172,11 @@ def deliver_left_over(uri: str, wait_s: float = DELIVER_S) -> int:
     delivered, within wait_s in all; one line says how many records still wait. Returns that number."""
     from xp.tracking import service
     from xp.tracking.leftovers import deliver_left, pending
+    from xp.tracking.messages import DeliverLeft
 
     if not pending(uri):  # (the common case: nothing left, no call to the service)
         return 0
-    left = service.call(uri, deliver_left, wait_s=wait_s)  # (by the tracking service: this process imports no
+    left = service.call(DeliverLeft(uri, wait_s), deliver_left)  # (by the tracking service: this process imports no
     # MLflow; delivered by this one if the service does not serve the store)
     if left:
         from xp.errors import redact

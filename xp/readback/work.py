@@ -1,5 +1,5 @@
 """The MLflow work a sweep's or a study's command does besides its runs, each a function of JSON in and JSON out
-(CALLS) that the tracking service runs for the command (`service.call`), so that the command never imports MLflow
+that the tracking service runs for the command (an operation of its protocol each: xp.trackingd), so that the command never imports MLflow
 on a SQLite store (2-3 s of CPU beside its trials on a 2-core machine); without a service the command runs it.
 
 - `sweep_result`: the sweep's children read back (its table's rows), the parent's summary params and tags, the UI's
@@ -15,7 +15,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from xp.states import RunStatus
 
@@ -145,5 +145,3 @@ def search_all(client: Any, experiment_ids: list[str], filter_string: str = "", 
         if not token:
             return runs
 
-
-CALLS: dict[str, Callable[..., Any]] = {f.__name__: f for f in (sweep_result, study_result, best_model)}

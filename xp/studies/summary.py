@@ -74,9 +74,10 @@ def summarize(study: Study, spec: StudySpec, search: Search, tracking_uri: str |
     if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
         from xp.tracking import service
         from xp.readback.work import study_result
+        from xp.tracking.messages import StudyResult
 
-        said = service.call(tracking_uri, study_result, parent=parent, register_model=spec.register_model or "",
-                            answer=answer.as_dict(), counts_line=counts_line(tally))
+        said = service.call(StudyResult(tracking_uri, parent, spec.register_model or "", answer.as_dict(),
+                                        counts_line(tally)), study_result)
         if said:
             log.info(f"  {said}")
     return answer
@@ -120,6 +121,7 @@ class BestModel:
     def _loop(self) -> None:
         from xp.tracking import service
         from xp.readback.work import best_model
+        from xp.tracking.messages import BestModel
 
         while not self._closing:
             self._wake.wait(timeout=self.POLL_S if self._waiting is not None else None)
@@ -132,8 +134,8 @@ class BestModel:
                 if now is not None and now.trial == leader.trial:  # the run starts: read it again)
                     leader.mlflow_run_id = now.mlflow_run_id
                 if leader.mlflow_run_id:  # (by the tracking service, where there is one)
-                    answer = service.call(self.uri, best_model, name=self.spec.register_model or "",
-                                          member=dataclasses.asdict(leader))
+                    answer = service.call(BestModel(self.uri, self.spec.register_model or "",
+                                                    dataclasses.asdict(leader)), best_model)
                     if answer["said"]:
                         log.info(f"study {self.spec.study_name}: {answer['said']}")
                     elif answer["waiting"]:

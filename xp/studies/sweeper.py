@@ -231,11 +231,11 @@ def _end_runs(uri: str | None, numbers: list[int], why: str, state: RunStatus, p
     answer."""
     from xp.tracking import service
     from xp.tracking.ending import end_lost
+    from xp.tracking.messages import EndLost
 
     parent = parent or os.environ.get("XP_PARENT_RUN_ID")
     if parent and uri and numbers:  # (by the tracking service: this process imports no MLflow)
-        return service.call(uri, end_lost, parent=parent, trial_numbers=numbers, why=why, state=state,
-                            study=study) is not None
+        return service.call(EndLost(uri, parent, numbers, why, state, study), end_lost) is not None
     return True
 
 

@@ -1,30 +1,35 @@
-"""The tracking service's own process (xp.tracking.service says what it is for): `python -m xp.tracking.daemon
-SOCKET PIDFILE`, started by the first run that needs it.
+"""The tracking service's own process (xp.tracking.service says what it is for), started by the first run that
+needs it as `python -m xp.trackingd SOCKET PIDFILE IDENTITY` (that module names the operations it does for
+commands, and calls `main` here).
 
 It listens on the Unix socket SOCKET, imports MLflow once, and serves each run's connection on a thread: it
 creates the run (Tracker, as the run's process would, with the tags that process gave), then drains the run's
 spool (xp.tracking.spool.Drain, reading the file the run's process appends to); the store's lines (away, back,
 refused) go to the run's console. A run killed before its end leaves what is not delivered in its spool, as any
-killed run does. It exits after XP_SERVICE_IDLE_S without a connection, or when its socket is removed or taken.
+killed run does. It says what it is beside its PIDFILE (.json: service.Identity) and, asked (Status), what it
+serves. It exits after XP_SERVICE_IDLE_S without a connection, once idle when a newer service of its checkout
+started in its state folder (its code changed), or when its socket is removed or taken.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from xp.errors import ConfigError, one_line, redact
-from xp.tracking.messages import TRACKING, Call, Close, Closed, Last, Open, Refused, Reopen, Result, Say, Start, Started
-from xp.tracking.service import IDLE_S
+from xp.tracking.messages import (TRACKING, Close, Closed, Last, Op, Open, Refused, Reopen, Result, Say, Serving, Start,
+                                  Started, Status)
+from xp.tracking.service import IDLE_S, Identity
 from xp.tracking.spool import Drain
 from xp.wire import Channel, Message
 
@@ -36,6 +41,10 @@ _live: set[Connection] = set()
 _lock = threading.Lock()
 _calls = threading.Lock()
 _gates: dict[str, Gate] = {}  # store -> its writers' turns
+_ops: dict[type[Op], Callable[..., Any]] = {}  # what the service does for each operation (main's caller names them)
+_stores: set[str] = set()  # the stores it served (redacted): `python -m xp.tracking status`
+_idle_since = [time.monotonic()]  # since when no run or command has been connected
+SUPERSEDED_S = 5.0  # how often an idle service looks for a newer one of its checkout
 
 
 class Gate:
@@ -95,6 +104,7 @@ class Connection:
         self.tracker: Any = None  # (xp.tracking.tracker.Tracker, once the run is asked for)
         self.drain: ServedDrain | None = None  # (once the run's process opened its spool)
         self.created: str | None = None  # the run made for it (its id)
+        self.serves = True  # a run's or a command's (not `status` asking what the service serves)
         self._send_lock = threading.Lock()
 
     def tell(self, msg: Message) -> None:
@@ -123,14 +133,21 @@ class Connection:
                 _live.discard(self)
 
     def handle(self, msg: Message) -> None:
+        if not isinstance(msg, Status):
+            _idle_since[0] = time.monotonic()
         if isinstance(msg, Start):
             self.tell(self.start(msg))
         elif isinstance(msg, Open):
             self.open(Path(msg.folder), msg.artifact_uri)
         elif isinstance(msg, Last) and self.drain is not None:
             self.drain.last()
-        elif isinstance(msg, Call):
-            self.tell(self.call(msg.work, msg.args))
+        elif isinstance(msg, Op):
+            self.tell(self.call(msg))
+        elif isinstance(msg, Status):
+            self.serves = False
+            with _lock:
+                connections = sum(c.serves for c in _live)
+            self.tell(Serving(sorted(_stores), connections, round(time.monotonic() - _idle_since[0], 1)))
         elif isinstance(msg, Close) and self.drain is not None:
             self.tell(Closed(self.drain.close(msg.wait), self.drain.left()))
 
@@ -138,6 +155,7 @@ class Connection:
         from xp.tracking.stores import open_client, trim
         from xp.tracking.tracker import Tracker
 
+        _stores.add(redact(msg.uri))
         self.tracker = tracker = Tracker(msg.uri, msg.experiment, msg.run_name, parent_run_id=msg.parent,
                                          tags=msg.tags, tidy=msg.tidy, start_ms=msg.start_ms,
                                          settle_later=msg.settle_later, stamped=True,
@@ -170,18 +188,13 @@ class Connection:
             log.warning("run %s: its process went as it was made; it could not be ended here: %s", run_id,
                         one_line(e)[:200])
 
-    def call(self, work: str, args: dict[str, Any]) -> Message:
-        """A command's MLflow work (`work`: "MODULE:NAME", a function an xp module offers in its CALLS, e.g.
-        xp.readback.work), one at a time (MLflow's registry reads its tracking store from a global: two at once
-        could cross)."""
-        import importlib
-
+    def call(self, op: Op) -> Message:
+        """A command's MLflow work `op`, by the function the service's process names for its kind (xp.trackingd),
+        one at a time (MLflow's registry reads its tracking store from a global: two at once could cross)."""
+        _stores.add(redact(op.uri))
         try:
-            module, name = work.split(":")
-            if not module.startswith("xp."):
-                raise ValueError(f"not xp's: {work}")
             with _calls:
-                return Result(importlib.import_module(module).CALLS[name](**args))
+                return Result(_ops[type(op)](**op.args()))
         except Exception as e:  # noqa: BLE001 - the command meets it as it would have
             return Refused(f"{type(e).__name__}: {one_line(e)[:300]}")
 
@@ -215,46 +228,60 @@ def _still_ours(path: Path, inode: int) -> bool:
         return False
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], ops: dict[type[Op], Callable[..., Any]]) -> int:
+    """SOCKET PIDFILE IDENTITY (service.Identity, as JSON): serve there, doing `ops` for commands, until idle for
+    IDLE_S, superseded by a newer service of the same checkout once idle, or told to go (SIGTERM, its socket
+    taken)."""
+    from xp.tracking.service import superseded
+
     path, pid_file = Path(argv[0]), Path(argv[1])
+    said = Identity(**json.loads(argv[2]))
+    said.pid, said.started, said.socket = os.getpid(), time.time(), str(path)
+    _ops.update(ops)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))  # (the starting run holds the lock and removed a dead service's socket)
     server.listen(64)
     inode = path.stat().st_ino
+    pid_file.with_suffix(".json").write_text(json.dumps(asdict(said)))  # (what it is: `python -m xp.tracking status`)
     pid_file.write_text(str(os.getpid()))  # (who serves: `service.stop`)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     log.setLevel(logging.INFO)
     log.addHandler(Forward())
     log.propagate = True
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # (its runs go on without it: service.Served)
+    # told to stop (service.stop): it leaves at its loop's next turn (its runs go on without it: service.Served). A
+    # handler that raised was lost when the signal came as it imported MLflow (under the import system's locks)
+    told = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: told.set())
     log.info("xp tracking service %d on %s", os.getpid(), path)
     _warm()
     server.settimeout(1.0)
-    idle_since = time.monotonic()
-    while _still_ours(path, inode):
+    why, looked = f"idle {IDLE_S:.0f} s", 0.0
+    while _still_ours(path, inode) and not told.is_set():
         try:
             sock, _ = server.accept()
         except socket.timeout:
             with _lock:
-                busy = bool(_live)
+                busy = any(c.serves for c in _live)
             if busy:
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > IDLE_S:
+                _idle_since[0] = time.monotonic()
+            elif time.monotonic() - _idle_since[0] > IDLE_S:
                 break
+            elif time.monotonic() - looked > SUPERSEDED_S:  # nothing to deliver: a newer one of its checkout ends it
+                looked = time.monotonic()
+                if (newer := superseded(said, pid_file.parent.parent)) is not None:
+                    why = f"superseded by service {newer} (the same checkout's, started since)"
+                    break
             continue
         sock.settimeout(None)
         connection = Connection(sock)
         with _lock:
             _live.add(connection)
-        idle_since = time.monotonic()
         threading.Thread(target=connection.serve, name=f"run-{sock.fileno()}", daemon=True).start()
     if _still_ours(path, inode):
         path.unlink()  # new runs start a new service from now on
+    if pid_file.exists() and pid_file.read_text() == str(os.getpid()):
         pid_file.unlink(missing_ok=True)
+        pid_file.with_suffix(".json").unlink(missing_ok=True)
     server.close()
-    log.info("xp tracking service %d: idle %.0f s, gone", os.getpid(), IDLE_S)
+    log.info("xp tracking service %d: %s, gone", os.getpid(), "told to stop" if told.is_set() else why)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -60,5 +60,3 @@ def end_for(client: Any, run_id: str, why: str, state: RunStatus) -> None:
     client.set_tag(run_id, "xp.ended_by", f"xp: {why}")
     client.set_terminated(run_id, state)
 
-
-CALLS = {"end_lost": end_lost}  # (run by the tracking service for a study's command: service.call)

@@ -135,5 +135,3 @@ def end_orphans(client: Any, uri: str, experiment_id: str) -> list[str]:
         ended.append(run.info.run_id)
     return ended
 
-
-CALLS = {"deliver_left": deliver_left}  # (run by the tracking service for a sweep's command: service.call)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import json
 import logging
 import os
 import queue
@@ -28,10 +29,11 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.tracking.messages import TRACKING, Call, Close, Closed, Last, Open, Refused, Result, Say, Start
+from xp.tracking.messages import TRACKING, Close, Closed, Last, Op, Open, Refused, Result, Say, Serving, Start, Status
 from xp.tracking.spool import Spool, bounded, said_left, state_dir
 from xp.wire import Channel, Message
 
@@ -45,7 +47,8 @@ START_S = 30.0  # how long a run waits for a new service to answer before doing 
 ASK_S = 60.0  # how long a request other than a run's creation or end may go unanswered (the service is stuck)
 CALL_S = 600.0  # ... and the command's MLflow work (xp.readback.work: a study's end waits for its store)
 IDLE_S = float(os.environ.get("XP_SERVICE_IDLE_S", 1800))  # a service without a run for this long ends (daemon)
-PROTOCOL = 3  # the messages between a run and the service; a change makes another service (3: xp.wire's codec)
+PROTOCOL = 4  # the messages between a run and the service; a change makes another service (4: its operations typed)
+DAEMON = "xp.trackingd"  # the service's process: python -m DAEMON SOCKET PIDFILE IDENTITY
 
 
 class Unavailable(Exception):
@@ -70,19 +73,39 @@ def socket_path() -> Path:
     return path
 
 
+@dataclass
+class Identity:
+    """What a service is keyed by (a change of any makes another service), and where it serves: written by the
+    service beside its .pid (.json), said by `python -m xp.tracking status`."""
+    checkout: str  # xp's code: its folder
+    python: str
+    changed_ns: int  # the latest change of xp's code
+    mlflow: str  # the MLflow and SQLAlchemy it writes with (+ " public": on MLflow's public API only)
+    sqlalchemy: str
+    protocol: int
+    state: str  # xp's state folder
+    pid: int = 0  # (the service's own, as it starts)
+    started: float = 0.0
+    socket: str = ""
+
+
 @functools.lru_cache(maxsize=1)
-def _code() -> str:
-    """What the service depends on, read once a process: this Python, this xp's code (its folder, its files' latest
-    change), the MLflow and SQLAlchemy it writes with (their installed versions: nothing imported), the protocol."""
+def identity() -> Identity:
+    """This process's service's, read once a process (installed versions: nothing imported)."""
     from importlib.metadata import version
 
     import xp
     from xp.tracking.gate import public_only
 
     code = Path(xp.__file__).parent
-    return (f"{sys.executable}|{code}|{max(p.stat().st_mtime_ns for p in code.rglob('*.py'))}|"
-            f"mlflow {version('mlflow')}{' public' if public_only() else ''}|sqlalchemy {version('sqlalchemy')}|"
-            f"protocol {PROTOCOL}")
+    return Identity(str(code), sys.executable, max(p.stat().st_mtime_ns for p in code.rglob("*.py")),
+                    version("mlflow") + (" public" if public_only() else ""), version("sqlalchemy"), PROTOCOL,
+                    str(state_dir()))
+
+
+def _code() -> str:
+    i = identity()
+    return f"{i.python}|{i.checkout}|{i.changed_ns}|mlflow {i.mlflow}|sqlalchemy {i.sqlalchemy}|protocol {i.protocol}"
 
 
 def beside(sock: Path, suffix: str) -> Path:
@@ -201,10 +224,12 @@ def _spawn(path: Path) -> subprocess.Popen:
     """The service, in its own session (a run's Ctrl-C is not its), with nothing of the run's console or
     environment that says where a run is (it is told per run)."""
     env = {k: v for k, v in os.environ.items() if k not in ("XP_PLACED_TAGS", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
+    # the service runs this process's xp, wherever it is imported from (a checkout not installed, say)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(identity().checkout).parent), env.get("PYTHONPATH")]))
     with open(beside(path, ".log"), "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "xp.tracking.daemon", str(path), str(beside(path, ".pid"))],
-                                cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                start_new_session=True, close_fds=True)
+        return subprocess.Popen([sys.executable, "-m", DAEMON, str(path), str(beside(path, ".pid")),
+                                 json.dumps(asdict(identity()))], cwd="/", env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=out, start_new_session=True, close_fds=True)
 
 
 def create_run(request: Start) -> tuple[Link, Message]:
@@ -218,15 +243,16 @@ class CallFailed(Exception):
     """What the service said when the command's MLflow work it did for it failed (the store away, say)."""
 
 
-def call(uri: str, work: Callable[..., Any], **args: Any) -> Any:
-    """`work(uri=uri, **args)`, the command's MLflow work (a function in its module's CALLS: xp.readback.work's) on the store `uri`,
-    done by the service; by this process where the service does not serve that store or cannot be reached.
-    CallFailed: the service's one line for an exception it met, which the caller takes as it would the exception."""
-    if usable(uri):
+def call(op: Op, work: Callable[..., Any]) -> Any:
+    """The command's MLflow work `op` (an operation of the protocol: its store and arguments), done by the service
+    (the function xp.trackingd names for its kind: `work`); by this process, `work(**op.args())`, where the
+    service does not serve that store or cannot be reached. CallFailed: the service's one line for an exception
+    it met, which the caller takes as it would the exception."""
+    if usable(op.uri):
         try:
             link = connect()
             try:
-                answer = link.ask(Call(f"{work.__module__}:{work.__name__}", {"uri": uri, **args}), CALL_S)
+                answer = link.ask(op, CALL_S)
             finally:
                 link.close()
             if isinstance(answer, Refused):
@@ -235,7 +261,7 @@ def call(uri: str, work: Callable[..., Any], **args: Any) -> Any:
             return answer.value
         except Unavailable as e:
             log.info("%s: this process does its MLflow work itself", e)
-    return work(uri=uri, **args)
+    return work(**op.args())
 
 
 class Served:
@@ -304,36 +330,83 @@ class Served:
         self.local.settled(timeout_s)
 
 
-def running(folder: Path | None = None) -> list[Any]:
-    """The services that serve xp's state folder `folder` (or this process's), as psutil processes."""
+def running(folder: Path | None = None) -> list[tuple[Any, Identity | None]]:
+    """The services that serve xp's state folder `folder` (or this process's): each a psutil process and what it
+    said it is (None: a service of an xp from before services said it)."""
     import psutil
 
     found = []
     for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
         try:
             process = psutil.Process(int(pid_file.read_text()))
-            if "xp.tracking.daemon" in process.cmdline():
-                found.append(process)
+            if not {DAEMON, "xp.tracking.daemon"} & set(process.cmdline()):
+                continue
         except (OSError, ValueError, psutil.Error):
-            pass
+            continue
+        try:
+            said = Identity(**json.loads(pid_file.with_suffix(".json").read_text()))
+        except (OSError, ValueError, TypeError):
+            said = None
+        found.append((process, said if said is not None and said.pid == process.pid else None))
     return found
 
 
-def stop(folder: Path | None = None) -> list[int]:
-    """End the services that serve xp's state folder `folder` (or this process's), by their process ids;
-    returns those ids. Their runs go on, each delivering its own records (Served)."""
+def mine(said: Identity | None) -> bool:
+    """Whether a service is this checkout's (this xp's code, this Python)."""
+    return said is not None and (said.checkout, said.python) == (identity().checkout, identity().python)
+
+
+def superseded(said: Identity, folder: Path) -> int | None:
+    """A newer service of the same checkout and Python in the same state folder (its xp's code changed since, or
+    its MLflow), by its process id: the service `said` is no longer the one its runs start."""
+    newer = [other.pid for process, other in running(folder) if other is not None and other.pid != said.pid and
+             (other.checkout, other.python) == (said.checkout, said.python) and other.started > said.started]
+    return newer[0] if newer else None
+
+
+def ask_status(said: Identity) -> Serving | None:
+    """What a live service serves, asked on its socket; None where it does not answer."""
+    try:
+        link = Link(_connected(Path(said.socket)))
+    except OSError:
+        return None
+    try:
+        answer = link.ask(Status(), 5.0)
+        return answer if isinstance(answer, Serving) else None
+    except Unavailable:
+        return None
+    finally:
+        link.close()
+
+
+def stop(folder: Path | None = None, every: bool = False) -> list[tuple[int, Identity | None]]:
+    """End this checkout's services (`every`: every service) that serve xp's state folder `folder` (or this
+    process's), by their process ids; returns them, with what each said it is. Their runs go on, each delivering
+    its own records (Served)."""
     import signal
 
     import psutil
 
     ended = []
-    for process in running(folder):
+    for process, said in running(folder):
+        if not (every or mine(said)):
+            continue
         try:
             process.send_signal(signal.SIGTERM)
-            process.wait(10)
-            ended.append(process.pid)
+            try:
+                process.wait(15)
+            except psutil.TimeoutExpired:
+                if process.status() != psutil.STATUS_ZOMBIE:  # (ended, not yet reaped by its parent: a run of ours)
+                    continue
+            ended.append((process.pid, said))
         except psutil.Error:
             pass
-    for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
-        pid_file.unlink(missing_ok=True)
+    for pid, _ in ended:
+        for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
+            try:
+                if int(pid_file.read_text()) == pid:
+                    pid_file.unlink(missing_ok=True)
+                    pid_file.with_suffix(".json").unlink(missing_ok=True)
+            except (OSError, ValueError):
+                pass
     return ended
