@@ -61,7 +61,6 @@ def _theirs(client, run_id, batch):
                      tags=[RunTag(*t) for t in batch.get("tags", [])], synchronous=True)
 
 
-@pytest.mark.mlflow_paths
 def test_batches_leave_the_same_rows_as_mlflows_log_batch(two_runs):
     db, client, mlflows, ours = two_runs
     own = MlflowClient(client.tracking_uri)
@@ -128,7 +127,6 @@ def test_a_run_created_as_rows_is_the_run_mlflow_creates(store):
     assert client.get_run(mine).info.run_name == "trial-3" and client.get_run(mine).info.user_id == "ann"
 
 
-@pytest.mark.mlflow_paths
 def test_a_run_in_a_deleted_or_missing_experiment_is_refused_as_mlflow_refuses_it(store):
     db, client, _ = store
     gone = client.create_experiment("gone")

@@ -1,5 +1,5 @@
 """The tracking service, seen from a run's process: a long-lived process of this user and machine
-(xp.tracking.daemon) that creates a SQLite store's runs and drains their spools (xp.tracking.spool), so that a run
+(xp.trackingd, serving as xp.tracking.daemon says) that creates a SQLite store's runs and drains their spools (xp.tracking.spool), so that a run
 does not import MLflow or open its store (3.4 s of a 5-s command).
 
 A run on a SQLite store asks the service to create its MLflow run (`create_run`) and to drain its spool (`Served`);
@@ -8,10 +8,11 @@ it appends its records to the spool's file as any run does, and hears back the s
 if the service goes away mid-run, the run's own Drain goes on from the spool's `delivered` mark: the same reader
 of the same file, so nothing is lost or sent twice. XP_TRACKING_SERVICE=0 turns the service off.
 
-One service per xp install (its code, the MLflow and SQLAlchemy it writes with, the protocol), user, machine and
-state folder ($XP_STATE_DIR), started by the first run that needs it (under a lock: two runs starting at once share
-one; the command that starts it says so) and gone after XP_SERVICE_IDLE_S (1800) without runs, or at
-`python -m xp.tracking stop`.
+One service per xp checkout or install (its code, the Python, the MLflow and SQLAlchemy it writes with, the
+protocol: `Identity`), user, machine and state folder ($XP_STATE_DIR), started by the first run that needs it
+(under a lock: two runs starting at once share one; the command that starts it says so) and gone after
+XP_SERVICE_IDLE_S (1800) without runs, once idle when a newer one of its checkout started (its code changed), or at
+`python -m xp.tracking stop` (this checkout's; `--every`: every checkout's).
 """
 
 from __future__ import annotations
