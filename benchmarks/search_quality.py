@@ -431,7 +431,7 @@ def measure(args: argparse.Namespace, work: Path, searches: list[str]) -> None:
                       f"target at {got['epochs_to_target']} ({time.perf_counter() - t0:.0f} s)", flush=True)
                 out.write_text(json.dumps(results, indent=1))
     plot(results, ROOT / "docs" / "images" / "search-quality.png")
-    from xp.tracking.service import stop
+    from xp.tracking.services import stop
     from xp.tracking.spool import state_dir
 
     stop(state_dir())  # (the tracking service its runs started, in its own HOME: it would idle for 30 minutes)

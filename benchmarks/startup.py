@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 def service_cpu(state: Path | None) -> float:
     """CPU s the tracking services of state folder `state` have spent so far."""
-    from xp.tracking.service import running
+    from xp.tracking.services import running
 
-    return sum(t.user + t.system for t in (p.cpu_times() for p in running(state))) if state else 0.0
+    return sum(t.user + t.system for t in (p.cpu_times() for p, _ in running(state))) if state else 0.0
 
 
 def timed(cmd: list[str], cwd: str, env: dict[str, str], state: Path | None = None) -> tuple[float, float]:
@@ -53,7 +53,7 @@ def timed(cmd: list[str], cwd: str, env: dict[str, str], state: Path | None = No
 
 
 def stop_services(state: Path) -> None:
-    from xp.tracking.service import stop
+    from xp.tracking.services import stop
 
     stop(state)
 

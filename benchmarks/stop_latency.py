@@ -99,7 +99,7 @@ def main() -> int:
 
 def tidy(folder: str) -> None:
     """The tracking service the commands started ended (it would idle 30 minutes), and the folder removed."""
-    from xp.tracking.service import stop
+    from xp.tracking.services import stop
 
     stop(Path(folder) / "state")
     shutil.rmtree(folder, ignore_errors=True)

@@ -181,15 +181,15 @@ def one(args: argparse.Namespace) -> dict:
 
 def served_cpu(state: Path) -> float:
     """The CPU s of the tracking service of state folder `state` (xp.tracking.service), which is then stopped."""
-    from xp.tracking.service import running
+    from xp.tracking.services import running
 
-    total = sum(t.user + t.system for t in (p.cpu_times() for p in running(state)))
+    total = sum(t.user + t.system for t in (p.cpu_times() for p, _ in running(state)))
     stop_service(state)
     return total
 
 
 def stop_service(state: Path) -> None:
-    from xp.tracking.service import stop
+    from xp.tracking.services import stop
 
     stop(state)
 

@@ -186,7 +186,7 @@ def main() -> int:
         return _main(args)
     finally:
         sys.path.insert(0, str(ROOT))
-        from xp.tracking.service import stop
+        from xp.tracking.services import stop
 
         stop(STATE)
 

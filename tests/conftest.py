@@ -165,9 +165,9 @@ def _release_held() -> None:
 
 def pytest_sessionfinish(session):
     _release_held()  # the last test was quiet: the others' wait ends with it
-    from xp.tracking import service
+    from xp.tracking import services
 
-    service.stop()  # the tracking service this test process's runs started (those of tests' own state folders end
+    services.stop()  # the tracking service this test process's runs started (those of tests' own state folders end
     # when their folders go, or after XP_SERVICE_IDLE_S)
 
 

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from conftest import ROOT, mlflow_runs, wait_for_line
-from xp.tracking import service
+from xp.tracking import services
 from xp.tracking.tracker import Tracker
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def state(tmp_path, monkeypatch):
     folder = tmp_path / "state"
     monkeypatch.setenv("XP_STATE_DIR", str(folder))
     yield folder
-    service.stop(folder)
+    services.stop(folder, every=True)
 
 
 def _writer(store: str, name: str, env: dict[str, str]) -> subprocess.Popen:
@@ -111,7 +111,7 @@ def test_the_tracking_service_killed_at_random_moments(store, state):
         proc = _writer(store, f"run {i}", env)
         wait_for_line(proc, "started", 120)
         time.sleep(rng.uniform(0.0, 0.6))  # while it logs, or ends
-        for p in service.running(state):
+        for p, _ in services.running(state):
             p.send_signal(signal.SIGKILL)
             p.wait(30)
         out, _ = proc.communicate(timeout=120)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, mlflow_runs, run_xp
-from xp.tracking import service
+from xp.tracking import service, services
 from xp.tracking.tracker import Tracker
 
 
@@ -29,7 +29,7 @@ def state(tmp_path, monkeypatch):
     monkeypatch.setenv("XP_STATE_DIR", str(folder))
     monkeypatch.setattr(service, "starts", True)  # (as a command's process: xp.cli)
     yield folder
-    service.stop(folder, every=True)
+    services.stop(folder, every=True)
 
 
 @pytest.mark.mlflow_paths
@@ -56,7 +56,7 @@ def test_a_run_imports_no_mlflow_and_its_model_and_records_arrive(tmp_path, stor
 
 def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     script = textwrap.dedent(f"""
-        from xp.tracking import service
+        from xp.tracking import service, services
         from xp.tracking.tracker import Tracker
         service.starts = True
         t = Tracker({store!r}, "xp", "together")
@@ -290,9 +290,9 @@ def test_stop_ends_this_checkouts_service_only_and_a_service_superseded_by_its_c
 
     service.connect().close()  # this checkout's service
     start_in_clone()
-    services = {said.checkout: (process.pid, said) for process, said in service.running(state)}
-    assert set(services) == {str(ROOT / "xp"), str(clone / "xp")}, services
-    ours, theirs = services[str(ROOT / "xp")][0], services[str(clone / "xp")][0]
+    found = {said.checkout: process.pid for process, said in services.running(state)}
+    assert set(found) == {str(ROOT / "xp"), str(clone / "xp")}, found
+    ours, theirs = found[str(ROOT / "xp")], found[str(clone / "xp")]
     said = tool("status")
     assert f"tracking service {ours} (this checkout's)" in said and \
         f"tracking service {theirs} (another checkout's: {clone / 'xp'})" in said, said
@@ -306,10 +306,10 @@ def test_stop_ends_this_checkouts_service_only_and_a_service_superseded_by_its_c
     os.utime(edited, (time.time() + 5, time.time() + 5))
     start_in_clone()
     psutil.Process(theirs).wait(60)  # the one it superseded, idle, goes (bounded: a failure if it stays)
-    [(process, newer)] = service.running(state)
+    [(process, newer)] = services.running(state)
     assert newer.checkout == str(clone / "xp") and process.pid != theirs
     log = "".join(p.read_text() for p in (state / "service").glob("*.log"))
     assert f"superseded by service {process.pid} (the same checkout's, started since), gone" in log
     assert tool("stop", "--every").startswith(f"tracking service {process.pid} ended (another checkout's: ")
-    assert service.running(state) == []
+    assert services.running(state) == []
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xp.tracking import service
+    from xp.tracking import service, services
     from xp.tracking.spool import state_dir
 
     ap = argparse.ArgumentParser(prog="python -m xp.tracking", description=__doc__.split("\n\n")[0])
@@ -26,16 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     folder = state_dir() / "service"
     if args.what == "status":
-        found = service.running()
+        found = services.running()
         for process, said in found:
             print("\n".join(_described(process, said)))
         if not found:
             print(f"no tracking service runs for {folder}")
         return 0
-    ended = service.stop(every=args.every)
+    ended = services.stop(every=args.every)
     for pid, said in ended:
         print(f"tracking service {pid} ended ({_whose(said)})")
-    others = [p for p, said in service.running() if not service.mine(said)]
+    others = [p for p, said in services.running() if not services.mine(said)]
     if not ended:
         print(f"no tracking service of this checkout ({service.identity().checkout}) ran for {folder}")
     if others:
@@ -45,22 +45,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _whose(said: Identity | None) -> str:
-    from xp.tracking import service
+    from xp.tracking import services
 
     if said is None:
         return "an xp from before services said whose they are"
-    return "this checkout's" if service.mine(said) else f"another checkout's: {said.checkout}"
+    return "this checkout's" if services.mine(said) else f"another checkout's: {said.checkout}"
 
 
 def _described(process: Any, said: Identity | None) -> list[str]:
-    from xp.tracking import service
+    from xp.tracking import service, services
 
     head = f"tracking service {process.pid} ({_whose(said)})"
     if said is None:
         return [head + f", started {time.ctime(process.create_time())}"]
-    if service.mine(said) and said.changed_ns != service.identity().changed_ns:
+    if services.mine(said) and said.changed_ns != service.identity().changed_ns:
         head += ", for an earlier version of its code: it ends once idle"
-    serving = service.ask_status(said)
+    serving = services.ask_status(said)
     lines = [head,
              f"  checkout   {said.checkout} (Python {said.python})",
              f"  keyed by   xp's code as of {time.ctime(said.changed_ns / 1e9)}, MLflow {said.mlflow}, SQLAlchemy "

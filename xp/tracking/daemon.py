@@ -232,7 +232,7 @@ def main(argv: list[str], ops: dict[type[Op], Callable[..., Any]]) -> int:
     """SOCKET PIDFILE IDENTITY (service.Identity, as JSON): serve there, doing `ops` for commands, until idle for
     IDLE_S, superseded by a newer service of the same checkout once idle, or told to go (SIGTERM, its socket
     taken)."""
-    from xp.tracking.service import superseded
+    from xp.tracking.services import superseded
 
     path, pid_file = Path(argv[0]), Path(argv[1])
     said = Identity(**json.loads(argv[2]))
@@ -243,12 +243,12 @@ def main(argv: list[str], ops: dict[type[Op], Callable[..., Any]]) -> int:
     server.listen(64)
     inode = path.stat().st_ino
     pid_file.with_suffix(".json").write_text(json.dumps(asdict(said)))  # (what it is: `python -m xp.tracking status`)
-    pid_file.write_text(str(os.getpid()))  # (who serves: `service.stop`)
+    pid_file.write_text(str(os.getpid()))  # (who serves: `services.stop`)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     log.setLevel(logging.INFO)
     log.addHandler(Forward())
     log.propagate = True
-    # told to stop (service.stop): it leaves at its loop's next turn (its runs go on without it: service.Served). A
+    # told to stop (services.stop): it leaves at its loop's next turn (its runs go on without it: service.Served). A
     # handler that raised was lost when the signal came as it imported MLflow (under the import system's locks)
     told = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: told.set())

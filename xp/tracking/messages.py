@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from xp.states import RunStatus
 from xp.wire import Message, Protocol
 
 TRACKING = Protocol("tracking")
@@ -70,7 +71,7 @@ class EndLost(Op):
     parent: str
     trial_numbers: list[int]
     why: str
-    state: str = "FAILED"
+    state: str = RunStatus.FAILED
     study: str | None = None
 
 

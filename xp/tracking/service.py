@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from xp.tracking.messages import TRACKING, Close, Closed, Last, Op, Open, Refused, Result, Say, Serving, Start, Status
+from xp.tracking.messages import TRACKING, Close, Closed, Last, Op, Open, Refused, Result, Say, Start
 from xp.tracking.spool import Spool, bounded, said_left, state_dir
 from xp.wire import Channel, Message
 
@@ -329,85 +329,3 @@ class Served:
             except Unavailable as e:
                 self._go_local(e)
         self.local.settled(timeout_s)
-
-
-def running(folder: Path | None = None) -> list[tuple[Any, Identity | None]]:
-    """The services that serve xp's state folder `folder` (or this process's): each a psutil process and what it
-    said it is (None: a service of an xp from before services said it)."""
-    import psutil
-
-    found = []
-    for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
-        try:
-            process = psutil.Process(int(pid_file.read_text()))
-            if not {DAEMON, "xp.tracking.daemon"} & set(process.cmdline()):
-                continue
-        except (OSError, ValueError, psutil.Error):
-            continue
-        try:
-            said = Identity(**json.loads(pid_file.with_suffix(".json").read_text()))
-        except (OSError, ValueError, TypeError):
-            said = None
-        found.append((process, said if said is not None and said.pid == process.pid else None))
-    return found
-
-
-def mine(said: Identity | None) -> bool:
-    """Whether a service is this checkout's (this xp's code, this Python)."""
-    return said is not None and (said.checkout, said.python) == (identity().checkout, identity().python)
-
-
-def superseded(said: Identity, folder: Path) -> int | None:
-    """A newer service of the same checkout and Python in the same state folder (its xp's code changed since, or
-    its MLflow), by its process id: the service `said` is no longer the one its runs start."""
-    newer = [other.pid for process, other in running(folder) if other is not None and other.pid != said.pid and
-             (other.checkout, other.python) == (said.checkout, said.python) and other.started > said.started]
-    return newer[0] if newer else None
-
-
-def ask_status(said: Identity) -> Serving | None:
-    """What a live service serves, asked on its socket; None where it does not answer."""
-    try:
-        link = Link(_connected(Path(said.socket)))
-    except OSError:
-        return None
-    try:
-        answer = link.ask(Status(), 5.0)
-        return answer if isinstance(answer, Serving) else None
-    except Unavailable:
-        return None
-    finally:
-        link.close()
-
-
-def stop(folder: Path | None = None, every: bool = False) -> list[tuple[int, Identity | None]]:
-    """End this checkout's services (`every`: every service) that serve xp's state folder `folder` (or this
-    process's), by their process ids; returns them, with what each said it is. Their runs go on, each delivering
-    its own records (Served)."""
-    import signal
-
-    import psutil
-
-    ended = []
-    for process, said in running(folder):
-        if not (every or mine(said)):
-            continue
-        try:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(15)
-            except psutil.TimeoutExpired:
-                if process.status() != psutil.STATUS_ZOMBIE:  # (ended, not yet reaped by its parent: a run of ours)
-                    continue
-            ended.append((process.pid, said))
-        except psutil.Error:
-            pass
-    for pid, _ in ended:
-        for pid_file in ((folder or state_dir()) / "service").glob("*.pid"):
-            try:
-                if int(pid_file.read_text()) == pid:
-                    pid_file.unlink(missing_ok=True)
-                    pid_file.with_suffix(".json").unlink(missing_ok=True)
-            except (OSError, ValueError):
-                pass
-    return ended
