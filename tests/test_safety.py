@@ -344,3 +344,34 @@ def test_a_stop_while_the_store_makes_a_run_ends_the_run_killed_not_running(stor
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("xp").experiment_id])
     assert [(x.info.run_name, x.info.status) for x in runs] == [("born stopped", "KILLED")]
+
+
+def test_a_runs_git_provenance_writes_nothing_in_the_users_checkout(tmp_path, monkeypatch):
+    """A run reads the commit and the dirty flag of xp's checkout; `git status` would refresh the index there (a
+    file's times changed since it was staged) under .git/index.lock, which a run killed at that moment left behind:
+    every git command in the user's checkout then failed (found by benchmarks/chaos.py). It takes no optional
+    lock: the index is as it was."""
+    import os
+    import subprocess
+    import time
+
+    from xp.tracking import provenance
+
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True,  # noqa: E731
+                                    text=True, timeout=30).stdout
+    git("init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    index = repo / ".git" / "index"
+    os.utime(repo / "a.py", (time.time() + 60, time.time() + 60))  # its times changed, its content not
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    monkeypatch.setattr(provenance, "CHECKOUT", repo)
+    monkeypatch.setattr(provenance, "_git_tags", None)
+    tags = provenance._git()
+    assert tags["xp.git.dirty"] == "false" and len(tags["mlflow.source.git.commit"]) == 40
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before  # nothing written: no lock taken
+    git("status", "--porcelain")  # (what a plain `git status` does there: it refreshes the index)
+    assert index.stat().st_mtime_ns != before[1]
