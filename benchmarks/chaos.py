@@ -638,7 +638,7 @@ def check(chaos: Chaos) -> dict:
             v.append(f"processes left on {h.name}: {left}")
     # checkpoints: no half-written commit anywhere
     for h in [chaos.c.launcher, *chaos.live_hosts()]:
-        r = subprocess.run([*chaos._in_mounts(h), "find", chaos.ckpt, "(", "-name", "*.tmp*", "-o", "-name",
+        r = subprocess.run([*(chaos._in_mounts(h) or []), "find", chaos.ckpt, "(", "-name", "*.tmp*", "-o", "-name",
                             "*.part*", ")"], capture_output=True, text=True, timeout=30)
         if r.stdout.strip():
             v.append(f"half-written commits on {h.name}: {r.stdout.split()[:5]}")
