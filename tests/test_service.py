@@ -313,3 +313,12 @@ def test_stop_ends_this_checkouts_service_only_and_a_service_superseded_by_its_c
     assert tool("stop", "--every").startswith(f"tracking service {process.pid} ended (another checkout's: ")
     assert services.running(state) == []
 
+
+def test_every_operation_of_the_protocol_is_one_the_services_process_does():
+    """The command's MLflow work goes to the service by name (a message kind each), and its process names the
+    function for each: none is left out (the service would refuse it, and the command fail)."""
+    from xp import trackingd
+    from xp.tracking.messages import TRACKING, Op
+
+    ops = {kind for kind in TRACKING.kinds.values() if issubclass(kind, Op)}
+    assert ops == set(trackingd.OPS) and len(ops) == 5, ops

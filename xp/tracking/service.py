@@ -1,6 +1,6 @@
-"""The tracking service, seen from a run's process: a long-lived process of this user and machine
-(xp.trackingd, serving as xp.tracking.daemon says) that creates a SQLite store's runs and drains their spools (xp.tracking.spool), so that a run
-does not import MLflow or open its store (3.4 s of a 5-s command).
+"""The tracking service, seen from a run's process: a long-lived process of this user and machine (xp.trackingd,
+serving as xp.tracking.daemon says) that creates a SQLite store's runs and drains their spools (xp.tracking.spool),
+so that a run does not import MLflow or open its store (3.4 s of a 5-s command).
 
 A run on a SQLite store asks the service to create its MLflow run (`create_run`) and to drain its spool (`Served`);
 it appends its records to the spool's file as any run does, and hears back the service's lines about the store
