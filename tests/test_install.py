@@ -121,39 +121,44 @@ def test_the_wheel_beside_another_mlflow_keeps_it_and_a_run_a_study_and_a_model_
     env.pop("PYTHONPATH", None)
     env.pop("XP_MLFLOW_PUBLIC", None)
 
-    def xp(*args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run([str(py), "-m", *args], cwd=elsewhere, env=env, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-        return done
+    try:
+        def xp(*args: str) -> subprocess.CompletedProcess:
+            done = subprocess.run([str(py), "-m", *args], cwd=elsewhere, env=env, capture_output=True, text=True,
+                                  timeout=600)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+            return done
 
-    run = xp("xp", "epochs=2")
-    assert f"MLflow {version} is not one xp was tested with" in run.stdout + run.stderr, run.stderr[-3000:]
-    oldest = version == min(OTHER_MLFLOW, key=Version)  # the range's lower bound: a run (CI's minutes: the rest once)
-    if not oldest:
-        xp("xp", "-m", "sweep=lr_batch", "sweep.n_trials=2", "epochs=1")
-        images = digit_images(tmp_path / "images", 6)
-        out = xp("xp.predict", "models:/lr_batch@best", str(images), "--tracking-uri", store)
-        lines = [line.split("\t") for line in out.stdout.strip().splitlines()]
-        assert len(lines) == 6 and all(0.0 < float(p) <= 1.0 for _, _, p in lines), out.stdout
-    # the store as that MLflow reads it (its schema may be newer than this environment's MLflow knows)
-    read = subprocess.run([str(py), "-c", textwrap.dedent("""
-        import json, sys
-        from mlflow import MlflowClient
-        c = MlflowClient(sys.argv[1])
-        runs = c.search_runs([c.get_experiment_by_name("xp").experiment_id])
-        best = c.get_model_version_by_alias("lr_batch", "best").run_id if sys.argv[2] == "study" else None
-        print(json.dumps({"runs": {r.info.run_name: [r.info.status, len(c.get_metric_history(r.info.run_id,
-            "val_accuracy")), r.data.tags.get("xp.logged_model", "")] for r in runs}, "best": best,
-            "trials": [r.info.run_id for r in runs if r.info.run_name.startswith("trial ")]}))
-        """), store, "run" if oldest else "study"], cwd=elsewhere, env=env, capture_output=True, text=True,
-        timeout=300)
-    assert read.returncode == 0, read.stderr[-3000:]
-    kept = json.loads(read.stdout)
-    assert kept["runs"]["epochs=2"][:2] == ["FINISHED", 2] and kept["runs"]["epochs=2"][2], kept
-    if oldest:
-        assert list(kept["runs"]) == ["epochs=2"], kept
-        return
-    trials = {n: v for n, v in kept["runs"].items() if n.startswith("trial ")}
-    assert len(trials) == 2 and all(v[:2] == ["FINISHED", 1] and v[2] for v in trials.values()), kept
-    assert kept["best"] in kept["trials"], kept
+        run = xp("xp", "epochs=2")
+        assert f"MLflow {version} is not one xp was tested with" in run.stdout + run.stderr, run.stderr[-3000:]
+        oldest = version == min(OTHER_MLFLOW, key=Version)  # the range's lower bound: a run (CI's minutes: the rest once)
+        if not oldest:
+            xp("xp", "-m", "sweep=lr_batch", "sweep.n_trials=2", "epochs=1")
+            images = digit_images(tmp_path / "images", 6)
+            out = xp("xp.predict", "models:/lr_batch@best", str(images), "--tracking-uri", store)
+            lines = [line.split("\t") for line in out.stdout.strip().splitlines()]
+            assert len(lines) == 6 and all(0.0 < float(p) <= 1.0 for _, _, p in lines), out.stdout
+        # the store as that MLflow reads it (its schema may be newer than this environment's MLflow knows)
+        read = subprocess.run([str(py), "-c", textwrap.dedent("""
+            import json, sys
+            from mlflow import MlflowClient
+            c = MlflowClient(sys.argv[1])
+            runs = c.search_runs([c.get_experiment_by_name("xp").experiment_id])
+            best = c.get_model_version_by_alias("lr_batch", "best").run_id if sys.argv[2] == "study" else None
+            print(json.dumps({"runs": {r.info.run_name: [r.info.status, len(c.get_metric_history(r.info.run_id,
+                "val_accuracy")), r.data.tags.get("xp.logged_model", "")] for r in runs}, "best": best,
+                "trials": [r.info.run_id for r in runs if r.info.run_name.startswith("trial ")]}))
+            """), store, "run" if oldest else "study"], cwd=elsewhere, env=env, capture_output=True, text=True,
+            timeout=300)
+        assert read.returncode == 0, read.stderr[-3000:]
+        kept = json.loads(read.stdout)
+        assert kept["runs"]["epochs=2"][:2] == ["FINISHED", 2] and kept["runs"]["epochs=2"][2], kept
+        if oldest:
+            assert list(kept["runs"]) == ["epochs=2"], kept
+            return
+        trials = {n: v for n, v in kept["runs"].items() if n.startswith("trial ")}
+        assert len(trials) == 2 and all(v[:2] == ["FINISHED", 1] and v[2] for v in trials.values()), kept
+        assert kept["best"] in kept["trials"], kept
+    finally:  # the tracking service its commands started in its state folder (it would idle 30 minutes)
+        from xp.tracking import services
+
+        services.stop(tmp_path / "state", every=True)
