@@ -27,7 +27,7 @@ LAUNCHERS = re.compile(r"\b(ssh|slurm|submitit\w*|joblib|ray)\b", re.I)
 # horovodrun starts its workers with a program called ssh: xp's engine puts the launcher's transport there
 LAUNCHER_ALLOWED = {("xp/mx/horovodrun.py", "ssh")}
 # packages, lowest first: each imports only those before it (xp/__init__'s `shipped` is everybody's)
-LAYERS = ("errors", "states", "confkeys", "processes", "wire", "interrupts", "plugin", "models", "data", "storefiles", "results", "answers", "tracking", "readback", "studies", "run", "launching", "mx", "pt")
+LAYERS = ("errors", "states", "confkeys", "processes", "wire", "interrupts", "plugin", "models", "data", "storefiles", "results", "answers", "tracking", "readback", "trackingd", "studies", "run", "launching", "mx", "pt")
 
 
 def core_files() -> list[Path]:

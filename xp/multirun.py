@@ -91,9 +91,8 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
     """The sweep's children read back (xp.readback.work.sweep_result, by the tracking service where there is
     one), and the UI's view of its runs written: a study's searched parameters and its answer first, as the
     study's answer names them (xp.answers), a sweep's varied keys, against the objective(s)."""
-    from xp.tracking import service
-    from xp.readback.work import sweep_result
     from xp.tracking.messages import SweepResult
+    from xp.trackingd import call
 
     study = config.get("sweep") or {}
     params = [k for k in swept.split(",") if k]
@@ -102,11 +101,10 @@ def _result(parent: Any, config: dict[str, Any], swept: str, kind: str) -> dict[
     answer = _answer(study, name) if study else None
     if study:
         params = answer.searched if answer is not None else list(study.get("params") or {})
-    return service.call(SweepResult(parent.uri, str(parent.experiment_id), parent.run_id, kind, params, metrics,
-                                    study=name, ranked=bool(answer is not None and answer.ranking),
-                                    confirmed=bool(answer is not None and answer.confirmed),
-                                    last_epoch=answer.extra.get("last_epoch") if answer is not None else None),
-                        sweep_result)
+    return call(SweepResult(parent.uri, str(parent.experiment_id), parent.run_id, kind, params, metrics, study=name,
+                            ranked=bool(answer is not None and answer.ranking),
+                            confirmed=bool(answer is not None and answer.confirmed),
+                            last_epoch=answer.extra.get("last_epoch") if answer is not None else None))
 
 
 def _answer(study: dict[str, Any], name: str | None) -> Any:
@@ -170,13 +168,13 @@ STOPPED_DELIVER_S = 3.0  # ... when it was stopped (Ctrl-C): the records then wa
 def deliver_left_over(uri: str, wait_s: float = DELIVER_S) -> int:
     """What the sweep's processes left in spools for `uri` (a study's workers that ended while the store was away)
     delivered, within wait_s in all; one line says how many records still wait. Returns that number."""
-    from xp.tracking import service
-    from xp.tracking.leftovers import deliver_left, pending
+    from xp.tracking.leftovers import pending
     from xp.tracking.messages import DeliverLeft
+    from xp.trackingd import call
 
     if not pending(uri):  # (the common case: nothing left, no call to the service)
         return 0
-    left = service.call(DeliverLeft(uri, wait_s), deliver_left)  # (by the tracking service: this process imports no
+    left = call(DeliverLeft(uri, wait_s))  # (by the tracking service: this process imports no
     # MLflow; delivered by this one if the service does not serve the store)
     if left:
         from xp.errors import redact

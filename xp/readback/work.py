@@ -1,6 +1,7 @@
 """The MLflow work a sweep's or a study's command does besides its runs, each a function of JSON in and JSON out
-that the tracking service runs for the command (an operation of its protocol each: xp.trackingd), so that the command never imports MLflow
-on a SQLite store (2-3 s of CPU beside its trials on a 2-core machine); without a service the command runs it.
+that the tracking service runs for the command (an operation of its protocol each: xp.trackingd), so that the
+command never imports MLflow on a SQLite store (2-3 s of CPU beside its trials on a 2-core machine); without a
+service the command runs it.
 
 - `sweep_result`: the sweep's children read back (its table's rows), the parent's summary params and tags, the UI's
   view of its runs;
@@ -144,4 +145,3 @@ def search_all(client: Any, experiment_ids: list[str], filter_string: str = "", 
         token = found.token
         if not token:
             return runs
-

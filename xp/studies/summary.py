@@ -72,12 +72,10 @@ def summarize(study: Study, spec: StudySpec, search: Search, tracking_uri: str |
         (log.warning if line in answer.lacking else log.info)(f"  {line}")
     parent = os.environ.get("XP_PARENT_RUN_ID")
     if tracking_uri and (parent or spec.register_model):  # (by the tracking service, where there is one)
-        from xp.tracking import service
-        from xp.readback.work import study_result
         from xp.tracking.messages import StudyResult
+        from xp.trackingd import call
 
-        said = service.call(StudyResult(tracking_uri, parent, spec.register_model or "", answer.as_dict(),
-                                        counts_line(tally)), study_result)
+        said = call(StudyResult(tracking_uri, parent, spec.register_model or "", answer.as_dict(), counts_line(tally)))
         if said:
             log.info(f"  {said}")
     return answer
@@ -119,9 +117,8 @@ class BestModel:
         self._thread.join(timeout=timeout_s)
 
     def _loop(self) -> None:
-        from xp.tracking import service
-        from xp.readback.work import best_model
         from xp.tracking.messages import BestModel
+        from xp.trackingd import call
 
         while not self._closing:
             self._wake.wait(timeout=self.POLL_S if self._waiting is not None else None)
@@ -134,8 +131,7 @@ class BestModel:
                 if now is not None and now.trial == leader.trial:  # the run starts: read it again)
                     leader.mlflow_run_id = now.mlflow_run_id
                 if leader.mlflow_run_id:  # (by the tracking service, where there is one)
-                    answer = service.call(BestModel(self.uri, self.spec.register_model or "",
-                                                    dataclasses.asdict(leader)), best_model)
+                    answer = call(BestModel(self.uri, self.spec.register_model or "", dataclasses.asdict(leader)))
                     if answer["said"]:
                         log.info(f"study {self.spec.study_name}: {answer['said']}")
                     elif answer["waiting"]:

@@ -229,13 +229,12 @@ def _end_runs(uri: str | None, numbers: list[int], why: str, state: RunStatus, p
     """End the runs of the trials `numbers` that their workers could not (xp.tracking.ending.end_lost): under the
     parent run (this command's), or the `study`'s under any parent (an earlier command's). False: the store did not
     answer."""
-    from xp.tracking import service
-    from xp.tracking.ending import end_lost
     from xp.tracking.messages import EndLost
+    from xp.trackingd import call
 
     parent = parent or os.environ.get("XP_PARENT_RUN_ID")
     if parent and uri and numbers:  # (by the tracking service: this process imports no MLflow)
-        return service.call(EndLost(uri, parent, numbers, why, state, study), end_lost) is not None
+        return call(EndLost(uri, parent, numbers, why, state, study)) is not None
     return True
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,8 +59,8 @@ def _described(process: Any, said: Identity | None) -> list[str]:
     head = f"tracking service {process.pid} ({_whose(said)})"
     if said is None:
         return [head + f", started {time.ctime(process.create_time())}"]
-    if services.mine(said) and said.changed_ns != service.identity().changed_ns:
-        head += ", for an earlier version of its code: it ends once idle"
+    if (newer := services.superseded(said, Path(said.state))) is not None:  # (the service's own test: it goes)
+        head += f", superseded by service {newer}: it ends once idle"
     serving = services.ask_status(said)
     lines = [head,
              f"  checkout   {said.checkout} (Python {said.python})",

@@ -59,4 +59,3 @@ def end_for(client: Any, run_id: str, why: str, state: RunStatus) -> None:
     """End a run its own process could not, saying why (tag xp.ended_by)."""
     client.set_tag(run_id, "xp.ended_by", f"xp: {why}")
     client.set_terminated(run_id, state)
-

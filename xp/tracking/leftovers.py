@@ -134,4 +134,3 @@ def end_orphans(client: Any, uri: str, experiment_id: str) -> list[str]:
                     run.info.run_id, pid)
         ended.append(run.info.run_id)
     return ended
-

@@ -34,9 +34,13 @@ def running(folder: Path | None = None) -> list[tuple[Any, Identity | None]]:
     return found
 
 
+def _checkout(said: Identity) -> tuple[str, str]:
+    return said.checkout, said.python
+
+
 def mine(said: Identity | None) -> bool:
     """Whether a service is this checkout's (this xp's code, this Python)."""
-    return said is not None and (said.checkout, said.python) == (identity().checkout, identity().python)
+    return said is not None and _checkout(said) == _checkout(identity())
 
 
 def superseded(said: Identity, folder: Path) -> int | None:
@@ -45,7 +49,7 @@ def superseded(said: Identity, folder: Path) -> int | None:
     API only, XP_MLFLOW_PUBLIC=1, stands beside the other: both serve.)"""
     public = said.mlflow.endswith(" public")
     newer = [other.pid for process, other in running(folder) if other is not None and other.pid != said.pid and
-             (other.checkout, other.python) == (said.checkout, said.python) and other.started > said.started and
+             _checkout(other) == _checkout(said) and other.started > said.started and
              other.mlflow.endswith(" public") == public]
     return newer[0] if newer else None
 
