@@ -200,7 +200,6 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     assert right >= 10, out.stdout  # the files' pixels, read back as the data set's: its accuracy, about
 
 
-
 @pytest.mark.slow
 def test_the_best_alias_moves_to_a_better_trial_while_the_study_runs(tmp_path, store):
     """Trial 0 (one epoch) ends while trial 1 (2,000 epochs) trains on the other slot: the alias `best` is on trial
@@ -232,6 +231,7 @@ def test_the_best_alias_moves_to_a_better_trial_while_the_study_runs(tmp_path, s
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
+
 
 @pytest.mark.mlflow_paths
 @pytest.mark.parametrize("backend", ["gluon", "torch"])

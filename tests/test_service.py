@@ -56,7 +56,7 @@ def test_a_run_imports_no_mlflow_and_its_model_and_records_arrive(tmp_path, stor
 
 def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     script = textwrap.dedent(f"""
-        from xp.tracking import service, services
+        from xp.tracking import service
         from xp.tracking.tracker import Tracker
         service.starts = True
         t = Tracker({store!r}, "xp", "together")
@@ -68,9 +68,9 @@ def test_runs_starting_at_once_share_one_service(tmp_path, store, state):
     procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env) for _ in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     assert len(_service_pids(state)) == 1
-    services = [p for p in psutil.process_iter(["cmdline"]) if "xp.trackingd" in (p.info["cmdline"] or [])
-                and str(state) in " ".join(p.info["cmdline"])]
-    assert len(services) == 1
+    daemons = [p for p in psutil.process_iter(["cmdline"]) if "xp.trackingd" in (p.info["cmdline"] or [])
+               and str(state) in " ".join(p.info["cmdline"])]
+    assert len(daemons) == 1
     _, runs = mlflow_runs(store)
     assert [r.info.status for r in runs] == ["FINISHED"] * 3 and all(r.data.metrics == {"x": 1.0} for r in runs)
 
