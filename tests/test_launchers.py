@@ -3,6 +3,7 @@ and every registered one runs the conformance suite (tests/conformance.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,44 @@ def test_any_transport_stands_in_for_ssh_for_runners_that_call_ssh(tmp_path):
                        env={"PYTHONPATH": str(Path(__file__).parent), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["rebuilt@node7", "hello there"]
+
+
+def test_ctrl_c_while_a_hosts_command_starts_is_no_traceback_and_leaves_nothing_running():
+    """A study's workers share its terminal's Ctrl-C. One that came while the host side's interpreter was still
+    starting (xp.launching.remote importing) printed a KeyboardInterrupt traceback on the study's terminal: it is
+    ignored there until remote handles it; handled, it ends what remote started. Sent at moments from the
+    interpreter's start (the process already python) to past it; the host's command then ends with its launcher's
+    session (stdin closed), as a study ends its workers."""
+    import signal
+    import sys
+    import time
+
+    from xp.launching.hosts import start_there
+
+    def running(token: str) -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    for attempt in range(8):
+        token = f"xp-test-argv-{os.getpid()}-{attempt}"
+        proc = start_there(Here(), "h", {"argv": [sys.executable, "-c", "import time; time.sleep(60)", token]},
+                           output=True, own_session=True)
+        deadline = time.monotonic() + 30
+        remote = [sys.executable.encode(), b"-m", b"xp.launching.remote"]  # its shell exec'd the interpreter
+        while Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[:3] != remote:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate(timeout=10)
+        time.sleep(attempt * 0.015)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)  # stdin closed: what is still running ends
+        assert "Traceback" not in out, (attempt, out)
+        assert proc.returncode == 143, (attempt, proc.returncode, out)
+        assert not running(token), attempt
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "ssh", "ray"])

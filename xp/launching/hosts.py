@@ -278,7 +278,10 @@ def start_there(transport: Transport, host: str, command: dict[str, Any], output
     host ends the process group. `output`: its output comes back on the handle's stdout (text), else it goes
     where this process's does. `own_session`: Ctrl-C at the terminal does not reach it (a job's processes, which
     the job ends itself); else it does, as it reaches this process (a study's workers: their trials end KILLED)."""
-    shell = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(sys.executable)} -m xp.launching.remote run"
+    # Ctrl-C ignored until xp.launching.remote handles it (ends argv's group): during its interpreter's start it
+    # was a KeyboardInterrupt's traceback on the study's terminal.
+    shell = (f"cd {shlex.quote(os.getcwd())} && trap '' INT && exec {shlex.quote(sys.executable)} "
+             "-m xp.launching.remote run")
     proc = subprocess.Popen(transport.argv(host, shell + (" 2>&1" if output else "")),
                             start_new_session=own_session, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE if output else None,

@@ -62,15 +62,17 @@ def run(spec_file: str | None = None) -> None:
     if not spec.get("argv"):
         print("xp.launching.remote run: expected a line of JSON on stdin: {\"argv\": [...], \"env\": {...}}", file=sys.stderr)
         os._exit(2)
-    child = subprocess.Popen(spec["argv"], env={**os.environ, **spec.get("env", {})}, start_new_session=True,
-                             stdin=subprocess.DEVNULL)
-
     signalled = threading.Event()
+    children: list[subprocess.Popen] = []  # argv's process, once started
+    ending = threading.Lock()
 
     def end() -> None:
-        """SIGTERM to argv's group, SIGKILL after a grace. On a thread: the main thread reaps argv meanwhile (a
-        signal handler that waited for it itself, inside the main thread's wait, could not: it waited out the grace
-        and killed a child that was ending cleanly)."""
+        """SIGTERM to argv's group, SIGKILL after a grace; once. On a thread: the main thread reaps argv meanwhile
+        (a signal handler that waited for it itself, inside the main thread's wait, could not: it waited out the
+        grace and killed a child that was ending cleanly)."""
+        if not children or not ending.acquire(blocking=False):
+            return
+        child = children[0]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(child.pid, sig)
@@ -95,8 +97,18 @@ def run(spec_file: str | None = None) -> None:
             signalled.set()
             threading.Thread(target=end, daemon=True).start()
 
+    # Handled before argv starts, so that a signal is never lost in between. Ctrl-C came ignored until here
+    # (hosts.start_there's shell traps it: a Ctrl-C during this interpreter's start would have been a traceback);
+    # argv gets SIGINT's default back, as a handler, unlike an ignored signal, does not pass through exec.
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, stop)
+    if signalled.is_set():
+        os._exit(143)
+    children.append(subprocess.Popen(spec["argv"], env={**os.environ, **spec.get("env", {})},
+                                     start_new_session=True, stdin=subprocess.DEVNULL))
+    if signalled.is_set():  # a signal while argv started: its handler found no process to end
+        end()
+    child = children[0]
     if not spec_file:  # a batch job ends when its batch system ends it (SIGTERM)
         threading.Thread(target=watch_stdin, daemon=True).start()
     code = child.wait()
