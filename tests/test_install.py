@@ -15,9 +15,12 @@ import pytest
 from conftest import ROOT, mlflow_runs, xp_env
 
 
-def built_wheel(tmp_path) -> Path:
-    """xp's wheel, built from a copy of the tracked files: a build in the checkout rewrites its xp.egg-info in place,
-    which the other tests' commands (run there, where it comes first on sys.path) would read half-written."""
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """xp's wheel (the module's tests install it), built from a copy of the tracked files: a build in the checkout
+    rewrites its xp.egg-info in place, which the other tests' commands (run there, where it comes first on sys.path)
+    would read half-written."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     src, wheels = tmp_path / "src", tmp_path / "wheels"
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True,
                              check=True).stdout.split("\0")
@@ -43,8 +46,7 @@ def fresh_venv(tmp_path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_a_wheel_installed_in_a_fresh_venv_runs_outside_the_checkout(tmp_path, store):
-    wheel = built_wheel(tmp_path)
+def test_a_wheel_installed_in_a_fresh_venv_runs_outside_the_checkout(tmp_path, store, wheel):
     py, site = fresh_venv(tmp_path)
     venv = py.parent.parent
     subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True,
@@ -80,7 +82,7 @@ OTHER_MLFLOW = {"3.18.0": ["mlflow", "mlflow-skinny"], "3.16.1": ["mlflow", "mlf
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", sorted(OTHER_MLFLOW))
-def test_the_wheel_beside_another_mlflow_keeps_it_and_a_run_a_study_and_a_model_round_trip(tmp_path, version):
+def test_the_wheel_beside_another_mlflow_keeps_it_and_a_run_a_study_and_a_model_round_trip(tmp_path, version, wheel):
     """xp requires a range of MLflow 3.x (pyproject.toml), not the version CI pins: installed where another MLflow
     is, it keeps that MLflow; xp's uses of MLflow's internals are gated to the tested version (xp.tracking.gate),
     so there a run, a study (its best model registered) and a prediction from the registry take MLflow's public API,
@@ -93,7 +95,6 @@ def test_the_wheel_beside_another_mlflow_keeps_it_and_a_run_a_study_and_a_model_
 
     from images import digit_images
 
-    wheel = built_wheel(tmp_path)
     metadata = zipfile.ZipFile(wheel).read("xp-0.1.0.dist-info/METADATA").decode().splitlines()
     wanted = [Requirement(line.split(": ", 1)[1]) for line in metadata if line.startswith("Requires-Dist: mlflow")]
     assert len(wanted) == 1 and version in wanted[0].specifier, wanted  # a range that holds it: not a pin

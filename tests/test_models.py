@@ -185,10 +185,11 @@ def test_a_studys_best_model_is_registered_and_predicts_as_its_run_measured(tmp_
     other = "gluon" if backend == "torch" else "torch"
     wrong = run_xp(tmp_path / "wrong", store, f"backend={other}", f"pretrained=models:/{name}@best", "epochs=1")
     assert wrong.returncode == 2 and f"pretrained=models:/{name}@best: a" in wrong.stderr, wrong.stderr[-2000:]
-    shape = run_xp(tmp_path / "shape", store, f"backend={backend}", f"pretrained=models:/{name}@best",
-                   "dataset.classes=[1,2,3]", "epochs=1")
-    assert shape.returncode == 2 and "the model takes 1x8x8 images into 10 classes; this data set has 1x8x8 " \
-        "images and 3 classes" in shape.stderr, shape.stderr[-2000:]
+    if backend == "gluon":  # (the registry's check, before either backend loads the model: once)
+        shape = run_xp(tmp_path / "shape", store, f"backend={backend}", f"pretrained=models:/{name}@best",
+                       "dataset.classes=[1,2,3]", "epochs=1")
+        assert shape.returncode == 2 and "the model takes 1x8x8 images into 10 classes; this data set has 1x8x8 " \
+            "images and 3 classes" in shape.stderr, shape.stderr[-2000:]
 
     images = digit_images(tmp_path / "images", 12)
     out = subprocess.run([sys.executable, "-m", "xp.predict", f"models:/{name}@best", str(images),

@@ -52,7 +52,7 @@ def probe() -> int:
     return 0
 
 
-def run(spec_file: str | None = None) -> None:
+def _spec(spec_file: str | None) -> dict:
     if spec_file:  # a batch job (a study's worker as a Slurm job): its spec in a file only its user reads, gone once read
         with open(spec_file, "rb") as f:
             spec = json.loads(f.read() or b"{}")
@@ -62,55 +62,64 @@ def run(spec_file: str | None = None) -> None:
     if not spec.get("argv"):
         print("xp.launching.remote run: expected a line of JSON on stdin: {\"argv\": [...], \"env\": {...}}", file=sys.stderr)
         os._exit(2)
-    signalled = threading.Event()
-    children: list[subprocess.Popen] = []  # argv's process, once started
-    ending = threading.Lock()
+    return spec
 
-    def end() -> None:
-        """SIGTERM to argv's group, SIGKILL after a grace; once. On a thread: the main thread reaps argv meanwhile
-        (a signal handler that waited for it itself, inside the main thread's wait, could not: it waited out the
-        grace and killed a child that was ending cleanly)."""
-        if not children or not ending.acquire(blocking=False):
+
+class _Group:
+    """argv's process group, ended once: on a signal to this process, or when the launcher goes away."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None  # once started
+        self.signalled = threading.Event()
+        self._ending = threading.Lock()
+
+    def end(self) -> None:
+        """SIGTERM to the group, SIGKILL after a grace. On a thread: the main thread reaps argv meanwhile (a signal
+        handler that waited for it itself, inside the main thread's wait, could not: it waited out the grace and
+        killed a child that was ending cleanly)."""
+        if self.proc is None or not self._ending.acquire(blocking=False):
             return
-        child = children[0]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
-                os.killpg(child.pid, sig)
+                os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 return
             try:
-                child.wait(timeout=GRACE_S)
+                self.proc.wait(timeout=GRACE_S)
                 return
             except subprocess.TimeoutExpired:
                 continue
 
-    def watch_stdin() -> None:
+    def stop(self, *_: object) -> None:
+        if not self.signalled.is_set():
+            self.signalled.set()
+            threading.Thread(target=self.end, daemon=True).start()
+
+    def watch_stdin(self) -> None:
         try:
             while cast(io.BufferedReader, sys.stdin.buffer).read1(1024):
                 pass
         except (OSError, ValueError):
             pass
-        end()  # the launcher is gone: so is the job
+        self.end()  # the launcher is gone: so is the job
 
-    def stop(*_: object) -> None:
-        if not signalled.is_set():
-            signalled.set()
-            threading.Thread(target=end, daemon=True).start()
 
+def run(spec_file: str | None = None) -> None:
+    spec = _spec(spec_file)
+    group = _Group()
     # Handled before argv starts, so that a signal is never lost in between. Ctrl-C came ignored until here
     # (hosts.start_there's shell traps it: a Ctrl-C during this interpreter's start would have been a traceback);
     # argv gets SIGINT's default back, as a handler, unlike an ignored signal, does not pass through exec.
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, stop)
-    if signalled.is_set():
+        signal.signal(sig, group.stop)
+    if group.signalled.is_set():
         os._exit(143)
-    children.append(subprocess.Popen(spec["argv"], env={**os.environ, **spec.get("env", {})},
-                                     start_new_session=True, stdin=subprocess.DEVNULL))
-    if signalled.is_set():  # a signal while argv started: its handler found no process to end
-        end()
-    child = children[0]
+    group.proc = child = subprocess.Popen(spec["argv"], env={**os.environ, **spec.get("env", {})},
+                                          start_new_session=True, stdin=subprocess.DEVNULL)
+    if group.signalled.is_set():  # a signal while argv started: its handler found no process to end
+        group.end()
     if not spec_file:  # a batch job ends when its batch system ends it (SIGTERM)
-        threading.Thread(target=watch_stdin, daemon=True).start()
+        threading.Thread(target=group.watch_stdin, daemon=True).start()
     code = child.wait()
     try:
         os.killpg(child.pid, signal.SIGKILL)  # whatever it left in its group
@@ -118,7 +127,7 @@ def run(spec_file: str | None = None) -> None:
         pass
     sys.stdout.flush()
     # at once: the thread reading stdin must not hold up the exit
-    os._exit(143 if signalled.is_set() else 128 - code if code < 0 else code)
+    os._exit(143 if group.signalled.is_set() else 128 - code if code < 0 else code)
 
 
 def reap(job: str) -> int:
