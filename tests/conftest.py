@@ -42,12 +42,8 @@ for _variable in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY
 # (xdist's own loadgroup marks do not group on pytest 9: its nodeid suffix no longer reaches the scheduler.)
 CLUSTERS = {"test_multihost": "clusters-hosts", "test_slurm": "clusters-managers", "test_ray": "clusters-managers",
             "test_distributed": "clusters-managers", "test_kill": "kills"}
-# the scopes started first, in this order (the kill rounds next: about 6 minutes of one worker, not the suite's tail);
-# then the modules whose tests are long, longest first: the many short modules fill the workers' ends. (Started
-# late, the chaos run, 4 minutes, was the suite's last 4 minutes on one worker: 45.6 minutes in all, stop 90's CI 47.)
-FIRST = ("quiet", "clusters-managers", "clusters-hosts", "kills", "tests/test_chaos.py", "tests/test_study.py",
-         "tests/test_world.py", "tests/test_models.py", "tests/test_recipes.py", "tests/test_scheduler.py",
-         "tests/test_resume.py", "tests/test_own_code.py", "tests/test_install.py", "tests/test_pbt.py")
+# the scopes started first, in this order (the kill rounds next: about 6 minutes of one worker, not the suite's tail)
+FIRST = ("quiet", "clusters-managers", "clusters-hosts", "kills")
 
 
 def pytest_xdist_make_scheduler(config, log):
