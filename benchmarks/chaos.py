@@ -90,7 +90,6 @@ PROMISE = {
     "host-gone": ("the trial on that host" + ENDED, 1),
     "disk-full": ("nothing (a trial waits at its commit for room, XP_ROOM_WAIT_S)", 0),
 }
-ZYGOTE = "the zygote"  # a job fault's detail when it killed this machine's zygote
 KILL_GAP_S = 15.0
 SSH_HOSTS = {f"h{i}" for i in range(2, 10)}  # the ssh hosts' names (tests/hosts.py: h1 is the launcher's namespace)
 DURATION = {"tracking-out": (5, 40), "postgres-out": (5, 40), "link-down": (5, 30), "disk-full": (5, 30)}
@@ -132,10 +131,11 @@ class Fault:
 
 
 def may_lose(f: Fault) -> int:
-    """How many trials in flight fault `f` may lose: its kind's promise; this machine's zygote takes the workers it
-    forked with it (they die with their parent: measured, 2 of 2 trials in flight lost), so the local command's 2
-    slots' (the short run under the suite's load found it: a zygote kill cost 2, promised 1)."""
-    return PROMISE["study"][1] if f.kind == "job" and ZYGOTE in f.detail else PROMISE[f.kind][1]
+    """How many trials in flight fault `f` may lose: its kind's promise; a job fault on this machine (not an ssh
+    host) killed the zygote, which takes the workers it forked with it (they die with their parent: measured, 2 of
+    2 trials in flight lost), so the local command's 2 slots' (the short run under the suite's load found it: a
+    zygote kill cost 2, promised 1)."""
+    return PROMISE["study"][1] if f.kind == "job" and f.target not in SSH_HOSTS else PROMISE[f.kind][1]
 
 
 @dataclass
@@ -355,7 +355,7 @@ class Chaos:
             if not targets:
                 return None
             h, p = rng.choice(targets)
-            what = ZYGOTE if h is c.launcher else "xp.launching.remote"
+            what = "the zygote" if h is c.launcher else "xp.launching.remote"
             os.kill(p, signal.SIGKILL)
             return Fault(kind, h.name, time.time(), detail=f"pid {p} ({what})")
         if kind in ("study", "sigint"):
@@ -669,8 +669,7 @@ def check(chaos: Chaos) -> dict:
             # faults on the same target close together share what they may cost (which one ended a run is not
             # known: the checker gives it to the latest)
             f = chaos.faults[i]
-            allowed = sum(may_lose(g) for g in chaos.faults
-                          if g.target == f.target and abs(g.at - f.at) < 60 and may_lose(g) > 0) or may_lose(f)
+            allowed = sum(may_lose(g) for g in chaos.faults if g.target == f.target and abs(g.at - f.at) < 60)
             # a trial in flight (it trained part of its epochs), or one that had trained them all: it ended there,
             # its records not yet in the store (a trial counts complete once they are: Kept), lost with its worker
             in_flight = [e for e in runs_by_fault.get(i, []) if 0 < e < EPOCHS]

@@ -147,17 +147,12 @@ def test_ctrl_c_while_a_hosts_command_starts_is_no_traceback_and_leaves_nothing_
     import sys
     import time
 
+    import psutil
+
     from xp.launching.hosts import start_there
 
     def running(token: str) -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-        return found
+        return [p.pid for p in psutil.process_iter(["cmdline"]) if token in (p.info["cmdline"] or [])]
 
     for attempt in range(8):
         token = f"xp-test-argv-{os.getpid()}-{attempt}"

@@ -74,6 +74,9 @@ def socket_path() -> Path:
     return path
 
 
+PUBLIC = " public"  # after an Identity's MLflow version: a service on MLflow's public API only
+
+
 @dataclass
 class Identity:
     """What a service is keyed by (a change of any makes another service), and where it serves: written by the
@@ -89,6 +92,11 @@ class Identity:
     started: float = 0.0
     socket: str = ""
 
+    @property
+    def public(self) -> bool:
+        """On MLflow's public API only (XP_MLFLOW_PUBLIC=1): said in its MLflow's field."""
+        return self.mlflow.endswith(PUBLIC)
+
 
 @functools.lru_cache(maxsize=1)
 def identity() -> Identity:
@@ -100,7 +108,7 @@ def identity() -> Identity:
 
     code = Path(xp.__file__).parent
     return Identity(str(code), sys.executable, max(p.stat().st_mtime_ns for p in code.rglob("*.py")),
-                    version("mlflow") + (" public" if public_only() else ""), version("sqlalchemy"), PROTOCOL,
+                    version("mlflow") + (PUBLIC if public_only() else ""), version("sqlalchemy"), PROTOCOL,
                     str(state_dir()))
 
 

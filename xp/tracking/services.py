@@ -47,10 +47,9 @@ def superseded(said: Identity, folder: Path) -> int | None:
     """A newer service of the same checkout and Python in the same state folder (its xp's code changed since, or
     its MLflow), by its process id: the service `said` is no longer the one its runs start. (One on MLflow's public
     API only, XP_MLFLOW_PUBLIC=1, stands beside the other: both serve.)"""
-    public = said.mlflow.endswith(" public")
     newer = [other.pid for process, other in running(folder) if other is not None and other.pid != said.pid and
              _checkout(other) == _checkout(said) and other.started > said.started and
-             other.mlflow.endswith(" public") == public]
+             other.public == said.public]
     return newer[0] if newer else None
 
 
