@@ -130,6 +130,15 @@ class Fault:
     detail: str = ""
 
 
+def _traceback_in(said: str, around: int = 25) -> str:
+    """The first traceback in a command's output with the lines before it, quoted in the violation so that a failed
+    run (CI's, whose work folder is gone) says what it was."""
+    lines = said.splitlines()
+    at = next(i for i, line in enumerate(lines) if "Traceback" in line)
+    end = next((i for i in range(at + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), at)
+    return "\n".join(lines[max(0, at - 5):min(len(lines), end + 1, at + around)])
+
+
 def may_lose(f: Fault) -> int:
     """How many trials in flight fault `f` may lose: its kind's promise; a job fault on this machine (not an ssh
     host) killed the zygote, which takes the workers it forked with it (they die with their parent: measured, 2 of
@@ -285,7 +294,8 @@ class Chaos:
                 cmd.ended = time.monotonic()
                 said = cmd.log.read_text().split(f"===== {cmd.name}: run {cmd.runs} ")[-1]
                 if "Traceback" in said:
-                    self.violate(f"the {cmd.name} command printed a traceback: see {cmd.log}, run {cmd.runs}")
+                    self.violate(f"the {cmd.name} command printed a traceback: see {cmd.log}, run {cmd.runs}: "
+                                 + _traceback_in(said))
                 elif rc != 0 and not cmd.faulted and not (rc == 2 and _store_away(said)):
                     # (a command started while a store is away says so in one line, exit 2: what a user reruns)
                     cmd.unprompted += 1

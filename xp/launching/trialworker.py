@@ -34,6 +34,7 @@ BACKEND_ENV = "XP_SLOT_BACKEND"  # the backend whose frameworks it imports befor
 TRACKING_ENV = "XP_SLOT_TRACKING"  # the tracking store it opens before its first trial
 CONNECT_ENV = "XP_SLOT_CONNECT"  # on another host: HOST:PORT where the scheduler waits for it
 TOKEN_ENV = "XP_SLOT_TOKEN"  # ... and the secret that names its slot there
+CTRL_C_ENV = "XP_SLOT_CTRL_C"  # on this machine: "1": Ctrl-C, ignored while it started, is handled (stop_on_signals)
 SETTLE_S = 8.0  # how long a leaving worker waits for the store to take its trials' records
 # a stopped worker (Ctrl-C, SIGTERM) waits for the store this long at most after the signal: its run's records, the
 # end KILLED last, stay in their spools and the study's command delivers them once every worker has gone (one
@@ -245,8 +246,12 @@ def _save_yaml(data: Any, path: Path) -> None:
 
 
 def stop_on_signals() -> None:
-    signal.signal(signal.SIGTERM, _stopped)  # its trial's run ends KILLED, as a run's does
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored, as the scheduler ignores it: no Ctrl-C)
+    """SIGTERM and Ctrl-C end the trial's run KILLED. Ctrl-C only where the scheduler handles it too: a worker on
+    this machine starts with it ignored (in its interpreter's start it was a traceback on the study's terminal:
+    xp.launching.zygote.local_worker) and is told in CTRL_C_ENV; elsewhere it is ignored if it came ignored."""
+    signal.signal(signal.SIGTERM, _stopped)
+    told = os.environ.pop(CTRL_C_ENV, None)
+    if told == "1" or (told is None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
         signal.signal(signal.SIGINT, _stopped)
 
 

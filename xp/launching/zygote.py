@@ -32,10 +32,17 @@ LEAVE_S = 30.0  # how long a zygote told to leave waits for its workers before i
 
 def local_worker(env: dict[str, str], *label: str) -> tuple[subprocess.Popen, Channel]:
     """A worker process on this machine (or, without a slot in `env`, the zygote: `label` zygote, which ps shows,
-    and its forked workers too), and this end of its channel."""
+    and its forked workers too), and this end of its channel. It shares the study's Ctrl-C (its trial's run ends
+    KILLED), but not before it handles it: its shell ignores it until then (a Ctrl-C in its interpreter's start was
+    a KeyboardInterrupt traceback on the study's terminal; one lost there is the study's stop, whose SIGTERM ends
+    it), and tells it whether the study handles it (not when the study came with it ignored)."""
+    from xp.launching.trialworker import CTRL_C_ENV
+
     ours, theirs = socket.socketpair()
-    proc = subprocess.Popen([sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno()), *label],
-                            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+    ctrl_c = "0" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "1"
+    proc = subprocess.Popen(["/bin/sh", "-c", "trap '' INT && exec \"$@\"", "sh", sys.executable, "-m",
+                             "xp.launching.trialworker", str(theirs.fileno()), *label],
+                            pass_fds=[theirs.fileno()], env={**env, CTRL_C_ENV: ctrl_c}, stdin=subprocess.DEVNULL)
     theirs.close()
     return proc, Channel(ours)
 
