@@ -274,8 +274,10 @@ for attempt in range(9):
         assert isinstance(channel.recv(timeout=60), Ready)
     time.sleep(0 if ready else attempt * 0.015)
     os.kill(proc.pid, signal.SIGINT)
-    if not ready and isinstance(channel.recv(timeout=60), Ready):  # it came before Ctrl-C was handled: the
-        proc.send_signal(signal.SIGTERM)  # study's stop ends it, as xp.launching.pool does
+    if ready:  # (a signal just before a blocking read is handled when the read returns: the study's stop closes it)
+        channel.sock.close()  # handled: 130; ignored, the worker would leave as told: 0
+    elif isinstance(channel.recv(timeout=60), Ready):  # it came before Ctrl-C was handled: the study's stop ends
+        proc.send_signal(signal.SIGTERM)  # it, as xp.launching.pool does
     print(f"attempt {attempt}: exit {proc.wait(timeout=60)}", flush=True)
 """
 
@@ -289,7 +291,8 @@ def test_ctrl_c_while_a_local_worker_starts_is_no_traceback_and_once_it_is_ready
                           stderr=subprocess.STDOUT, text=True, timeout=600, preexec_fn=default_sigint)
     assert proc.returncode == 0 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
     exits = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("attempt ")]
-    assert len(exits) == 9 and set(exits[:8]) <= {"130", "143"} and exits[8] == "130", proc.stdout[-3000:]
+    # (-15: the stop's SIGTERM after a Ctrl-C that came just after Ready, as the worker left: quietly, as it should)
+    assert len(exits) == 9 and set(exits[:8]) <= {"130", "143", "-15"} and exits[8] == "130", proc.stdout[-3000:]
 
 
 def test_ctrl_c_inside_a_write_to_the_study_lands_after_it_and_no_trial_stays_running(tmp_path, monkeypatch):

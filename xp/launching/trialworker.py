@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
         except Exception as e:
             channel.send(Error(f"{type(e).__name__}: {e}"))
             return 1
-        _logging(quiet=_quiet())
+        _logging(quiet=os.environ.get(QUIET_ENV) == "1")
         if came:  # a stop came while it started, and a library it imported swallowed it: no trial for it
             raise came[0]
         channel.send(Ready(os.getpid()))
@@ -189,7 +189,7 @@ def run_trial(msg: RunTrial, channel: Channel, compose: Any, slot: Any) -> Done:
     except XPError as e:
         logging.getLogger("xp").debug("error", exc_info=True)
         result.error = one_line(e)[:300]
-        if not _quiet():  # as a run's error reads on the console
+        if os.environ.get(QUIET_ENV) != "1":  # as a run's error reads on the console
             print(f"xp: error: {result.error}", file=sys.stderr, flush=True)
     except Exception as e:
         logging.getLogger("xp").debug("failed", exc_info=True)
@@ -246,9 +246,7 @@ def _save_yaml(data: Any, path: Path) -> None:
 
 
 def stop_on_signals() -> None:
-    """SIGTERM and Ctrl-C end the trial's run KILLED. Ctrl-C only where the scheduler handles it too: a worker on
-    this machine starts with it ignored (in its interpreter's start it was a traceback on the study's terminal:
-    xp.launching.zygote.local_worker) and is told in CTRL_C_ENV; elsewhere it is ignored if it came ignored."""
+    """SIGTERM and Ctrl-C end the trial's run KILLED; Ctrl-C not where it came ignored, unless CTRL_C_ENV says so."""
     signal.signal(signal.SIGTERM, _stopped)
     told = os.environ.pop(CTRL_C_ENV, None)
     if told == "1" or (told is None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
@@ -311,9 +309,8 @@ def _warm(backend: str | None, tracking_uri: str | None) -> None:
         except ConfigError as e:
             if not isinstance(e.__cause__, OSError):
                 raise
-            # the store is away (a server restarting): not this worker's failure; its trials' runs wait for it
-            # (xp.tracking.spool.STORE_WAIT_S). Found by benchmarks/chaos.py: a 5-40 s outage of the MLflow server
-            # made 3 replacement workers in a row "not start", and the study ended
+            # the store is away: not this worker's failure; its trials' runs wait for it (spool.STORE_WAIT_S;
+            # benchmarks/chaos.py: an outage made 3 replacement workers in a row "not start", the study ended)
     gc.freeze()  # what the imports left is not traversed by the trials' collections (collecting it first: 0.15 s)
 
 
@@ -324,10 +321,6 @@ def served(uri: str, there: bool = True) -> bool:
     from xp.tracking import service
 
     return service.usable(uri) and (not there or service.socket_path().exists())
-
-
-def _quiet() -> bool:
-    return os.environ.get(QUIET_ENV) == "1"
 
 
 def _cores() -> str:
