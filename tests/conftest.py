@@ -349,8 +349,9 @@ def pytest_runtest_protocol(item, nextitem):
         return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
                                                       resource.getrusage(resource.RUSAGE_CHILDREN)))
 
-    before, start = cpu(), time.monotonic()
+    before, start, at = cpu(), time.monotonic(), time.time()
     yield
-    with open(path, "a") as f:
+    with open(path, "a") as f:  # (at, worker: the suite's timeline, where its workers wait on one another)
         f.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - before, 2),
-                            "wall_s": round(time.monotonic() - start, 2)}) + "\n")
+                            "wall_s": round(time.monotonic() - start, 2), "at": round(at, 1),
+                            "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
