@@ -222,10 +222,15 @@ _WHY = re.compile(r"error|exception|terminate called|what\(\)|Fatal Python|Abort
 
 
 def said(r: subprocess.CompletedProcess) -> str:
-    """What a failed command said: every line that names an error (its first 60), then the output's tail."""
-    why = [line for line in (r.stdout or "").splitlines() + (r.stderr or "").splitlines() if _WHY.search(line)]
-    return "\n".join(line[:500] for line in why[:60]) + "\n--- the tail ---\n" + (r.stdout or "")[-3000:] + \
-        (r.stderr or "")[-3000:]
+    """What a failed command said: every line that names an error (its first 60), a crashed process's stack as
+    Python's faulthandler printed it (a worker's segfault: its where, which the tail had cut off), then the
+    output's tail."""
+    lines = (r.stdout or "").splitlines() + (r.stderr or "").splitlines()
+    why = [line for line in lines if _WHY.search(line)]
+    crashed = [i for i, line in enumerate(lines) if "Fatal Python error" in line]
+    stacks = ["\n".join(lines[i:i + 40]) for i in crashed[:2]]
+    return "\n".join(line[:500] for line in why[:60]) + "".join(f"\n--- a crash ---\n{s}" for s in stacks) + \
+        "\n--- the tail ---\n" + (r.stdout or "")[-3000:] + (r.stderr or "")[-3000:]
 
 
 def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> str:
