@@ -18,6 +18,11 @@ from typing import Callable, Iterator
 
 from xp.errors import Terminated
 
+# A shell's prefix for a Python process that shares the terminal's Ctrl-C but handles it only once it can: ignored
+# until then (an ignored signal passes through exec; in the interpreter's start, Ctrl-C was a KeyboardInterrupt
+# traceback on the terminal), the process then installs its handler (xp.launching.remote, a study's local worker).
+CTRL_C_ONCE_HANDLED = "trap '' INT && exec"
+
 # called (in the signal handler: quick, no locks) when SIGINT or SIGTERM arrives, held or not: a study's worker
 # bounds its waits for the store from then on (xp.tracking.spool.stopping)
 when_signalled: list[Callable[[], None]] = []

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import psutil
 
 from xp.errors import ConfigError
+from xp.interrupts import CTRL_C_ONCE_HANDLED
 from xp.run import spot
 
 if TYPE_CHECKING:
@@ -278,9 +279,8 @@ def start_there(transport: Transport, host: str, command: dict[str, Any], output
     host ends the process group. `output`: its output comes back on the handle's stdout (text), else it goes
     where this process's does. `own_session`: Ctrl-C at the terminal does not reach it (a job's processes, which
     the job ends itself); else it does, as it reaches this process (a study's workers: their trials end KILLED)."""
-    # Ctrl-C ignored until xp.launching.remote handles it (ends argv's group): during its interpreter's start it
-    # was a KeyboardInterrupt's traceback on the study's terminal.
-    shell = (f"cd {shlex.quote(os.getcwd())} && trap '' INT && exec {shlex.quote(sys.executable)} "
+    # Ctrl-C ignored until xp.launching.remote handles it (ends argv's group)
+    shell = (f"cd {shlex.quote(os.getcwd())} && {CTRL_C_ONCE_HANDLED} {shlex.quote(sys.executable)} "
              "-m xp.launching.remote run")
     proc = subprocess.Popen(transport.argv(host, shell + (" 2>&1" if output else "")),
                             start_new_session=own_session, stdin=subprocess.PIPE,

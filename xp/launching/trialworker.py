@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from xp.studies.channel import Attr, Channel, Done, Error, Hello, Kept, Prune, Ready, Report, ShouldPrune, RunTrial
+from xp.launching.zygote import CTRL_C_ENV
 from xp.studies.compose import plain
 from xp.states import TrialState
 from xp.run.worker import die_with_parent
@@ -34,7 +35,6 @@ BACKEND_ENV = "XP_SLOT_BACKEND"  # the backend whose frameworks it imports befor
 TRACKING_ENV = "XP_SLOT_TRACKING"  # the tracking store it opens before its first trial
 CONNECT_ENV = "XP_SLOT_CONNECT"  # on another host: HOST:PORT where the scheduler waits for it
 TOKEN_ENV = "XP_SLOT_TOKEN"  # ... and the secret that names its slot there
-CTRL_C_ENV = "XP_SLOT_CTRL_C"  # on this machine: "1": Ctrl-C, ignored while it started, is handled (stop_on_signals)
 SETTLE_S = 8.0  # how long a leaving worker waits for the store to take its trials' records
 # a stopped worker (Ctrl-C, SIGTERM) waits for the store this long at most after the signal: its run's records, the
 # end KILLED last, stay in their spools and the study's command delivers them once every worker has gone (one
@@ -246,10 +246,10 @@ def _save_yaml(data: Any, path: Path) -> None:
 
 
 def stop_on_signals() -> None:
-    """SIGTERM and Ctrl-C end the trial's run KILLED; Ctrl-C not where it came ignored, unless CTRL_C_ENV says so."""
+    """SIGTERM and Ctrl-C end the trial's run KILLED; Ctrl-C not where it came ignored, unless its shell ignored it
+    only while it started (xp.launching.zygote.CTRL_C_ENV)."""
     signal.signal(signal.SIGTERM, _stopped)
-    told = os.environ.pop(CTRL_C_ENV, None)
-    if told == "1" or (told is None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
+    if os.environ.pop(CTRL_C_ENV, None) == "1" or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, _stopped)
 
 

@@ -24,25 +24,24 @@ import threading
 import time
 from typing import Any
 
+from xp.interrupts import CTRL_C_ONCE_HANDLED
 from xp.studies.channel import Channel, Exit, Exited, Forked
 from xp.studies.channel import Fork
 
+CTRL_C_ENV = "XP_SLOT_CTRL_C"  # "1": the worker handles Ctrl-C, which its shell ignored while it started
 LEAVE_S = 30.0  # how long a zygote told to leave waits for its workers before it goes (they die with it)
 
 
 def local_worker(env: dict[str, str], *label: str) -> tuple[subprocess.Popen, Channel]:
     """A worker process on this machine (or, without a slot in `env`, the zygote: `label` zygote, which ps shows,
-    and its forked workers too), and this end of its channel. It shares the study's Ctrl-C (its trial's run ends
-    KILLED), but not before it handles it: its shell ignores it until then (a Ctrl-C in its interpreter's start was
-    a KeyboardInterrupt traceback on the study's terminal; one lost there is the study's stop, whose SIGTERM ends
-    it), and tells it whether the study handles it (not when the study came with it ignored)."""
-    from xp.launching.trialworker import CTRL_C_ENV
-
+    and its forked workers too), and this end of its channel. Where the study handles Ctrl-C, the worker shares
+    it (its trial's run ends KILLED), once it handles it (CTRL_C_ENV): until then its shell ignores it (a Ctrl-C
+    lost there is the study's stop, whose SIGTERM ends the worker)."""
     ours, theirs = socket.socketpair()
-    ctrl_c = "0" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "1"
-    proc = subprocess.Popen(["/bin/sh", "-c", "trap '' INT && exec \"$@\"", "sh", sys.executable, "-m",
-                             "xp.launching.trialworker", str(theirs.fileno()), *label],
-                            pass_fds=[theirs.fileno()], env={**env, CTRL_C_ENV: ctrl_c}, stdin=subprocess.DEVNULL)
+    argv = [sys.executable, "-m", "xp.launching.trialworker", str(theirs.fileno()), *label]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        argv, env = ["/bin/sh", "-c", f'{CTRL_C_ONCE_HANDLED} "$@"', "sh", *argv], {**env, CTRL_C_ENV: "1"}
+    proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
     theirs.close()
     return proc, Channel(ours)
 
